@@ -1,1 +1,177 @@
-pub fn x(){}
+//! Job payloads of cardworker and the producer-side enqueue API.
+//!
+//! Other services depend on this crate to hand work to cardworker. It holds no database or HTTP
+//! code: a producer only writes into cardworker's bounded **intake** in Redis, never straight
+//! into apalis, so that no producer can pile up more due jobs in apalis than it survives.
+//!
+//! # Layout
+//! - [`Job`]: the small trait every payload implements (its queue as an associated const).
+//! - [`payloads`]: one struct per job.
+//! - [`keys`]: the Redis key names shared by producers and the worker.
+//! - [`Producer`]: `enqueue`, `enqueue_after` and `enqueue_once` into the intake.
+//!
+//! # The intake
+//! One sorted set per queue, `{prefix}:intake:{queue}`, with the entry id as member and the due
+//! time (Redis clock, unix milliseconds) as score, plus a hash `{prefix}:intake:{queue}:payload`
+//! from entry id to the JSON payload. Entries with the same id replace each other, which is how a
+//! card keeps at most one pending poll per task. cardworker's feeder moves due entries into apalis
+//! only while that queue's apalis backlog is under a high-water mark.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use serde::{de::DeserializeOwned, Serialize};
+
+pub mod keys;
+pub mod payloads;
+
+pub use payloads::*;
+
+/// A job cardworker knows how to run.
+pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The queue's short name; the Redis queue is `{prefix}:q:{QUEUE}`.
+    const QUEUE: &'static str;
+
+    /// The intake entry id. Jobs with the same id replace each other while they wait in the
+    /// intake. `None` gives every enqueue a fresh id.
+    fn entry_id(&self) -> Option<String> {
+        None
+    }
+}
+
+/// What can go wrong when handing a job to cardworker.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// The payload could not be serialised.
+    #[error("could not serialise the job payload: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// Redis refused or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Adds one entry to a queue's intake, due `ARGV[3]` ms after the Redis clock's now.
+/// With `ARGV[4] == "nx"` an existing entry of the same id is left untouched.
+const ADD_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+if ARGV[4] == 'nx' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return 0
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[1], due, ARGV[1])
+return 1
+"#;
+
+/// Claims a one-off key (for example one cron tick) and adds the entry only for the first
+/// claimer, so several pods enqueueing the same tick produce one job.
+const ONCE_SCRIPT: &str = r#"
+if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', tonumber(ARGV[3])) then
+  return 0
+end
+local t = redis.call('TIME')
+local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[1], due, ARGV[1])
+return 1
+"#;
+
+/// The producer-side API: writes jobs into cardworker's intake.
+///
+/// Cheap to clone; `C` is usually a `redis::aio::ConnectionManager`.
+#[derive(Clone)]
+pub struct Producer<C> {
+    /// The shared Redis connection.
+    conn: C,
+    /// `redis.key_prefix` of the cardworker deployment to feed.
+    prefix: String,
+}
+
+impl<C> std::fmt::Debug for Producer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
+    /// A producer for the deployment whose `redis.key_prefix` is `prefix`.
+    pub fn new(conn: C, prefix: impl Into<String>) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The deployment's key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Enqueues a job, due now. Returns the intake entry id.
+    pub async fn enqueue<J: Job>(&self, job: &J) -> Result<String, EnqueueError> {
+        self.enqueue_after(job, Duration::ZERO).await
+    }
+
+    /// Enqueues a job, due after `delay` (measured on the Redis clock). An entry with the same
+    /// [`Job::entry_id`] that is still waiting is replaced.
+    pub async fn enqueue_after<J: Job>(
+        &self,
+        job: &J,
+        delay: Duration,
+    ) -> Result<String, EnqueueError> {
+        let id = job.entry_id().unwrap_or_else(fresh_id);
+        let payload = serde_json::to_string(job)?;
+        self.enqueue_raw(J::QUEUE, &id, &payload, delay).await?;
+        Ok(id)
+    }
+
+    /// Enqueues a job at most once for `claim` within `claim_ttl`, however many producers try.
+    /// Used for cron ticks seen by every pod. Returns whether this call enqueued it.
+    pub async fn enqueue_once<J: Job>(
+        &self,
+        job: &J,
+        claim: &str,
+        claim_ttl: Duration,
+    ) -> Result<bool, EnqueueError> {
+        let id = job.entry_id().unwrap_or_else(|| claim.to_owned());
+        let payload = serde_json::to_string(job)?;
+        let added: i64 = redis::Script::new(ONCE_SCRIPT)
+            .key(keys::intake(&self.prefix, J::QUEUE))
+            .key(keys::intake_payload(&self.prefix, J::QUEUE))
+            .key(keys::claim(&self.prefix, claim))
+            .arg(id)
+            .arg(payload)
+            .arg(claim_ttl.as_secs().max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(added == 1)
+    }
+
+    /// Writes a raw payload into a queue's intake. For tools and tests: the payload is not
+    /// checked here, and cardworker records a payload it cannot decode as a dead job.
+    pub async fn enqueue_raw(
+        &self,
+        queue: &str,
+        entry_id: &str,
+        payload: &str,
+        delay: Duration,
+    ) -> Result<(), EnqueueError> {
+        let _: i64 = redis::Script::new(ADD_SCRIPT)
+            .key(keys::intake(&self.prefix, queue))
+            .key(keys::intake_payload(&self.prefix, queue))
+            .arg(entry_id)
+            .arg(payload)
+            .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
+            .arg("replace")
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+}
+
+/// A fresh, time-ordered entry id.
+pub fn fresh_id() -> String {
+    ulid::Ulid::new().to_string()
+}

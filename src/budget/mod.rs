@@ -1,0 +1,3 @@
+//! The cross-worker polling budget.
+
+pub mod cli;

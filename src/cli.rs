@@ -1,0 +1,187 @@
+//! The command line (spec section 2). Every subcommand takes `--config FILE` after its own
+//! arguments; without it, env `CARDWORKER_CONFIG`, and without that the built-in defaults.
+//!
+//! Exit status: 0 success; 2 invalid configuration or usage (the message names the key, the
+//! value and what is allowed); 1 any other failure.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// cardworker: the card platform's background worker.
+#[derive(Debug, Parser)]
+#[command(name = "cardworker", version, about)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+    /// Configuration file (TOML). Defaults to env CARDWORKER_CONFIG, then built-in defaults.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Output format of the reporting commands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// For people.
+    #[default]
+    Text,
+    /// For scripts.
+    Json,
+}
+
+/// Every subcommand.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Runs every worker of this process and the HTTP endpoint (metrics, health).
+    Run,
+    /// Applies the embedded database migrations (idempotent).
+    Migrate,
+    /// Validates the configuration and prints the effective values, secrets redacted.
+    CheckConfig {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// Hands one job to the workers.
+    #[command(subcommand)]
+    Enqueue(EnqueueCommand),
+    /// Runs reconcile passes now until every card that should be polled has a chain.
+    Reconcile {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// Runtime brake for archive and retention, shared by every pod.
+    #[command(subcommand)]
+    Maintenance(MaintenanceCommand),
+    /// Polling budgets: show, override, pause.
+    #[command(subcommand)]
+    Budget(BudgetCommand),
+    /// Shows what is on record for one card.
+    Investigate {
+        /// The card.
+        #[arg(long)]
+        card_ref: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// A Gateway simulator speaking the Gateway contract, for local runs and load tests.
+    GatewaySim(SimArgs),
+}
+
+/// `cardworker enqueue …`
+#[derive(Debug, Subcommand)]
+pub enum EnqueueCommand {
+    /// Starts or restarts one card's card-data polling chain (also a parked one).
+    Carddata {
+        /// The card.
+        #[arg(long)]
+        card_ref: String,
+    },
+    /// Starts or restarts one card's card-status polling chain (also a parked one).
+    #[command(name = "card-status", alias = "card_status")]
+    CardStatus {
+        /// The card.
+        #[arg(long)]
+        card_ref: String,
+    },
+    /// Submits one payment row through the reliable path.
+    Payment {
+        /// `payments.payment_id`.
+        #[arg(long)]
+        payment_id: uuid::Uuid,
+    },
+    /// Hands one channel callback to the callback job, as the ingress would.
+    Callback {
+        /// The channel name.
+        #[arg(long)]
+        channel: String,
+        /// The callback id, unique within the channel.
+        #[arg(long)]
+        callback_id: String,
+        /// File holding the JSON body.
+        #[arg(long)]
+        body_file: PathBuf,
+    },
+    /// Enqueues one archive run (a no-op while maintenance is off).
+    Archive,
+    /// Enqueues one retention run (a no-op while maintenance is off).
+    Retention,
+}
+
+/// `cardworker maintenance …`
+#[derive(Debug, Subcommand)]
+pub enum MaintenanceCommand {
+    /// Stops a running run at its next batch boundary; later runs are no-ops until resumed.
+    Pause,
+    /// Lifts the pause.
+    Resume,
+}
+
+/// `cardworker budget …`
+#[derive(Debug, Subcommand)]
+pub enum BudgetCommand {
+    /// Shows total and per-task limits and the tokens in use, fleet-wide.
+    Show {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// Sets a runtime per-task limit override (validated like the config).
+    Set {
+        /// `carddata` or `card-status`.
+        #[arg(long)]
+        task: String,
+        /// An integer in 1..=256, at most the total limit.
+        #[arg(long, allow_hyphen_values = true)]
+        limit: String,
+    },
+    /// Clears a runtime per-task limit override.
+    Clear {
+        /// `carddata` or `card-status`.
+        #[arg(long)]
+        task: String,
+    },
+    /// Runtime brake: the task's jobs are deferred instead of run (`all` for every task).
+    Pause {
+        /// `carddata`, `card-status` or `all`.
+        #[arg(long)]
+        task: String,
+    },
+    /// Lifts a pause (`all` for every task).
+    Resume {
+        /// `carddata`, `card-status` or `all`.
+        #[arg(long)]
+        task: String,
+    },
+}
+
+/// `cardworker gateway-sim …`
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    pub listen: String,
+    /// Added latency per call (ms).
+    #[arg(long, default_value_t = 20)]
+    pub latency_ms: u64,
+    /// Random extra latency per call, up to this (ms).
+    #[arg(long, default_value_t = 10)]
+    pub latency_jitter_ms: u64,
+    /// Share of card calls answered with 503 (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Share of card calls answered with garbage (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub garbage_rate: f64,
+    /// Probability that a card changes when it is read (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub change_rate: f64,
+}
+
+/// A usage error found after parsing (an invalid limit, an unknown task): exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);

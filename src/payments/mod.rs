@@ -1,0 +1,3 @@
+//! Payments and channel callbacks: the reliable paths.
+
+pub mod cli;

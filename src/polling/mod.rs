@@ -1,0 +1,3 @@
+//! Polling jobs: card data and card status.
+
+pub mod cli;

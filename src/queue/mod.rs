@@ -1,0 +1,47 @@
+//! Queues: the bounded intake, the apalis workers that run jobs, and the registration list.
+//!
+//! # Layout
+//! - [`intake`]: the feeder (intake -> apalis under a high-water mark) and the trimmer.
+//! - [`worker`]: [`RunJob`], the one trait a job implements to be run, and the generic apalis
+//!   handler that decodes payloads itself so that a bad payload never stops a worker.
+//! - [`registry`]: the one list of every queue and worker of `cardworker run`.
+//!
+//! A job's life: a producer (`cardworker_jobs::Producer`, the CLI, a cron tick or a handler
+//! scheduling its successor) writes an entry into the intake; the feeder moves it into apalis
+//! when it is due and the apalis backlog allows; a worker runs it and always acknowledges it
+//! (done, or dead for a payload that cannot be decoded); the trimmer then removes apalis's
+//! bookkeeping. Re-runs (next poll, back-off after a failure, deferral) go back through the
+//! intake, never through apalis-redis's hard-coded 25 retries.
+
+pub mod intake;
+pub mod registry;
+pub mod worker;
+
+pub use worker::RunJob;
+
+use cardworker_jobs::keys;
+
+/// The Redis names of one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueName {
+    /// Short name, as in metric labels (`carddata`, `payment`, …).
+    pub short: String,
+    /// The apalis queue (`{prefix}:q:{short}`); apalis's keys hang under it.
+    pub apalis: String,
+    /// The intake sorted set.
+    pub intake: String,
+    /// The intake payload hash.
+    pub intake_payload: String,
+}
+
+impl QueueName {
+    /// Names of queue `short` in the deployment with key prefix `prefix`.
+    pub fn new(prefix: &str, short: &str) -> Self {
+        Self {
+            short: short.to_owned(),
+            apalis: keys::queue(prefix, short),
+            intake: keys::intake(prefix, short),
+            intake_payload: keys::intake_payload(prefix, short),
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! PostgreSQL: the pool, the embedded migrations, and the writers of investigable records.
+//!
+//! # Layout
+//! - this file: [`connect`] and [`migrate`].
+//! - [`records`]: the audit writer and the terminal record path (changes and failures only).
+
+pub mod records;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::config::DatabaseConfig;
+
+/// The migrations under `migrations/`, embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Opens the pool. TLS follows the URL (`sslmode=verify-full&sslrootcert=…`).
+pub async fn connect(config: &DatabaseConfig) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = config.url.parse().context("parsing database.url")?;
+    PgPoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .context("connecting to PostgreSQL")
+}
+
+/// Applies the embedded migrations (idempotent).
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .context("applying database migrations")
+}

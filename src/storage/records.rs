@@ -1,0 +1,167 @@
+//! Writers of the investigable records: integration logs, the unified audit (event + resource
+//! link) and the outbox.
+//!
+//! Two paths write integration logs, on purpose kept apart:
+//! - the **terminal** path ([`insert_terminal_log`]): one finished row, written only when a poll
+//!   found a change, a failure or an unknown answer. Polling never writes a `pending` row.
+//! - the **reliable** path (`storage::reliable`, for money-moving calls): a `pending` row
+//!   committed before the call, finalised after it.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// A finished external interaction, as the integration log keeps it.
+#[derive(Debug, Clone)]
+pub struct LogRecord {
+    /// The `X-Correlation-Id` sent to the Gateway.
+    pub correlation_id: Uuid,
+    /// `card`, `payment`, `callback`.
+    pub resource_type: &'static str,
+    /// The card_ref, payment id, …
+    pub resource_id: String,
+    /// What was attempted: `carddata_poll`, `card_status_poll`, `payment_submit`, …
+    pub scenario: &'static str,
+    /// `succeeded`, `failed` or `unknown` (never `pending` on this path).
+    pub state: LogState,
+    /// What was asked.
+    pub request_summary: String,
+    /// What came back (never a PAN or CVV).
+    pub response_summary: String,
+    /// The HTTP status, when there was one.
+    pub http_status: Option<u16>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// What happens next (retry in N s, parked, …).
+    pub recovery_summary: Option<String>,
+    /// When the call started.
+    pub started_at: DateTime<Utc>,
+    /// When the answer (or its absence) was known.
+    pub finished_at: DateTime<Utc>,
+}
+
+/// `integration_logs.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogState {
+    /// Written before a reliable call; finalised later.
+    Pending,
+    /// A valid answer.
+    Succeeded,
+    /// A failed call.
+    Failed,
+    /// An answer that cannot be trusted, or none after the request was sent.
+    Unknown,
+}
+
+impl LogState {
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogState::Pending => "pending",
+            LogState::Succeeded => "succeeded",
+            LogState::Failed => "failed",
+            LogState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One audit event with its resource link.
+#[derive(Debug, Clone)]
+pub struct AuditRecord {
+    /// `card.status_changed`, `poll.failed`, `poll.parked`, `payment.submitted`, …
+    pub event_type: &'static str,
+    /// The correlation id of the interaction it audits.
+    pub correlation_id: Option<Uuid>,
+    /// Human-readable.
+    pub summary: String,
+    /// Structured details.
+    pub details: Value,
+    /// The resource it is about.
+    pub resource_type: &'static str,
+    /// Its id.
+    pub resource_id: String,
+}
+
+/// Inserts one finished integration log row. Returns its id.
+pub async fn insert_terminal_log(conn: &mut PgConnection, log: &LogRecord) -> sqlx::Result<i64> {
+    debug_assert!(
+        log.state != LogState::Pending,
+        "the terminal path never writes pending"
+    );
+    let duration_ms = (log.finished_at - log.started_at)
+        .num_milliseconds()
+        .clamp(0, i64::from(i32::MAX)) as i32;
+    sqlx::query_scalar(
+        "INSERT INTO integration_logs
+           (correlation_id, resource_type, resource_id, scenario, state, request_summary,
+            response_summary, http_status, error, recovery_summary, started_at, finished_at,
+            duration_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+         RETURNING id",
+    )
+    .bind(log.correlation_id)
+    .bind(log.resource_type)
+    .bind(&log.resource_id)
+    .bind(log.scenario)
+    .bind(log.state.as_str())
+    .bind(&log.request_summary)
+    .bind(&log.response_summary)
+    .bind(log.http_status.map(i32::from))
+    .bind(&log.error)
+    .bind(&log.recovery_summary)
+    .bind(log.started_at)
+    .bind(log.finished_at)
+    .bind(duration_ms)
+    .fetch_one(conn)
+    .await
+}
+
+/// The audit writer: one event and its resource link. Called only for changes and failures.
+pub async fn insert_audit(
+    conn: &mut PgConnection,
+    audit: &AuditRecord,
+    integration_log_id: Option<i64>,
+) -> sqlx::Result<i64> {
+    let event_id: i64 = sqlx::query_scalar(
+        "INSERT INTO audit_events (event_type, correlation_id, integration_log_id, summary, details)
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    )
+    .bind(audit.event_type)
+    .bind(audit.correlation_id)
+    .bind(integration_log_id)
+    .bind(&audit.summary)
+    .bind(&audit.details)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO audit_resources (audit_event_id, resource_type, resource_id)
+         VALUES ($1, $2, $3)",
+    )
+    .bind(event_id)
+    .bind(audit.resource_type)
+    .bind(&audit.resource_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(event_id)
+}
+
+/// Inserts one outbox event, in the caller's transaction.
+pub async fn insert_outbox(
+    conn: &mut PgConnection,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+    payload: &Value,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ($1, $2, $3, $4) RETURNING id",
+    )
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .bind(event_type)
+    .bind(payload)
+    .fetch_one(conn)
+    .await
+}

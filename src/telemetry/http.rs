@@ -1,0 +1,102 @@
+//! The HTTP endpoint on `telemetry.listen`: `/metrics` (Prometheus text), `/healthz` (200 while
+//! every worker of the process runs) and `/readyz` (200 when PostgreSQL and Redis answer).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::{extract::State, http::StatusCode, routing::get, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+use super::Health;
+
+/// What the endpoint reads.
+#[derive(Clone)]
+pub struct EndpointState {
+    /// Renders `/metrics`.
+    pub metrics: PrometheusHandle,
+    /// Worker liveness for `/healthz`.
+    pub health: Health,
+    /// Checked by `/readyz`.
+    pub pool: PgPool,
+    /// Checked by `/readyz`.
+    pub redis: ConnectionManager,
+    /// Refreshes fleet-wide gauges right before a scrape.
+    pub refresh:
+        Option<std::sync::Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>>,
+}
+
+/// Binds `listen` and serves until `shutdown` resolves. Returns the bound address (port 0 works).
+pub async fn serve(
+    listen: &str,
+    state: EndpointState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the telemetry endpoint on {listen}"))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state);
+    let handle = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "telemetry endpoint failed");
+        }
+    });
+    Ok((addr, handle))
+}
+
+async fn metrics(State(state): State<EndpointState>) -> String {
+    if let Some(refresh) = &state.refresh {
+        refresh().await;
+    }
+    state.metrics.render()
+}
+
+async fn healthz(State(state): State<EndpointState>) -> (StatusCode, String) {
+    if state.health.healthy() {
+        (StatusCode::OK, "ok\n".into())
+    } else {
+        let stopped = state.health.stopped();
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("workers not running: {}\n", stopped.join(", ")),
+        )
+    }
+}
+
+async fn readyz(State(state): State<EndpointState>) -> (StatusCode, String) {
+    let limit = Duration::from_secs(2);
+    let pg = tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(&state.pool)).await;
+    let mut conn = state.redis.clone();
+    let rd = tokio::time::timeout(limit, redis::cmd("PING").query_async::<String>(&mut conn)).await;
+    match (pg, rd) {
+        (Ok(Ok(_)), Ok(Ok(_))) => (StatusCode::OK, "ready\n".into()),
+        (pg, rd) => {
+            let pg_ok = matches!(pg, Ok(Ok(_)));
+            let rd_ok = matches!(rd, Ok(Ok(_)));
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("postgres: {}, redis: {}\n", ok(pg_ok), ok(rd_ok)),
+            )
+        }
+    }
+}
+
+fn ok(b: bool) -> &'static str {
+    if b {
+        "ok"
+    } else {
+        "unavailable"
+    }
+}

@@ -1,0 +1,36 @@
+//! Every metric cardworker exports, by name. The names and labels are an interface (spec
+//! section 4): dashboards and alert rules depend on them, so they are defined once, here.
+
+/// Counter: `task`, `outcome` = `skipped_unchanged` | `persisted_change` | `persisted_failure`.
+pub const POLL_OUTCOMES: &str = "cardworker_poll_outcomes_total";
+/// Counter: `task`, `reason` = `total` | `task` | `paused` | `budget_unavailable`.
+pub const POLL_DEFERRED: &str = "cardworker_poll_deferred_total";
+/// Gauge: `scope` = `total` | `carddata` | `card_status`; fleet-wide, read from Redis.
+pub const POLL_TOKENS_IN_USE: &str = "cardworker_poll_tokens_in_use";
+/// Gauge: `scope`; the effective limit.
+pub const POLL_LIMIT: &str = "cardworker_poll_limit";
+/// Histogram: `call` = `carddata` | `card_status` | `payment_submit` | `payment_query`.
+pub const GATEWAY_REQUEST_DURATION: &str = "cardworker_gateway_request_duration_seconds";
+/// Gauge: `queue`; jobs waiting (intake + apalis backlog), fleet-wide.
+pub const QUEUE_DEPTH: &str = "cardworker_queue_depth";
+/// Gauge: `worker` kind; 1 while that worker runs in this process.
+pub const WORKER_UP: &str = "cardworker_worker_up";
+/// Gauge: 0 or 1.
+pub const MAINTENANCE_ENABLED: &str = "cardworker_maintenance_enabled";
+/// Counter: `job`, `result`.
+pub const MAINTENANCE_RUNS: &str = "cardworker_maintenance_runs_total";
+/// Gauge: `job`; the last processed Shanghai day as YYYYMMDD.
+pub const MAINTENANCE_LAST_DAY: &str = "cardworker_maintenance_last_day";
+/// Gauge: `job`; due days still waiting.
+pub const MAINTENANCE_DAYS_PENDING: &str = "cardworker_maintenance_days_pending";
+/// Histogram: `job`.
+pub const MAINTENANCE_RUN_DURATION: &str = "cardworker_maintenance_run_duration_seconds";
+/// Counter: `job`, `table`, `action` = `archived` | `deleted` | `expired_kept`.
+pub const MAINTENANCE_ROWS: &str = "cardworker_maintenance_rows_total";
+/// Counter: `queue`, `result` = `succeeded` | `retried` | `dead`; jobs finished by this process.
+pub const JOBS_FINISHED: &str = "cardworker_jobs_finished_total";
+
+/// Histogram buckets (seconds) for Gateway calls and maintenance runs.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+];

@@ -1,0 +1,109 @@
+//! Logs, metrics and the HTTP endpoint.
+//!
+//! # Layout
+//! - [`metrics`]: every metric name (an interface; see spec section 4).
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`Health`]: which workers of this process run; `/healthz` answers from it.
+
+pub mod http;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::Context as _;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::config::LogFormat;
+
+/// Installs the global tracing subscriber (once per process; later calls are no-ops).
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::{fmt, EnvFilter};
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,apalis=warn,apalis_core=warn"));
+    let result = match format {
+        LogFormat::Json => fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_current_span(true)
+            .with_writer(std::io::stderr)
+            .try_init(),
+        LogFormat::Pretty => fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init(),
+    };
+    // A second init (tests start several apps in one process) keeps the first subscriber.
+    drop(result);
+}
+
+static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process and returns its handle.
+pub fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
+    if let Some(handle) = RECORDER.get() {
+        return Ok(handle.clone());
+    }
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_duration_seconds".into()),
+            metrics::DURATION_BUCKETS,
+        )
+        .context("configuring histogram buckets")?
+        .build_recorder();
+    let handle = recorder.handle();
+    match ::metrics::set_global_recorder(recorder) {
+        Ok(()) => {
+            let _ = RECORDER.set(handle.clone());
+            Ok(handle)
+        }
+        // Another thread won the race: use its handle.
+        Err(_) => RECORDER
+            .get()
+            .cloned()
+            .context("a metrics recorder was installed outside cardworker"),
+    }
+}
+
+/// Which workers of this process are running. `/healthz` fails as soon as one of them stopped
+/// unexpectedly, and the process then exits non-zero so that the orchestrator restarts it.
+#[derive(Clone, Default)]
+pub struct Health {
+    /// Worker name -> running.
+    workers: Arc<Mutex<BTreeMap<String, bool>>>,
+}
+
+impl Health {
+    /// Marks a worker as running (or not) and mirrors it in `cardworker_worker_up{worker=kind}`.
+    pub fn set(&self, name: &str, kind: &str, running: bool) {
+        if let Ok(mut workers) = self.workers.lock() {
+            workers.insert(name.to_owned(), running);
+        }
+        ::metrics::gauge!(metrics::WORKER_UP, "worker" => kind.to_owned()).set(if running {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    /// The workers that are not running.
+    pub fn stopped(&self) -> Vec<String> {
+        self.workers
+            .lock()
+            .map(|w| {
+                w.iter()
+                    .filter(|(_, up)| !**up)
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            })
+            .unwrap_or_else(|_| vec!["<health state poisoned>".into()])
+    }
+
+    /// Whether at least one worker is registered and all of them run.
+    pub fn healthy(&self) -> bool {
+        self.workers
+            .lock()
+            .map(|w| !w.is_empty() && w.values().all(|up| *up))
+            .unwrap_or(false)
+    }
+}
