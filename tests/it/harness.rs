@@ -1,0 +1,344 @@
+//! Shared test harness: a fresh PostgreSQL database and a fresh Redis key prefix per test, the
+//! Gateway simulator, and `spawn_app()` starting a real `cardworker run` in-process on port 0.
+//!
+//! Everything a test creates is removed when its guard drops (database dropped with FORCE, every
+//! Redis key under the test prefix deleted), also when the test panics.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cardworker::app::{self, AppContext};
+use cardworker::config::Config;
+use cardworker::gateway::{SimHandle, Simulator};
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+/// Admin URL used to create and drop test databases.
+pub fn admin_url() -> String {
+    std::env::var("CARDWORKER_TEST_PG_ADMIN")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// Redis URL of the tests.
+pub fn redis_url() -> String {
+    std::env::var("CARDWORKER_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+/// A fresh database, dropped (WITH FORCE) when this guard drops.
+pub struct TestDb {
+    /// Its name.
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// A pool on it (migrated).
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    /// Creates and migrates a fresh database.
+    pub async fn new() -> Self {
+        let name = format!("cw_test_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let admin = PgPool::connect(&admin_url())
+            .await
+            .expect("connect as admin");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .expect("create test database");
+        admin.close().await;
+        let base = admin_url();
+        let url = match base.rfind('/') {
+            Some(i) => format!("{}/{name}", &base[..i]),
+            None => panic!("admin url has no database part"),
+        };
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(10)
+            .connect(&url)
+            .await
+            .expect("connect to test database");
+        cardworker::storage::migrate(&pool).await.expect("migrate");
+        Self { name, url, pool }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let pool = self.pool.clone();
+        // Async cleanup from Drop: a thread with its own runtime, joined, so the database is gone
+        // before the test returns.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                pool.close().await;
+                if let Ok(admin) = PgPool::connect(&admin_url()).await {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&admin)
+                        .await;
+                    admin.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A fresh Redis key prefix; every key under it is deleted when this guard drops.
+pub struct TestRedis {
+    /// The prefix (`redis.key_prefix`).
+    pub prefix: String,
+    /// A connection.
+    pub conn: ConnectionManager,
+}
+
+impl TestRedis {
+    /// A new prefix on the test Redis.
+    pub async fn new() -> Self {
+        let prefix = format!("cwtest-{}", ulid::Ulid::new().to_string().to_lowercase());
+        let conn = app::connect_redis(&redis_url())
+            .await
+            .expect("connect to redis");
+        Self { prefix, conn }
+    }
+
+    /// Every key under the prefix.
+    pub async fn keys(&self) -> Vec<String> {
+        scan_keys(&mut self.conn.clone(), &format!("{}:*", self.prefix)).await
+    }
+}
+
+async fn scan_keys(conn: &mut ConnectionManager, pattern: &str) -> Vec<String> {
+    let mut cursor: u64 = 0;
+    let mut out = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .expect("scan");
+        out.extend(batch);
+        if next == 0 {
+            return out;
+        }
+        cursor = next;
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let prefix = self.prefix.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(client) = redis::Client::open(redis_url()) else {
+                    return;
+                };
+                let Ok(mut conn) = client.get_connection_manager().await else {
+                    return;
+                };
+                let keys = scan_keys(&mut conn, &format!("{prefix}:*")).await;
+                for chunk in keys.chunks(500) {
+                    let _: Result<(), _> =
+                        redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
+                }
+                // apalis-redis's one global key lists every queue it saw: forget ours.
+                let queues: Vec<String> = redis::cmd("ZRANGE")
+                    .arg("core:apalis:queues:list")
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                let ours: Vec<&String> = queues.iter().filter(|q| q.starts_with(&prefix)).collect();
+                if !ours.is_empty() {
+                    let _: Result<(), _> = redis::cmd("ZREM")
+                        .arg("core:apalis:queues:list")
+                        .arg(ours)
+                        .query_async(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A test configuration on the test database, prefix and simulator.
+pub fn test_config(db: &TestDb, redis: &TestRedis, gateway: &str) -> Config {
+    let mut config = Config::default();
+    config.database.url = db.url.clone();
+    config.database.max_connections = 10;
+    config.redis.url = redis_url();
+    config.redis.key_prefix = redis.prefix.clone();
+    config.gateway.base_url = gateway.to_owned();
+    config.gateway.timeout_ms = 2_000;
+    config.polling.handler_timeout_secs = 4;
+    config.polling.lease_ttl_secs = 10;
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.worker.shutdown_grace_secs = 10;
+    config
+}
+
+/// A running worker process (in-process), its database, prefix and Gateway simulator.
+pub struct TestApp {
+    /// The process context (pool, redis, producer, config).
+    pub ctx: Arc<AppContext>,
+    /// The HTTP endpoint.
+    pub addr: std::net::SocketAddr,
+    /// The simulator.
+    pub sim: Simulator,
+    /// Stops the worker.
+    stop: Option<oneshot::Sender<()>>,
+    /// The worker's `Running::wait`.
+    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// Keeps the simulator up.
+    pub sim_handle: SimHandle,
+    /// Dropped last: the prefix and the database.
+    pub redis: TestRedis,
+    /// The database.
+    pub db: TestDb,
+}
+
+/// Fresh database, prefix and simulator, and a worker started with `tweak` applied to the config.
+pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    sim.set_latency(0, 0);
+    let mut config = test_config(&db, &redis, &sim_handle.base_url());
+    tweak(&mut config);
+    config.validate().expect("test config is valid");
+    let ctx = AppContext::connect(config).await.expect("connect");
+    let running = app::start(ctx.clone()).await.expect("start");
+    let addr = running.addr;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let join = tokio::spawn(running.wait(async move {
+        let _ = stopped.await;
+    }));
+    TestApp {
+        ctx,
+        addr,
+        sim,
+        stop: Some(stop),
+        join: Some(join),
+        sim_handle,
+        redis,
+        db,
+    }
+}
+
+/// [`spawn_app_with`] with the test defaults.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+impl TestApp {
+    /// Stops the worker gracefully and returns how `run` ended.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.join.take() {
+            Some(join) => join.await.expect("worker task"),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until `run` returns on its own (for example after a worker died), up to `limit`.
+    pub async fn exited_within(&mut self, limit: Duration) -> Option<anyhow::Result<()>> {
+        let join = self.join.as_mut()?;
+        match tokio::time::timeout(limit, join).await {
+            Ok(result) => {
+                self.join = None;
+                Some(result.expect("worker task"))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The producer of this app's deployment.
+    pub fn producer(&self) -> &cardworker_jobs::Producer<ConnectionManager> {
+        &self.ctx.producer
+    }
+
+    /// GET a path of the HTTP endpoint: (status, body).
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let resp = reqwest::get(format!("http://{}{path}", self.addr))
+            .await
+            .expect("endpoint answers");
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap_or_default())
+    }
+
+    /// Inserts a card row.
+    pub async fn insert_card(&self, card_ref: &str) {
+        sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")
+            .bind(card_ref)
+            .execute(&self.db.pool)
+            .await
+            .expect("insert card");
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            join.abort();
+        }
+    }
+}
+
+/// Waits until `check` returns true, polling every 20 ms, up to `limit`; panics with `what`.
+pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of one Prometheus sample in a `/metrics` text (`name{labels}` exactly as rendered
+/// label subset match), or 0.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.starts_with(name)
+                && l[name.len()..].starts_with(['{', ' '])
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
