@@ -2,8 +2,10 @@
 //!
 //! # Layout
 //! - this file: [`connect`] and [`migrate`].
+//! - [`cards`]: the `cards` table, with optimistic version checks.
 //! - [`records`]: the audit writer and the terminal record path (changes and failures only).
 
+pub mod cards;
 pub mod records;
 
 use std::time::Duration;
