@@ -28,7 +28,10 @@ pub fn start_of(d: NaiveDate) -> DateTime<Utc> {
 
 /// `[start, end)` of day `d`, as UTC instants.
 pub fn bounds(d: NaiveDate) -> (DateTime<Utc>, DateTime<Utc>) {
-    (start_of(d), start_of(d.checked_add_days(Days::new(1)).unwrap_or(d)))
+    (
+        start_of(d),
+        start_of(d.checked_add_days(Days::new(1)).unwrap_or(d)),
+    )
 }
 
 /// The first instant that is NOT due when days are due once `D + after_days < today`:
@@ -88,6 +91,9 @@ mod tests {
 
     #[test]
     fn days_render_as_yyyymmdd() {
-        assert_eq!(yyyymmdd(NaiveDate::from_ymd_opt(2026, 3, 7).unwrap()), 20260307);
+        assert_eq!(
+            yyyymmdd(NaiveDate::from_ymd_opt(2026, 3, 7).unwrap()),
+            20260307
+        );
     }
 }

@@ -398,8 +398,7 @@ pub fn register_metrics(enabled: bool) {
     for job in [JobKind::Archive, JobKind::Retention] {
         let label = job.label();
         for result in RESULTS {
-            metrics::counter!(m::MAINTENANCE_RUNS, "job" => label, "result" => result)
-                .increment(0);
+            metrics::counter!(m::MAINTENANCE_RUNS, "job" => label, "result" => result).increment(0);
         }
         // 0 = nothing processed by this process yet (dashboards aggregate with max).
         metrics::gauge!(m::MAINTENANCE_LAST_DAY, "job" => label).increment(0.0);
@@ -441,7 +440,9 @@ pub async fn measure_days_pending(ctx: &AppContext) {
                     "maintenance backlog measured at start-up"
                 );
             }
-            Err(e) => tracing::warn!(job = job.label(), error = %format!("{e:#}"), "could not measure the maintenance backlog at start-up"),
+            Err(e) => {
+                tracing::warn!(job = job.label(), error = %format!("{e:#}"), "could not measure the maintenance backlog at start-up")
+            }
         }
     }
 }

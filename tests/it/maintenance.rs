@@ -43,9 +43,9 @@ fn tag(k: u64) -> String {
     format!("day-{k}")
 }
 
-/// Seeds day `ago(k)` with: finished logs at 16:00:00Z (day start), +5 h and 15:59:59Z (day end
-/// - 1 s), one pending log, and two audit events (day start, day end - 1 s) with one link each.
-/// Returns the number of finished logs.
+/// Seeds day `ago(k)` with: finished logs at 16:00:00Z (day start), +5 h and 15:59:59Z (one
+/// second before the day ends), one pending log, and two audit events (at the day's first and last
+/// second) with one link each. Returns the number of finished logs.
 async fn seed_day(pool: &PgPool, k: u64) -> i64 {
     let (start, end) = day::bounds(ago(k));
     let last = end - chrono::Duration::seconds(1);
@@ -124,11 +124,19 @@ fn assert_day(p: &BTreeMap<(String, String), i64>, k: u64, archived: bool) {
         if archived { (1, 3, 0, 2) } else { (4, 0, 2, 0) };
     let what = format!("day ago({k}) archived={archived}: {p:?}");
     assert_eq!(at(p, "integration_logs", k), online_logs, "{what}");
-    assert_eq!(at(p, "integration_logs_archive", k), archived_logs, "{what}");
+    assert_eq!(
+        at(p, "integration_logs_archive", k),
+        archived_logs,
+        "{what}"
+    );
     assert_eq!(at(p, "audit_events", k), online_audit, "{what}");
     assert_eq!(at(p, "audit_events_archive", k), archived_audit, "{what}");
     assert_eq!(at(p, "audit_resources", k), online_audit, "{what}");
-    assert_eq!(at(p, "audit_resources_archive", k), archived_audit, "{what}");
+    assert_eq!(
+        at(p, "audit_resources_archive", k),
+        archived_audit,
+        "{what}"
+    );
 }
 
 async fn metrics(app: &TestApp) -> String {
@@ -146,7 +154,10 @@ async fn runs(app: &TestApp, job: &str, result: &str) -> f64 {
 /// Enqueues one archive run through the producer and waits until it was counted with `result`.
 async fn archive_via_job(app: &TestApp, result: &str) {
     let before = runs(app, "archive", result).await;
-    app.producer().enqueue(&RunArchive::default()).await.unwrap();
+    app.producer()
+        .enqueue(&RunArchive::default())
+        .await
+        .unwrap();
     wait_until(LIMIT, "the archive run", || async {
         runs(app, "archive", result).await >= before + 1.0
     })
@@ -172,7 +183,8 @@ async fn table_stats(url: &str) -> Vec<(String, Vec<i64>)> {
         .execute(&mut conn)
         .await
         .unwrap();
-    let rows: Vec<(String, i64, i64, i64, i64, i64, i64, i64)> = sqlx::query_as(
+    type Row = (String, i64, i64, i64, i64, i64, i64, i64);
+    let rows: Vec<Row> = sqlx::query_as(
         "SELECT relname::text, seq_scan, coalesce(idx_scan, 0), seq_tup_read,
                 coalesce(idx_tup_fetch, 0), n_tup_ins, n_tup_upd, n_tup_del
          FROM pg_stat_user_tables
@@ -219,8 +231,14 @@ async fn with_maintenance_off_queued_runs_are_acknowledged_without_touching_the_
     let before = table_stats(&url).await;
 
     let text = metrics(&app).await;
-    assert_eq!(metric_value(&text, "cardworker_maintenance_enabled", &[]), 0.0);
-    app.producer().enqueue(&RunArchive::default()).await.unwrap();
+    assert_eq!(
+        metric_value(&text, "cardworker_maintenance_enabled", &[]),
+        0.0
+    );
+    app.producer()
+        .enqueue(&RunArchive::default())
+        .await
+        .unwrap();
     app.producer()
         .enqueue(&RunRetention::default())
         .await
@@ -273,8 +291,17 @@ async fn each_archive_run_moves_exactly_the_oldest_due_shanghai_day() {
         seed_day(pool, k).await;
     }
     let text = metrics(&app).await;
-    assert_eq!(metric_value(&text, "cardworker_maintenance_enabled", &[]), 1.0);
-    for result in ["processed", "nothing_due", "skipped_busy", "skipped_paused", "failed"] {
+    assert_eq!(
+        metric_value(&text, "cardworker_maintenance_enabled", &[]),
+        1.0
+    );
+    for result in [
+        "processed",
+        "nothing_due",
+        "skipped_busy",
+        "skipped_paused",
+        "failed",
+    ] {
         assert!(
             text.contains(&format!(
                 "cardworker_maintenance_runs_total{{job=\"retention\",result=\"{result}\"}}"
@@ -291,18 +318,30 @@ async fn each_archive_run_moves_exactly_the_oldest_due_shanghai_day() {
         }
         let text = metrics(&app).await;
         assert_eq!(
-            metric_value(&text, "cardworker_maintenance_last_day", &[("job", "archive")]),
+            metric_value(
+                &text,
+                "cardworker_maintenance_last_day",
+                &[("job", "archive")]
+            ),
             day::yyyymmdd(ago(k)) as f64
         );
         assert_eq!(
-            metric_value(&text, "cardworker_maintenance_days_pending", &[("job", "archive")]),
+            metric_value(
+                &text,
+                "cardworker_maintenance_days_pending",
+                &[("job", "archive")]
+            ),
             (3 - run) as f64
         );
         assert_eq!(
             metric_value(
                 &text,
                 "cardworker_maintenance_rows_total",
-                &[("job", "archive"), ("table", "integration_logs"), ("action", "archived")]
+                &[
+                    ("job", "archive"),
+                    ("table", "integration_logs"),
+                    ("action", "archived")
+                ]
             ),
             (3 * run) as f64
         );
@@ -334,7 +373,13 @@ async fn one_row_batches() -> TestApp {
 async fn seed_logs(pool: &PgPool, n: i64) -> Vec<i64> {
     let (start, _) = day::bounds(ago(4));
     for i in 0..n {
-        insert_log(pool, &tag(4), "succeeded", start + chrono::Duration::seconds(i)).await;
+        insert_log(
+            pool,
+            &tag(4),
+            "succeeded",
+            start + chrono::Duration::seconds(i),
+        )
+        .await;
     }
     sqlx::query_scalar("SELECT id FROM integration_logs ORDER BY created_at")
         .fetch_all(pool)
@@ -356,16 +401,20 @@ async fn hold_row(url: &str, id: i64) -> PgConnection {
 
 /// Waits until the maintenance session waits for a row lock.
 async fn wait_blocked(pool: &PgPool) {
-    wait_until(LIMIT, "the maintenance session to wait on the held row", || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity
+    wait_until(
+        LIMIT,
+        "the maintenance session to wait on the held row",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
              WHERE application_name = 'cardworker-maintenance' AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-            == 1
-    })
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+                == 1
+        },
+    )
     .await;
 }
 
@@ -383,7 +432,10 @@ async fn a_run_killed_halfway_and_rerun_leaves_exactly_one_copy_of_each_row() {
     let ctx = app.ctx.clone();
     let run = tokio::spawn(async move { maintenance::run_job(&ctx, JobKind::Archive).await });
     wait_blocked(&pool).await;
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs_archive").await, 3);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs_archive").await,
+        3
+    );
     // Kill the run's session mid-batch, as a crashed pod or a DBA would.
     let killed = count(
         &pool,
@@ -394,10 +446,18 @@ async fn a_run_killed_halfway_and_rerun_leaves_exactly_one_copy_of_each_row() {
     assert_eq!(killed, 1);
     assert!(run.await.unwrap().is_err(), "the killed run fails");
     drop(held);
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs").await, 5);
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs_archive").await, 3);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs").await,
+        5
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs_archive").await,
+        3
+    );
 
-    let report = maintenance::run_job(&app.ctx, JobKind::Archive).await.unwrap();
+    let report = maintenance::run_job(&app.ctx, JobKind::Archive)
+        .await
+        .unwrap();
     assert_eq!(report.result, "processed");
     assert_eq!(report.day, Some(ago(4)));
     assert!(report.day_finished);
@@ -412,7 +472,10 @@ async fn a_run_killed_halfway_and_rerun_leaves_exactly_one_copy_of_each_row() {
     .await
     .unwrap();
     assert_eq!(copies, ids.iter().map(|id| (*id, 1)).collect::<Vec<_>>());
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs").await,
+        0
+    );
     let text = metrics(&app).await;
     assert_eq!(
         metric_value(
@@ -440,10 +503,18 @@ async fn a_statement_over_the_timeout_fails_the_run_and_keeps_finished_batches()
         .unwrap_err();
     assert!(format!("{err:#}").contains("statement timeout"), "{err:#}");
     drop(held);
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs_archive").await, 2);
-    let report = maintenance::run_job(&app.ctx, JobKind::Archive).await.unwrap();
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs_archive").await,
+        2
+    );
+    let report = maintenance::run_job(&app.ctx, JobKind::Archive)
+        .await
+        .unwrap();
     assert_eq!(report.rows_of("integration_logs"), 2);
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs_archive").await, 4);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs_archive").await,
+        4
+    );
 }
 
 #[tokio::test]
@@ -465,22 +536,37 @@ async fn a_pause_during_a_run_stops_it_at_the_next_batch_boundary() {
     assert_eq!(report.result, "processed");
     assert!(report.stopped_by_pause);
     assert!(!report.day_finished);
-    assert_eq!(report.rows_of("integration_logs"), 4, "stopped after batch 4");
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs_archive").await, 4);
+    assert_eq!(
+        report.rows_of("integration_logs"),
+        4,
+        "stopped after batch 4"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs_archive").await,
+        4
+    );
 
     // Paused: later runs are no-ops that touch nothing.
     archive_via_job(&app, "skipped_paused").await;
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs").await, 4);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs").await,
+        4
+    );
 
     // Resumed: the next run finishes the same day.
     maintenance::set_paused(&mut app.ctx.redis.clone(), app.ctx.prefix(), false)
         .await
         .unwrap();
-    let report = maintenance::run_job(&app.ctx, JobKind::Archive).await.unwrap();
+    let report = maintenance::run_job(&app.ctx, JobKind::Archive)
+        .await
+        .unwrap();
     assert_eq!(report.day, Some(ago(4)));
     assert!(report.day_finished);
     assert_eq!(report.rows_of("integration_logs"), 4);
-    assert_eq!(count(&pool, "SELECT count(*) FROM integration_logs").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM integration_logs").await,
+        0
+    );
 }
 
 #[tokio::test]
@@ -506,7 +592,11 @@ async fn a_run_that_finds_another_in_progress_is_skipped_busy() {
 /// links.
 async fn seed_archive_day(pool: &PgPool, k: u64, first_id: i64) {
     let (start, end) = day::bounds(ago(k));
-    let times = [start, start + chrono::Duration::hours(3), end - chrono::Duration::seconds(1)];
+    let times = [
+        start,
+        start + chrono::Duration::hours(3),
+        end - chrono::Duration::seconds(1),
+    ];
     for (i, t) in times.iter().enumerate() {
         sqlx::query(
             "INSERT INTO integration_logs_archive (id, correlation_id, resource_type, resource_id,
@@ -578,15 +668,27 @@ async fn retention_deletes_nothing_with_cleanup_off_and_exactly_one_day_with_cle
             (7 * run) as f64
         );
         assert_eq!(
-            metric_value(&text, "cardworker_maintenance_rows_total", &[("action", "deleted")]),
+            metric_value(
+                &text,
+                "cardworker_maintenance_rows_total",
+                &[("action", "deleted")]
+            ),
             0.0
         );
         assert_eq!(
-            metric_value(&text, "cardworker_maintenance_last_day", &[("job", "retention")]),
+            metric_value(
+                &text,
+                "cardworker_maintenance_last_day",
+                &[("job", "retention")]
+            ),
             day::yyyymmdd(ago(4)) as f64
         );
         assert_eq!(
-            metric_value(&text, "cardworker_maintenance_days_pending", &[("job", "retention")]),
+            metric_value(
+                &text,
+                "cardworker_maintenance_days_pending",
+                &[("job", "retention")]
+            ),
             2.0
         );
     }
@@ -595,16 +697,22 @@ async fn retention_deletes_nothing_with_cleanup_off_and_exactly_one_day_with_cle
     let mut config = (*app.ctx.config).clone();
     config.maintenance.cleanup_enabled = true;
     let ctx: Arc<AppContext> = AppContext::connect(config).await.unwrap();
-    let report = maintenance::run_job(&ctx, JobKind::Retention).await.unwrap();
+    let report = maintenance::run_job(&ctx, JobKind::Retention)
+        .await
+        .unwrap();
     assert_eq!((report.result, report.day), ("processed", Some(ago(4))));
     assert_eq!(report.days_pending, Some(1));
     assert_eq!(archived_rows(&pool, 4).await, 0);
     assert_eq!(archived_rows(&pool, 3).await, 7);
     assert_eq!(archived_rows(&pool, 1).await, 7);
-    let report = maintenance::run_job(&ctx, JobKind::Retention).await.unwrap();
+    let report = maintenance::run_job(&ctx, JobKind::Retention)
+        .await
+        .unwrap();
     assert_eq!(report.day, Some(ago(3)));
     assert_eq!(archived_rows(&pool, 3).await, 0);
-    let report = maintenance::run_job(&ctx, JobKind::Retention).await.unwrap();
+    let report = maintenance::run_job(&ctx, JobKind::Retention)
+        .await
+        .unwrap();
     assert_eq!(report.result, "nothing_due");
     assert_eq!(archived_rows(&pool, 1).await, 7);
 }
@@ -613,7 +721,9 @@ async fn retention_deletes_nothing_with_cleanup_off_and_exactly_one_day_with_cle
 async fn two_workers_enqueueing_on_the_same_cron_tick_produce_one_job() {
     let app = spawn_app_with(on).await;
     // A second worker process of the same deployment (same database and prefix).
-    let ctx2 = AppContext::connect((*app.ctx.config).clone()).await.unwrap();
+    let ctx2 = AppContext::connect((*app.ctx.config).clone())
+        .await
+        .unwrap();
     let second = app::start(ctx2.clone()).await.unwrap();
     let (stop2, stopped2) = tokio::sync::oneshot::channel::<()>();
     let join2 = tokio::spawn(second.wait(async move {
@@ -631,7 +741,11 @@ async fn two_workers_enqueueing_on_the_same_cron_tick_produce_one_job() {
         "one enqueue wins the tick"
     );
     let total = |text: &str| {
-        metric_value(text, "cardworker_maintenance_runs_total", &[("job", "archive")])
+        metric_value(
+            text,
+            "cardworker_maintenance_runs_total",
+            &[("job", "archive")],
+        )
     };
     wait_until(LIMIT, "the tick's run", || async {
         total(&metrics(&app).await) == 1.0
