@@ -149,6 +149,9 @@ impl Supervisor {
         tokio::select! {
             () = shutdown => tracing::info!("shutdown requested; draining in-flight jobs"),
             ended = self.workers.join_next() => {
+                if let Some(Ok((name, kind, _))) = &ended {
+                    self.health.set(name, kind, false);
+                }
                 let what = describe(ended);
                 tracing::error!(worker = %what, "a worker stopped unexpectedly; stopping the process");
                 failed = Some(what);

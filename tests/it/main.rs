@@ -3,4 +3,8 @@
 
 mod harness;
 
+mod config_cli;
+mod endpoint;
 mod gateway;
+mod intake;
+mod migrations;
