@@ -213,6 +213,7 @@ pub struct Running {
 /// Starts the endpoint, the feeder and every worker.
 pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     let metrics = telemetry::metrics_handle()?;
+    telemetry::register_series();
     let queues = registry::queue_names(ctx.prefix());
     let (stop_background, stop_rx) = watch::channel(false);
     let stopped = move || {

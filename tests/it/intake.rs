@@ -250,3 +250,33 @@ async fn a_worker_that_dies_takes_the_process_down_with_it() {
         "the error names the worker: {err:#}"
     );
 }
+
+#[tokio::test]
+async fn metadata_of_workers_apalis_dropped_is_swept_and_live_ones_are_kept() {
+    let redis = crate::harness::TestRedis::new().await;
+    let queue = cardworker::queue::QueueName::new(&redis.prefix, "archive");
+    let mut conn = redis.conn.clone();
+    let workers = format!("{}:workers", queue.apalis);
+    let live = format!("{}:workers:metadata:archive-pod-a-1", queue.apalis);
+    let gone = format!("{}:workers:metadata:archive-pod-b-2", queue.apalis);
+    let _: () = conn
+        .zadd(&workers, "archive-pod-a-1", 1)
+        .await
+        .expect("zadd");
+    let _: () = conn
+        .hset(&live, "backend_name", "redis")
+        .await
+        .expect("hset");
+    let _: () = conn
+        .hset(&gone, "backend_name", "redis")
+        .await
+        .expect("hset");
+
+    let removed = cardworker::queue::intake::trim_workers(&mut conn, &queue)
+        .await
+        .expect("sweep");
+
+    assert_eq!(removed, 1);
+    assert!(conn.exists::<_, bool>(&live).await.expect("exists"));
+    assert!(!conn.exists::<_, bool>(&gone).await.expect("exists"));
+}
