@@ -222,7 +222,7 @@ impl Feeder {
                     trims += 1;
                     for queue in &self.queues {
                         // Worker metadata accumulates per pod start, not per job: a slow sweep.
-                        if trims % WORKER_SWEEP_EVERY == 0 {
+                        if trims.is_multiple_of(WORKER_SWEEP_EVERY) {
                             if let Err(e) = trim_workers(&mut self.conn, queue).await {
                                 tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "worker metadata sweep failed; will retry");
                             }
