@@ -54,10 +54,10 @@ scrape-check: build
 	bash deploy/local/scrape-check.sh $(BIN)
 
 bench-writes: services
-	$(CARGO) run --release --bin cardworker-bench -- writes
+	$(CARGO) run --release --bin bench_writes
 
 bench-budget: services
-	$(CARGO) run --release --bin cardworker-bench -- budget
+	$(CARGO) run --release --bin bench_budget
 
 bench-intake: services
-	$(CARGO) run --release --bin cardworker-bench -- intake
+	$(CARGO) run --release --bin bench_intake
