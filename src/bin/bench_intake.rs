@@ -52,21 +52,22 @@ async fn main() -> anyhow::Result<()> {
     let drain_start = Instant::now();
     let mut peak = 0usize;
     loop {
-        let mut backlog = 0usize;
-        let mut waiting = 0usize;
+        let mut total = 0usize;
         for q in queues {
-            backlog += conn
+            // The high-water mark is per queue.
+            let backlog = conn
                 .llen::<_, usize>(format!("{prefix}:q:{q}:active"))
-                .await?;
-            backlog += conn
-                .zcard::<_, usize>(format!("{prefix}:q:{q}:scheduled"))
-                .await?;
-            waiting += conn
-                .zcard::<_, usize>(format!("{prefix}:intake:{q}"))
-                .await?;
+                .await?
+                + conn
+                    .zcard::<_, usize>(format!("{prefix}:q:{q}:scheduled"))
+                    .await?;
+            peak = peak.max(backlog);
+            total += backlog
+                + conn
+                    .zcard::<_, usize>(format!("{prefix}:intake:{q}"))
+                    .await?;
         }
-        peak = peak.max(backlog);
-        if backlog == 0 && waiting == 0 {
+        if total == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -85,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         .arg(format!("{prefix}:*"))
         .query_async(&mut conn)
         .await?;
-    println!("| jobs due at once | enqueue (jobs/s) | drain incl. trim (jobs/s) | peak apalis backlog (high-water {HIGH_WATER_MARK}) | keys left |");
+    println!("| jobs due at once | enqueue (jobs/s) | drain incl. trim (jobs/s) | peak apalis backlog per queue (high-water {HIGH_WATER_MARK}) | keys left |");
     println!("| --- | --- | --- | --- | --- |");
     println!(
         "| {n} | {:.0} | {:.0} | {peak} | {} |",
