@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cardworker::queue::intake::HIGH_WATER_MARK;
+use cardworker::queue::intake::{self, HIGH_WATER_MARK};
 use cardworker_jobs::{Job, RunArchive, RunRetention};
 use redis::AsyncCommands as _;
 
@@ -224,6 +224,23 @@ async fn a_payload_that_does_not_decode_is_dead_and_the_worker_goes_on() {
     let (status, _) = app.get("/healthz").await;
     assert_eq!(status, 200);
     app.stop().await.expect("clean stop");
+
+    // Dead jobs stay inspectable through the retention period, and are trimmed after it.
+    let queue = cardworker::queue::QueueName::new(&app.redis.prefix, RunArchive::QUEUE);
+    let mut conn = app.redis.conn.clone();
+    let kept = intake::trim(&mut conn, &queue, intake::DEAD_RETENTION)
+        .await
+        .expect("trim");
+    assert_eq!(kept.dead, 0, "within retention nothing dead is trimmed");
+    let expired = intake::trim(&mut conn, &queue, Duration::ZERO)
+        .await
+        .expect("trim");
+    assert_eq!(expired.dead, 2, "past retention both dead jobs are trimmed");
+    let data_fields: usize = conn
+        .hlen(backlog_key(&app, RunArchive::QUEUE, "data"))
+        .await
+        .expect("hlen");
+    assert_eq!(data_fields, 0, "their payloads are gone too");
 }
 
 #[tokio::test]
