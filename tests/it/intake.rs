@@ -297,3 +297,59 @@ async fn metadata_of_workers_apalis_dropped_is_swept_and_live_ones_are_kept() {
     assert!(conn.exists::<_, bool>(&live).await.expect("exists"));
     assert!(!conn.exists::<_, bool>(&gone).await.expect("exists"));
 }
+
+#[tokio::test]
+async fn jobs_with_the_same_entry_id_replace_each_other_in_the_intake_and_once_claims_dedupe() {
+    let redis = crate::harness::TestRedis::new().await;
+    let producer = cardworker_jobs::Producer::new(redis.conn.clone(), redis.prefix.clone());
+    let poll = |failures| cardworker_jobs::PollCardData {
+        card_ref: "c-1".into(),
+        state: cardworker_jobs::ChainState {
+            failures,
+            ..Default::default()
+        },
+    };
+    producer
+        .enqueue_after(&poll(1), Duration::from_secs(60))
+        .await
+        .expect("first");
+    producer
+        .enqueue_after(&poll(2), Duration::from_secs(60))
+        .await
+        .expect("second");
+    let mut conn = redis.conn.clone();
+    let intake = cardworker_jobs::keys::intake(&redis.prefix, "carddata");
+    assert_eq!(conn.zcard::<_, usize>(&intake).await.expect("zcard"), 1);
+    let payload: String = conn
+        .hget(
+            cardworker_jobs::keys::intake_payload(&redis.prefix, "carddata"),
+            "c-1",
+        )
+        .await
+        .expect("hget");
+    assert!(
+        payload.contains("\"failures\":2"),
+        "the later job won: {payload}"
+    );
+
+    // Two pods seeing the same cron tick enqueue one run.
+    let tick = RunArchive {
+        scheduled_for: Some(1_700_000_000),
+    };
+    let first = producer
+        .enqueue_once(&tick, "archive:tick:1700000000", Duration::from_secs(60))
+        .await
+        .expect("first pod");
+    let second = producer
+        .enqueue_once(&tick, "archive:tick:1700000000", Duration::from_secs(60))
+        .await
+        .expect("second pod");
+    assert!(first && !second);
+    let archive_intake = cardworker_jobs::keys::intake(&redis.prefix, "archive");
+    assert_eq!(
+        conn.zcard::<_, usize>(&archive_intake)
+            .await
+            .expect("zcard"),
+        1
+    );
+}
