@@ -218,7 +218,10 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
             .iter()
             .filter(|o| matches!(o, Ok(PollOutcome::Unchanged)))
             .count();
-        anyhow::ensure!(unchanged == n, "new path: {unchanged} of {n} polls unchanged");
+        anyhow::ensure!(
+            unchanged == n,
+            "new path: {unchanged} of {n} polls unchanged"
+        );
         let wal = wal_bytes(&mut stats, &from).await?;
         ctx.pool.close().await;
         let after_new = rows_written(&mut stats, &db).await?;
@@ -312,4 +315,3 @@ async fn main() -> anyhow::Result<()> {
     );
     Ok(())
 }
-

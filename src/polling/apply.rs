@@ -157,8 +157,7 @@ pub async fn apply_card_data(
     let ready = ReadyData {
         card_token: card_token.clone(),
         pan_last4: pan_last4.clone(),
-        expiry_month: i16::try_from(*expiry_month)
-            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        expiry_month: i16::try_from(*expiry_month).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         expiry_year: i16::try_from(*expiry_year).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
     };
     let Some(version) = cards::set_data_ready(tx, &card.card_ref, card.version, &ready).await?

@@ -34,7 +34,11 @@ impl PollTask for PollCardStatus {
     type Obs = CardStatus;
     const SCENARIO: &'static str = "card_status_poll";
 
-    async fn call(gateway: &GatewayClient, card_ref: &str, correlation_id: Uuid) -> CallResult<CardStatus> {
+    async fn call(
+        gateway: &GatewayClient,
+        card_ref: &str,
+        correlation_id: Uuid,
+    ) -> CallResult<CardStatus> {
         gateway.card_status(card_ref, correlation_id).await
     }
 

@@ -33,7 +33,11 @@ impl PollTask for PollCardData {
     type Obs = CardData;
     const SCENARIO: &'static str = "carddata_poll";
 
-    async fn call(gateway: &GatewayClient, card_ref: &str, correlation_id: Uuid) -> CallResult<CardData> {
+    async fn call(
+        gateway: &GatewayClient,
+        card_ref: &str,
+        correlation_id: Uuid,
+    ) -> CallResult<CardData> {
         gateway.card_data(card_ref, correlation_id).await
     }
 

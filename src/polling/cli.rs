@@ -32,7 +32,11 @@ pub async fn enqueue(ctx: &AppContext, task: Task, card_ref: &str) -> Result<(),
     let id = chain::start(&mut conn, ctx.prefix(), task, card_ref, Duration::ZERO).await?;
     println!(
         "{task} chain {id} started for card {card_ref}{}{}",
-        if was_parked { " (was parked; parked mark cleared)" } else { "" },
+        if was_parked {
+            " (was parked; parked mark cleared)"
+        } else {
+            ""
+        },
         if card.wants_polling(task) {
             ""
         } else {

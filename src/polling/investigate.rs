@@ -222,9 +222,8 @@ pub async fn investigate(
             },
         )
         .chain(
-            audits
-                .into_iter()
-                .map(|(id, cid, event_type, summary, at, archived)| TimelineEntry {
+            audits.into_iter().map(
+                |(id, cid, event_type, summary, at, archived)| TimelineEntry {
                     at,
                     kind: "audit_event",
                     archived,
@@ -237,7 +236,8 @@ pub async fn investigate(
                     recovery: None,
                     http_status: None,
                     duration_ms: None,
-                }),
+                },
+            ),
         )
         .collect();
     // Newest first; on equal times the audit event (written after its log) comes first.
@@ -401,7 +401,11 @@ pub fn render_text(inv: &Investigation) -> String {
             ch.parked_at
                 .map(|p| format!(
                     " since {p}; restart with `cardworker enqueue {} --card-ref {}`",
-                    if ch.task == "carddata" { "carddata" } else { "card-status" },
+                    if ch.task == "carddata" {
+                        "carddata"
+                    } else {
+                        "card-status"
+                    },
                     c.card_ref
                 ))
                 .unwrap_or_default()

@@ -186,7 +186,11 @@ impl<J: PollTask> Run<'_, J> {
     }
 
     fn max_failures(&self) -> u32 {
-        self.ctx.config.polling.task(J::TASK).max_consecutive_failures
+        self.ctx
+            .config
+            .polling
+            .task(J::TASK)
+            .max_consecutive_failures
     }
 
     /// Schedules the chain's next job after `delay` with `failures`.
@@ -232,7 +236,10 @@ impl<J: PollTask> Run<'_, J> {
 
     /// An infrastructure error (PostgreSQL unavailable, say) while reading or recording: keep the
     /// chain alive with a back-off retry; fail the job only when even that cannot be scheduled.
-    async fn retry_after_infra_error(&mut self, error: anyhow::Error) -> anyhow::Result<PollOutcome> {
+    async fn retry_after_infra_error(
+        &mut self,
+        error: anyhow::Error,
+    ) -> anyhow::Result<PollOutcome> {
         // The failure count is not raised: nothing about the Gateway was learnt or recorded.
         let delay = backoff(self.interval(), self.state.failures + 1);
         tracing::warn!(
@@ -432,7 +439,11 @@ async fn persist_change<J: PollTask>(
     correlation_id: Uuid,
     record: &LogRecord,
 ) -> anyhow::Result<Applied> {
-    let mut tx = ctx.pool.begin().await.context("starting the change transaction")?;
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("starting the change transaction")?;
     let log_id = records::insert_terminal_log(&mut tx, record)
         .await
         .context("writing the poll's integration log")?;
@@ -466,7 +477,11 @@ async fn persist_failure<J: PollTask>(
     parked: bool,
 ) -> anyhow::Result<()> {
     let task = J::TASK;
-    let mut tx = ctx.pool.begin().await.context("starting the failure transaction")?;
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("starting the failure transaction")?;
     let log_id = records::insert_terminal_log(&mut tx, record)
         .await
         .context("writing the poll's integration log")?;

@@ -106,8 +106,17 @@ pub async fn pass(ctx: &AppContext, task: Task, after: i64, batch: u32) -> anyho
 pub async fn run_once(ctx: &AppContext, task: Task) -> anyhow::Result<Pass> {
     let mut conn = ctx.redis.clone();
     let key = cursor_key(ctx.prefix(), task);
-    let after: Option<i64> = conn.get(&key).await.context("reading the reconcile cursor")?;
-    let done = pass(ctx, task, after.unwrap_or(0), ctx.config.polling.reconcile_batch).await?;
+    let after: Option<i64> = conn
+        .get(&key)
+        .await
+        .context("reading the reconcile cursor")?;
+    let done = pass(
+        ctx,
+        task,
+        after.unwrap_or(0),
+        ctx.config.polling.reconcile_batch,
+    )
+    .await?;
     match done.next_cursor {
         Some(id) => conn.set::<_, _, ()>(&key, id).await,
         None => conn.del::<_, ()>(&key).await,

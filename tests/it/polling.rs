@@ -30,6 +30,9 @@ const TABLES: &[&str] = &[
     "audit_resources_archive",
 ];
 
+/// (state, error, recovery_summary, http_status) of one integration log.
+type FailedLog = (String, Option<String>, Option<String>, Option<i32>);
+
 /// Per table: (row count, n_tup_ins, n_tup_upd, n_tup_del).
 type Counters = BTreeMap<String, (i64, i64, i64, i64)>;
 
@@ -110,12 +113,7 @@ async fn finished_jobs(app: &TestApp, queue: &str) -> f64 {
 }
 
 fn calls(app: &TestApp, call: &str) -> u64 {
-    app.sim
-        .stats()
-        .calls_total
-        .get(call)
-        .copied()
-        .unwrap_or(0)
+    app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
 }
 
 async fn start_chain(app: &TestApp, task: Task, card_ref: &str, delay: Duration) -> String {
@@ -166,12 +164,10 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     // inserts are visible in the statistics. From then on the baseline is settled.
     {
         let mut writer = PgConnection::connect(&app.db.url).await.expect("writer");
-        sqlx::query(
-            "INSERT INTO cards (card_ref) SELECT 'c-' || g FROM generate_series(1, 50) g",
-        )
-        .execute(&mut writer)
-        .await
-        .expect("insert cards");
+        sqlx::query("INSERT INTO cards (card_ref) SELECT 'c-' || g FROM generate_series(1, 50) g")
+            .execute(&mut writer)
+            .await
+            .expect("insert cards");
         writer.close().await.expect("close writer");
     }
     let baseline = counters_when(&mut stats, &app.db.name, false, |c| c["cards"].1 == 50).await;
@@ -189,7 +185,10 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     // Row counts are immediate: nothing was written.
     let after_unchanged = counters(&mut stats).await;
     for (table, (rows, ..)) in &after_unchanged {
-        assert_eq!(*rows, baseline[table].0, "rows of {table} after unchanged polls");
+        assert_eq!(
+            *rows, baseline[table].0,
+            "rows of {table} after unchanged polls"
+        );
     }
     assert_eq!(outcome(&app, "card_status", "persisted_change").await, 0.0);
     assert_eq!(outcome(&app, "carddata", "persisted_change").await, 0.0);
@@ -211,14 +210,17 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
 
     // One card changes.
     app.sim.set_card_status("c-7", CardStatus::Active);
-    wait_until(Duration::from_secs(20), "the change is persisted", || async {
-        outcome(&app, "card_status", "persisted_change").await >= 1.0
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "the change is persisted",
+        || async { outcome(&app, "card_status", "persisted_change").await >= 1.0 },
+    )
     .await;
 
     // Stop the worker: its pool closes, its backends exit and publish their counters. Wait until
     // they are gone and the change's writes are visible, so the comparison below is real.
     app.stop().await.expect("stops cleanly");
+    app.db.pool.close().await;
     let last = counters_when(&mut stats, &app.db.name, true, |c| {
         c["integration_logs"].1 == 1 && c["cards"].2 == 1
     })
@@ -239,24 +241,28 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     }
     let (state, scenario): (String, String) =
         sqlx::query_as("SELECT state, scenario FROM integration_logs")
-            .fetch_one(&app.db.pool)
+            .fetch_one(&mut stats)
             .await
             .expect("the log");
-    assert_eq!((state.as_str(), scenario.as_str()), ("succeeded", "card_status_poll"));
+    assert_eq!(
+        (state.as_str(), scenario.as_str()),
+        ("succeeded", "card_status_poll")
+    );
     let (status, version): (String, i64) =
         sqlx::query_as("SELECT status, version FROM cards WHERE card_ref = 'c-7'")
-            .fetch_one(&app.db.pool)
+            .fetch_one(&mut stats)
             .await
             .expect("card");
     assert_eq!((status.as_str(), version), ("active", 1));
-    let linked: i64 = scalar(
-        &app,
+    let linked: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
           JOIN integration_logs l ON l.id = e.integration_log_id
          WHERE e.event_type = 'card.status_changed' AND r.resource_id = 'c-7'
            AND e.correlation_id = l.correlation_id",
     )
-    .await;
+    .fetch_one(&mut stats)
+    .await
+    .expect("linked audit");
     assert_eq!(linked, 1);
 }
 
@@ -267,16 +273,17 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
     app.insert_card("c-1").await;
     app.sim.fail_card("c-1");
     start_chain(&app, Task::CardStatus, "c-1", Duration::ZERO).await;
-    wait_until(Duration::from_secs(20), "the failure is recorded", || async {
-        outcome(&app, "card_status", "persisted_failure").await >= 1.0
-    })
-    .await;
-    let logs: Vec<(String, Option<String>, Option<String>, Option<i32>)> = sqlx::query_as(
-        "SELECT state, error, recovery_summary, http_status FROM integration_logs",
+    wait_until(
+        Duration::from_secs(20),
+        "the failure is recorded",
+        || async { outcome(&app, "card_status", "persisted_failure").await >= 1.0 },
     )
-    .fetch_all(&app.db.pool)
-    .await
-    .expect("logs");
+    .await;
+    let logs: Vec<FailedLog> =
+        sqlx::query_as("SELECT state, error, recovery_summary, http_status FROM integration_logs")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("logs");
     assert_eq!(logs.len(), 1, "{logs:?}");
     let (state, error, recovery, http) = &logs[0];
     assert_eq!(state, "failed");
@@ -288,11 +295,18 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
         "{recovery}"
     );
     assert_eq!(
-        scalar(&app, "SELECT count(*) FROM audit_events WHERE event_type = 'poll.failed'").await,
+        scalar(
+            &app,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'poll.failed'"
+        )
+        .await,
         1
     );
     assert_eq!(scalar(&app, "SELECT count(*) FROM audit_events").await, 1);
-    assert_eq!(scalar(&app, "SELECT count(*) FROM audit_resources").await, 1);
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM audit_resources").await,
+        1
+    );
     assert_eq!(scalar(&app, "SELECT count(*) FROM outbox_events").await, 0);
     assert_eq!(scalar(&app, "SELECT version FROM cards").await, 0);
     // The chain lives on, with its failure count, for the back-off retry.
@@ -300,8 +314,12 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
 
     // No UPDATE of integration_logs, ever, on the polling path.
     app.stop().await.expect("stops cleanly");
+    app.db.pool.close().await;
     let mut stats = PgConnection::connect(&app.db.url).await.expect("stats");
-    let last = counters_when(&mut stats, &app.db.name, true, |c| c["integration_logs"].1 == 1).await;
+    let last = counters_when(&mut stats, &app.db.name, true, |c| {
+        c["integration_logs"].1 == 1
+    })
+    .await;
     assert_eq!(last["integration_logs"].2, 0, "integration_logs updates");
 }
 
@@ -325,19 +343,37 @@ async fn a_card_that_always_fails_is_parked_and_only_enqueue_restarts_it() {
     })
     .await;
     assert_eq!(
-        scalar(&app, "SELECT count(*) FROM integration_logs WHERE state = 'failed'").await,
+        scalar(
+            &app,
+            "SELECT count(*) FROM integration_logs WHERE state = 'failed'"
+        )
+        .await,
         3
     );
-    assert_eq!(scalar(&app, "SELECT count(*) FROM integration_logs").await, 3);
     assert_eq!(
-        scalar(&app, "SELECT count(*) FROM audit_events WHERE event_type = 'poll.failed'").await,
+        scalar(&app, "SELECT count(*) FROM integration_logs").await,
         3
     );
     assert_eq!(
-        scalar(&app, "SELECT count(*) FROM audit_events WHERE event_type = 'poll.parked'").await,
+        scalar(
+            &app,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'poll.failed'"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        scalar(
+            &app,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'poll.parked'"
+        )
+        .await,
         1
     );
-    assert_eq!(scalar(&app, "SELECT count(*) FROM audit_resources").await, 4);
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM audit_resources").await,
+        4
+    );
     let last: String = sqlx::query_scalar(
         "SELECT recovery_summary FROM integration_logs ORDER BY id DESC LIMIT 1",
     )
@@ -378,7 +414,10 @@ async fn a_card_that_always_fails_is_parked_and_only_enqueue_restarts_it() {
     })
     .await;
     assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
-    assert_eq!(scalar(&app, "SELECT count(*) FROM integration_logs").await, 3);
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM integration_logs").await,
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,7 +461,10 @@ async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
     .await;
     assert_eq!(calls(&app, "card_status"), 0);
     assert_eq!(chain_of(&app, Task::CardStatus, "c-nobody").await, None);
-    assert_eq!(scalar(&app, "SELECT count(*) FROM integration_logs").await, 0);
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM integration_logs").await,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,7 +498,8 @@ async fn enqueue_twice_leaves_one_chain() {
         n == 1
     })
     .await;
-    assert_eq!(finished_jobs(&app, PollCardStatus::QUEUE).await, 1.0);
+    // A job of the replaced chain may have reached apalis before the second enqueue: it was
+    // acknowledged without a call.
     assert_eq!(calls(&app, "card_status"), 1);
     assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
 }
@@ -503,7 +546,10 @@ async fn the_polling_cli_enqueues_reconciles_and_investigates() {
     let out = run(&["investigate", "--card-ref", "c-1"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("unchanged polls are counted, not recorded"), "{text}");
+    assert!(
+        text.contains("unchanged polls are counted, not recorded"),
+        "{text}"
+    );
     assert!(text.contains("card.status_changed"), "{text}");
     let out = run(&["investigate", "--card-ref", "c-1", "--format", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
