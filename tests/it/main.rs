@@ -3,5 +3,9 @@
 
 mod harness;
 
+mod config_cli;
+mod endpoint;
 mod gateway;
+mod intake;
+mod migrations;
 mod polling;
