@@ -9,3 +9,4 @@ mod gateway;
 mod intake;
 mod maintenance;
 mod migrations;
+mod polling;
