@@ -213,7 +213,7 @@ enum Begun {
     Unknown,
     Settled(String),
     Started {
-        payment: Payment,
+        payment: Box<Payment>,
         prior_status: String,
         pending: Pending,
     },
@@ -266,7 +266,7 @@ async fn begin(ctx: &AppContext, payment_id: Uuid) -> Result<Begun, ReliableErro
     tx.commit().await?;
     let prior_status = payment.status.clone();
     Ok(Begun::Started {
-        payment,
+        payment: Box::new(payment),
         prior_status,
         pending,
     })
