@@ -31,6 +31,7 @@ use super::store;
 use super::submit::backoff;
 use crate::app::AppContext;
 use crate::gateway::{CardStatus, PaymentStatus};
+use crate::polling::{apply_status, Applied, ChangeSource};
 use crate::queue::RunJob;
 use crate::storage::cards;
 use crate::storage::records::{
@@ -241,42 +242,56 @@ async fn apply(
     let started_at = Utc::now();
     match body {
         CallbackBody::CardStatus { card_ref, status } => {
+            let Ok(new_status) = CardStatus::from_str(status) else {
+                return Ok(Err(format!("malformed body: card status {status:?}")));
+            };
+            let change_source = ChangeSource {
+                kind: "callback",
+                integration_log_id: None,
+                detail: Some(format!(
+                    "channel={} callback_id={}",
+                    job.channel, job.callback_id
+                )),
+            };
             let mut conflicts = 0;
             loop {
                 let Some(card) = cards::load(&mut *conn, card_ref).await? else {
                     return Ok(Err(format!("unknown card {card_ref}")));
                 };
-                if card.status == *status {
-                    record(
-                        conn,
-                        job,
-                        row_id,
-                        "card",
-                        card_ref,
-                        started_at,
-                        format!(
-                            "status already {status} (version {}): nothing changed",
-                            card.version
-                        ),
-                        None,
-                    )
-                    .await?;
-                    return Ok(Ok(("card", card_ref.clone(), false)));
-                }
-                match cards::set_status(conn, card_ref, card.version, status).await? {
-                    Some(version) => {
+                let correlation_id = Uuid::new_v4();
+                // The same status-change function as polling: one optimistic update, one audit
+                // event, one outbox event, whoever observed the change.
+                match apply_status(conn, &card, new_status, correlation_id, &change_source).await? {
+                    Applied::Changed {
+                        version,
+                        audit_event_id,
+                        ..
+                    } => {
                         let summary = format!(
                             "status {} -> {status} (version {} -> {version}) by {source}",
                             card.status, card.version
                         );
-                        let event = (
-                            "card.status_changed",
-                            json!({
-                                "card_ref": card_ref, "from": card.status, "to": status,
-                                "version": version, "source": "callback",
-                                "channel": job.channel, "callback_id": job.callback_id,
-                            }),
-                        );
+                        let log_id = insert_callback_log(
+                            conn,
+                            job,
+                            row_id,
+                            "card",
+                            card_ref,
+                            started_at,
+                            correlation_id,
+                            summary,
+                        )
+                        .await?;
+                        sqlx::query(
+                            "UPDATE audit_events SET integration_log_id = $2 WHERE id = $1",
+                        )
+                        .bind(audit_event_id)
+                        .bind(log_id)
+                        .execute(&mut *conn)
+                        .await?;
+                        return Ok(Ok(("card", card_ref.clone(), true)));
+                    }
+                    Applied::Unchanged => {
                         record(
                             conn,
                             job,
@@ -284,13 +299,16 @@ async fn apply(
                             "card",
                             card_ref,
                             started_at,
-                            summary,
-                            Some(event),
+                            format!(
+                                "status already {status} (version {}): nothing changed",
+                                card.version
+                            ),
+                            None,
                         )
                         .await?;
-                        return Ok(Ok(("card", card_ref.clone(), true)));
+                        return Ok(Ok(("card", card_ref.clone(), false)));
                     }
-                    None => {
+                    Applied::Conflict => {
                         // Another writer (a poll, another callback) changed the card since we
                         // read it: reload and decide again on the current state.
                         conflicts += 1;
@@ -364,8 +382,43 @@ async fn apply(
     }
 }
 
-/// The change's records: terminal log (`succeeded`, scenario `callback`), audit event and link,
-/// and — when something changed — the outbox event.
+/// The change's terminal integration log (`succeeded`, scenario `callback`). Returns its id.
+#[allow(clippy::too_many_arguments)]
+async fn insert_callback_log(
+    conn: &mut PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    resource_type: &'static str,
+    resource_id: &str,
+    started_at: chrono::DateTime<Utc>,
+    correlation_id: Uuid,
+    summary: String,
+) -> sqlx::Result<i64> {
+    insert_terminal_log(
+        conn,
+        &LogRecord {
+            correlation_id,
+            resource_type,
+            resource_id: resource_id.to_owned(),
+            scenario: "callback",
+            state: LogState::Succeeded,
+            request_summary: format!(
+                "callback {}/{} (inbound_callbacks #{row_id})",
+                job.channel, job.callback_id
+            ),
+            response_summary: summary,
+            http_status: None,
+            error: None,
+            recovery_summary: None,
+            started_at,
+            finished_at: Utc::now(),
+        },
+    )
+    .await
+}
+
+/// The records of an applied callback: terminal log, audit event and link, and — when
+/// something changed — the outbox event.
 #[allow(clippy::too_many_arguments)]
 async fn record(
     conn: &mut PgConnection,
@@ -378,25 +431,15 @@ async fn record(
     change: Option<(&'static str, serde_json::Value)>,
 ) -> anyhow::Result<()> {
     let correlation_id = Uuid::new_v4();
-    let log_id = insert_terminal_log(
+    let log_id = insert_callback_log(
         conn,
-        &LogRecord {
-            correlation_id,
-            resource_type,
-            resource_id: resource_id.to_owned(),
-            scenario: "callback",
-            state: LogState::Succeeded,
-            request_summary: format!(
-                "callback {}/{} (inbound_callbacks #{row_id})",
-                job.channel, job.callback_id
-            ),
-            response_summary: summary.clone(),
-            http_status: None,
-            error: None,
-            recovery_summary: None,
-            started_at,
-            finished_at: Utc::now(),
-        },
+        job,
+        row_id,
+        resource_type,
+        resource_id,
+        started_at,
+        correlation_id,
+        summary.clone(),
     )
     .await?;
     let event_type = change.as_ref().map_or("callback.applied", |c| c.0);

@@ -10,12 +10,12 @@
 //! - [`recovery`]: `RecoverPayments`, the cron job settling `pending`/`unknown` payments.
 //! - [`callback`]: `ProcessCallback`, idempotent channel callbacks.
 //! - [`store`]: the `payments` table.
-//! - [`investigate`]: a card's payments and callbacks, for `cardworker investigate`.
 //! - [`cli`]: `enqueue payment`, `enqueue callback`.
+//!
+//! `cardworker investigate` (in `polling::investigate`) shows a card's payments and callbacks.
 
 pub mod callback;
 pub mod cli;
-pub mod investigate;
 pub mod recovery;
 pub mod store;
 pub mod submit;

@@ -76,16 +76,6 @@ pub async fn lock(conn: &mut PgConnection, payment_id: Uuid) -> sqlx::Result<Opt
     .await
 }
 
-/// A card's payments, newest first (for `investigate`).
-pub async fn for_card<'e>(exec: impl PgExecutor<'e>, card_ref: &str) -> sqlx::Result<Vec<Payment>> {
-    sqlx::query_as::<_, Payment>(&format!(
-        "SELECT {COLUMNS} FROM payments WHERE card_ref = $1 ORDER BY created_at DESC"
-    ))
-    .bind(card_ref)
-    .fetch_all(exec)
-    .await
-}
-
 /// Settles the payment with the Gateway's decision unless it is settled already. Returns
 /// whether this call changed it. A settled payment is never overwritten: the Gateway answers
 /// idempotently, so a second decision can only repeat the first (or reveal a conflict, which

@@ -113,6 +113,14 @@ fn spawn_cron<J: Scheduled>(
 pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Result<()> {
     let config = ctx.config.clone();
 
+    // Polling. Both tasks run with their configured concurrency; the cross-worker budget layer
+    // wraps them separately.
+    spawn_worker!(ctx, sup, PollCardData);
+    spawn_worker!(ctx, sup, PollCardStatus);
+    // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
+    spawn_worker!(ctx, sup, RunReconcile);
+    spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
+
     // The reliable paths: not polling, so no budget layer; always on.
     spawn_worker!(ctx, sup, SubmitPayment);
     spawn_worker!(ctx, sup, ProcessCallback);

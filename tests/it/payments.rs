@@ -568,9 +568,115 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
     );
     assert_eq!(status(&pool, pid).await, "accepted");
 
-    let records = cardworker::payments::investigate::for_card(&pool, "c-9")
+    let records = cardworker::polling::investigate::investigate(&app.ctx, "c-9")
         .await
         .expect("investigate");
     assert_eq!(records.payments.len(), 1);
-    assert_eq!(records.callbacks.len(), 3, "{records:?}");
+    assert_eq!(records.callbacks.len(), 3, "{:?}", records.callbacks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_never_writes_pending(
+) {
+    use cardworker::gateway::CardStatus;
+    use cardworker::queue::RunJob;
+    use cardworker_jobs::PollCardStatus;
+
+    let app = app().await;
+    let pool = app.db.pool.clone();
+    for round in 0..10 {
+        let card_ref = format!("c-race-{round}");
+        app.insert_card(&card_ref).await;
+        // Half the rounds they disagree on purpose (the poll sees frozen, the callback says
+        // active); whatever the interleaving, the version check makes the card's final state the
+        // last change applied, and every applied change is on record.
+        let pushed = if round % 2 == 0 { "active" } else { "frozen" };
+        app.sim.set_card_status(&card_ref, CardStatus::Frozen);
+        let cb = card_callback(&format!("race-{round}"), &card_ref, pushed);
+        let poll = PollCardStatus {
+            card_ref: card_ref.clone(),
+            state: Default::default(),
+        };
+        let (ctx1, ctx2) = (app.ctx.clone(), app.ctx.clone());
+        let a = tokio::spawn(async move { callback::process(&ctx1, &cb).await });
+        let b = tokio::spawn(async move { poll.run(ctx2).await });
+        let delivery = a.await.expect("join").expect("callback");
+        b.await.expect("join").expect("poll");
+        assert!(matches!(delivery, Delivery::Applied { .. }), "{delivery:?}");
+
+        let card = cardworker::storage::cards::load(&pool, &card_ref)
+            .await
+            .expect("load")
+            .expect("card");
+        let events: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT payload->>'status', (payload->>'version')::bigint FROM outbox_events
+              WHERE aggregate_id = $1 AND event_type = 'card.status_changed' ORDER BY id",
+        )
+        .bind(&card_ref)
+        .fetch_all(&pool)
+        .await
+        .expect("events");
+        // One consistent state: one version step per announced change, and the card shows the
+        // last one announced.
+        assert_eq!(
+            card.version,
+            events.len() as i64,
+            "round {round}: {events:?}"
+        );
+        let last = events.last().expect("at least one change");
+        assert_eq!(
+            (card.status.as_str(), card.version),
+            (last.0.as_str(), last.1)
+        );
+        if pushed == "frozen" {
+            assert_eq!(
+                events.len(),
+                1,
+                "the same change seen twice is applied once"
+            );
+        }
+        // Both facts are investigable: the callback (row and log) and the change(s).
+        let inv = cardworker::polling::investigate::investigate(&app.ctx, &card_ref)
+            .await
+            .expect("investigate");
+        assert_eq!(inv.callbacks.len(), 1);
+        assert!(!inv.timeline.is_empty());
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM integration_logs WHERE resource_id = $1 AND scenario = 'callback'",
+                &card_ref
+            )
+            .await,
+            1
+        );
+    }
+
+    // Failed polls are recorded too, terminally: polling never writes a pending row.
+    app.insert_card("c-fail").await;
+    app.sim.fail_card("c-fail");
+    let poll = PollCardStatus {
+        card_ref: "c-fail".to_owned(),
+        state: Default::default(),
+    };
+    poll.run(app.ctx.clone())
+        .await
+        .expect("failed poll recorded");
+    let polls = count(
+        &pool,
+        "SELECT count(*) FROM integration_logs WHERE scenario LIKE '%poll%' AND $1 = $1",
+        "",
+    )
+    .await;
+    assert!(polls >= 2, "polls were recorded ({polls})");
+    let pending = count(
+        &pool,
+        "SELECT count(*) FROM integration_logs WHERE state = 'pending' AND $1 = $1",
+        "",
+    )
+    .await;
+    assert_eq!(
+        pending, 0,
+        "neither polling nor callbacks ever write a pending log"
+    );
 }
