@@ -3,6 +3,11 @@
 
 mod harness;
 
+mod config_cli;
+mod endpoint;
 mod gateway;
+mod intake;
+mod maintenance;
+mod migrations;
 mod payments;
 mod polling;
