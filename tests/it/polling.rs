@@ -86,10 +86,17 @@ async fn counters_when(
         if gone && ready(&c) {
             return c;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "statistics never settled: {c:?}"
-        );
+        if start.elapsed() > Duration::from_secs(30) {
+            let who: Vec<(Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT application_name, state, query FROM pg_stat_activity
+                  WHERE datname = $1 AND pid <> pg_backend_pid()",
+            )
+            .bind(db)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap_or_default();
+            panic!("statistics never settled: {c:?}; other backends: {who:?}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -220,6 +227,9 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     // Stop the worker: its pool closes, its backends exit and publish their counters. Wait until
     // they are gone and the change's writes are visible, so the comparison below is real.
     app.stop().await.expect("stops cleanly");
+    // Close every pool on the database (the worker's and the test's own), so that every backend
+    // exits and publishes its counters.
+    app.ctx.pool.close().await;
     app.db.pool.close().await;
     let last = counters_when(&mut stats, &app.db.name, true, |c| {
         c["integration_logs"].1 == 1 && c["cards"].2 == 1
@@ -314,6 +324,9 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
 
     // No UPDATE of integration_logs, ever, on the polling path.
     app.stop().await.expect("stops cleanly");
+    // Close every pool on the database (the worker's and the test's own), so that every backend
+    // exits and publishes its counters.
+    app.ctx.pool.close().await;
     app.db.pool.close().await;
     let mut stats = PgConnection::connect(&app.db.url).await.expect("stats");
     let last = counters_when(&mut stats, &app.db.name, true, |c| {
