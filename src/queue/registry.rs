@@ -130,6 +130,12 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     spawn_worker!(ctx, sup, RunReconcile);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
 
+    // The reliable paths: not polling, so no budget layer; always on.
+    spawn_worker!(ctx, sup, SubmitPayment);
+    spawn_worker!(ctx, sup, ProcessCallback);
+    spawn_worker!(ctx, sup, RecoverPayments);
+    spawn_cron::<RecoverPayments>(ctx, sup, &config.payments.recovery_cron)?;
+
     // Maintenance queues are always consumed: while maintenance is off, queued runs are
     // acknowledged as no-ops. Only the schedules depend on the switch.
     spawn_worker!(ctx, sup, RunArchive);

@@ -4,9 +4,12 @@
 //! - this file: [`connect`] and [`migrate`].
 //! - [`cards`]: the `cards` table, with optimistic version checks.
 //! - [`records`]: the audit writer and the terminal record path (changes and failures only).
+//! - [`reliable`]: the reliable path for money-moving calls (pending before the call, finalised
+//!   with the domain change and an outbox event).
 
 pub mod cards;
 pub mod records;
+pub mod reliable;
 
 use std::time::Duration;
 

@@ -9,4 +9,5 @@ mod gateway;
 mod intake;
 mod maintenance;
 mod migrations;
+mod payments;
 mod polling;

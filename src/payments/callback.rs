@@ -1,0 +1,481 @@
+//! `ProcessCallback`: applies one channel callback (spec 1b) exactly once, in PostgreSQL.
+//!
+//! One transaction per delivery:
+//! 1. `INSERT … ON CONFLICT (channel, callback_id) DO UPDATE` on `inbound_callbacks` counts the
+//!    delivery and **locks the row**: concurrent deliveries of the same callback queue up here,
+//!    and each sees what the one before it committed.
+//! 2. Already `applied`: commit the delivery count, apply nothing.
+//! 3. Otherwise apply the change (card status under the optimistic version check, reloading and
+//!    deciding again on a conflict; or the payment result), write its terminal integration log
+//!    (`succeeded`, scenario `callback`), audit event and link, and the outbox event, and mark the
+//!    row `applied` — all in the same commit.
+//!
+//! A callback that cannot be applied (unknown card or payment, malformed body, a result that
+//! contradicts a settled payment) is committed as `failed` with the reason, and the job is
+//! acknowledged: nothing is silently dropped, and a later delivery of the same (channel, id)
+//! is processed again. A database error retries the delivery through the intake with back-off.
+
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use cardworker_jobs::ProcessCallback;
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::store;
+use super::submit::backoff;
+use crate::app::AppContext;
+use crate::gateway::{CardStatus, PaymentStatus};
+use crate::polling::{apply_status, Applied, ChangeSource};
+use crate::queue::RunJob;
+use crate::storage::cards;
+use crate::storage::records::{
+    insert_audit, insert_outbox, insert_terminal_log, AuditRecord, LogRecord, LogState,
+};
+
+/// Redeliveries through the intake after database errors before the job gives up (dead, logged).
+pub const MAX_RETRIES: u32 = 8;
+
+/// Version conflicts tolerated in one delivery before it is failed (and retried).
+const MAX_VERSION_CONFLICTS: u32 = 10;
+
+impl RunJob for ProcessCallback {
+    const KIND: &'static str = "callback";
+
+    fn concurrency(_config: &crate::config::Config) -> usize {
+        4
+    }
+
+    fn timeout(_config: &crate::config::Config) -> Duration {
+        Duration::from_secs(60)
+    }
+
+    #[tracing::instrument(name = "job.process_callback", skip_all, fields(channel = %self.channel, callback_id = %self.callback_id))]
+    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
+        match process(&ctx, &self).await {
+            Ok(outcome) => {
+                tracing::info!(?outcome, "callback handled");
+                Ok(())
+            }
+            Err(e) if self.retries < MAX_RETRIES => {
+                let delay = backoff(self.retries);
+                let next = ProcessCallback {
+                    retries: self.retries + 1,
+                    ..self.clone()
+                };
+                ctx.producer
+                    .enqueue_after(&next, delay)
+                    .await
+                    .with_context(|| {
+                        format!("callback could not be processed ({e:#}) nor redelivered")
+                    })?;
+                tracing::warn!(error = %format!("{e:#}"), retry_in_ms = delay.as_millis() as u64, "callback not processed; redelivery scheduled");
+                Ok(())
+            }
+            Err(e) => Err(e.context(format!(
+                "callback given up after {} redeliveries",
+                self.retries
+            ))),
+        }
+    }
+}
+
+/// What one delivery did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// Applied now (`changed` is false when the state already was what the callback says).
+    Applied {
+        /// Whether the domain changed.
+        changed: bool,
+    },
+    /// Already applied by an earlier delivery: nothing applied.
+    Duplicate,
+    /// Recorded as failed with this reason; a later delivery tries again.
+    Failed(String),
+}
+
+/// The body of a callback (spec 1b).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type")]
+pub enum CallbackBody {
+    /// A card status change.
+    #[serde(rename = "card.status")]
+    CardStatus {
+        /// The card.
+        card_ref: String,
+        /// The new status.
+        status: String,
+    },
+    /// A payment result.
+    #[serde(rename = "payment.result")]
+    PaymentResult {
+        /// The payment.
+        payment_id: Uuid,
+        /// `accepted` or `rejected`.
+        status: String,
+        /// The channel's reference.
+        channel_ref: String,
+    },
+}
+
+/// Parses and validates a raw body. The error is the reason kept on the failed row.
+pub fn parse(body: &str) -> Result<CallbackBody, String> {
+    let parsed: CallbackBody =
+        serde_json::from_str(body).map_err(|e| format!("malformed body: {e}"))?;
+    match &parsed {
+        CallbackBody::CardStatus { status, .. } => {
+            CardStatus::from_str(status).map_err(|e| format!("malformed body: {e}"))?;
+        }
+        CallbackBody::PaymentResult { status, .. } => {
+            PaymentStatus::from_str(status).map_err(|_| {
+                format!("malformed body: payment status {status:?} is not accepted or rejected")
+            })?;
+        }
+    }
+    Ok(parsed)
+}
+
+/// The whole delivery, in one transaction (module docs).
+pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<Delivery> {
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("beginning the callback transaction")?;
+    // A fresh row is inserted as `failed`/"processing" and always rewritten below before the
+    // commit, so no other transaction ever sees that placeholder.
+    let (row_id, state, inserted): (i64, String, bool) = sqlx::query_as(
+        "INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)
+         VALUES ($1, $2, $3, 'failed', 'processing')
+         ON CONFLICT (channel, callback_id) DO UPDATE
+            SET deliveries = inbound_callbacks.deliveries + 1, last_received_at = now()
+         RETURNING id, state, (xmax = 0)",
+    )
+    .bind(&job.channel)
+    .bind(&job.callback_id)
+    .bind(&job.body)
+    .fetch_one(&mut *tx)
+    .await
+    .context("recording the callback delivery")?;
+
+    if state == "applied" && !inserted {
+        tx.commit()
+            .await
+            .context("counting the duplicate delivery")?;
+        return Ok(Delivery::Duplicate);
+    }
+
+    let outcome = match parse(&job.body) {
+        Err(reason) => Err(reason),
+        Ok(body) => apply(&mut tx, job, row_id, &body).await?,
+    };
+    let delivery = match outcome {
+        Ok((resource_type, resource_id, changed)) => {
+            sqlx::query(
+                "UPDATE inbound_callbacks
+                    SET state = 'applied', reason = NULL, body = $2, resource_type = $3,
+                        resource_id = $4, applied_at = now()
+                  WHERE id = $1",
+            )
+            .bind(row_id)
+            .bind(&job.body)
+            .bind(resource_type)
+            .bind(&resource_id)
+            .execute(&mut *tx)
+            .await?;
+            Delivery::Applied { changed }
+        }
+        Err(reason) => {
+            let resource = loose_resource(&job.body);
+            sqlx::query(
+                "UPDATE inbound_callbacks
+                    SET state = 'failed', reason = $2, body = $3, resource_type = $4,
+                        resource_id = $5
+                  WHERE id = $1",
+            )
+            .bind(row_id)
+            .bind(&reason)
+            .bind(&job.body)
+            .bind(resource.as_ref().map(|r| r.0))
+            .bind(resource.as_ref().map(|r| r.1.clone()))
+            .execute(&mut *tx)
+            .await?;
+            insert_audit(
+                &mut tx,
+                &AuditRecord {
+                    event_type: "callback.failed",
+                    correlation_id: None,
+                    summary: format!(
+                        "callback {}/{} not applied: {reason}; a later delivery is processed again",
+                        job.channel, job.callback_id
+                    ),
+                    details: json!({ "channel": job.channel, "callback_id": job.callback_id, "reason": reason }),
+                    resource_type: resource.as_ref().map_or("callback", |r| r.0),
+                    resource_id: resource
+                        .as_ref()
+                        .map_or_else(|| format!("{}/{}", job.channel, job.callback_id), |r| r.1.clone()),
+                },
+                None,
+            )
+            .await?;
+            tracing::warn!(%reason, "callback recorded as failed");
+            Delivery::Failed(reason)
+        }
+    };
+    tx.commit().await.context("committing the callback")?;
+    Ok(delivery)
+}
+
+/// Applies a parsed callback. `Ok(Err(reason))` is a callback that cannot be applied.
+async fn apply(
+    conn: &mut PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    body: &CallbackBody,
+) -> anyhow::Result<Result<(&'static str, String, bool), String>> {
+    let source = format!("callback {}/{}", job.channel, job.callback_id);
+    let started_at = Utc::now();
+    match body {
+        CallbackBody::CardStatus { card_ref, status } => {
+            let Ok(new_status) = CardStatus::from_str(status) else {
+                return Ok(Err(format!("malformed body: card status {status:?}")));
+            };
+            let change_source = ChangeSource {
+                kind: "callback",
+                integration_log_id: None,
+                detail: Some(format!(
+                    "channel={} callback_id={}",
+                    job.channel, job.callback_id
+                )),
+            };
+            let mut conflicts = 0;
+            loop {
+                let Some(card) = cards::load(&mut *conn, card_ref).await? else {
+                    return Ok(Err(format!("unknown card {card_ref}")));
+                };
+                let correlation_id = Uuid::new_v4();
+                // The same status-change function as polling: one optimistic update, one audit
+                // event, one outbox event, whoever observed the change.
+                match apply_status(conn, &card, new_status, correlation_id, &change_source).await? {
+                    Applied::Changed {
+                        version,
+                        audit_event_id,
+                        ..
+                    } => {
+                        let summary = format!(
+                            "status {} -> {status} (version {} -> {version}) by {source}",
+                            card.status, card.version
+                        );
+                        let log_id = insert_callback_log(
+                            conn,
+                            job,
+                            row_id,
+                            "card",
+                            card_ref,
+                            started_at,
+                            correlation_id,
+                            summary,
+                        )
+                        .await?;
+                        sqlx::query(
+                            "UPDATE audit_events SET integration_log_id = $2 WHERE id = $1",
+                        )
+                        .bind(audit_event_id)
+                        .bind(log_id)
+                        .execute(&mut *conn)
+                        .await?;
+                        return Ok(Ok(("card", card_ref.clone(), true)));
+                    }
+                    Applied::Unchanged => {
+                        record(
+                            conn,
+                            job,
+                            row_id,
+                            "card",
+                            card_ref,
+                            started_at,
+                            format!(
+                                "status already {status} (version {}): nothing changed",
+                                card.version
+                            ),
+                            None,
+                        )
+                        .await?;
+                        return Ok(Ok(("card", card_ref.clone(), false)));
+                    }
+                    Applied::Conflict => {
+                        // Another writer (a poll, another callback) changed the card since we
+                        // read it: reload and decide again on the current state.
+                        conflicts += 1;
+                        if conflicts >= MAX_VERSION_CONFLICTS {
+                            anyhow::bail!(
+                                "card {card_ref}: {conflicts} version conflicts in a row"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        CallbackBody::PaymentResult {
+            payment_id,
+            status,
+            channel_ref,
+        } => {
+            let Ok(decided) = PaymentStatus::from_str(status) else {
+                return Ok(Err(format!("malformed body: payment status {status:?}")));
+            };
+            let Some(payment) = store::lock(conn, *payment_id).await? else {
+                return Ok(Err(format!("unknown payment {payment_id}")));
+            };
+            if payment.is_settled() {
+                if payment.status != *status {
+                    return Ok(Err(format!(
+                        "contradicts the recorded result: payment {payment_id} is {}, callback says {status}",
+                        payment.status
+                    )));
+                }
+                record(
+                    conn,
+                    job,
+                    row_id,
+                    "payment",
+                    &payment_id.to_string(),
+                    started_at,
+                    format!("payment already {status}: nothing changed"),
+                    None,
+                )
+                .await?;
+                return Ok(Ok(("payment", payment_id.to_string(), false)));
+            }
+            store::settle(conn, *payment_id, decided, channel_ref).await?;
+            store::close_open_attempt(
+                conn,
+                &payment,
+                crate::storage::reliable::FinalState::Succeeded,
+                format!("(from {source}) status={status} channel_ref={channel_ref}"),
+                format!("settled by {source}"),
+            )
+            .await?;
+            let summary = format!(
+                "payment {} -> {status} (channel_ref {channel_ref}) by {source}",
+                payment.status
+            );
+            let outbox = store::settled_event(&payment, decided, channel_ref, "callback");
+            record(
+                conn,
+                job,
+                row_id,
+                "payment",
+                &payment_id.to_string(),
+                started_at,
+                summary,
+                Some((outbox.event_type, outbox.payload)),
+            )
+            .await?;
+            Ok(Ok(("payment", payment_id.to_string(), true)))
+        }
+    }
+}
+
+/// The change's terminal integration log (`succeeded`, scenario `callback`). Returns its id.
+#[allow(clippy::too_many_arguments)]
+async fn insert_callback_log(
+    conn: &mut PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    resource_type: &'static str,
+    resource_id: &str,
+    started_at: chrono::DateTime<Utc>,
+    correlation_id: Uuid,
+    summary: String,
+) -> sqlx::Result<i64> {
+    insert_terminal_log(
+        conn,
+        &LogRecord {
+            correlation_id,
+            resource_type,
+            resource_id: resource_id.to_owned(),
+            scenario: "callback",
+            state: LogState::Succeeded,
+            request_summary: format!(
+                "callback {}/{} (inbound_callbacks #{row_id})",
+                job.channel, job.callback_id
+            ),
+            response_summary: summary,
+            http_status: None,
+            error: None,
+            recovery_summary: None,
+            started_at,
+            finished_at: Utc::now(),
+        },
+    )
+    .await
+}
+
+/// The records of an applied callback: terminal log, audit event and link, and — when
+/// something changed — the outbox event.
+#[allow(clippy::too_many_arguments)]
+async fn record(
+    conn: &mut PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    resource_type: &'static str,
+    resource_id: &str,
+    started_at: chrono::DateTime<Utc>,
+    summary: String,
+    change: Option<(&'static str, serde_json::Value)>,
+) -> anyhow::Result<()> {
+    let correlation_id = Uuid::new_v4();
+    let log_id = insert_callback_log(
+        conn,
+        job,
+        row_id,
+        resource_type,
+        resource_id,
+        started_at,
+        correlation_id,
+        summary.clone(),
+    )
+    .await?;
+    let event_type = change.as_ref().map_or("callback.applied", |c| c.0);
+    insert_audit(
+        conn,
+        &AuditRecord {
+            event_type,
+            correlation_id: Some(correlation_id),
+            summary,
+            details: json!({
+                "channel": job.channel,
+                "callback_id": job.callback_id,
+                "inbound_callback_id": row_id,
+                "changed": change.is_some(),
+            }),
+            resource_type,
+            resource_id: resource_id.to_owned(),
+        },
+        Some(log_id),
+    )
+    .await?;
+    if let Some((event_type, payload)) = change {
+        insert_outbox(conn, resource_type, resource_id, event_type, &payload).await?;
+    }
+    Ok(())
+}
+
+/// The resource a callback is about, read loosely so that a malformed body that still names its
+/// card or payment is found by `investigate`.
+fn loose_resource(body: &str) -> Option<(&'static str, String)> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    if let Some(card_ref) = value.get("card_ref").and_then(|v| v.as_str()) {
+        return Some(("card", card_ref.to_owned()));
+    }
+    value
+        .get("payment_id")
+        .and_then(|v| v.as_str())
+        .map(|id| ("payment", id.to_owned()))
+}

@@ -1,0 +1,359 @@
+//! The reliable external-call path: pending **before** the call, finalised **with** the change.
+//!
+//! For every external call whose loss would lose money or a customer's state (payment
+//! submission today, approval flows and any future money-moving call tomorrow):
+//!
+//! 1. [`ReliableCall::begin`] commits a `pending` integration log row together with its audit
+//!    event and resource link (and, with [`ReliableCall::begin_with`] or [`begin_in`], the
+//!    caller's own domain change, for example "payment status = pending"), in one transaction,
+//!    and returns a [`Pending`] handle naming that row.
+//! 2. The caller makes the call. A crash here leaves the committed `pending` row as evidence.
+//! 3. [`Pending::finish`] finalises **the same row** (`succeeded`, `failed` or `unknown`, the
+//!    response summary, the error, the recovery summary, `finished_at`) together with the
+//!    caller's domain change, an audit event and the outbox event announcing the change, in one
+//!    transaction. If any part fails, nothing of it is written and the row stays `pending`, so
+//!    recovery still finds the evidence.
+//!
+//! A handle lost with its process is rebuilt from the row id with [`Pending::reopen`], which is
+//! how recovery closes the log of an attempt that died mid-call.
+//!
+//! The closure flavours take `for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, …>`; the
+//! closure must own what it captures (clone it in). Callers that build their transaction
+//! themselves use [`begin_in`] and [`Pending::finish_in`] with a `&mut Transaction`; both
+//! flavours write exactly the same rows.
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::records::{insert_audit, insert_outbox, AuditRecord, LogState};
+
+/// What is about to be called, as the `pending` row and its audit event record it.
+#[derive(Debug, Clone)]
+pub struct PendingCall {
+    /// The `X-Correlation-Id` the call will send (generated before the call).
+    pub correlation_id: Uuid,
+    /// `payment`, `approval`, …
+    pub resource_type: &'static str,
+    /// The payment id, …
+    pub resource_id: String,
+    /// What is attempted: `payment_submit`, …
+    pub scenario: &'static str,
+    /// What will be asked (never a PAN or CVV).
+    pub request_summary: String,
+    /// The audit event type of the attempt, e.g. `payment.submit_started`.
+    pub audit_event: &'static str,
+    /// Human-readable audit summary.
+    pub audit_summary: String,
+    /// Structured audit details.
+    pub audit_details: Value,
+}
+
+/// How a reliable call ended, as the log row keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalState {
+    /// A valid answer.
+    Succeeded,
+    /// The call certainly had no effect (refused before sending, rejected as invalid).
+    Failed,
+    /// The remote side may have acted; recovery must settle it.
+    Unknown,
+}
+
+impl FinalState {
+    fn log_state(self) -> LogState {
+        match self {
+            FinalState::Succeeded => LogState::Succeeded,
+            FinalState::Failed => LogState::Failed,
+            FinalState::Unknown => LogState::Unknown,
+        }
+    }
+
+    /// The column value.
+    pub fn as_str(self) -> &'static str {
+        self.log_state().as_str()
+    }
+}
+
+/// One outbox event announcing a change, written in the finalising transaction.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent {
+    /// `payment`, `card`, …
+    pub aggregate_type: &'static str,
+    /// Its id.
+    pub aggregate_id: String,
+    /// `payment.accepted`, …
+    pub event_type: &'static str,
+    /// The event body.
+    pub payload: Value,
+}
+
+/// How the call ended and what the finalising transaction records besides the domain change.
+#[derive(Debug, Clone)]
+pub struct Finish {
+    /// The row's final state.
+    pub state: FinalState,
+    /// What came back (never a PAN or CVV).
+    pub response_summary: String,
+    /// The HTTP status, when there was one.
+    pub http_status: Option<u16>,
+    /// Why it failed or is unknown.
+    pub error: Option<String>,
+    /// What happens next (retry in N s, recovery settles it, settled by recovery, …).
+    pub recovery_summary: Option<String>,
+    /// The audit event type, e.g. `payment.accepted`.
+    pub audit_event: &'static str,
+    /// Human-readable audit summary.
+    pub audit_summary: String,
+    /// Structured audit details.
+    pub audit_details: Value,
+    /// The event announcing the domain change. `None` only when the finalisation changes
+    /// nothing in the domain (for example the payment was already settled by another path,
+    /// which announced it): an unchanged fact is never announced twice.
+    pub outbox: Option<OutboxEvent>,
+}
+
+/// A committed `pending` log row, waiting for its call's outcome. Finish it, or leave it for
+/// recovery; dropping it does not finalise anything (that is the point).
+#[must_use = "a pending call must be finished, or deliberately left for recovery"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// The `integration_logs` row.
+    pub log_id: i64,
+    /// The correlation id the call sends.
+    pub correlation_id: Uuid,
+    /// Resource type of the row.
+    pub resource_type: String,
+    /// Resource id of the row.
+    pub resource_id: String,
+    /// Scenario of the row.
+    pub scenario: String,
+    /// When the pending row was written.
+    pub started_at: DateTime<Utc>,
+}
+
+/// Why a reliable-path step wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReliableError {
+    /// PostgreSQL failed; the transaction was rolled back.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The row was already finalised by another writer (e.g. recovery closed a slow attempt).
+    #[error("integration log {0} is no longer pending (finalised by another writer)")]
+    NotPending(i64),
+    /// The caller's domain change failed; the transaction was rolled back.
+    #[error("domain change: {0:#}")]
+    Domain(anyhow::Error),
+}
+
+/// Entry points of the reliable path (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct ReliableCall;
+
+impl ReliableCall {
+    /// Step 1 without a domain change: commits the pending row, its audit event and link.
+    pub async fn begin(pool: &PgPool, call: PendingCall) -> Result<Pending, ReliableError> {
+        let mut tx = pool.begin().await?;
+        let pending = begin_in(&mut tx, &call).await?;
+        tx.commit().await?;
+        Ok(pending)
+    }
+
+    /// Step 1 with the caller's domain change in the same transaction. The closure runs after
+    /// the pending row is inserted and receives its handle, so it can link the domain row to
+    /// the log (e.g. `payments.attempt_log_id`).
+    pub async fn begin_with<T, F>(
+        pool: &PgPool,
+        call: PendingCall,
+        domain: F,
+    ) -> Result<(Pending, T), ReliableError>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection, &'c Pending) -> BoxFuture<'c, anyhow::Result<T>>,
+    {
+        let mut tx = pool.begin().await?;
+        let pending = begin_in(&mut tx, &call).await?;
+        let value = domain(&mut tx, &pending)
+            .await
+            .map_err(ReliableError::Domain)?;
+        tx.commit().await?;
+        Ok((pending, value))
+    }
+}
+
+/// Step 1 inside the caller's transaction: inserts the pending row, its audit event and link.
+/// Nothing is committed until the caller commits.
+pub async fn begin_in(
+    conn: &mut PgConnection,
+    call: &PendingCall,
+) -> Result<Pending, ReliableError> {
+    let started_at = Utc::now();
+    let log_id: i64 = sqlx::query_scalar(
+        "INSERT INTO integration_logs
+           (correlation_id, resource_type, resource_id, scenario, state, request_summary,
+            started_at)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6)
+         RETURNING id",
+    )
+    .bind(call.correlation_id)
+    .bind(call.resource_type)
+    .bind(&call.resource_id)
+    .bind(call.scenario)
+    .bind(&call.request_summary)
+    .bind(started_at)
+    .fetch_one(&mut *conn)
+    .await?;
+    insert_audit(
+        conn,
+        &AuditRecord {
+            event_type: call.audit_event,
+            correlation_id: Some(call.correlation_id),
+            summary: call.audit_summary.clone(),
+            details: call.audit_details.clone(),
+            resource_type: call.resource_type,
+            resource_id: call.resource_id.clone(),
+        },
+        Some(log_id),
+    )
+    .await?;
+    Ok(Pending {
+        log_id,
+        correlation_id: call.correlation_id,
+        resource_type: call.resource_type.to_owned(),
+        resource_id: call.resource_id.clone(),
+        scenario: call.scenario.to_owned(),
+        started_at,
+    })
+}
+
+impl Pending {
+    /// Step 3: finalises this row with the caller's domain change, an audit event and the
+    /// outbox event, in one transaction. On any error nothing is written and the row stays
+    /// `pending`.
+    pub async fn finish<T, F>(
+        &self,
+        pool: &PgPool,
+        finish: Finish,
+        domain: F,
+    ) -> Result<T, ReliableError>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, anyhow::Result<T>>,
+    {
+        let mut tx = pool.begin().await?;
+        // Lock and finalise the log first: a second finisher then waits here and sees
+        // `NotPending` instead of applying its domain change too.
+        self.finish_in(&mut tx, &finish).await?;
+        let value = domain(&mut tx).await.map_err(ReliableError::Domain)?;
+        tx.commit().await?;
+        Ok(value)
+    }
+
+    /// Step 3 inside the caller's transaction: finalises the row and writes the audit event,
+    /// its link and the outbox event. The caller makes its domain change in the same
+    /// transaction and commits.
+    pub async fn finish_in(
+        &self,
+        conn: &mut PgConnection,
+        finish: &Finish,
+    ) -> Result<(), ReliableError> {
+        let finished_at = Utc::now();
+        let duration_ms = (finished_at - self.started_at)
+            .num_milliseconds()
+            .clamp(0, i64::from(i32::MAX)) as i32;
+        let updated = sqlx::query(
+            "UPDATE integration_logs
+                SET state = $2, response_summary = $3, http_status = $4, error = $5,
+                    recovery_summary = $6, finished_at = $7, duration_ms = $8
+              WHERE id = $1 AND state = 'pending'",
+        )
+        .bind(self.log_id)
+        .bind(finish.state.as_str())
+        .bind(&finish.response_summary)
+        .bind(finish.http_status.map(i32::from))
+        .bind(&finish.error)
+        .bind(&finish.recovery_summary)
+        .bind(finished_at)
+        .bind(duration_ms)
+        .execute(&mut *conn)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Err(ReliableError::NotPending(self.log_id));
+        }
+        audit_for_row(
+            conn,
+            self,
+            finish.audit_event,
+            &finish.audit_summary,
+            &finish.audit_details,
+        )
+        .await?;
+        if let Some(event) = &finish.outbox {
+            insert_outbox(
+                conn,
+                event.aggregate_type,
+                &event.aggregate_id,
+                event.event_type,
+                &event.payload,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the handle of a row that is still `pending` (its process died mid-call), locking
+    /// it for the caller's transaction. `None` when the row is gone or already finalised.
+    pub async fn reopen(conn: &mut PgConnection, log_id: i64) -> sqlx::Result<Option<Pending>> {
+        let row: Option<(Uuid, String, String, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT correlation_id, resource_type, resource_id, scenario, started_at
+               FROM integration_logs
+              WHERE id = $1 AND state = 'pending'
+                FOR UPDATE",
+        )
+        .bind(log_id)
+        .fetch_optional(conn)
+        .await?;
+        Ok(row.map(
+            |(correlation_id, resource_type, resource_id, scenario, started_at)| Pending {
+                log_id,
+                correlation_id,
+                resource_type,
+                resource_id,
+                scenario,
+                started_at,
+            },
+        ))
+    }
+}
+
+/// The audit event of a finalisation and its resource link. Like `records::insert_audit`, but
+/// for a handle that may have been rebuilt from the row (its resource type is then a `String`).
+async fn audit_for_row(
+    conn: &mut PgConnection,
+    pending: &Pending,
+    event_type: &str,
+    summary: &str,
+    details: &Value,
+) -> sqlx::Result<i64> {
+    let event_id: i64 = sqlx::query_scalar(
+        "INSERT INTO audit_events (event_type, correlation_id, integration_log_id, summary, details)
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    )
+    .bind(event_type)
+    .bind(pending.correlation_id)
+    .bind(pending.log_id)
+    .bind(summary)
+    .bind(details)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO audit_resources (audit_event_id, resource_type, resource_id)
+         VALUES ($1, $2, $3)",
+    )
+    .bind(event_id)
+    .bind(&pending.resource_type)
+    .bind(&pending.resource_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(event_id)
+}
