@@ -68,9 +68,9 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let pool = self.pool.clone();
         // Async cleanup from Drop: a thread with its own runtime, joined, so the database is gone
-        // before the test returns.
+        // before the test returns. The pool is not closed from here: its connections belong to
+        // the test's runtime, which is blocked in this drop; DROP … WITH (FORCE) ends them.
         let _ = std::thread::spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -79,7 +79,6 @@ impl Drop for TestDb {
                 return;
             };
             rt.block_on(async move {
-                pool.close().await;
                 if let Ok(admin) = PgPool::connect(&admin_url()).await {
                     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                         .execute(&admin)

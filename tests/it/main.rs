@@ -4,3 +4,4 @@
 mod harness;
 
 mod gateway;
+mod budget;
