@@ -332,11 +332,12 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     ok(&["budget", "set", "--task", "card-status", "--limit", "2"]);
-    ok(&["budget", "pause", "--task", "carddata"]);
     let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 3));
     assert_eq!(b.acquire(Task::Carddata, "p1").await.unwrap(), Acquired::Acquired);
     assert_eq!(b.acquire(Task::CardStatus, "p2").await.unwrap(), Acquired::Acquired);
     assert_eq!(b.acquire(Task::CardStatus, "p3").await.unwrap(), Acquired::Acquired);
+    // A pause stops new tokens; the ones held keep counting until released.
+    ok(&["budget", "pause", "--task", "carddata"]);
 
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["budget", "show", "--format", "json"])).expect("json");
