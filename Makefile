@@ -57,7 +57,7 @@ bench-writes: services
 	$(CARGO) run --release --bin cardworker-bench -- writes
 
 bench-budget: services
-	$(CARGO) run --release --bin cardworker-bench -- budget
+	$(CARGO) run --release --bin bench_budget
 
 bench-intake: services
 	$(CARGO) run --release --bin cardworker-bench -- intake
