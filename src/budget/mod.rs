@@ -160,6 +160,8 @@ pub struct Budget {
     /// Unix seconds of the last warning about an invalid override, so that a garbage override
     /// is reported about once a minute instead of on every acquire.
     last_invalid_warning: Arc<AtomicU64>,
+    /// Redis round trips this budget made (for the benchmark's cost per job).
+    round_trips: Arc<AtomicU64>,
 }
 
 impl Budget {
@@ -176,6 +178,7 @@ impl Budget {
             held: Arc::default(),
             released: Arc::default(),
             last_invalid_warning: Arc::default(),
+            round_trips: Arc::default(),
         }
     }
 
@@ -192,7 +195,13 @@ impl Budget {
         self.total_limit
     }
 
+    /// Redis round trips made through this budget (and its clones) so far.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
     fn invocation(&self, op: &str) -> redis::ScriptInvocation<'static> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut inv = SCRIPT.prepare_invoke();
         inv.key(total_key(&self.prefix))
             .key(task_key(&self.prefix, Task::Carddata))
