@@ -54,7 +54,7 @@ scrape-check: build
 	bash deploy/local/scrape-check.sh $(BIN)
 
 bench-writes: services
-	$(CARGO) run --release --bin cardworker-bench -- writes
+	$(CARGO) run --release --bin bench_writes
 
 bench-budget: services
 	$(CARGO) run --release --bin bench_budget

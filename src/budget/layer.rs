@@ -160,7 +160,7 @@ where
     S::Response: Default + Send + 'static,
     J: PollJob,
 {
-    let lease = ulid::Ulid::new().to_string();
+    let lease = budget.new_lease_id();
     match acquire_with_wait(&budget, J::TASK, &lease).await {
         Ok(Acquired::Acquired) => run_holding(&mut inner, &budget, lease, timing, task).await,
         Ok(Acquired::Short { reason }) => {

@@ -68,6 +68,14 @@ pub fn paused_key(prefix: &str) -> String {
     format!("{prefix}:{{budget}}:paused")
 }
 
+/// `{host}-{pid}` of this process.
+pub fn lease_owner() -> String {
+    let host = std::env::var("CARDWORKER_POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "local".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
 /// Why a job did not get its tokens. Also the `reason` label of `cardworker_poll_deferred_total`
 /// (together with `budget_unavailable`, which is not an answer of the script).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -160,6 +168,8 @@ pub struct Budget {
     /// Unix seconds of the last warning about an invalid override, so that a garbage override
     /// is reported about once a minute instead of on every acquire.
     last_invalid_warning: Arc<AtomicU64>,
+    /// `{host}-{pid}`: the prefix of this process's lease ids.
+    owner: Arc<str>,
     /// Redis round trips this budget made (for the benchmark's cost per job).
     round_trips: Arc<AtomicU64>,
 }
@@ -179,7 +189,14 @@ impl Budget {
             released: Arc::default(),
             last_invalid_warning: Arc::default(),
             round_trips: Arc::default(),
+            owner: Arc::from(lease_owner()),
         }
+    }
+
+    /// A fresh lease id: `{host}-{pid}-{ulid}`, so that an operator (or a test) can tell from
+    /// the lease sets which process holds which tokens.
+    pub fn new_lease_id(&self) -> String {
+        format!("{}-{}", self.owner, ulid::Ulid::new())
     }
 
     /// The config limit of one task.

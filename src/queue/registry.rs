@@ -17,6 +17,7 @@ use futures::FutureExt as _;
 use super::worker::handle;
 use super::{QueueName, RunJob};
 use crate::app::{worker_name, AppContext, Supervisor};
+use crate::budget::PollingBudgetLayer;
 use crate::telemetry::metrics as m;
 
 /// Every queue of the deployment, by short name.
@@ -113,8 +114,14 @@ fn spawn_cron<J: Scheduled>(
 pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Result<()> {
     let config = ctx.config.clone();
 
-    // Both polling workers run under the fleet-wide budget: both tokens or no handler.
+    // Polling: both workers run under the fleet-wide budget (both tokens or no handler). The
+    // worker concurrency is only the per-process ceiling; the budget is the fleet-wide limit.
     spawn_gauge_refresher(ctx, sup);
+    spawn_worker!(ctx, sup, PollCardData, layer = PollingBudgetLayer::<PollCardData>::new(ctx.budget.clone(), &config.polling));
+    spawn_worker!(ctx, sup, PollCardStatus, layer = PollingBudgetLayer::<PollCardStatus>::new(ctx.budget.clone(), &config.polling));
+    // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
+    spawn_worker!(ctx, sup, RunReconcile);
+    spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
 
     // Maintenance queues are always consumed: while maintenance is off, queued runs are
     // acknowledged as no-ops. Only the schedules depend on the switch.

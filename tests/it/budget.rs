@@ -364,3 +364,285 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     assert_eq!(json["tasks"]["card_status"]["limit"], 3);
     assert_eq!(json["total"]["in_use"], 0);
 }
+
+// ---- several `cardworker run` processes sharing one Redis ----
+
+mod fleet {
+    use std::io::BufRead as _;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use cardworker::config::Task;
+    use cardworker::gateway::{SimHandle, Simulator};
+    use cardworker::polling::chain;
+
+    use crate::harness::{metric_value, redis_url, wait_until, TestDb, TestRedis};
+
+    /// One `cardworker run` child process and the address of its metrics endpoint.
+    pub struct Worker {
+        pub child: Child,
+        pub metrics: String,
+    }
+
+    impl Worker {
+        pub fn pid(&self) -> u32 {
+            self.child.id()
+        }
+
+        pub async fn metrics(&self) -> String {
+            match reqwest::get(format!("http://{}/metrics", self.metrics)).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            }
+        }
+
+        pub fn terminate(&self) {
+            let status = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.pid().to_string())
+                .status()
+                .expect("kill -TERM");
+            assert!(status.success());
+        }
+    }
+
+    impl Drop for Worker {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    pub struct Fleet {
+        pub workers: Vec<Worker>,
+        pub sim: Simulator,
+        pub _sim_handle: SimHandle,
+        pub redis: TestRedis,
+        pub db: TestDb,
+        pub _dir: tempfile::TempDir,
+    }
+
+    /// `n` processes: total_limit 4, task limits 3 and 3, lease 8 s, handler 3 s, gateway 1 s;
+    /// `cards` cards per task with a pending chain each (interval 1 h: each card polled once).
+    pub async fn start(n: usize, cards: usize, latency_ms: u64) -> Fleet {
+        let db = TestDb::new().await;
+        let redis = TestRedis::new().await;
+        let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+        sim.set_latency(latency_ms, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"[database]
+url = "{db}"
+max_connections = 4
+
+[redis]
+url = "{redis}"
+key_prefix = "{prefix}"
+
+[gateway]
+base_url = "{gateway}"
+timeout_ms = 1000
+
+[worker]
+shutdown_grace_secs = 10
+
+[polling]
+total_limit = 4
+handler_timeout_secs = 3
+lease_ttl_secs = 8
+defer_delay_secs = 1
+defer_max_delay_secs = 3
+
+[polling.carddata]
+limit = 3
+interval_secs = 3600
+
+[polling.card_status]
+limit = 3
+interval_secs = 3600
+
+[telemetry]
+listen = "127.0.0.1:0"
+log_format = "json"
+"#,
+                db = db.url,
+                redis = redis_url(),
+                prefix = redis.prefix,
+                gateway = sim_handle.base_url(),
+            ),
+        )
+        .unwrap();
+        for i in 0..cards {
+            for r in [format!("d-{i:04}"), format!("s-{i:04}")] {
+                sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")
+                    .bind(&r)
+                    .execute(&db.pool)
+                    .await
+                    .unwrap();
+            }
+        }
+        let mut workers = Vec::new();
+        for _ in 0..n {
+            workers.push(spawn_worker(&path));
+        }
+        let mut conn = redis.conn.clone();
+        for i in 0..cards {
+            chain::start(&mut conn, &redis.prefix, Task::Carddata, &format!("d-{i:04}"), Duration::ZERO)
+                .await
+                .unwrap();
+            chain::start(&mut conn, &redis.prefix, Task::CardStatus, &format!("s-{i:04}"), Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        Fleet {
+            workers,
+            sim,
+            _sim_handle: sim_handle,
+            redis,
+            db,
+            _dir: dir,
+        }
+    }
+
+    fn spawn_worker(config: &std::path::Path) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cardworker"))
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info,apalis=warn,apalis_core=warn,sqlx=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cardworker run");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        // Reads the log until the endpoint's address shows, then keeps draining it.
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("metrics at http://").nth(1) {
+                    if let (Some(addr), Some(tx)) = (rest.split("/metrics").next(), tx.take()) {
+                        let _ = tx.send(addr.to_owned());
+                    }
+                }
+            }
+        });
+        let metrics = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("cardworker run logs its metrics address");
+        Worker { child, metrics }
+    }
+
+    pub async fn leases_of(fleet: &Fleet, pid: u32) -> usize {
+        let mut conn = fleet.redis.conn.clone();
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(cardworker::budget::total_key(&fleet.redis.prefix))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        ids.iter().filter(|id| id.contains(&format!("-{pid}-"))).count()
+    }
+
+    pub async fn deferrals(workers: &[Worker]) -> f64 {
+        let mut sum = 0.0;
+        for w in workers {
+            sum += metric_value(&w.metrics().await, "cardworker_poll_deferred_total", &[]);
+        }
+        sum
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_processes_never_exceed_the_shared_budgets_and_every_job_completes() {
+        const CARDS: usize = 150;
+        let fleet = start(3, CARDS, 200).await;
+        let started = Instant::now();
+        wait_until(Duration::from_secs(90), "every card polled once per task", || async {
+            let s = fleet.sim.stats();
+            s.calls_total.get("carddata").copied().unwrap_or(0) >= CARDS as u64
+                && s.calls_total.get("card_status").copied().unwrap_or(0) >= CARDS as u64
+        })
+        .await;
+        let elapsed = started.elapsed();
+        let stats = fleet.sim.stats();
+        assert!(stats.peak_in_flight <= 4, "{stats:?}");
+        assert!(stats.peak_per_call.get("carddata").copied().unwrap_or(0) <= 3, "{stats:?}");
+        assert!(stats.peak_per_call.get("card_status").copied().unwrap_or(0) <= 3, "{stats:?}");
+        assert_eq!(stats.peak_in_flight, 4, "the fleet used its whole budget: {stats:?}");
+        for i in 0..CARDS {
+            assert!(fleet.sim.card(&format!("d-{i:04}")).is_some(), "d-{i:04} never polled");
+            assert!(fleet.sim.card(&format!("s-{i:04}")).is_some(), "s-{i:04} never polled");
+        }
+        let deferred = deferrals(&fleet.workers).await;
+        assert!(deferred > 0.0, "three processes with 6 slots each against 4 tokens defer");
+        eprintln!("{} jobs in {elapsed:?}; {deferred} deferrals; {stats:?}", 2 * CARDS);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_kill_9_the_others_run_at_the_full_limit_within_lease_ttl_plus_max_defer_delay() {
+        let mut fleet = start(3, 150, 800).await;
+        // Wait until the fleet runs at the full limit and find a process holding tokens.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let victim = loop {
+            assert!(Instant::now() < deadline, "no process held tokens at the full limit");
+            let mut found = None;
+            if fleet.sim.stats().in_flight >= 4 {
+                for (i, w) in fleet.workers.iter().enumerate() {
+                    if leases_of(&fleet, w.pid()).await > 0 {
+                        found = Some(i);
+                        break;
+                    }
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mut dead = fleet.workers.remove(victim);
+        let dead_pid = dead.pid();
+        let held = leases_of(&fleet, dead_pid).await;
+        dead.child.kill().expect("kill -9");
+        let _ = dead.child.wait();
+        let killed = Instant::now();
+        assert!(held > 0);
+        // Its leases count until they expire; then the survivors take the whole budget again.
+        let bound = Duration::from_secs(8 + 3);
+        wait_until(bound + Duration::from_secs(2), "the survivors at the full limit again", || async {
+            leases_of(&fleet, dead_pid).await == 0 && fleet.sim.stats().in_flight == 4
+        })
+        .await;
+        eprintln!("full limit again {:?} after kill -9 (held {held})", killed.elapsed());
+        assert!(fleet.sim.stats().peak_in_flight <= 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigterm_exits_0_and_releases_the_process_leases_at_once() {
+        let mut fleet = start(1, 40, 800).await;
+        wait_until(Duration::from_secs(30), "tokens held", || async {
+            fleet.sim.stats().in_flight >= 3
+        })
+        .await;
+        let pid = fleet.workers[0].pid();
+        assert!(leases_of(&fleet, pid).await > 0);
+        let term = Instant::now();
+        fleet.workers[0].terminate();
+        let status = fleet.workers[0].child.wait().expect("wait");
+        assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
+        let budget = cardworker::budget::Budget::new(fleet.redis.conn.clone(), &{
+            let mut c = cardworker::config::Config::default();
+            c.redis.key_prefix = fleet.redis.prefix.clone();
+            c
+        });
+        let view = budget.show().await.unwrap();
+        assert_eq!(view.total.in_use, 0, "{view:?}");
+        assert_eq!(leases_of(&fleet, pid).await, 0);
+        assert!(term.elapsed() < Duration::from_secs(8), "released before the lease TTL");
+        let _ = &fleet.db;
+    }
+}

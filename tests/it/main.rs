@@ -5,3 +5,4 @@ mod harness;
 
 mod gateway;
 mod budget;
+mod polling;

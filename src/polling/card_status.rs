@@ -1,0 +1,66 @@
+//! `PollCardStatus`: polls `GET /v1/cards/{card_ref}/status` until the status is final
+//! (`cancelled` or `expired`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cardworker_jobs::PollCardStatus;
+use uuid::Uuid;
+
+use super::apply::{self, Applied, ChangeSource};
+use super::poll::{self, PollTask};
+use crate::app::AppContext;
+use crate::config::{Config, Task};
+use crate::gateway::{CallResult, CardStatus, GatewayClient};
+use crate::queue::RunJob;
+use crate::storage::cards::Card;
+
+impl RunJob for PollCardStatus {
+    fn concurrency(config: &Config) -> usize {
+        config.polling.task(Task::CardStatus).limit as usize
+    }
+
+    fn timeout(config: &Config) -> Duration {
+        config.polling.handler_timeout()
+    }
+
+    #[tracing::instrument(name = "poll.card_status", skip_all, fields(card_ref = %self.card_ref, chain = %self.state.chain, failures = self.state.failures))]
+    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
+        poll::run_poll(self, ctx).await.map(|_| ())
+    }
+}
+
+impl PollTask for PollCardStatus {
+    type Obs = CardStatus;
+    const SCENARIO: &'static str = "card_status_poll";
+
+    async fn call(
+        gateway: &GatewayClient,
+        card_ref: &str,
+        correlation_id: Uuid,
+    ) -> CallResult<CardStatus> {
+        gateway.card_status(card_ref, correlation_id).await
+    }
+
+    fn is_change(card: &Card, obs: &CardStatus) -> bool {
+        card.status != obs.as_str()
+    }
+
+    fn apply<'c>(
+        tx: &'c mut sqlx::PgConnection,
+        card: &'c Card,
+        obs: &'c CardStatus,
+        correlation_id: Uuid,
+        source: &'c ChangeSource,
+    ) -> impl std::future::Future<Output = sqlx::Result<Applied>> + Send + 'c {
+        apply::apply_status(tx, card, *obs, correlation_id, source)
+    }
+
+    fn ends_chain(obs: &CardStatus) -> bool {
+        obs.is_final()
+    }
+
+    fn describe(obs: &CardStatus) -> String {
+        format!("status {obs}")
+    }
+}

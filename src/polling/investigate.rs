@@ -1,0 +1,515 @@
+//! What is on record for one card (`cardworker investigate`): its state, its timeline of changes
+//! and failures (integration logs and audit events, online and archived, newest first), its
+//! chains, its payments and callbacks, and the unchanged-poll counts kept in Redis.
+//!
+//! Unchanged polls are counted, not recorded: they appear only as hourly counts.
+
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::chain;
+use super::poll::{hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
+use crate::app::AppContext;
+use crate::config::Task;
+use crate::storage::cards;
+
+/// How many timeline entries, payments and callbacks are shown.
+pub const LIMIT: i64 = 50;
+/// How far back the unchanged-poll counts go.
+pub const UNCHANGED_HOURS: i64 = 48;
+
+/// Everything `investigate` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Investigation {
+    /// The card as stored.
+    pub card: CardView,
+    /// Per task: chain live or parked.
+    pub chains: Vec<ChainView>,
+    /// Changes and failures, newest first (at most [`LIMIT`]).
+    pub timeline: Vec<TimelineEntry>,
+    /// Unchanged polls per task over the last [`UNCHANGED_HOURS`] hours.
+    pub unchanged_polls: Vec<UnchangedView>,
+    /// The card's payments, newest first.
+    pub payments: Vec<PaymentView>,
+    /// Callbacks about the card or its payments, newest first.
+    pub callbacks: Vec<CallbackView>,
+    /// Says plainly how unchanged polls are kept.
+    pub note: &'static str,
+}
+
+/// The card's state.
+#[derive(Debug, Clone, Serialize)]
+pub struct CardView {
+    pub card_ref: String,
+    pub data_state: String,
+    pub card_token: Option<String>,
+    pub pan_last4: Option<String>,
+    pub expiry_month: Option<i16>,
+    pub expiry_year: Option<i16>,
+    pub status: String,
+    pub version: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One task's chain.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainView {
+    /// `carddata` or `card_status`.
+    pub task: &'static str,
+    /// `live`, `parked`, `finished` (nothing left to poll) or `none` (reconcile will start one).
+    pub state: &'static str,
+    /// The live chain id, if any.
+    pub chain_id: Option<String>,
+    /// When it was parked, if it is.
+    pub parked_at: Option<DateTime<Utc>>,
+}
+
+/// One entry of the timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineEntry {
+    pub at: DateTime<Utc>,
+    /// `integration_log` or `audit_event`.
+    pub kind: &'static str,
+    /// Whether the row is in an `*_archive` table.
+    pub archived: bool,
+    pub id: i64,
+    pub correlation_id: Option<Uuid>,
+    /// Log: the scenario; audit: the event type.
+    pub what: String,
+    /// Log: the state; audit: empty.
+    pub state: Option<String>,
+    /// Log: response summary / error; audit: its summary.
+    pub summary: Option<String>,
+    pub error: Option<String>,
+    pub recovery: Option<String>,
+    pub http_status: Option<i32>,
+    pub duration_ms: Option<i32>,
+}
+
+/// Unchanged polls of one task.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnchangedView {
+    pub task: &'static str,
+    /// This card, over the window.
+    pub card_total: i64,
+    /// Every card, over the window.
+    pub all_cards_total: i64,
+    /// This card's non-zero hours (`YYYYMMDDHH` UTC, count), newest first.
+    pub card_by_hour: Vec<(String, i64)>,
+}
+
+/// One payment.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct PaymentView {
+    pub payment_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub status: String,
+    pub channel_ref: Option<String>,
+    pub submissions: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One inbound callback (the body is not shown).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct CallbackView {
+    pub channel: String,
+    pub callback_id: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub resource_type: Option<String>,
+    pub resource_id: Option<String>,
+    pub deliveries: i32,
+    pub first_received_at: DateTime<Utc>,
+    pub last_received_at: DateTime<Utc>,
+    pub applied_at: Option<DateTime<Utc>>,
+}
+
+/// What investigating a card can run into.
+#[derive(Debug, thiserror::Error)]
+pub enum InvestigateError {
+    /// No such card.
+    #[error("unknown card {0:?}: there is no row with that card_ref in cards")]
+    UnknownCard(String),
+    /// PostgreSQL or Redis.
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+type LogRow = (
+    i64,
+    Uuid,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    Option<i32>,
+    DateTime<Utc>,
+    bool,
+);
+
+type AuditRow = (i64, Option<Uuid>, String, String, DateTime<Utc>, bool);
+
+/// Gathers everything on record for `card_ref`.
+pub async fn investigate(
+    ctx: &AppContext,
+    card_ref: &str,
+) -> Result<Investigation, InvestigateError> {
+    let pool = &ctx.pool;
+    let card = cards::load(pool, card_ref)
+        .await
+        .context("loading the card")?
+        .ok_or_else(|| InvestigateError::UnknownCard(card_ref.to_owned()))?;
+
+    let logs: Vec<LogRow> = sqlx::query_as(
+        "(SELECT id, correlation_id, scenario, state, response_summary, error, recovery_summary,
+                 http_status, duration_ms, created_at, false AS archived
+            FROM integration_logs WHERE resource_type = 'card' AND resource_id = $1
+           ORDER BY created_at DESC LIMIT $2)
+         UNION ALL
+         (SELECT id, correlation_id, scenario, state, response_summary, error, recovery_summary,
+                 http_status, duration_ms, created_at, true AS archived
+            FROM integration_logs_archive WHERE resource_type = 'card' AND resource_id = $1
+           ORDER BY created_at DESC LIMIT $2)",
+    )
+    .bind(card_ref)
+    .bind(LIMIT)
+    .fetch_all(pool)
+    .await
+    .context("reading the card's integration logs")?;
+    let audits: Vec<AuditRow> = sqlx::query_as(
+        "(SELECT e.id, e.correlation_id, e.event_type, e.summary, e.created_at, false AS archived
+            FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+           WHERE r.resource_type = 'card' AND r.resource_id = $1
+           ORDER BY r.created_at DESC LIMIT $2)
+         UNION ALL
+         (SELECT e.id, e.correlation_id, e.event_type, e.summary, e.created_at, true AS archived
+            FROM audit_resources_archive r JOIN audit_events_archive e ON e.id = r.audit_event_id
+           WHERE r.resource_type = 'card' AND r.resource_id = $1
+           ORDER BY r.created_at DESC LIMIT $2)",
+    )
+    .bind(card_ref)
+    .bind(LIMIT)
+    .fetch_all(pool)
+    .await
+    .context("reading the card's audit events")?;
+    let mut timeline: Vec<TimelineEntry> = logs
+        .into_iter()
+        .map(
+            |(id, cid, scenario, state, resp, error, recovery, http, dur, at, archived)| {
+                TimelineEntry {
+                    at,
+                    kind: "integration_log",
+                    archived,
+                    id,
+                    correlation_id: Some(cid),
+                    what: scenario,
+                    state: Some(state),
+                    summary: resp,
+                    error,
+                    recovery,
+                    http_status: http,
+                    duration_ms: dur,
+                }
+            },
+        )
+        .chain(
+            audits.into_iter().map(
+                |(id, cid, event_type, summary, at, archived)| TimelineEntry {
+                    at,
+                    kind: "audit_event",
+                    archived,
+                    id,
+                    correlation_id: cid,
+                    what: event_type,
+                    state: None,
+                    summary: Some(summary),
+                    error: None,
+                    recovery: None,
+                    http_status: None,
+                    duration_ms: None,
+                },
+            ),
+        )
+        .collect();
+    // Newest first; on equal times the audit event (written after its log) comes first.
+    timeline.sort_by(|a, b| b.at.cmp(&a.at).then(b.id.cmp(&a.id)));
+    timeline.truncate(LIMIT as usize);
+
+    let mut conn = ctx.redis.clone();
+    let mut chains = Vec::new();
+    for task in Task::ALL {
+        let live = chain::live_chains(&mut conn, ctx.prefix(), task, &[card_ref.to_owned()])
+            .await?
+            .into_iter()
+            .next()
+            .flatten();
+        let parked_at = card.parked_at(task);
+        let state = if parked_at.is_some() {
+            "parked"
+        } else if live.is_some() {
+            "live"
+        } else if !card.wants_polling(task) {
+            "finished"
+        } else {
+            "none"
+        };
+        chains.push(ChainView {
+            task: task.label(),
+            state,
+            chain_id: live,
+            parked_at,
+        });
+    }
+
+    let unchanged_polls = unchanged_counts(ctx, card_ref, Utc::now()).await?;
+
+    let payments: Vec<PaymentView> = sqlx::query_as(
+        "SELECT payment_id, amount_minor, currency, status, channel_ref, submissions, created_at,
+                updated_at
+           FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2",
+    )
+    .bind(card_ref)
+    .bind(LIMIT)
+    .fetch_all(pool)
+    .await
+    .context("reading the card's payments")?;
+    let callbacks: Vec<CallbackView> = sqlx::query_as(
+        "SELECT channel, callback_id, state, reason, resource_type, resource_id, deliveries,
+                first_received_at, last_received_at, applied_at
+           FROM inbound_callbacks
+          WHERE (resource_type = 'card' AND resource_id = $1)
+             OR (resource_type = 'payment'
+                 AND resource_id IN (SELECT payment_id::text FROM payments WHERE card_ref = $1))
+          ORDER BY last_received_at DESC LIMIT $2",
+    )
+    .bind(card_ref)
+    .bind(LIMIT)
+    .fetch_all(pool)
+    .await
+    .context("reading the card's callbacks")?;
+
+    Ok(Investigation {
+        card: CardView {
+            card_ref: card.card_ref,
+            data_state: card.data_state,
+            card_token: card.card_token,
+            pan_last4: card.pan_last4,
+            expiry_month: card.expiry_month,
+            expiry_year: card.expiry_year,
+            status: card.status,
+            version: card.version,
+            created_at: card.created_at,
+            updated_at: card.updated_at,
+        },
+        chains,
+        timeline,
+        unchanged_polls,
+        payments,
+        callbacks,
+        note: "unchanged polls are counted, not recorded: a successful poll that changed nothing \
+               writes no database row; only hourly counts are kept in Redis for 2 days",
+    })
+}
+
+/// The unchanged-poll counts of the last [`UNCHANGED_HOURS`] hours, per task, in one pipeline.
+pub async fn unchanged_counts(
+    ctx: &AppContext,
+    card_ref: &str,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Vec<UnchangedView>> {
+    let hours: Vec<String> = (0..UNCHANGED_HOURS)
+        .map(|h| hour_bucket(now - ChronoDuration::hours(h)))
+        .collect();
+    let mut pipe = redis::pipe();
+    for task in Task::ALL {
+        for hour in &hours {
+            pipe.cmd("HMGET")
+                .arg(unchanged_key(ctx.prefix(), task, hour))
+                .arg(card_ref)
+                .arg(UNCHANGED_TOTAL_FIELD);
+        }
+    }
+    let raw: Vec<(Option<i64>, Option<i64>)> = pipe
+        .query_async(&mut ctx.redis.clone())
+        .await
+        .context("reading the unchanged-poll counts")?;
+    let mut out = Vec::new();
+    for (i, task) in Task::ALL.into_iter().enumerate() {
+        let slice = &raw[i * hours.len()..(i + 1) * hours.len()];
+        let mut view = UnchangedView {
+            task: task.label(),
+            card_total: 0,
+            all_cards_total: 0,
+            card_by_hour: Vec::new(),
+        };
+        for (hour, (card, total)) in hours.iter().zip(slice) {
+            let card = card.unwrap_or(0);
+            view.card_total += card;
+            view.all_cards_total += total.unwrap_or(0);
+            if card > 0 {
+                view.card_by_hour.push((hour.clone(), card));
+            }
+        }
+        out.push(view);
+    }
+    Ok(out)
+}
+
+/// The text rendering for people.
+pub fn render_text(inv: &Investigation) -> String {
+    let mut s = String::new();
+    let c = &inv.card;
+    let _ = writeln!(s, "card {}", c.card_ref);
+    let _ = writeln!(
+        s,
+        "  data: {}{}",
+        c.data_state,
+        match (&c.pan_last4, c.expiry_month, c.expiry_year) {
+            (Some(l4), Some(m), Some(y)) => format!(
+                " (token {}, last4 {l4}, expiry {m:02}/{y})",
+                c.card_token.as_deref().unwrap_or("-")
+            ),
+            _ => String::new(),
+        }
+    );
+    let _ = writeln!(s, "  status: {}", c.status);
+    let _ = writeln!(
+        s,
+        "  version {}, created {}, updated {}",
+        c.version, c.created_at, c.updated_at
+    );
+    let _ = writeln!(s, "\nchains");
+    for ch in &inv.chains {
+        let _ = writeln!(
+            s,
+            "  {:<12} {}{}{}",
+            ch.task,
+            ch.state,
+            ch.chain_id
+                .as_deref()
+                .map(|id| format!(" (chain {id})"))
+                .unwrap_or_default(),
+            ch.parked_at
+                .map(|p| format!(
+                    " since {p}; restart with `cardworker enqueue {} --card-ref {}`",
+                    if ch.task == "carddata" {
+                        "carddata"
+                    } else {
+                        "card-status"
+                    },
+                    c.card_ref
+                ))
+                .unwrap_or_default()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\ntimeline (changes and failures, newest first, at most {LIMIT})"
+    );
+    if inv.timeline.is_empty() {
+        let _ = writeln!(s, "  (nothing recorded)");
+    }
+    for e in &inv.timeline {
+        let cid = e
+            .correlation_id
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "-".to_owned());
+        let arch = if e.archived { " [archived]" } else { "" };
+        match e.kind {
+            "integration_log" => {
+                let _ = writeln!(
+                    s,
+                    "  {} log #{}{arch} {} {} correlation_id={cid} http={} {}ms",
+                    e.at,
+                    e.id,
+                    e.what,
+                    e.state.as_deref().unwrap_or("-"),
+                    e.http_status
+                        .map(|h| h.to_string())
+                        .unwrap_or_else(|| "-".to_owned()),
+                    e.duration_ms.unwrap_or(0)
+                );
+                if let Some(r) = &e.summary {
+                    let _ = writeln!(s, "      response: {r}");
+                }
+                if let Some(r) = &e.error {
+                    let _ = writeln!(s, "      error: {r}");
+                }
+                if let Some(r) = &e.recovery {
+                    let _ = writeln!(s, "      next: {r}");
+                }
+            }
+            _ => {
+                let _ = writeln!(
+                    s,
+                    "  {} audit #{}{arch} {} correlation_id={cid}: {}",
+                    e.at,
+                    e.id,
+                    e.what,
+                    e.summary.as_deref().unwrap_or("")
+                );
+            }
+        }
+    }
+    let _ = writeln!(s, "\nunchanged polls (last {UNCHANGED_HOURS} h)");
+    let _ = writeln!(s, "  {}", inv.note);
+    for u in &inv.unchanged_polls {
+        let _ = writeln!(
+            s,
+            "  {:<12} this card: {}   all cards: {}",
+            u.task, u.card_total, u.all_cards_total
+        );
+        for (hour, n) in u.card_by_hour.iter().take(6) {
+            let _ = writeln!(s, "      hour {hour} UTC: {n}");
+        }
+    }
+    let _ = writeln!(s, "\npayments");
+    if inv.payments.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for p in &inv.payments {
+        let _ = writeln!(
+            s,
+            "  {} {} {} {} channel_ref={} submissions={} created {} updated {}",
+            p.payment_id,
+            p.amount_minor,
+            p.currency,
+            p.status,
+            p.channel_ref.as_deref().unwrap_or("-"),
+            p.submissions,
+            p.created_at,
+            p.updated_at
+        );
+    }
+    let _ = writeln!(s, "\ncallbacks");
+    if inv.callbacks.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for cb in &inv.callbacks {
+        let _ = writeln!(
+            s,
+            "  {}/{} {} on {}:{} deliveries={} last {}{}",
+            cb.channel,
+            cb.callback_id,
+            cb.state,
+            cb.resource_type.as_deref().unwrap_or("-"),
+            cb.resource_id.as_deref().unwrap_or("-"),
+            cb.deliveries,
+            cb.last_received_at,
+            cb.reason
+                .as_deref()
+                .map(|r| format!(" reason: {r}"))
+                .unwrap_or_default()
+        );
+    }
+    s
+}

@@ -1,0 +1,573 @@
+//! The flow of one poll, shared by card data and card status.
+//!
+//! 1. Check the chain in Redis: a stale job is acknowledged without a Gateway call; a job whose
+//!    card had no chain adopts it.
+//! 2. Load the card (a read). Unknown, parked or no longer pollable: acknowledge, no call.
+//! 3. Correlation id (UUID v7) in memory, call the Gateway, classify.
+//! 4. By outcome:
+//!    - valid and unchanged: **no PostgreSQL write at all**; count `skipped_unchanged`, bump the
+//!      hourly Redis aggregate, schedule the next poll after the jittered interval;
+//!    - valid and changed: one transaction with the terminal `succeeded` log, the optimistic card
+//!      update, its audit event + link and its outbox event; count `persisted_change`;
+//!    - failed or unknown: one transaction with the terminal `failed`/`unknown` log (error and
+//!      what happens next) and its audit event + link; count `persisted_failure`; the next attempt
+//!      comes after a capped, jittered exponential back-off, or the chain is parked in PostgreSQL
+//!      (same transaction) after `max_consecutive_failures`.
+//!
+//! Nothing here ever writes a `pending` log or updates `integration_logs`: the terminal path is
+//! [`records::insert_terminal_log`] only. A transient infrastructure error (PostgreSQL down while
+//! recording) never loses the chain: the job schedules a retry through [`chain::schedule`] and
+//! only returns an error when even that fails.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use cardworker_jobs::ChainState;
+use chrono::{DateTime, Utc};
+use rand::Rng as _;
+use redis::aio::ConnectionManager;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::apply::{Applied, ChangeSource};
+use super::chain::{self, Liveness, PollJob};
+use crate::app::AppContext;
+use crate::config::Task;
+use crate::gateway::{CallResult, GatewayClient, Outcome};
+use crate::queue::RunJob;
+use crate::storage::cards::{self, Card};
+use crate::storage::records::{self, AuditRecord, LogRecord, LogState};
+use crate::telemetry::metrics as m;
+
+/// Failure back-off: the first retry comes after `min(interval, BACKOFF_BASE)`, doubling.
+pub const BACKOFF_BASE: Duration = Duration::from_secs(10);
+/// Failure back-off ceiling (or the interval, when that is longer).
+pub const BACKOFF_CAP: Duration = Duration::from_secs(600);
+/// How long the unchanged-poll hashes are kept.
+pub const UNCHANGED_TTL_SECS: i64 = 2 * 24 * 3600;
+/// The field of an unchanged-poll hash holding the hour's total over every card.
+pub const UNCHANGED_TOTAL_FIELD: &str = "_total";
+
+/// One polling task as the shared flow needs it: the Gateway call, what counts as a change, and
+/// how a change is applied.
+pub trait PollTask: PollJob + RunJob {
+    /// A valid observation.
+    type Obs: Send + Sync + 'static;
+    /// `integration_logs.scenario`.
+    const SCENARIO: &'static str;
+
+    /// Calls the Gateway.
+    fn call(
+        gateway: &GatewayClient,
+        card_ref: &str,
+        correlation_id: Uuid,
+    ) -> impl Future<Output = CallResult<Self::Obs>> + Send;
+
+    /// Whether `obs` differs from the stored card.
+    fn is_change(card: &Card, obs: &Self::Obs) -> bool;
+
+    /// Applies `obs` to `card` in the caller's transaction.
+    fn apply<'c>(
+        tx: &'c mut PgConnection,
+        card: &'c Card,
+        obs: &'c Self::Obs,
+        correlation_id: Uuid,
+        source: &'c ChangeSource,
+    ) -> impl Future<Output = sqlx::Result<Applied>> + Send + 'c;
+
+    /// Whether the chain ends once the card holds `obs` (data ready, status final).
+    fn ends_chain(obs: &Self::Obs) -> bool;
+
+    /// A short description of the observation for summaries (never a PAN or CVV).
+    fn describe(obs: &Self::Obs) -> String;
+}
+
+/// What one poll ended with (for tests and the benchmark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollOutcome {
+    /// The job's chain was replaced: acknowledged, no call.
+    Stale,
+    /// No such card: acknowledged, no call, chain finished.
+    UnknownCard,
+    /// The chain is parked or the card needs no more polling: acknowledged, no call.
+    NotPolled,
+    /// Valid and unchanged: nothing written to PostgreSQL.
+    Unchanged,
+    /// Valid and changed: recorded.
+    Changed,
+    /// Failed or unknown: recorded (and maybe parked).
+    Failed {
+        /// Whether this failure parked the chain.
+        parked: bool,
+    },
+    /// Recording failed for an infrastructure reason; a retry was scheduled.
+    RetryScheduled,
+}
+
+/// The Redis hash of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
+pub fn unchanged_key(prefix: &str, task: Task, hour: &str) -> String {
+    format!("{prefix}:unchanged:{}:{hour}", task.label())
+}
+
+/// The hour bucket (`YYYYMMDDHH`, UTC) of `at`.
+pub fn hour_bucket(at: DateTime<Utc>) -> String {
+    at.format("%Y%m%d%H").to_string()
+}
+
+/// `d` jittered by ±`fraction` (uniform).
+pub fn jittered(d: Duration, fraction: f64) -> Duration {
+    let factor = rand::rng().random_range((1.0 - fraction)..=(1.0 + fraction));
+    d.mul_f64(factor.max(0.0))
+}
+
+/// The delay before attempt `failures + 1` after `failures` consecutive failures: exponential from
+/// `min(interval, 10 s)`, capped at `max(interval, 10 min)`, with ±20% jitter (still capped).
+pub fn backoff(interval: Duration, failures: u32) -> Duration {
+    let base = interval.min(BACKOFF_BASE);
+    let cap = interval.max(BACKOFF_CAP);
+    let exp = failures.saturating_sub(1).min(30);
+    let raw = base.saturating_mul(1u32 << exp).min(cap);
+    jittered(raw, 0.2).min(cap)
+}
+
+/// The CLI spelling of a task (`enqueue carddata` / `enqueue card-status`).
+pub fn cli_task(task: Task) -> &'static str {
+    match task {
+        Task::Carddata => "carddata",
+        Task::CardStatus => "card-status",
+    }
+}
+
+fn count(task: Task, outcome: &'static str) {
+    metrics::counter!(m::POLL_OUTCOMES, "task" => task.label(), "outcome" => outcome).increment(1);
+}
+
+/// Counts one unchanged poll in the hourly aggregate: one pipelined round trip (card field, total
+/// field, expiry).
+pub async fn count_unchanged(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    at: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    let key = unchanged_key(prefix, task, &hour_bucket(at));
+    redis::pipe()
+        .hincr(&key, card_ref, 1)
+        .ignore()
+        .hincr(&key, UNCHANGED_TOTAL_FIELD, 1)
+        .ignore()
+        .expire(&key, UNCHANGED_TTL_SECS)
+        .ignore()
+        .query_async::<()>(conn)
+        .await
+        .context("counting an unchanged poll in Redis")
+}
+
+/// Everything one run needs to know about its job.
+struct Run<'a, J: PollTask> {
+    ctx: &'a AppContext,
+    conn: ConnectionManager,
+    card_ref: String,
+    /// The chain after the check (adopted id if any), with the job's failure count.
+    state: ChainState,
+    _job: std::marker::PhantomData<J>,
+}
+
+impl<J: PollTask> Run<'_, J> {
+    fn prefix(&self) -> &str {
+        self.ctx.prefix()
+    }
+
+    fn interval(&self) -> Duration {
+        self.ctx.config.polling.task(J::TASK).interval()
+    }
+
+    fn max_failures(&self) -> u32 {
+        self.ctx
+            .config
+            .polling
+            .task(J::TASK)
+            .max_consecutive_failures
+    }
+
+    /// Schedules the chain's next job after `delay` with `failures`.
+    async fn schedule(&mut self, failures: u32, delay: Duration) -> anyhow::Result<bool> {
+        let next = ChainState {
+            chain: self.state.chain.clone(),
+            failures,
+            deferrals: 0,
+        };
+        let prefix = self.ctx.prefix().to_owned();
+        chain::schedule(
+            &mut self.conn,
+            &prefix,
+            J::TASK,
+            &self.card_ref,
+            &next,
+            delay,
+        )
+        .await
+    }
+
+    /// The next regular poll (failures reset).
+    async fn schedule_next(&mut self) -> anyhow::Result<()> {
+        let delay = jittered(self.interval(), 0.1);
+        if !self.schedule(0, delay).await? {
+            tracing::debug!(card_ref = %self.card_ref, "chain replaced meanwhile; next poll left to the new chain");
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> anyhow::Result<()> {
+        let prefix = self.prefix().to_owned();
+        chain::finish(
+            &mut self.conn,
+            &prefix,
+            J::TASK,
+            &self.card_ref,
+            &self.state.chain,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// An infrastructure error (PostgreSQL unavailable, say) while reading or recording: keep the
+    /// chain alive with a back-off retry; fail the job only when even that cannot be scheduled.
+    async fn retry_after_infra_error(
+        &mut self,
+        error: anyhow::Error,
+    ) -> anyhow::Result<PollOutcome> {
+        // The failure count is not raised: nothing about the Gateway was learnt or recorded.
+        let delay = backoff(self.interval(), self.state.failures + 1);
+        tracing::warn!(
+            task = %J::TASK,
+            card_ref = %self.card_ref,
+            error = %format!("{error:#}"),
+            retry_in_ms = delay.as_millis() as u64,
+            "poll could not be completed (infrastructure); retry scheduled"
+        );
+        let failures = self.state.failures;
+        self.schedule(failures, delay)
+            .await
+            .map_err(|e| error.context(format!("and scheduling the retry failed too: {e:#}")))?;
+        Ok(PollOutcome::RetryScheduled)
+    }
+}
+
+/// Runs one poll of job `job` (the body of both polling handlers).
+pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Result<PollOutcome> {
+    let task = J::TASK;
+    let mut conn = ctx.redis.clone();
+    let card_ref = job.card_ref().to_owned();
+    let seen = job.state().clone();
+    let chain_id = match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen).await? {
+        Liveness::Live => seen.chain.clone(),
+        Liveness::Adopted(id) => {
+            tracing::info!(%task, %card_ref, chain = %id, "card had no live chain; job adopted it");
+            id
+        }
+        Liveness::Stale => {
+            tracing::debug!(%task, %card_ref, chain = %seen.chain, "stale poll acknowledged without a Gateway call");
+            return Ok(PollOutcome::Stale);
+        }
+    };
+    let mut run = Run::<J> {
+        ctx: &ctx,
+        conn,
+        card_ref,
+        state: ChainState {
+            chain: chain_id,
+            failures: seen.failures,
+            deferrals: 0,
+        },
+        _job: std::marker::PhantomData,
+    };
+
+    let card = match cards::load(&ctx.pool, &run.card_ref).await {
+        Ok(Some(card)) => card,
+        Ok(None) => {
+            tracing::warn!(%task, card_ref = %run.card_ref, "poll for an unknown card acknowledged without a Gateway call; chain ended");
+            run.finish().await?;
+            return Ok(PollOutcome::UnknownCard);
+        }
+        Err(e) => {
+            return run
+                .retry_after_infra_error(anyhow::Error::new(e).context("loading the card"))
+                .await
+        }
+    };
+    if card.parked_at(task).is_some() || !card.wants_polling(task) {
+        tracing::info!(%task, card_ref = %run.card_ref, parked = card.parked_at(task).is_some(), "card needs no poll; chain ended");
+        run.finish().await?;
+        return Ok(PollOutcome::NotPolled);
+    }
+
+    let correlation_id = Uuid::now_v7();
+    let started_at = Utc::now();
+    let result = J::call(&ctx.gateway, &run.card_ref, correlation_id).await;
+    let finished_at = Utc::now();
+    let log = |state: LogState, error: Option<String>, recovery: Option<String>| LogRecord {
+        correlation_id,
+        resource_type: "card",
+        resource_id: run.card_ref.clone(),
+        scenario: J::SCENARIO,
+        state,
+        request_summary: result.request_summary.clone(),
+        response_summary: result.response_summary.clone(),
+        http_status: result.http_status,
+        error,
+        recovery_summary: recovery,
+        started_at,
+        finished_at,
+    };
+
+    match &result.outcome {
+        Outcome::Valid(obs) => {
+            let mut card = card;
+            // One re-decision after a version conflict (a callback changed the card meanwhile).
+            for attempt in 0..2 {
+                if !J::is_change(&card, obs) {
+                    return unchanged(&mut run, finished_at).await;
+                }
+                let record = log(LogState::Succeeded, None, None);
+                match persist_change::<J>(&ctx, &card, obs, correlation_id, &record).await {
+                    Ok(Applied::Changed { version, .. }) => {
+                        count(task, "persisted_change");
+                        tracing::info!(%task, card_ref = %run.card_ref, %correlation_id, version, change = %J::describe(obs), "card change recorded");
+                        if J::ends_chain(obs) {
+                            run.finish().await?;
+                        } else {
+                            run.schedule_next().await?;
+                        }
+                        return Ok(PollOutcome::Changed);
+                    }
+                    Ok(Applied::Unchanged) => return unchanged(&mut run, finished_at).await,
+                    Ok(Applied::Conflict) if attempt == 0 => {
+                        match cards::load(&ctx.pool, &run.card_ref).await {
+                            Ok(Some(fresh)) => {
+                                if fresh.parked_at(task).is_some() || !fresh.wants_polling(task) {
+                                    run.finish().await?;
+                                    return Ok(PollOutcome::NotPolled);
+                                }
+                                card = fresh;
+                            }
+                            Ok(None) => {
+                                run.finish().await?;
+                                return Ok(PollOutcome::UnknownCard);
+                            }
+                            Err(e) => {
+                                return run
+                                    .retry_after_infra_error(
+                                        anyhow::Error::new(e).context("reloading the card"),
+                                    )
+                                    .await
+                            }
+                        }
+                    }
+                    Ok(Applied::Conflict) => {
+                        tracing::warn!(%task, card_ref = %run.card_ref, "card changed twice under the poll; next poll decides again");
+                        run.schedule_next().await?;
+                        return Ok(PollOutcome::RetryScheduled);
+                    }
+                    Err(e) => return run.retry_after_infra_error(e).await,
+                }
+            }
+            run.schedule_next().await?;
+            Ok(PollOutcome::RetryScheduled)
+        }
+        Outcome::Failed(failure) | Outcome::Unknown(failure) => {
+            let state = if result.outcome.is_failed() {
+                LogState::Failed
+            } else {
+                LogState::Unknown
+            };
+            let failures = run.state.failures + 1;
+            let max = run.max_failures();
+            let parked = failures >= max;
+            let delay = backoff(run.interval(), failures);
+            let recovery = if parked {
+                format!(
+                    "chain parked after {max} consecutive failures; restart with `cardworker enqueue {} --card-ref {}`",
+                    cli_task(task),
+                    run.card_ref
+                )
+            } else {
+                format!(
+                    "retry in {} s (failure {failures} of {max})",
+                    delay.as_secs_f64().round().max(1.0) as u64
+                )
+            };
+            let record = log(state, Some(failure.reason.clone()), Some(recovery.clone()));
+            match persist_failure::<J>(&ctx, &record, failures, parked).await {
+                Ok(()) => {}
+                Err(e) => return run.retry_after_infra_error(e).await,
+            }
+            count(task, "persisted_failure");
+            tracing::warn!(%task, card_ref = %run.card_ref, %correlation_id, outcome = state.as_str(), reason = %failure.reason, recovery = %recovery, "poll failed; recorded");
+            if parked {
+                run.finish().await?;
+            } else if !run.schedule(failures, delay).await? {
+                tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
+            }
+            Ok(PollOutcome::Failed { parked })
+        }
+    }
+}
+
+async fn unchanged<J: PollTask>(
+    run: &mut Run<'_, J>,
+    at: DateTime<Utc>,
+) -> anyhow::Result<PollOutcome> {
+    count(J::TASK, "skipped_unchanged");
+    let prefix = run.prefix().to_owned();
+    if let Err(e) = count_unchanged(&mut run.conn, &prefix, J::TASK, &run.card_ref, at).await {
+        // A lost count is not worth a lost chain: go on and schedule.
+        tracing::warn!(task = %J::TASK, card_ref = %run.card_ref, error = %format!("{e:#}"), "unchanged-poll count not recorded");
+    }
+    run.schedule_next().await?;
+    Ok(PollOutcome::Unchanged)
+}
+
+/// The change transaction: terminal `succeeded` log, card update, audit + link, outbox.
+async fn persist_change<J: PollTask>(
+    ctx: &AppContext,
+    card: &Card,
+    obs: &J::Obs,
+    correlation_id: Uuid,
+    record: &LogRecord,
+) -> anyhow::Result<Applied> {
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("starting the change transaction")?;
+    let log_id = records::insert_terminal_log(&mut tx, record)
+        .await
+        .context("writing the poll's integration log")?;
+    let applied = J::apply(
+        &mut tx,
+        card,
+        obs,
+        correlation_id,
+        &ChangeSource::poll(log_id),
+    )
+    .await
+    .context("applying the card change")?;
+    match applied {
+        Applied::Changed { .. } => {
+            tx.commit().await.context("committing the card change")?;
+        }
+        // Nothing of it should stay: not even the log (the next decision writes its own).
+        Applied::Unchanged | Applied::Conflict => {
+            tx.rollback().await.context("rolling back")?;
+        }
+    }
+    Ok(applied)
+}
+
+/// The failure transaction: terminal `failed`/`unknown` log with its audit event and link, and,
+/// when this failure parks the chain, the parked mark and a `poll.parked` audit event.
+async fn persist_failure<J: PollTask>(
+    ctx: &AppContext,
+    record: &LogRecord,
+    failures: u32,
+    parked: bool,
+) -> anyhow::Result<()> {
+    let task = J::TASK;
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("starting the failure transaction")?;
+    let log_id = records::insert_terminal_log(&mut tx, record)
+        .await
+        .context("writing the poll's integration log")?;
+    let state = record.state.as_str();
+    let details = serde_json::json!({
+        "task": task.label(),
+        "failures": failures,
+        "error": record.error,
+        "http_status": record.http_status,
+        "recovery": record.recovery_summary,
+    });
+    records::insert_audit(
+        &mut tx,
+        &AuditRecord {
+            event_type: if record.state == LogState::Unknown {
+                "poll.unknown"
+            } else {
+                "poll.failed"
+            },
+            correlation_id: Some(record.correlation_id),
+            summary: format!(
+                "{} poll of card {} {state}: {}",
+                task,
+                record.resource_id,
+                record.error.as_deref().unwrap_or("-")
+            ),
+            details: details.clone(),
+            resource_type: "card",
+            resource_id: record.resource_id.clone(),
+        },
+        Some(log_id),
+    )
+    .await
+    .context("writing the failure's audit event")?;
+    if parked {
+        cards::park(&mut tx, &record.resource_id, task)
+            .await
+            .context("parking the chain")?;
+        records::insert_audit(
+            &mut tx,
+            &AuditRecord {
+                event_type: "poll.parked",
+                correlation_id: Some(record.correlation_id),
+                summary: format!(
+                    "{task} chain of card {} parked after {failures} consecutive failures; \
+                     restart with `cardworker enqueue {} --card-ref {}`",
+                    record.resource_id,
+                    cli_task(task),
+                    record.resource_id
+                ),
+                details,
+                resource_type: "card",
+                resource_id: record.resource_id.clone(),
+            },
+            Some(log_id),
+        )
+        .await
+        .context("writing the parking audit event")?;
+    }
+    tx.commit().await.context("committing the failure record")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_and_stays_capped() {
+        let interval = Duration::from_secs(30);
+        for _ in 0..50 {
+            let first = backoff(interval, 1);
+            assert!(first >= Duration::from_secs(8) && first <= Duration::from_secs(12));
+            let third = backoff(interval, 3);
+            assert!(third >= Duration::from_secs(32) && third <= Duration::from_secs(48));
+            assert!(backoff(interval, 40) <= BACKOFF_CAP);
+        }
+        let fast = backoff(Duration::from_millis(200), 1);
+        assert!(fast <= Duration::from_millis(240));
+    }
+
+    #[test]
+    fn the_interval_jitter_stays_within_ten_percent() {
+        for _ in 0..100 {
+            let d = jittered(Duration::from_secs(100), 0.1);
+            assert!(d >= Duration::from_secs(90) && d <= Duration::from_secs(110));
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `RunReconcile`: restores the schedule after a Redis loss.
+//!
+//! Each run examines `polling.reconcile_batch` cards per task, walking the partial indexes of the
+//! cards that should be polled and are not parked (`cards_carddata_due_idx`,
+//! `cards_card_status_due_idx`) in id order from a cursor kept in Redis
+//! (`{prefix}:reconcile:cursor:{task}`), so successive runs continue where the previous one
+//! stopped and wrap around at the end. It only **reads** PostgreSQL. For every card without a
+//! live chain (none, or one overdue by more than the grace) it starts one with a small random
+//! initial delay, so that a restored fleet does not come due all at once. Parked chains are never
+//! restarted: they are not in the index.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use cardworker_jobs::RunReconcile;
+use rand::Rng as _;
+use redis::AsyncCommands as _;
+
+use super::chain;
+use crate::app::AppContext;
+use crate::config::{Config, Task};
+use crate::queue::registry::Scheduled;
+use crate::queue::RunJob;
+
+/// Longest random initial delay of a chain started by reconcile.
+pub const MAX_START_SPREAD: Duration = Duration::from_secs(60);
+
+/// The Redis key of a task's reconcile cursor (the last card id examined).
+pub fn cursor_key(prefix: &str, task: Task) -> String {
+    format!("{prefix}:reconcile:cursor:{}", task.label())
+}
+
+/// A chain is dead when its next poll is overdue by more than this: 10 min + 2 × interval.
+pub fn grace(config: &Config, task: Task) -> Duration {
+    Duration::from_secs(600) + config.polling.task(task).interval() * 2
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Cards examined.
+    pub examined: u64,
+    /// Chains started.
+    pub started: u64,
+    /// Where the next batch starts; `None` when this batch reached the end.
+    pub next_cursor: Option<i64>,
+}
+
+/// Examines up to `batch` cards of `task` with id > `after` that should be polled and are not
+/// parked, and starts a chain for each that has none. Only reads PostgreSQL.
+pub async fn pass(ctx: &AppContext, task: Task, after: i64, batch: u32) -> anyhow::Result<Pass> {
+    let sql = match task {
+        Task::Carddata => {
+            "SELECT id, card_ref FROM cards
+              WHERE data_state = 'pending' AND carddata_parked_at IS NULL AND id > $1
+              ORDER BY id LIMIT $2"
+        }
+        Task::CardStatus => {
+            "SELECT id, card_ref FROM cards
+              WHERE status NOT IN ('cancelled', 'expired') AND card_status_parked_at IS NULL
+                AND id > $1
+              ORDER BY id LIMIT $2"
+        }
+    };
+    let rows: Vec<(i64, String)> = sqlx::query_as(sql)
+        .bind(after)
+        .bind(i64::from(batch))
+        .fetch_all(&ctx.pool)
+        .await
+        .with_context(|| format!("reading the {task} cards to reconcile"))?;
+    let grace = grace(&ctx.config, task);
+    let spread = ctx
+        .config
+        .polling
+        .task(task)
+        .interval()
+        .min(MAX_START_SPREAD);
+    let mut conn = ctx.redis.clone();
+    let mut started = 0;
+    for (_, card_ref) in &rows {
+        let delay = if spread.is_zero() {
+            Duration::ZERO
+        } else {
+            let ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
+            Duration::from_millis(rand::rng().random_range(0..=ms))
+        };
+        if chain::start_if_dead(&mut conn, ctx.prefix(), task, card_ref, delay, grace).await? {
+            started += 1;
+        }
+    }
+    let next_cursor = if rows.len() < batch as usize {
+        None
+    } else {
+        rows.last().map(|(id, _)| *id)
+    };
+    Ok(Pass {
+        examined: rows.len() as u64,
+        started,
+        next_cursor,
+    })
+}
+
+/// One scheduled run for one task: a batch from the Redis cursor, then the cursor moved on (or
+/// back to the start after the last card).
+pub async fn run_once(ctx: &AppContext, task: Task) -> anyhow::Result<Pass> {
+    let mut conn = ctx.redis.clone();
+    let key = cursor_key(ctx.prefix(), task);
+    let after: Option<i64> = conn
+        .get(&key)
+        .await
+        .context("reading the reconcile cursor")?;
+    let done = pass(
+        ctx,
+        task,
+        after.unwrap_or(0),
+        ctx.config.polling.reconcile_batch,
+    )
+    .await?;
+    match done.next_cursor {
+        Some(id) => conn.set::<_, _, ()>(&key, id).await,
+        None => conn.del::<_, ()>(&key).await,
+    }
+    .context("moving the reconcile cursor")?;
+    Ok(done)
+}
+
+/// A full sweep of one task (every card that should be polled), independent of the scheduled
+/// runs' cursor. Returns (examined, started).
+pub async fn sweep(ctx: &AppContext, task: Task) -> anyhow::Result<(u64, u64)> {
+    let (mut examined, mut started) = (0, 0);
+    let mut after = 0;
+    loop {
+        let done = pass(ctx, task, after, ctx.config.polling.reconcile_batch).await?;
+        examined += done.examined;
+        started += done.started;
+        match done.next_cursor {
+            Some(id) => after = id,
+            None => return Ok((examined, started)),
+        }
+    }
+}
+
+impl RunJob for RunReconcile {
+    fn timeout(_config: &Config) -> Duration {
+        Duration::from_secs(600)
+    }
+
+    #[tracing::instrument(name = "reconcile", skip_all, fields(scheduled_for = ?self.scheduled_for))]
+    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
+        for task in Task::ALL {
+            let done = run_once(&ctx, task).await?;
+            tracing::info!(
+                %task,
+                examined = done.examined,
+                started = done.started,
+                wrapped = done.next_cursor.is_none(),
+                "reconcile batch done"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Scheduled for RunReconcile {
+    const CRON_KIND: &'static str = "reconcile-cron";
+    fn for_tick(timestamp: i64) -> Self {
+        RunReconcile {
+            scheduled_for: Some(timestamp),
+        }
+    }
+}

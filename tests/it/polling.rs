@@ -1,0 +1,655 @@
+//! Polling: zero writes for unchanged polls, one record set per change or failure, parking,
+//! reconcile, chains at scale, stale and unknown jobs, and the polling CLI.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cardworker::app::{self, AppContext};
+use cardworker::config::{Config, Task};
+use cardworker::gateway::CardStatus;
+use cardworker::polling::{chain, cli, reconcile};
+use cardworker_jobs::{keys, ChainState, Job, PollCardStatus};
+use futures::StreamExt as _;
+use redis::AsyncCommands as _;
+use sqlx::{Connection as _, PgConnection};
+use tokio::sync::oneshot;
+
+use crate::harness::{metric_value, spawn_app_with, wait_until, TestApp};
+
+const TABLES: &[&str] = &[
+    "cards",
+    "integration_logs",
+    "audit_events",
+    "audit_resources",
+    "outbox_events",
+    "payments",
+    "inbound_callbacks",
+    "integration_logs_archive",
+    "audit_events_archive",
+    "audit_resources_archive",
+];
+
+/// (state, error, recovery_summary, http_status) of one integration log.
+type FailedLog = (String, Option<String>, Option<String>, Option<i32>);
+
+/// Per table: (row count, n_tup_ins, n_tup_upd, n_tup_del).
+type Counters = BTreeMap<String, (i64, i64, i64, i64)>;
+
+async fn counters(conn: &mut PgConnection) -> Counters {
+    // A fresh snapshot each time: within a transaction PostgreSQL would otherwise keep serving
+    // the first one.
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .expect("clear stats snapshot");
+    let mut out = Counters::new();
+    for table in TABLES {
+        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(&mut *conn)
+            .await
+            .expect("count rows");
+        let (ins, upd, del): (i64, i64, i64) = sqlx::query_as(
+            "SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables WHERE relname = $1",
+        )
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("table stats");
+        out.insert((*table).to_owned(), (rows, ins, upd, del));
+    }
+    out
+}
+
+async fn other_backends(conn: &mut PgConnection, db: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(db)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// Reads the counters until `ready` holds (and, with `alone`, no other backend is connected to
+/// the database): PostgreSQL publishes a backend's counters late, at the latest when it exits.
+async fn counters_when(
+    conn: &mut PgConnection,
+    db: &str,
+    alone: bool,
+    ready: impl Fn(&Counters) -> bool,
+) -> Counters {
+    let start = std::time::Instant::now();
+    loop {
+        let gone = !alone || other_backends(conn, db).await == 0;
+        let c = counters(conn).await;
+        if gone && ready(&c) {
+            return c;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "statistics never settled: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn outcome(app: &TestApp, task: &str, outcome: &str) -> f64 {
+    let (_, text) = app.get("/metrics").await;
+    metric_value(
+        &text,
+        "cardworker_poll_outcomes_total",
+        &[("task", task), ("outcome", outcome)],
+    )
+}
+
+async fn finished_jobs(app: &TestApp, queue: &str) -> f64 {
+    let (_, text) = app.get("/metrics").await;
+    metric_value(
+        &text,
+        "cardworker_jobs_finished_total",
+        &[("queue", queue), ("result", "succeeded")],
+    )
+}
+
+fn calls(app: &TestApp, call: &str) -> u64 {
+    app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
+}
+
+async fn start_chain(app: &TestApp, task: Task, card_ref: &str, delay: Duration) -> String {
+    chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        task,
+        card_ref,
+        delay,
+    )
+    .await
+    .expect("start chain")
+}
+
+async fn chain_of(app: &TestApp, task: Task, card_ref: &str) -> Option<String> {
+    chain::live_chains(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        task,
+        &[card_ref.to_owned()],
+    )
+    .await
+    .expect("read chain")
+    .pop()
+    .flatten()
+}
+
+fn fast(cfg: &mut Config) {
+    cfg.polling.carddata.interval_secs = 1;
+    cfg.polling.card_status.interval_secs = 1;
+}
+
+async fn scalar(app: &TestApp, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect(sql)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_set() {
+    let mut app = spawn_app_with(fast).await;
+    let mut stats = PgConnection::connect(&app.db.url)
+        .await
+        .expect("stats connection");
+
+    // Warm-up: create the cards on a connection of their own and close it, then wait until its
+    // inserts are visible in the statistics. From then on the baseline is settled.
+    {
+        let mut writer = PgConnection::connect(&app.db.url).await.expect("writer");
+        sqlx::query("INSERT INTO cards (card_ref) SELECT 'c-' || g FROM generate_series(1, 50) g")
+            .execute(&mut writer)
+            .await
+            .expect("insert cards");
+        writer.close().await.expect("close writer");
+    }
+    let baseline = counters_when(&mut stats, &app.db.name, false, |c| c["cards"].1 == 50).await;
+    for i in 1..=50 {
+        for task in Task::ALL {
+            start_chain(&app, task, &format!("c-{i}"), Duration::ZERO).await;
+        }
+    }
+    wait_until(Duration::from_secs(60), "500 unchanged polls", || async {
+        outcome(&app, "carddata", "skipped_unchanged").await
+            + outcome(&app, "card_status", "skipped_unchanged").await
+            >= 500.0
+    })
+    .await;
+    // Row counts are immediate: nothing was written.
+    let after_unchanged = counters(&mut stats).await;
+    for (table, (rows, ..)) in &after_unchanged {
+        assert_eq!(
+            *rows, baseline[table].0,
+            "rows of {table} after unchanged polls"
+        );
+    }
+    assert_eq!(outcome(&app, "card_status", "persisted_change").await, 0.0);
+    assert_eq!(outcome(&app, "carddata", "persisted_change").await, 0.0);
+
+    // The unchanged polls are counted in Redis, per task and hour, per card and in total.
+    let hour = cardworker::polling::poll::hour_bucket(chrono::Utc::now());
+    let key = cardworker::polling::poll::unchanged_key(app.ctx.prefix(), Task::CardStatus, &hour);
+    let total: i64 = app
+        .ctx
+        .redis
+        .clone()
+        .hget(&key, "_total")
+        .await
+        .unwrap_or(0);
+    let one: i64 = app.ctx.redis.clone().hget(&key, "c-7").await.unwrap_or(0);
+    assert!(total >= 200 && one >= 1, "total {total}, c-7 {one}");
+    let ttl: i64 = app.ctx.redis.clone().ttl(&key).await.expect("ttl");
+    assert!(ttl > 0 && ttl <= 2 * 24 * 3600, "ttl {ttl}");
+
+    // One card changes.
+    app.sim.set_card_status("c-7", CardStatus::Active);
+    wait_until(
+        Duration::from_secs(20),
+        "the change is persisted",
+        || async { outcome(&app, "card_status", "persisted_change").await >= 1.0 },
+    )
+    .await;
+
+    // Stop the worker: its pool closes, its backends exit and publish their counters. Wait until
+    // they are gone and the change's writes are visible, so the comparison below is real.
+    app.stop().await.expect("stops cleanly");
+    app.db.pool.close().await;
+    let last = counters_when(&mut stats, &app.db.name, true, |c| {
+        c["integration_logs"].1 == 1 && c["cards"].2 == 1
+    })
+    .await;
+    for (table, now) in &last {
+        let before = baseline[table];
+        let expected = match table.as_str() {
+            "cards" => (before.0, before.1, before.2 + 1, before.3),
+            "integration_logs" | "audit_events" | "audit_resources" | "outbox_events" => {
+                (before.0 + 1, before.1 + 1, before.2, before.3)
+            }
+            _ => before,
+        };
+        assert_eq!(
+            *now, expected,
+            "{table}: (rows, ins, upd, del) after 500+ unchanged polls and one change"
+        );
+    }
+    let (state, scenario): (String, String) =
+        sqlx::query_as("SELECT state, scenario FROM integration_logs")
+            .fetch_one(&mut stats)
+            .await
+            .expect("the log");
+    assert_eq!(
+        (state.as_str(), scenario.as_str()),
+        ("succeeded", "card_status_poll")
+    );
+    let (status, version): (String, i64) =
+        sqlx::query_as("SELECT status, version FROM cards WHERE card_ref = 'c-7'")
+            .fetch_one(&mut stats)
+            .await
+            .expect("card");
+    assert_eq!((status.as_str(), version), ("active", 1));
+    let linked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
+          JOIN integration_logs l ON l.id = e.integration_log_id
+         WHERE e.event_type = 'card.status_changed' AND r.resource_id = 'c-7'
+           AND e.correlation_id = l.correlation_id",
+    )
+    .fetch_one(&mut stats)
+    .await
+    .expect("linked audit");
+    assert_eq!(linked, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
+    // A long interval keeps the first retry (about 10 s) out of the picture.
+    let mut app = spawn_app_with(|cfg| cfg.polling.card_status.interval_secs = 60).await;
+    app.insert_card("c-1").await;
+    app.sim.fail_card("c-1");
+    start_chain(&app, Task::CardStatus, "c-1", Duration::ZERO).await;
+    wait_until(
+        Duration::from_secs(20),
+        "the failure is recorded",
+        || async { outcome(&app, "card_status", "persisted_failure").await >= 1.0 },
+    )
+    .await;
+    let logs: Vec<FailedLog> =
+        sqlx::query_as("SELECT state, error, recovery_summary, http_status FROM integration_logs")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("logs");
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let (state, error, recovery, http) = &logs[0];
+    assert_eq!(state, "failed");
+    assert!(error.is_some());
+    assert_eq!(*http, Some(503));
+    let recovery = recovery.clone().unwrap_or_default();
+    assert!(
+        recovery.starts_with("retry in ") && recovery.contains("(failure 1 of 10)"),
+        "{recovery}"
+    );
+    assert_eq!(
+        scalar(
+            &app,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'poll.failed'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(scalar(&app, "SELECT count(*) FROM audit_events").await, 1);
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM audit_resources").await,
+        1
+    );
+    assert_eq!(scalar(&app, "SELECT count(*) FROM outbox_events").await, 0);
+    assert_eq!(scalar(&app, "SELECT version FROM cards").await, 0);
+    // The chain lives on, with its failure count, for the back-off retry.
+    assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
+
+    // No UPDATE of integration_logs, ever, on the polling path.
+    app.stop().await.expect("stops cleanly");
+    app.db.pool.close().await;
+    let mut stats = PgConnection::connect(&app.db.url).await.expect("stats");
+    let last = counters_when(&mut stats, &app.db.name, true, |c| {
+        c["integration_logs"].1 == 1
+    })
+    .await;
+    assert_eq!(last["integration_logs"].2, 0, "integration_logs updates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_that_always_fails_is_parked_and_only_enqueue_restarts_it() {
+    let app = spawn_app_with(|cfg| {
+        fast(cfg);
+        cfg.polling.card_status.max_consecutive_failures = 3;
+    })
+    .await;
+    app.insert_card("c-1").await;
+    app.sim.fail_card("c-1");
+    start_chain(&app, Task::CardStatus, "c-1", Duration::ZERO).await;
+    wait_until(Duration::from_secs(30), "the chain is parked", || async {
+        scalar(
+            &app,
+            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert_eq!(
+        scalar(
+            &app,
+            "SELECT count(*) FROM integration_logs WHERE state = 'failed'"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM integration_logs").await,
+        3
+    );
+    assert_eq!(
+        scalar(
+            &app,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'poll.failed'"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        scalar(
+            &app,
+            "SELECT count(*) FROM audit_events WHERE event_type = 'poll.parked'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM audit_resources").await,
+        4
+    );
+    let last: String = sqlx::query_scalar(
+        "SELECT recovery_summary FROM integration_logs ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("last log");
+    assert!(
+        last.contains("parked after 3 consecutive failures")
+            && last.contains("cardworker enqueue card-status --card-ref c-1"),
+        "{last}"
+    );
+    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, None);
+    let calls_when_parked = calls(&app, "card_status");
+    assert_eq!(calls_when_parked, 3);
+
+    // Redis loses everything; reconcile must not restart a parked chain.
+    let (examined, started) = reconcile::sweep(&app.ctx, Task::CardStatus)
+        .await
+        .expect("reconcile");
+    assert_eq!((examined, started), (0, 0));
+    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, None);
+
+    // An explicit enqueue does.
+    app.sim.heal_card("c-1");
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+        .await
+        .expect("enqueue");
+    assert_eq!(
+        scalar(
+            &app,
+            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    wait_until(Duration::from_secs(20), "polled again", || async {
+        outcome(&app, "card_status", "skipped_unchanged").await >= 1.0
+    })
+    .await;
+    assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM integration_logs").await,
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
+    let app = spawn_app_with(|_| {}).await;
+    app.insert_card("c-1").await;
+    let live = start_chain(&app, Task::CardStatus, "c-1", Duration::from_secs(3600)).await;
+    // A job of a replaced chain (it takes the card's intake entry, as a late duplicate would).
+    app.producer()
+        .enqueue(&PollCardStatus {
+            card_ref: "c-1".into(),
+            state: ChainState {
+                chain: "01OLDCHAIN".into(),
+                failures: 0,
+                deferrals: 0,
+            },
+        })
+        .await
+        .expect("enqueue");
+    wait_until(Duration::from_secs(20), "the stale job ran", || async {
+        finished_jobs(&app, PollCardStatus::QUEUE).await >= 1.0
+    })
+    .await;
+    assert_eq!(calls(&app, "card_status"), 0);
+    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, Some(live));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
+    let app = spawn_app_with(|_| {}).await;
+    app.producer()
+        .enqueue(&PollCardStatus {
+            card_ref: "c-nobody".into(),
+            state: ChainState::default(),
+        })
+        .await
+        .expect("enqueue");
+    wait_until(Duration::from_secs(20), "the job ran", || async {
+        finished_jobs(&app, PollCardStatus::QUEUE).await >= 1.0
+    })
+    .await;
+    assert_eq!(calls(&app, "card_status"), 0);
+    assert_eq!(chain_of(&app, Task::CardStatus, "c-nobody").await, None);
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM integration_logs").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_twice_leaves_one_chain() {
+    let app = spawn_app_with(|_| {}).await;
+    app.insert_card("c-1").await;
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+        .await
+        .expect("first");
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+        .await
+        .expect("second");
+    let intake = keys::intake(app.ctx.prefix(), PollCardStatus::QUEUE);
+    let entries: Vec<String> = app
+        .ctx
+        .redis
+        .clone()
+        .zrange(&intake, 0, -1)
+        .await
+        .expect("intake");
+    // Either still waiting in the intake (one entry) or already fed to apalis.
+    assert!(entries.len() <= 1, "{entries:?}");
+    wait_until(Duration::from_secs(20), "one poll", || async {
+        outcome(&app, "card_status", "skipped_unchanged").await >= 1.0
+    })
+    .await;
+    // The next poll is 300 s away: once the one job of the surviving chain ran and scheduled its
+    // successor, there is one intake entry and exactly one call.
+    wait_until(Duration::from_secs(10), "successor scheduled", || async {
+        let n: i64 = app.ctx.redis.clone().zcard(&intake).await.unwrap_or(0);
+        n == 1
+    })
+    .await;
+    // A job of the replaced chain may have reached apalis before the second enqueue: it was
+    // acknowledged without a call.
+    assert_eq!(calls(&app, "card_status"), 1);
+    assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_polling_cli_enqueues_reconciles_and_investigates() {
+    let app = spawn_app_with(|_| {}).await;
+    app.insert_card("c-1").await;
+    app.insert_card("c-2").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(&path, app.ctx.config.to_toml_string().expect("toml")).expect("write config");
+    let bin = env!("CARGO_BIN_EXE_cardworker");
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(args).arg("--config").arg(&path);
+        cmd.env_remove("CARDWORKER_CONFIG");
+        cmd.output().expect("run cardworker")
+    };
+
+    let out = run(&["enqueue", "card-status", "--card-ref", "c-nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown card"));
+
+    let out = run(&["reconcile", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["started"]["carddata"], 2);
+    assert_eq!(json["started"]["card_status"], 2);
+    // A second pass finds every chain alive.
+    let out = run(&["reconcile", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["started"]["carddata"], 0);
+
+    app.sim.set_card_status("c-1", CardStatus::Frozen);
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+        .await
+        .expect("enqueue");
+    wait_until(Duration::from_secs(20), "the change", || async {
+        outcome(&app, "card_status", "persisted_change").await >= 1.0
+    })
+    .await;
+
+    let out = run(&["investigate", "--card-ref", "c-1"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("unchanged polls are counted, not recorded"),
+        "{text}"
+    );
+    assert!(text.contains("card.status_changed"), "{text}");
+    let out = run(&["investigate", "--card-ref", "c-1", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["card"]["status"], "frozen");
+    assert!(json["timeline"].as_array().is_some_and(|t| t.len() == 2));
+    assert!(json["timeline"][0]["correlation_id"].is_string());
+    assert!(json["payments"].is_array() && json["callbacks"].is_array());
+    assert_eq!(json["unchanged_polls"].as_array().map(Vec::len), Some(2));
+
+    let out = run(&["investigate", "--card-ref", "c-nobody"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+/// A second `cardworker run` on the same database and prefix.
+struct Restarted {
+    ctx: Arc<AppContext>,
+    addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn restart(config: Config) -> Restarted {
+    let ctx = AppContext::connect(config).await.expect("connect");
+    let running = app::start(ctx.clone()).await.expect("start");
+    let addr = running.addr;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let join = tokio::spawn(running.wait(async move {
+        let _ = stopped.await;
+    }));
+    Restarted {
+        ctx,
+        addr,
+        stop: Some(stop),
+        join,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stopping() {
+    const CARDS: i64 = 20_000;
+    let mut app = spawn_app_with(|cfg| {
+        cfg.polling.total_limit = 64;
+        cfg.polling.card_status.limit = 64;
+        cfg.polling.carddata.limit = 64;
+        cfg.database.max_connections = 20;
+    })
+    .await;
+    // The worker is stopped while the backlog builds up.
+    app.stop().await.expect("stops");
+    sqlx::query("INSERT INTO cards (card_ref) SELECT 'c-' || g FROM generate_series(1, $1) g")
+        .bind(CARDS)
+        .execute(&app.db.pool)
+        .await
+        .expect("insert cards");
+    let prefix = app.ctx.prefix().to_owned();
+    let conn = app.ctx.redis.clone();
+    futures::stream::iter(1..=CARDS)
+        .map(|i| {
+            let mut conn = conn.clone();
+            let prefix = prefix.clone();
+            async move {
+                chain::start(
+                    &mut conn,
+                    &prefix,
+                    Task::CardStatus,
+                    &format!("c-{i}"),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("start chain")
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+
+    let mut second = restart((*app.ctx.config).clone()).await;
+    let health = format!("http://{}/healthz", second.addr);
+    wait_until(Duration::from_secs(150), "every card polled", || async {
+        calls(&app, "card_status") >= CARDS as u64
+    })
+    .await;
+    let status = reqwest::get(&health).await.expect("healthz").status();
+    assert_eq!(status.as_u16(), 200);
+    assert!(!second.join.is_finished(), "the worker process ended");
+    // Every chain is alive and scheduled for its next poll.
+    let chains: i64 = second
+        .ctx
+        .redis
+        .clone()
+        .hlen(chain::chain_key(&prefix, Task::CardStatus))
+        .await
+        .expect("hlen");
+    assert_eq!(chains, CARDS);
+    if let Some(stop) = second.stop.take() {
+        let _ = stop.send(());
+    }
+    second
+        .join
+        .await
+        .expect("join")
+        .expect("the restarted worker stops cleanly");
+}
