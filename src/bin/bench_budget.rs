@@ -41,7 +41,9 @@ async fn handler(raw: String, state: Data<Arc<State>>) -> Result<(), BoxDynError
         // Card-status jobs have cards named s-…: call the matching endpoint, so that the
         // simulator's per-call peaks are per task.
         if job.card_ref.starts_with("s-") {
-            let _ = gateway.card_status(&job.card_ref, uuid::Uuid::new_v4()).await;
+            let _ = gateway
+                .card_status(&job.card_ref, uuid::Uuid::new_v4())
+                .await;
         } else {
             let _ = gateway.card_data(&job.card_ref, uuid::Uuid::new_v4()).await;
         }
@@ -61,7 +63,10 @@ struct Counting {
 }
 
 impl redis::aio::ConnectionLike for Counting {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
         self.trips.fetch_add(1, Ordering::Relaxed);
         self.inner.req_packed_command(cmd)
     }
@@ -81,8 +86,16 @@ impl redis::aio::ConnectionLike for Counting {
 
 static APALIS_TRIPS: LazyLock<Arc<AtomicU64>> = LazyLock::new(Arc::default);
 
-fn storage(conn: &ConnectionManager, prefix: &str, queue: &str, batch: usize) -> RedisStorage<String, Counting> {
-    let conn = Counting { inner: conn.clone(), trips: APALIS_TRIPS.clone() };
+fn storage(
+    conn: &ConnectionManager,
+    prefix: &str,
+    queue: &str,
+    batch: usize,
+) -> RedisStorage<String, Counting> {
+    let conn = Counting {
+        inner: conn.clone(),
+        trips: APALIS_TRIPS.clone(),
+    };
     let config = apalis_redis::Config::default()
         .queue(cardworker_jobs::keys::queue(prefix, queue))
         .batch_size(batch)
@@ -115,14 +128,26 @@ impl Drop for PrivateRedis {
 }
 
 async fn private_redis() -> anyhow::Result<(PrivateRedis, ConnectionManager)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let child = std::process::Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .stdout(std::process::Stdio::null())
         .spawn()
         .context("starting redis-server (needed for clean commandstats)")?;
     let url = format!("redis://127.0.0.1:{port}/0");
-    let redis = PrivateRedis { child, url: url.clone() };
+    let redis = PrivateRedis {
+        child,
+        url: url.clone(),
+    };
     for _ in 0..100 {
         if let Ok(conn) = cardworker::app::connect_redis(&url).await {
             return Ok((redis, conn));
@@ -133,11 +158,21 @@ async fn private_redis() -> anyhow::Result<(PrivateRedis, ConnectionManager)> {
 }
 
 async fn commands(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
     Ok(info
         .lines()
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum())
 }
 
@@ -154,7 +189,13 @@ fn config(url: &str, prefix: &str, total: u32, task: u32) -> Config {
 }
 
 /// Starts `n` chains of `task` (due now) and moves them into apalis.
-async fn fill(conn: &mut ConnectionManager, prefix: &str, task: Task, queue: &str, n: usize) -> anyhow::Result<()> {
+async fn fill(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    queue: &str,
+    n: usize,
+) -> anyhow::Result<()> {
     for i in 0..n {
         chain::start(conn, prefix, task, &format!("c-{i:05}"), Duration::ZERO).await?;
     }
@@ -173,11 +214,20 @@ struct Throughput {
     commands_per_job: f64,
 }
 
-async fn throughput(url: &str, conn: &ConnectionManager, with_layer: bool, n: usize) -> anyhow::Result<Throughput> {
+async fn throughput(
+    url: &str,
+    conn: &ConnectionManager,
+    with_layer: bool,
+    n: usize,
+) -> anyhow::Result<Throughput> {
     let prefix = format!("bench-{}", ulid::Ulid::new());
     let mut c = conn.clone();
     fill(&mut c, &prefix, Task::Carddata, PollCardData::QUEUE, n).await?;
-    let state = Arc::new(State { gateway: None, done: AtomicU64::new(0), cards: Mutex::default() });
+    let state = Arc::new(State {
+        gateway: None,
+        done: AtomicU64::new(0),
+        cards: Mutex::default(),
+    });
     let (stop, stop_rx) = watch::channel(false);
     let stopped = {
         let mut rx = stop_rx.clone();
@@ -193,7 +243,10 @@ async fn throughput(url: &str, conn: &ConnectionManager, with_layer: bool, n: us
     let start = Instant::now();
     let run = if with_layer {
         let layer = PollingBudgetLayer::<PollCardData>::new(budget.clone(), &cfg.polling);
-        tokio::spawn(worker!(conn, &prefix, PollCardData::QUEUE, state, 32, layer = layer).run_until(stopped))
+        tokio::spawn(
+            worker!(conn, &prefix, PollCardData::QUEUE, state, 32, layer = layer)
+                .run_until(stopped),
+        )
     } else {
         tokio::spawn(worker!(conn, &prefix, PollCardData::QUEUE, state, 32).run_until(stopped))
     };
@@ -223,7 +276,11 @@ struct Utilisation {
     deferrals: u64,
 }
 
-async fn utilisation(url: &str, conn: &ConnectionManager, per_task: usize) -> anyhow::Result<Utilisation> {
+async fn utilisation(
+    url: &str,
+    conn: &ConnectionManager,
+    per_task: usize,
+) -> anyhow::Result<Utilisation> {
     const TOTAL: u32 = 4;
     const TASK: u32 = 3;
     let prefix = format!("bench-{}", ulid::Ulid::new());
@@ -235,10 +292,28 @@ async fn utilisation(url: &str, conn: &ConnectionManager, per_task: usize) -> an
     let budget = Budget::new(conn.clone(), &cfg);
     // Cards in the intake, not yet in apalis: the feeder moves them, as in production.
     for i in 0..per_task {
-        chain::start(&mut c, &prefix, Task::Carddata, &format!("d-{i:05}"), Duration::ZERO).await?;
-        chain::start(&mut c, &prefix, Task::CardStatus, &format!("s-{i:05}"), Duration::ZERO).await?;
+        chain::start(
+            &mut c,
+            &prefix,
+            Task::Carddata,
+            &format!("d-{i:05}"),
+            Duration::ZERO,
+        )
+        .await?;
+        chain::start(
+            &mut c,
+            &prefix,
+            Task::CardStatus,
+            &format!("s-{i:05}"),
+            Duration::ZERO,
+        )
+        .await?;
     }
-    let state = Arc::new(State { gateway: Some(gateway), done: AtomicU64::new(0), cards: Mutex::default() });
+    let state = Arc::new(State {
+        gateway: Some(gateway),
+        done: AtomicU64::new(0),
+        cards: Mutex::default(),
+    });
     let (stop, stop_rx) = watch::channel(false);
     let stopped = |rx: watch::Receiver<bool>| async move {
         let mut rx = rx;
@@ -247,7 +322,10 @@ async fn utilisation(url: &str, conn: &ConnectionManager, per_task: usize) -> an
     };
     let feeder = intake::Feeder {
         conn: conn.clone(),
-        queues: vec![QueueName::new(&prefix, PollCardData::QUEUE), QueueName::new(&prefix, PollCardStatus::QUEUE)],
+        queues: vec![
+            QueueName::new(&prefix, PollCardData::QUEUE),
+            QueueName::new(&prefix, PollCardStatus::QUEUE),
+        ],
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
     };
@@ -259,8 +337,28 @@ async fn utilisation(url: &str, conn: &ConnectionManager, per_task: usize) -> an
     let start = Instant::now();
     let l1 = PollingBudgetLayer::<PollCardData>::new(budget.clone(), &cfg.polling);
     let l2 = PollingBudgetLayer::<PollCardStatus>::new(budget.clone(), &cfg.polling);
-    let w1 = tokio::spawn(worker!(conn, &prefix, PollCardData::QUEUE, state, TASK as usize, layer = l1).run_until(stopped(stop_rx.clone())));
-    let w2 = tokio::spawn(worker!(conn, &prefix, PollCardStatus::QUEUE, state, TASK as usize, layer = l2).run_until(stopped(stop_rx.clone())));
+    let w1 = tokio::spawn(
+        worker!(
+            conn,
+            &prefix,
+            PollCardData::QUEUE,
+            state,
+            TASK as usize,
+            layer = l1
+        )
+        .run_until(stopped(stop_rx.clone())),
+    );
+    let w2 = tokio::spawn(
+        worker!(
+            conn,
+            &prefix,
+            PollCardStatus::QUEUE,
+            state,
+            TASK as usize,
+            layer = l2
+        )
+        .run_until(stopped(stop_rx.clone())),
+    );
     let n = (2 * per_task) as u64;
     let mut samples = Vec::new();
     // "Under backlog": while more jobs remain than the budget can run at once.
@@ -276,7 +374,11 @@ async fn utilisation(url: &str, conn: &ConnectionManager, per_task: usize) -> an
     let _ = (w1.await, w2.await, feeder.await);
     let stats = sim.stats();
     let cards = state.cards.lock().map(|c| c.len()).unwrap_or(0);
-    anyhow::ensure!(cards == 2 * per_task, "only {cards} of {} cards completed", 2 * per_task);
+    anyhow::ensure!(
+        cards == 2 * per_task,
+        "only {cards} of {} cards completed",
+        2 * per_task
+    );
     Ok(Utilisation {
         jobs: 2 * per_task,
         seconds,
@@ -298,9 +400,27 @@ fn deferred_total() -> u64 {
 struct CountDeferred;
 
 impl metrics::Recorder for CountDeferred {
-    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
         if key.name() == cardworker::telemetry::metrics::POLL_DEFERRED {
             metrics::Counter::from_arc(Arc::new(DeferCounter))
@@ -311,7 +431,11 @@ impl metrics::Recorder for CountDeferred {
     fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
         metrics::Gauge::noop()
     }
-    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
         metrics::Histogram::noop()
     }
 }
@@ -339,14 +463,29 @@ async fn main() -> anyhow::Result<()> {
     println!("| measurement | value |");
     println!("| --- | --- |");
     println!("| no-op jobs/s through apalis-redis, without the layer (N = {N}, concurrency 32) | {:.0} |", plain.jobs_per_sec);
-    println!("| no-op jobs/s with `PollingBudgetLayer` (limits 256, nothing deferred) | {:.0} |", layered.jobs_per_sec);
-    println!("| overhead ratio (without ÷ with) | {:.2} |", plain.jobs_per_sec / layered.jobs_per_sec);
-    println!("| Redis round trips per job, without the layer (apalis-redis only) | {:.2} |", plain.apalis_trips_per_job);
+    println!(
+        "| no-op jobs/s with `PollingBudgetLayer` (limits 256, nothing deferred) | {:.0} |",
+        layered.jobs_per_sec
+    );
+    println!(
+        "| overhead ratio (without ÷ with) | {:.2} |",
+        plain.jobs_per_sec / layered.jobs_per_sec
+    );
+    println!(
+        "| Redis round trips per job, without the layer (apalis-redis only) | {:.2} |",
+        plain.apalis_trips_per_job
+    );
     println!("| Redis round trips per job, with the layer (apalis-redis + budget) | {:.2} + {:.2} = {:.2} |", layered.apalis_trips_per_job, layered.budget_trips_per_job, layered.apalis_trips_per_job + layered.budget_trips_per_job);
     println!("| commands Redis executed per job incl. inside Lua (commandstats), without / with | {:.1} / {:.1} |", plain.commands_per_job, layered.commands_per_job);
     println!("| utilisation under backlog: {} jobs, total_limit 4, task limits 3/3, 50 ms Gateway | mean in-flight {:.2} ÷ 4 = **{:.2}** |", util.jobs, util.mean_in_flight, util.mean_in_flight / 4.0);
     println!("| peak Gateway in-flight (total / carddata / card_status) | {} / {} / {} (limits 4 / 3 / 3) |", util.peak, util.peak_carddata, util.peak_card_status);
-    println!("| deferrals during the utilisation run | {} ({:.1} s for all jobs) |", util.deferrals, util.seconds);
-    anyhow::ensure!(util.peak <= 4 && util.peak_carddata <= 3 && util.peak_card_status <= 3, "a limit was exceeded");
+    println!(
+        "| deferrals during the utilisation run | {} ({:.1} s for all jobs) |",
+        util.deferrals, util.seconds
+    );
+    anyhow::ensure!(
+        util.peak <= 4 && util.peak_carddata <= 3 && util.peak_card_status <= 3,
+        "a limit was exceeded"
+    );
     Ok(())
 }

@@ -30,13 +30,11 @@ fn tasks_or_all(raw: &str) -> Result<Vec<Task>, UsageError> {
     if raw == "all" {
         return Ok(Task::ALL.to_vec());
     }
-    Task::from_str(raw)
-        .map(|t| vec![t])
-        .map_err(|_| {
-            UsageError(format!(
-                "--task {raw:?}: unknown task: must be carddata, card-status (card_status) or all"
-            ))
-        })
+    Task::from_str(raw).map(|t| vec![t]).map_err(|_| {
+        UsageError(format!(
+            "--task {raw:?}: unknown task: must be carddata, card-status (card_status) or all"
+        ))
+    })
 }
 
 /// Validates a runtime override exactly like the config: an integer in 1..=256, at most
@@ -163,7 +161,10 @@ mod tests {
         }
         let e = validate_override(&config, Task::CardStatus, "9").expect_err("above total");
         assert!(e.0.contains("at most polling.total_limit = 8"), "{e}");
-        assert_eq!(validate_override(&config, Task::CardStatus, "8").ok(), Some(8));
+        assert_eq!(
+            validate_override(&config, Task::CardStatus, "8").ok(),
+            Some(8)
+        );
     }
 
     #[test]

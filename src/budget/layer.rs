@@ -243,8 +243,12 @@ impl LeaseGuard {
             let ids = [lease];
             match tokio::time::timeout(REDIS_CALL_TIMEOUT, self.budget.release(&ids)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(lease = %ids[0], error = %format!("{e:#}"), "cannot release polling tokens; they expire with their lease"),
-                Err(_) => tracing::warn!(lease = %ids[0], "releasing polling tokens timed out; they expire with their lease"),
+                Ok(Err(e)) => {
+                    tracing::warn!(lease = %ids[0], error = %format!("{e:#}"), "cannot release polling tokens; they expire with their lease")
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %ids[0], "releasing polling tokens timed out; they expire with their lease")
+                }
             }
         }
     }
@@ -323,7 +327,9 @@ pub struct PollAborted(String);
 /// The delay of the `deferrals`-th consecutive deferral: random between `defer_delay` and a cap
 /// that doubles with each deferral, up to `defer_max_delay`; never under 1 s.
 pub fn defer_delay(base: Duration, max: Duration, deferrals: u32) -> Duration {
-    let base_ms = u64::try_from(base.as_millis()).unwrap_or(u64::MAX).max(1_000);
+    let base_ms = u64::try_from(base.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1_000);
     let max_ms = u64::try_from(max.as_millis())
         .unwrap_or(u64::MAX)
         .max(base_ms);
@@ -333,7 +339,10 @@ pub fn defer_delay(base: Duration, max: Duration, deferrals: u32) -> Duration {
 }
 
 /// Decodes the payload (a job that does not decode is killed, as the handler would).
-fn decode<J: PollJob>(raw: &str, ctx: &apalis::prelude::ExecutionContext) -> Result<J, BoxDynError> {
+fn decode<J: PollJob>(
+    raw: &str,
+    ctx: &apalis::prelude::ExecutionContext,
+) -> Result<J, BoxDynError> {
     serde_json::from_str(raw).map_err(|e| {
         tracing::error!(task = J::TASK.label(), error = %e, "poll payload does not decode; recorded as dead");
         ctx.raw_status().store(Status::Killed);
@@ -359,7 +368,13 @@ async fn reschedule<J: PollJob>(budget: &Budget, timing: Timing, job: &J) -> any
     }
     let delay = defer_delay(timing.defer_delay, timing.defer_max_delay, next.deferrals);
     let written = chain::schedule(&mut conn, prefix, J::TASK, job.card_ref(), &next, delay).await?;
-    tracing::debug!(card_ref = job.card_ref(), deferrals = next.deferrals, delay_ms = delay.as_millis() as u64, written, "poll deferred");
+    tracing::debug!(
+        card_ref = job.card_ref(),
+        deferrals = next.deferrals,
+        delay_ms = delay.as_millis() as u64,
+        written,
+        "poll deferred"
+    );
     Ok(written)
 }
 
@@ -374,7 +389,11 @@ async fn defer<J: PollJob, R: Default>(
     match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(budget, timing, &job)).await {
         Ok(Ok(written)) => {
             if !written {
-                tracing::debug!(card_ref = job.card_ref(), reason = reason.label(), "deferred job's chain was replaced; dropped");
+                tracing::debug!(
+                    card_ref = job.card_ref(),
+                    reason = reason.label(),
+                    "deferred job's chain was replaced; dropped"
+                );
             }
             // Acknowledge: no attempt counted, the successor (if any) is in the intake.
             ctx.raw_status().store(Status::Done);

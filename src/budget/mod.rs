@@ -452,7 +452,9 @@ impl Budget {
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot read the polling budget for its gauges"),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the polling budget for its gauges")
+            }
         }
     }
 }

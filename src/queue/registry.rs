@@ -117,8 +117,18 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     // Polling: both workers run under the fleet-wide budget (both tokens or no handler). The
     // worker concurrency is only the per-process ceiling; the budget is the fleet-wide limit.
     spawn_gauge_refresher(ctx, sup);
-    spawn_worker!(ctx, sup, PollCardData, layer = PollingBudgetLayer::<PollCardData>::new(ctx.budget.clone(), &config.polling));
-    spawn_worker!(ctx, sup, PollCardStatus, layer = PollingBudgetLayer::<PollCardStatus>::new(ctx.budget.clone(), &config.polling));
+    spawn_worker!(
+        ctx,
+        sup,
+        PollCardData,
+        layer = PollingBudgetLayer::<PollCardData>::new(ctx.budget.clone(), &config.polling)
+    );
+    spawn_worker!(
+        ctx,
+        sup,
+        PollCardStatus,
+        layer = PollingBudgetLayer::<PollCardStatus>::new(ctx.budget.clone(), &config.polling)
+    );
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker!(ctx, sup, RunReconcile);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
@@ -180,6 +190,8 @@ pub async fn on_shutdown(ctx: &AppContext) {
     let held = ctx.budget.held_count();
     match ctx.budget.release_held().await {
         Ok(released) => tracing::info!(held, released, "polling leases released"),
-        Err(e) => tracing::warn!(held, error = %format!("{e:#}"), "cannot release polling leases; they expire with their lease"),
+        Err(e) => {
+            tracing::warn!(held, error = %format!("{e:#}"), "cannot release polling leases; they expire with their lease")
+        }
     }
 }

@@ -53,8 +53,14 @@ async fn both_tokens_are_taken_or_neither_when_either_budget_is_full() {
 
     // Total full (2 of 2), carddata budget has room (1 of 2): nothing is added anywhere.
     let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
-    assert_eq!(b.acquire(Task::Carddata, "a").await.unwrap(), Acquired::Acquired);
-    assert_eq!(b.acquire(Task::CardStatus, "b").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "a").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "b").await.unwrap(),
+        Acquired::Acquired
+    );
     assert_eq!(b.acquire(Task::Carddata, "c").await.unwrap(), SHORT_TOTAL);
     assert_eq!(members(&mut conn, &total).await, ["a", "b"]);
     assert_eq!(members(&mut conn, &cd).await, ["a"]);
@@ -72,7 +78,10 @@ async fn both_tokens_are_taken_or_neither_when_either_budget_is_full() {
 
     // Room in both: the same lease lands in both sets.
     let b = Budget::new(r.conn.clone(), &config(&r, 3, 2, 2));
-    assert_eq!(b.acquire(Task::Carddata, "f").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "f").await.unwrap(),
+        Acquired::Acquired
+    );
     assert_eq!(members(&mut conn, &total).await, ["a", "b", "f"]);
     assert_eq!(members(&mut conn, &cd).await, ["a", "f"]);
     assert_eq!(members(&mut conn, &cs).await, ["b"]);
@@ -97,7 +106,10 @@ async fn expired_leases_are_repaired_in_both_sets_by_the_same_call() {
             .unwrap();
     }
     let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
-    assert_eq!(b.acquire(Task::Carddata, "live").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "live").await.unwrap(),
+        Acquired::Acquired
+    );
     assert_eq!(members(&mut conn, &total).await, ["live"]);
     assert_eq!(members(&mut conn, &cd).await, ["live"]);
     let view = b.show().await.unwrap();
@@ -110,17 +122,28 @@ async fn a_double_release_is_harmless() {
     let r = TestRedis::new().await;
     let mut conn = r.conn.clone();
     let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
-    assert_eq!(b.acquire(Task::Carddata, "x").await.unwrap(), Acquired::Acquired);
-    assert_eq!(b.acquire(Task::CardStatus, "y").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "x").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "y").await.unwrap(),
+        Acquired::Acquired
+    );
     assert_eq!(b.held_count(), 2);
     assert_eq!(b.release(&["x".to_owned()]).await.unwrap(), 1);
     assert_eq!(b.release(&["x".to_owned()]).await.unwrap(), 0);
     assert_eq!(b.release(&["never-taken".to_owned()]).await.unwrap(), 0);
     assert_eq!(b.held_count(), 1);
-    assert_eq!(members(&mut conn, &budget::total_key(&r.prefix)).await, ["y"]);
-    assert!(members(&mut conn, &budget::task_key(&r.prefix, Task::Carddata))
-        .await
-        .is_empty());
+    assert_eq!(
+        members(&mut conn, &budget::total_key(&r.prefix)).await,
+        ["y"]
+    );
+    assert!(
+        members(&mut conn, &budget::task_key(&r.prefix, Task::Carddata))
+            .await
+            .is_empty()
+    );
     assert_eq!(
         members(&mut conn, &budget::task_key(&r.prefix, Task::CardStatus)).await,
         ["y"]
@@ -144,23 +167,43 @@ async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert_eq!(b.acquire(Task::Carddata, "l1").await.unwrap(), Acquired::Acquired, "{garbage}");
-        assert_eq!(b.acquire(Task::Carddata, "l2").await.unwrap(), Acquired::Acquired, "{garbage}");
+        assert_eq!(
+            b.acquire(Task::Carddata, "l1").await.unwrap(),
+            Acquired::Acquired,
+            "{garbage}"
+        );
+        assert_eq!(
+            b.acquire(Task::Carddata, "l2").await.unwrap(),
+            Acquired::Acquired,
+            "{garbage}"
+        );
         // Config says 2: never more (and never "unlimited"), never less.
-        assert_eq!(b.acquire(Task::Carddata, "l3").await.unwrap(), SHORT_TASK, "{garbage}");
+        assert_eq!(
+            b.acquire(Task::Carddata, "l3").await.unwrap(),
+            SHORT_TASK,
+            "{garbage}"
+        );
         let view = b.show().await.unwrap();
         let t = &view.tasks["carddata"];
         assert_eq!((t.limit, t.override_limit), (2, None), "{garbage}");
         assert_eq!(t.invalid_override.as_deref(), Some(garbage));
-        b.release(&["l1".to_owned(), "l2".to_owned()]).await.unwrap();
+        b.release(&["l1".to_owned(), "l2".to_owned()])
+            .await
+            .unwrap();
     }
     // A valid override applies atomically at the next acquire, clamped to the total.
     b.set_override(Task::Carddata, 1).await.unwrap();
-    assert_eq!(b.acquire(Task::Carddata, "m1").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "m1").await.unwrap(),
+        Acquired::Acquired
+    );
     assert_eq!(b.acquire(Task::Carddata, "m2").await.unwrap(), SHORT_TASK);
     let small_total = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
     b.set_override(Task::CardStatus, 8).await.unwrap();
-    assert_eq!(small_total.show().await.unwrap().tasks["card_status"].limit, 2);
+    assert_eq!(
+        small_total.show().await.unwrap().tasks["card_status"].limit,
+        2
+    );
     // A pause defers before anything else.
     b.pause(&[Task::Carddata]).await.unwrap();
     b.clear_override(Task::Carddata).await.unwrap();
@@ -171,7 +214,10 @@ async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
         }
     );
     b.resume(&[Task::Carddata]).await.unwrap();
-    assert_eq!(b.acquire(Task::Carddata, "m3").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "m3").await.unwrap(),
+        Acquired::Acquired
+    );
 }
 
 /// Reads Redis's MONITOR stream on a raw connection until `until` appears in a line.
@@ -182,7 +228,9 @@ async fn monitor_lines(until: &str, run: impl std::future::Future<Output = ()>) 
         url.host_str().unwrap_or("127.0.0.1"),
         url.port().unwrap_or(6379)
     );
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("monitor connection");
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("monitor connection");
     let (read, mut write) = stream.into_split();
     write.write_all(b"MONITOR\r\n").await.unwrap();
     let mut lines = BufReader::new(read).lines();
@@ -198,7 +246,9 @@ async fn monitor_lines(until: &str, run: impl std::future::Future<Output = ()>) 
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(5), collect).await.expect("monitor saw the call");
+    tokio::time::timeout(Duration::from_secs(5), collect)
+        .await
+        .expect("monitor saw the call");
     seen
 }
 
@@ -216,7 +266,10 @@ async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time(
     let b2 = b.clone();
     let l2 = lease.clone();
     let lines = monitor_lines(&lease, async move {
-        assert_eq!(b2.acquire(Task::Carddata, &l2).await.unwrap(), Acquired::Acquired);
+        assert_eq!(
+            b2.acquire(Task::Carddata, &l2).await.unwrap(),
+            Acquired::Acquired
+        );
     })
     .await;
     let call = lines
@@ -237,7 +290,10 @@ async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time(
             );
         }
     }
-    assert!(args.contains(&"1000"), "the TTL (ms) is the only time passed: {call}");
+    assert!(
+        args.contains(&"1000"),
+        "the TTL (ms) is the only time passed: {call}"
+    );
 
     // 2. The lease's expiry is Redis's TIME + TTL, whatever this process's clock says.
     let redis_now = redis_now_ms(&mut conn).await;
@@ -254,14 +310,20 @@ async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time(
     );
 
     // 3. It expires by Redis time: once Redis's clock passes it, the next acquire repairs it.
-    assert_eq!(b.acquire(Task::Carddata, "other").await.unwrap(), SHORT_TOTAL);
+    assert_eq!(
+        b.acquire(Task::Carddata, "other").await.unwrap(),
+        SHORT_TOTAL
+    );
     loop {
         if redis_now_ms(&mut conn).await > expiry {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(b.acquire(Task::Carddata, "other").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "other").await.unwrap(),
+        Acquired::Acquired
+    );
     assert_eq!(
         members(&mut conn, &budget::total_key(&r.prefix)).await,
         ["other"]
@@ -298,7 +360,10 @@ async fn budget_set_refuses_an_invalid_limit_with_exit_status_2_naming_the_key()
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(&dir, &r.prefix, "");
     for bad in ["0", "-1", "3.5", "abc", "inf", "100000", "9"] {
-        let out = cardworker(&["budget", "set", "--task", "carddata", "--limit", bad], &cfg);
+        let out = cardworker(
+            &["budget", "set", "--task", "carddata", "--limit", bad],
+            &cfg,
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains("polling.carddata.limit"), "{bad}: {err}");
@@ -308,7 +373,10 @@ async fn budget_set_refuses_an_invalid_limit_with_exit_status_2_naming_the_key()
             "{bad}: {err}"
         );
     }
-    let out = cardworker(&["budget", "set", "--task", "payments", "--limit", "2"], &cfg);
+    let out = cardworker(
+        &["budget", "set", "--task", "payments", "--limit", "2"],
+        &cfg,
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"payments\""));
     let out = cardworker(&["budget", "pause", "--task", "nope"], &cfg);
@@ -333,9 +401,18 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     };
     ok(&["budget", "set", "--task", "card-status", "--limit", "2"]);
     let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 3));
-    assert_eq!(b.acquire(Task::Carddata, "p1").await.unwrap(), Acquired::Acquired);
-    assert_eq!(b.acquire(Task::CardStatus, "p2").await.unwrap(), Acquired::Acquired);
-    assert_eq!(b.acquire(Task::CardStatus, "p3").await.unwrap(), Acquired::Acquired);
+    assert_eq!(
+        b.acquire(Task::Carddata, "p1").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "p2").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "p3").await.unwrap(),
+        Acquired::Acquired
+    );
     // A pause stops new tokens; the ones held keep counting until released.
     ok(&["budget", "pause", "--task", "carddata"]);
 
@@ -360,7 +437,10 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["budget", "show", "--format", "json"])).expect("json");
     assert_eq!(json["tasks"]["carddata"]["paused"], false);
-    assert_eq!(json["tasks"]["card_status"]["override"], serde_json::Value::Null);
+    assert_eq!(
+        json["tasks"]["card_status"]["override"],
+        serde_json::Value::Null
+    );
     assert_eq!(json["tasks"]["card_status"]["limit"], 3);
     assert_eq!(json["total"]["in_use"], 0);
 }
@@ -491,12 +571,24 @@ log_format = "json"
         }
         let mut conn = redis.conn.clone();
         for i in 0..cards {
-            chain::start(&mut conn, &redis.prefix, Task::Carddata, &format!("d-{i:04}"), Duration::ZERO)
-                .await
-                .unwrap();
-            chain::start(&mut conn, &redis.prefix, Task::CardStatus, &format!("s-{i:04}"), Duration::ZERO)
-                .await
-                .unwrap();
+            chain::start(
+                &mut conn,
+                &redis.prefix,
+                Task::Carddata,
+                &format!("d-{i:04}"),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+            chain::start(
+                &mut conn,
+                &redis.prefix,
+                Task::CardStatus,
+                &format!("s-{i:04}"),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
         }
         Fleet {
             workers,
@@ -523,7 +615,10 @@ log_format = "json"
         // Reads the log until the endpoint's address shows, then keeps draining it.
         std::thread::spawn(move || {
             let mut tx = Some(tx);
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if let Some(rest) = line.split("metrics at http://").nth(1) {
                     if let (Some(addr), Some(tx)) = (rest.split("/metrics").next(), tx.take()) {
                         let _ = tx.send(addr.to_owned());
@@ -546,7 +641,9 @@ log_format = "json"
             .query_async(&mut conn)
             .await
             .unwrap();
-        ids.iter().filter(|id| id.contains(&format!("-{pid}-"))).count()
+        ids.iter()
+            .filter(|id| id.contains(&format!("-{pid}-")))
+            .count()
     }
 
     pub async fn deferrals(workers: &[Worker]) -> f64 {
@@ -562,36 +659,59 @@ log_format = "json"
         const CARDS: usize = 150;
         let fleet = start(3, CARDS, 200).await;
         let started = Instant::now();
-        wait_until(Duration::from_secs(90), "every card polled once per task", || async {
-            let s = fleet.sim.stats();
-            s.calls_total.get("carddata").copied().unwrap_or(0) >= CARDS as u64
-                && s.calls_total.get("card_status").copied().unwrap_or(0) >= CARDS as u64
-                && s.in_flight == 0
-        })
+        wait_until(
+            Duration::from_secs(90),
+            "every card polled once per task",
+            || async {
+                let s = fleet.sim.stats();
+                s.calls_total.get("carddata").copied().unwrap_or(0) >= CARDS as u64
+                    && s.calls_total.get("card_status").copied().unwrap_or(0) >= CARDS as u64
+                    && s.in_flight == 0
+            },
+        )
         .await;
         let elapsed = started.elapsed();
         let stats = fleet.sim.stats();
         assert!(stats.peak_in_flight <= 4, "{stats:?}");
-        assert!(stats.peak_per_call.get("carddata").copied().unwrap_or(0) <= 3, "{stats:?}");
-        assert!(stats.peak_per_call.get("card_status").copied().unwrap_or(0) <= 3, "{stats:?}");
-        assert_eq!(stats.peak_in_flight, 4, "the fleet used its whole budget: {stats:?}");
+        assert!(
+            stats.peak_per_call.get("carddata").copied().unwrap_or(0) <= 3,
+            "{stats:?}"
+        );
+        assert!(
+            stats.peak_per_call.get("card_status").copied().unwrap_or(0) <= 3,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.peak_in_flight, 4,
+            "the fleet used its whole budget: {stats:?}"
+        );
         let missing: Vec<String> = (0..CARDS)
             .flat_map(|i| [format!("d-{i:04}"), format!("s-{i:04}")])
             .filter(|c| fleet.sim.card(c).is_none())
             .collect();
         assert!(missing.is_empty(), "never polled: {missing:?}; {stats:?}");
         let deferred = deferrals(&fleet.workers).await;
-        assert!(deferred > 0.0, "three processes with 6 slots each against 4 tokens defer");
-        eprintln!("{} jobs in {elapsed:?}; {deferred} deferrals; {stats:?}", 2 * CARDS);
+        assert!(
+            deferred > 0.0,
+            "three processes with 6 slots each against 4 tokens defer"
+        );
+        eprintln!(
+            "{} jobs in {elapsed:?}; {deferred} deferrals; {stats:?}",
+            2 * CARDS
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn after_a_kill_9_the_others_run_at_the_full_limit_within_lease_ttl_plus_max_defer_delay() {
+    async fn after_a_kill_9_the_others_run_at_the_full_limit_within_lease_ttl_plus_max_defer_delay()
+    {
         let mut fleet = start(3, 150, 800).await;
         // Wait until the fleet runs at the full limit and find a process holding tokens.
         let deadline = Instant::now() + Duration::from_secs(30);
         let victim = loop {
-            assert!(Instant::now() < deadline, "no process held tokens at the full limit");
+            assert!(
+                Instant::now() < deadline,
+                "no process held tokens at the full limit"
+            );
             let mut found = None;
             if fleet.sim.stats().in_flight >= 4 {
                 for (i, w) in fleet.workers.iter().enumerate() {
@@ -615,11 +735,16 @@ log_format = "json"
         assert!(held > 0);
         // Its leases count until they expire; then the survivors take the whole budget again.
         let bound = Duration::from_secs(8 + 3);
-        wait_until(bound + Duration::from_secs(2), "the survivors at the full limit again", || async {
-            leases_of(&fleet, dead_pid).await == 0 && fleet.sim.stats().in_flight == 4
-        })
+        wait_until(
+            bound + Duration::from_secs(2),
+            "the survivors at the full limit again",
+            || async { leases_of(&fleet, dead_pid).await == 0 && fleet.sim.stats().in_flight == 4 },
+        )
         .await;
-        eprintln!("full limit again {:?} after kill -9 (held {held})", killed.elapsed());
+        eprintln!(
+            "full limit again {:?} after kill -9 (held {held})",
+            killed.elapsed()
+        );
         assert!(fleet.sim.stats().peak_in_flight <= 4);
     }
 
@@ -644,7 +769,10 @@ log_format = "json"
         let view = budget.show().await.unwrap();
         assert_eq!(view.total.in_use, 0, "{view:?}");
         assert_eq!(leases_of(&fleet, pid).await, 0);
-        assert!(term.elapsed() < Duration::from_secs(8), "released before the lease TTL");
+        assert!(
+            term.elapsed() < Duration::from_secs(8),
+            "released before the lease TTL"
+        );
         let _ = &fleet.db;
     }
 }

@@ -3,6 +3,6 @@
 
 mod harness;
 
-mod gateway;
 mod budget;
+mod gateway;
 mod polling;
