@@ -1,7 +1,7 @@
 # cardworker: the two commands of the README are `make run` and `make test`.
 SHELL := /bin/bash
 CARGO ?= cargo
-BIN := target/debug/cardworker
+BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 SIM_LISTEN ?= 127.0.0.1:8089
 LOCAL_CONFIG ?= config/local.toml
 
@@ -60,4 +60,4 @@ bench-budget: services
 	$(CARGO) run --release --bin bench_budget
 
 bench-intake: services
-	$(CARGO) run --release --bin cardworker-bench -- intake
+	$(CARGO) run --release --bin bench_intake

@@ -153,6 +153,9 @@ impl Supervisor {
         tokio::select! {
             () = shutdown => tracing::info!("shutdown requested; draining in-flight jobs"),
             ended = self.workers.join_next() => {
+                if let Some(Ok((name, kind, _))) = &ended {
+                    self.health.set(name, kind, false);
+                }
                 let what = describe(ended);
                 tracing::error!(worker = %what, "a worker stopped unexpectedly; stopping the process");
                 failed = Some(what);
@@ -214,6 +217,7 @@ pub struct Running {
 /// Starts the endpoint, the feeder and every worker.
 pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     let metrics = telemetry::metrics_handle()?;
+    telemetry::register_series();
     let queues = registry::queue_names(ctx.prefix());
     let (stop_background, stop_rx) = watch::channel(false);
     let stopped = move || {

@@ -1552,7 +1552,10 @@ mod tests {
         let c = Config::load_from(Some(&bundled("production.toml")), vec![]).expect("valid");
         c.validate().expect("valid");
         assert!(!c.maintenance.enabled);
-        assert_eq!(c.polling.total_limit, 8);
+        assert_eq!(
+            c.polling.total_limit, 4,
+            "the rollout starts with conservative budgets"
+        );
         // Credentials come from env, layered over the file.
         let c = Config::load_from(
             Some(&bundled("production.toml")),

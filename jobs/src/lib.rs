@@ -50,14 +50,11 @@ pub enum EnqueueError {
     Redis(#[from] redis::RedisError),
 }
 
-/// Adds one entry to a queue's intake, due `ARGV[3]` ms after the Redis clock's now.
-/// With `ARGV[4] == "nx"` an existing entry of the same id is left untouched.
+/// Adds (or replaces) one entry of a queue's intake, due `ARGV[3]` ms after the Redis clock's
+/// now: due times come from one clock, whatever the producers' clocks say.
 const ADD_SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
-if ARGV[4] == 'nx' and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return 0
-end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], due, ARGV[1])
 return 1
@@ -164,7 +161,6 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
             .arg(entry_id)
             .arg(payload)
             .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
-            .arg("replace")
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(())

@@ -1,11 +1,20 @@
 //! Archive and retention: off by default; when on, exactly one ended Asia/Shanghai day per run.
 //!
+//! Operating guide: docs/MAINTENANCE.md.
+//!
 //! # Layout
-//! - [`archive`]: the `RunArchive` job.
-//! - [`retention`]: the `RunRetention` job.
+//! - [`archive`]: the `RunArchive` job (one day of online records into the archive tables).
+//! - [`retention`]: the `RunRetention` job (one expired day of the archive: delete or count).
+//! - [`run`]: the frame both share: brake, advisory lock on a dedicated session,
+//!   `statement_timeout`, batch boundaries, metrics and the log line per run.
+//! - [`day`]: Asia/Shanghai day arithmetic.
 
 pub mod archive;
+pub mod day;
 pub mod retention;
+pub mod run;
+
+pub use run::{register_metrics, run_job, JobKind, RunReport};
 
 use crate::telemetry::metrics as m;
 

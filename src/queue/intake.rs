@@ -21,6 +21,8 @@ pub const HIGH_WATER_MARK: usize = 2_000;
 pub const FEED_BATCH: usize = 500;
 /// How long dead jobs stay inspectable in apalis before they are trimmed.
 pub const DEAD_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Sweep stale worker metadata every this many trim passes.
+const WORKER_SWEEP_EVERY: u64 = 60;
 /// Done ids trimmed per script call.
 const TRIM_BATCH: usize = 1_000;
 
@@ -113,6 +115,53 @@ pub async fn trim(
     }
 }
 
+/// Removes the metadata apalis-redis leaves for every worker that ever registered on a queue
+/// (`{queue}:workers:metadata:{name}`): once apalis has dropped a worker from `{queue}:workers`
+/// (graceful stop, or orphan recovery after a crash re-enqueued its jobs), the hash is dead
+/// weight, and unique worker names would otherwise leave one per pod start forever.
+pub async fn trim_workers(
+    conn: &mut ConnectionManager,
+    queue: &QueueName,
+) -> anyhow::Result<usize> {
+    let pattern = format!("{}:workers:metadata:*", queue.apalis);
+    let workers_set = format!("{}:workers", queue.apalis);
+    let prefix_len = pattern.len() - 1;
+    let mut cursor: u64 = 0;
+    let mut removed = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(conn)
+            .await
+            .with_context(|| format!("scanning worker metadata of {}", queue.apalis))?;
+        for key in keys {
+            let name = &key[prefix_len..];
+            let seen: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&workers_set)
+                .arg(name)
+                .query_async(conn)
+                .await
+                .context("reading a worker's heartbeat")?;
+            if seen.is_none() {
+                let _: () = redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async(conn)
+                    .await
+                    .context("deleting stale worker metadata")?;
+                removed += 1;
+            }
+        }
+        if next == 0 {
+            return Ok(removed);
+        }
+        cursor = next;
+    }
+}
+
 /// Jobs waiting in one queue, fleet-wide: intake entries plus the apalis backlog.
 pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
     let (intake, active, scheduled): (u64, u64, u64) = redis::pipe()
@@ -157,6 +206,7 @@ impl Feeder {
         feed_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut trim_tick = tokio::time::interval(self.trim_every);
         trim_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut trims: u64 = 0;
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
@@ -169,7 +219,14 @@ impl Feeder {
                     }
                 }
                 _ = trim_tick.tick() => {
+                    trims += 1;
                     for queue in &self.queues {
+                        // Worker metadata accumulates per pod start, not per job: a slow sweep.
+                        if trims.is_multiple_of(WORKER_SWEEP_EVERY) {
+                            if let Err(e) = trim_workers(&mut self.conn, queue).await {
+                                tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "worker metadata sweep failed; will retry");
+                            }
+                        }
                         if let Err(e) = trim(&mut self.conn, queue, DEAD_RETENTION).await {
                             metrics::counter!("cardworker_intake_errors_total", "op" => "trim").increment(1);
                             tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "trim failed; will retry");

@@ -18,7 +18,6 @@ use super::worker::handle;
 use super::{QueueName, RunJob};
 use crate::app::{worker_name, AppContext, Supervisor};
 use crate::budget::PollingBudgetLayer;
-use crate::telemetry::metrics as m;
 
 /// Every queue of the deployment, by short name.
 pub const QUEUES: &[&str] = &[
@@ -83,13 +82,23 @@ async fn on_tick<J: Scheduled>(
     ctx: Data<Arc<AppContext>>,
 ) -> Result<(), BoxDynError> {
     let ts = i64::try_from(tick.get_timestamp()).unwrap_or(i64::MAX);
+    enqueue_tick::<J>(&ctx, ts).await?;
+    Ok(())
+}
+
+/// What a cron tick does on every pod: enqueues the tick's job unless another pod already claimed
+/// the tick (`{queue}:tick:{ts}`). Returns whether this pod enqueued it.
+pub async fn enqueue_tick<J: Scheduled>(
+    ctx: &AppContext,
+    ts: i64,
+) -> Result<bool, cardworker_jobs::EnqueueError> {
     let claim = format!("{}:tick:{ts}", J::QUEUE);
     let added = ctx
         .producer
         .enqueue_once(&J::for_tick(ts), &claim, Duration::from_secs(86_400))
         .await?;
     tracing::info!(queue = J::QUEUE, tick = ts, enqueued = added, "cron tick");
-    Ok(())
+    Ok(added)
 }
 
 fn spawn_cron<J: Scheduled>(
@@ -137,8 +146,13 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     // acknowledged as no-ops. Only the schedules depend on the switch.
     spawn_worker!(ctx, sup, RunArchive);
     spawn_worker!(ctx, sup, RunRetention);
-    metrics::gauge!(m::MAINTENANCE_ENABLED).set(if config.maintenance.enabled { 1.0 } else { 0.0 });
+    crate::maintenance::register_metrics(config.maintenance.enabled);
     if config.maintenance.enabled {
+        // The backlog gauge is measured by a bounded read-only probe; off, no table is touched.
+        let measure_ctx = ctx.clone();
+        tokio::spawn(async move {
+            crate::maintenance::run::measure_days_pending(&measure_ctx).await;
+        });
         spawn_cron::<RunArchive>(ctx, sup, &config.maintenance.archive_cron)?;
         spawn_cron::<RunRetention>(ctx, sup, &config.maintenance.retention_cron)?;
         tracing::info!(

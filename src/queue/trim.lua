@@ -17,7 +17,7 @@ local scan = redis.call('SSCAN', KEYS[2], ARGV[3], 'COUNT', tonumber(ARGV[4]))
 local dead = 0
 for _, id in ipairs(scan[2]) do
   local done_at = tonumber(redis.call('HGET', KEYS[4] .. ':' .. id, 'done_at'))
-  if done_at == nil or done_at < horizon then
+  if done_at == nil or done_at <= horizon then
     redis.call('SREM', KEYS[2], id)
     redis.call('DEL', KEYS[4] .. ':' .. id)
     redis.call('HDEL', KEYS[3], id)

@@ -107,3 +107,51 @@ impl Health {
             .unwrap_or(false)
     }
 }
+
+/// Registers every labelled series the alert rules and the dashboard use, at zero, so that a
+/// scrape shows them from the start (a labelled metric otherwise appears only once touched, and
+/// `rate()` over a series that appears mid-window misses its first increments).
+pub fn register_series() {
+    use ::metrics::{counter, gauge, histogram};
+    const TASKS: [&str; 2] = ["carddata", "card_status"];
+    for task in TASKS {
+        for outcome in ["skipped_unchanged", "persisted_change", "persisted_failure"] {
+            counter!(metrics::POLL_OUTCOMES, "task" => task, "outcome" => outcome).increment(0);
+        }
+        for reason in ["total", "task", "paused", "budget_unavailable"] {
+            counter!(metrics::POLL_DEFERRED, "task" => task, "reason" => reason).increment(0);
+        }
+    }
+    for call in ["carddata", "card_status", "payment_submit", "payment_query"] {
+        // Registering the handle is enough for the exporter to list the histogram.
+        let _ = histogram!(metrics::GATEWAY_REQUEST_DURATION, "call" => call);
+    }
+    for job in ["archive", "retention"] {
+        for result in [
+            "skipped_disabled",
+            "skipped_paused",
+            "skipped_busy",
+            "processed",
+            "nothing_due",
+            "failed",
+        ] {
+            counter!(metrics::MAINTENANCE_RUNS, "job" => job, "result" => result).increment(0);
+        }
+        let _ = histogram!(metrics::MAINTENANCE_RUN_DURATION, "job" => job);
+        let _ = gauge!(metrics::MAINTENANCE_DAYS_PENDING, "job" => job);
+        let _ = gauge!(metrics::MAINTENANCE_LAST_DAY, "job" => job);
+    }
+    for table in ["integration_logs", "audit_events", "audit_resources"] {
+        counter!(metrics::MAINTENANCE_ROWS, "job" => "archive", "table" => table, "action" => "archived")
+            .increment(0);
+        let archive = format!("{table}_archive");
+        for action in ["deleted", "expired_kept"] {
+            counter!(metrics::MAINTENANCE_ROWS, "job" => "retention", "table" => archive.clone(), "action" => action)
+                .increment(0);
+        }
+    }
+    for scope in ["total", "carddata", "card_status"] {
+        let _ = gauge!(metrics::POLL_TOKENS_IN_USE, "scope" => scope);
+        let _ = gauge!(metrics::POLL_LIMIT, "scope" => scope);
+    }
+}

@@ -4,5 +4,10 @@
 mod harness;
 
 mod budget;
+mod config_cli;
+mod endpoint;
 mod gateway;
+mod intake;
+mod maintenance;
+mod migrations;
 mod polling;
