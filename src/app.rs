@@ -39,6 +39,8 @@ pub struct AppContext {
     pub gateway: GatewayClient,
     /// Which workers run.
     pub health: Health,
+    /// The fleet-wide polling budget and the leases this process holds.
+    pub budget: crate::budget::Budget,
 }
 
 impl AppContext {
@@ -49,6 +51,7 @@ impl AppContext {
         let gateway = GatewayClient::new(&config.gateway.base_url, config.gateway.timeout())
             .context("building the Gateway client")?;
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
+        let budget = crate::budget::Budget::new(redis.clone(), &config);
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -56,6 +59,7 @@ impl AppContext {
             producer,
             gateway,
             health: Health::default(),
+            budget,
         }))
     }
 

@@ -68,10 +68,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Budget(cmd) => {
-            let redis = app::connect_redis(&config.redis.url).await?;
-            crate::budget::cli::execute(&config, redis, cmd).await
-        }
+        Command::Budget(cmd) => crate::budget::cli::execute(&config, cmd).await,
         Command::Maintenance(cmd) => {
             let mut redis = app::connect_redis(&config.redis.url).await?;
             let paused = matches!(cmd, MaintenanceCommand::Pause);

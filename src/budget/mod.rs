@@ -1,3 +1,460 @@
 //! The cross-worker polling budget.
+//!
+//! Every polling job holds two tokens while it runs: one from the budget shared by all polling
+//! tasks (`polling.total_limit`) and one from its own task's budget (`polling.<task>.limit`, or
+//! a runtime override). Both budgets are shared by every worker process through Redis.
+//!
+//! A token is a **lease**, not a counter: a lease id in a sorted set scored by its expiry (unix
+//! ms on the Redis clock, from `TIME`, never the worker's clock). One Lua call removes expired
+//! leases (the TTL repair), reads the task's override and the pause set, checks both limits and
+//! adds the same lease to both sets or to neither. A crashed worker's leases therefore stop
+//! counting after `polling.lease_ttl_secs`, and nothing leaks for longer. The handler runs under
+//! `polling.handler_timeout_secs`, which config validation keeps at least 5 s below the lease, so
+//! a lease never expires under a running job.
+//!
+//! Keys (all under one hash tag, so the script is valid on Redis Cluster):
+//! - `{prefix}:{budget}:total`: ZSET of lease ids -> expiry ms;
+//! - `{prefix}:{budget}:task:carddata`, `{prefix}:{budget}:task:card_status`: the same, per task;
+//! - `{prefix}:{budget}:overrides`: HASH task label -> limit (`budget set` / `budget clear`);
+//! - `{prefix}:{budget}:paused`: SET of paused task labels (`budget pause` / `budget resume`).
+//!
+//! Redis holds the overrides and pauses only: if Redis is lost, limits revert to config (see
+//! docs/BUDGET.md), so the config values are the conservative ones.
+//!
+//! # Layout
+//! - `budget.lua`: the one script (`acquire`, `release`, `show`).
+//! - this module: [`Budget`], the Rust API over it, and the leases this process holds.
+//! - [`layer`]: [`PollingBudgetLayer`], the tower layer around both polling workers (tokens
+//!   before the handler, release on every path, deferral through the chain-aware intake).
+//! - [`cli`]: `cardworker budget show|set|clear|pause|resume`.
 
 pub mod cli;
+pub mod layer;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use redis::aio::ConnectionManager;
+use redis::Script;
+use serde::Serialize;
+
+pub use layer::{PollingBudgetLayer, PollingBudgetService};
+
+use crate::config::{Config, Task, LIMIT_CEILING};
+use crate::telemetry::metrics as m;
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("budget.lua")));
+
+/// The total lease set.
+pub fn total_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:total")
+}
+
+/// The lease set of one task.
+pub fn task_key(prefix: &str, task: Task) -> String {
+    format!("{prefix}:{{budget}}:task:{}", task.label())
+}
+
+/// The override hash (task label -> limit).
+pub fn overrides_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:overrides")
+}
+
+/// The set of paused task labels.
+pub fn paused_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:paused")
+}
+
+/// `{host}-{pid}` of this process.
+pub fn lease_owner() -> String {
+    let host = std::env::var("CARDWORKER_POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "local".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Why a job did not get its tokens. Also the `reason` label of `cardworker_poll_deferred_total`
+/// (together with `budget_unavailable`, which is not an answer of the script).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShortReason {
+    /// The total budget was full (also reported when both were).
+    Total,
+    /// The task's budget was full.
+    Task,
+    /// The task is paused (`budget pause`).
+    Paused,
+}
+
+impl ShortReason {
+    /// The metric label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            ShortReason::Total => "total",
+            ShortReason::Task => "task",
+            ShortReason::Paused => "paused",
+        }
+    }
+}
+
+/// The answer of one acquire call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// Both tokens are held under the lease id.
+    Acquired,
+    /// Nothing was taken.
+    Short {
+        /// Which budget was short.
+        reason: ShortReason,
+    },
+}
+
+/// The budget of one task as `budget show` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TaskView {
+    /// The effective limit: the valid override, else the config value, at most the total.
+    pub limit: u32,
+    /// `polling.<task>.limit`.
+    pub config_limit: u32,
+    /// The valid runtime override, if any.
+    #[serde(rename = "override")]
+    pub override_limit: Option<u32>,
+    /// An override in Redis that is not a valid limit (ignored; the config value applies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid_override: Option<String>,
+    /// Paused by `budget pause`.
+    pub paused: bool,
+    /// Unexpired leases, fleet-wide.
+    pub in_use: u64,
+}
+
+/// The total budget as `budget show` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TotalView {
+    /// `polling.total_limit`.
+    pub limit: u32,
+    /// Unexpired leases, fleet-wide.
+    pub in_use: u64,
+}
+
+/// Everything `budget show` prints (spec section 2 fixes the JSON shape).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetView {
+    /// The total budget.
+    pub total: TotalView,
+    /// Per task label.
+    pub tasks: BTreeMap<String, TaskView>,
+}
+
+/// The fleet-wide polling budget, seen from one process.
+///
+/// Cheap to clone; clones share the set of leases this process holds, so that shutdown can
+/// release them all in one call.
+#[derive(Clone)]
+pub struct Budget {
+    conn: ConnectionManager,
+    prefix: String,
+    total_limit: u32,
+    carddata_limit: u32,
+    card_status_limit: u32,
+    lease_ttl: Duration,
+    /// Lease ids this process holds right now (acquired, not yet released).
+    held: Arc<Mutex<HashSet<String>>>,
+    /// Wakes local waiters when this process releases a token (cross-process waiters poll).
+    released: Arc<tokio::sync::Notify>,
+    /// Unix seconds of the last warning about an invalid override, so that a garbage override
+    /// is reported about once a minute instead of on every acquire.
+    last_invalid_warning: Arc<AtomicU64>,
+    /// `{host}-{pid}`: the prefix of this process's lease ids.
+    owner: Arc<str>,
+    /// Redis round trips this budget made (for the benchmark's cost per job).
+    round_trips: Arc<AtomicU64>,
+}
+
+impl Budget {
+    /// The budget of the deployment `config` describes, on `conn`.
+    pub fn new(conn: ConnectionManager, config: &Config) -> Self {
+        let p = &config.polling;
+        Self {
+            conn,
+            prefix: config.redis.key_prefix.clone(),
+            total_limit: p.total_limit,
+            carddata_limit: p.carddata.limit,
+            card_status_limit: p.card_status.limit,
+            lease_ttl: p.lease_ttl(),
+            held: Arc::default(),
+            released: Arc::default(),
+            last_invalid_warning: Arc::default(),
+            round_trips: Arc::default(),
+            owner: Arc::from(lease_owner()),
+        }
+    }
+
+    /// A fresh lease id: `{host}-{pid}-{ulid}`, so that an operator (or a test) can tell from
+    /// the lease sets which process holds which tokens.
+    pub fn new_lease_id(&self) -> String {
+        format!("{}-{}", self.owner, ulid::Ulid::new())
+    }
+
+    /// The config limit of one task.
+    pub fn config_limit(&self, task: Task) -> u32 {
+        match task {
+            Task::Carddata => self.carddata_limit,
+            Task::CardStatus => self.card_status_limit,
+        }
+    }
+
+    /// `polling.total_limit`.
+    pub fn total_limit(&self) -> u32 {
+        self.total_limit
+    }
+
+    /// Redis round trips made through this budget (and its clones) so far.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    fn invocation(&self, op: &str) -> redis::ScriptInvocation<'static> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        let mut inv = SCRIPT.prepare_invoke();
+        inv.key(total_key(&self.prefix))
+            .key(task_key(&self.prefix, Task::Carddata))
+            .key(task_key(&self.prefix, Task::CardStatus))
+            .key(overrides_key(&self.prefix))
+            .key(paused_key(&self.prefix))
+            .arg(op);
+        inv
+    }
+
+    /// Takes a total token and a `task` token under `lease_id`, both or neither, in one script
+    /// call. The expiry is computed by the script from Redis `TIME`: no timestamp of this
+    /// process's clock is passed.
+    pub async fn acquire(&self, task: Task, lease_id: &str) -> anyhow::Result<Acquired> {
+        let task_index = match task {
+            Task::Carddata => 2,
+            Task::CardStatus => 3,
+        };
+        let ttl_ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let (granted, reason, _limit, invalid): (i64, String, i64, String) = self
+            .invocation("acquire")
+            .arg(task_index)
+            .arg(task.label())
+            .arg(lease_id)
+            .arg(self.total_limit)
+            .arg(self.config_limit(task))
+            .arg(LIMIT_CEILING)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .with_context(|| format!("acquiring {task} polling tokens"))?;
+        if !invalid.is_empty() {
+            self.warn_invalid_override(task, &invalid);
+        }
+        if granted == 1 {
+            if let Ok(mut held) = self.held.lock() {
+                held.insert(lease_id.to_owned());
+            }
+            return Ok(Acquired::Acquired);
+        }
+        let reason = match reason.as_str() {
+            "total" => ShortReason::Total,
+            "task" => ShortReason::Task,
+            "paused" => ShortReason::Paused,
+            other => anyhow::bail!("the budget script answered an unknown reason {other:?}"),
+        };
+        Ok(Acquired::Short { reason })
+    }
+
+    fn warn_invalid_override(&self, task: Task, raw: &str) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let last = self.last_invalid_warning.load(Ordering::Relaxed);
+        if now >= last.saturating_add(60)
+            && self
+                .last_invalid_warning
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                task = task.label(),
+                stored = %raw,
+                config_limit = self.config_limit(task),
+                key = %overrides_key(&self.prefix),
+                "invalid budget override in Redis ignored; the config limit applies \
+                 (fix it with `cardworker budget set` or `budget clear`)"
+            );
+        }
+    }
+
+    /// Releases leases (from every set), in one call. Idempotent: releasing a lease that was
+    /// already released or has expired does nothing. Returns how many still existed.
+    pub async fn release(&self, lease_ids: &[String]) -> anyhow::Result<u64> {
+        if lease_ids.is_empty() {
+            return Ok(0);
+        }
+        let existed: u64 = self
+            .invocation("release")
+            .arg(lease_ids)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .context("releasing polling tokens")?;
+        if let Ok(mut held) = self.held.lock() {
+            for id in lease_ids {
+                held.remove(id);
+            }
+        }
+        self.released.notify_waiters();
+        Ok(existed)
+    }
+
+    /// Releases every lease this process still holds, in one call (shutdown).
+    pub async fn release_held(&self) -> anyhow::Result<u64> {
+        let ids: Vec<String> = self
+            .held
+            .lock()
+            .map(|h| h.iter().cloned().collect())
+            .unwrap_or_default();
+        self.release(&ids).await
+    }
+
+    /// How many leases this process holds right now.
+    pub fn held_count(&self) -> usize {
+        self.held.lock().map(|h| h.len()).unwrap_or(0)
+    }
+
+    /// Resolves when this process next releases a token.
+    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.released.notified()
+    }
+
+    /// Unexpired leases per scope (`total`, `carddata`, `card_status`), fleet-wide.
+    pub async fn in_use(&self) -> anyhow::Result<BTreeMap<&'static str, u64>> {
+        let view = self.show().await?;
+        let mut out = BTreeMap::new();
+        out.insert("total", view.total.in_use);
+        for task in Task::ALL {
+            out.insert(
+                task.label(),
+                view.tasks.get(task.label()).map_or(0, |t| t.in_use),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Limits, overrides, pauses and tokens in use, in one script call.
+    pub async fn show(&self) -> anyhow::Result<BudgetView> {
+        type Raw = (u64, u64, u64, Vec<String>, Vec<String>);
+        let (total, carddata, card_status, overrides, paused): Raw = self
+            .invocation("show")
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .context("reading the polling budget")?;
+        let overrides: BTreeMap<String, String> = overrides
+            .chunks_exact(2)
+            .map(|kv| (kv[0].clone(), kv[1].clone()))
+            .collect();
+        let mut tasks = BTreeMap::new();
+        for (task, in_use) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
+            let config_limit = self.config_limit(task);
+            let raw = overrides.get(task.label());
+            let valid = raw.and_then(|r| crate::config::parse_limit(r).ok());
+            let invalid = match (raw, valid) {
+                (Some(r), None) => Some(r.clone()),
+                _ => None,
+            };
+            tasks.insert(
+                task.label().to_owned(),
+                TaskView {
+                    limit: valid.unwrap_or(config_limit).min(self.total_limit),
+                    config_limit,
+                    override_limit: valid,
+                    invalid_override: invalid,
+                    paused: paused.iter().any(|p| p == task.label()),
+                    in_use,
+                },
+            );
+        }
+        Ok(BudgetView {
+            total: TotalView {
+                limit: self.total_limit,
+                in_use: total,
+            },
+            tasks,
+        })
+    }
+
+    /// Sets a runtime override of `task`'s limit. The caller validated it (see [`cli`]).
+    pub async fn set_override(&self, task: Task, limit: u32) -> anyhow::Result<()> {
+        let _: i64 = redis::cmd("HSET")
+            .arg(overrides_key(&self.prefix))
+            .arg(task.label())
+            .arg(limit)
+            .query_async(&mut self.conn.clone())
+            .await
+            .with_context(|| format!("setting the {task} budget override"))?;
+        Ok(())
+    }
+
+    /// Clears the runtime override of `task`'s limit (the config value applies again). Returns
+    /// whether there was one.
+    pub async fn clear_override(&self, task: Task) -> anyhow::Result<bool> {
+        let removed: i64 = redis::cmd("HDEL")
+            .arg(overrides_key(&self.prefix))
+            .arg(task.label())
+            .query_async(&mut self.conn.clone())
+            .await
+            .with_context(|| format!("clearing the {task} budget override"))?;
+        Ok(removed > 0)
+    }
+
+    /// Pauses tasks: their jobs are deferred instead of run. Running jobs finish.
+    pub async fn pause(&self, tasks: &[Task]) -> anyhow::Result<()> {
+        let labels: Vec<&str> = tasks.iter().map(|t| t.label()).collect();
+        let _: i64 = redis::cmd("SADD")
+            .arg(paused_key(&self.prefix))
+            .arg(&labels)
+            .query_async(&mut self.conn.clone())
+            .await
+            .context("pausing polling tasks")?;
+        Ok(())
+    }
+
+    /// Lifts the pause of tasks.
+    pub async fn resume(&self, tasks: &[Task]) -> anyhow::Result<()> {
+        let labels: Vec<&str> = tasks.iter().map(|t| t.label()).collect();
+        let _: i64 = redis::cmd("SREM")
+            .arg(paused_key(&self.prefix))
+            .arg(&labels)
+            .query_async(&mut self.conn.clone())
+            .await
+            .context("resuming polling tasks")?;
+        Ok(())
+    }
+
+    /// Publishes `cardworker_poll_tokens_in_use{scope}` and `cardworker_poll_limit{scope}`.
+    pub async fn refresh_gauges(&self) {
+        match self.show().await {
+            Ok(view) => {
+                metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => "total")
+                    .set(view.total.in_use as f64);
+                metrics::gauge!(m::POLL_LIMIT, "scope" => "total").set(f64::from(view.total.limit));
+                for task in Task::ALL {
+                    if let Some(t) = view.tasks.get(task.label()) {
+                        metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => task.label())
+                            .set(t.in_use as f64);
+                        metrics::gauge!(m::POLL_LIMIT, "scope" => task.label())
+                            .set(f64::from(t.limit));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the polling budget for its gauges")
+            }
+        }
+    }
+}

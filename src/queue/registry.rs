@@ -17,6 +17,7 @@ use futures::FutureExt as _;
 use super::worker::handle;
 use super::{QueueName, RunJob};
 use crate::app::{worker_name, AppContext, Supervisor};
+use crate::budget::PollingBudgetLayer;
 
 /// Every queue of the deployment, by short name.
 pub const QUEUES: &[&str] = &[
@@ -122,10 +123,21 @@ fn spawn_cron<J: Scheduled>(
 pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Result<()> {
     let config = ctx.config.clone();
 
-    // Polling. Both tasks run with their configured concurrency; the cross-worker budget layer
-    // wraps them separately.
-    spawn_worker!(ctx, sup, PollCardData);
-    spawn_worker!(ctx, sup, PollCardStatus);
+    // Polling: both workers run under the fleet-wide budget (both tokens or no handler). The
+    // worker concurrency is only the per-process ceiling; the budget is the fleet-wide limit.
+    spawn_gauge_refresher(ctx, sup);
+    spawn_worker!(
+        ctx,
+        sup,
+        PollCardData,
+        layer = PollingBudgetLayer::<PollCardData>::new(ctx.budget.clone(), &config.polling)
+    );
+    spawn_worker!(
+        ctx,
+        sup,
+        PollCardStatus,
+        layer = PollingBudgetLayer::<PollCardStatus>::new(ctx.budget.clone(), &config.polling)
+    );
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker!(ctx, sup, RunReconcile);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
@@ -164,8 +176,42 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     Ok(())
 }
 
-/// Refreshes the fleet-wide gauges before a scrape.
-pub async fn refresh_gauges(_ctx: &AppContext) {}
+/// How often the budget gauges are refreshed between scrapes.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Runs after every worker stopped, before the process exits.
-pub async fn on_shutdown(_ctx: &AppContext) {}
+/// Refreshes the fleet-wide gauges before a scrape.
+pub async fn refresh_gauges(ctx: &AppContext) {
+    ctx.budget.refresh_gauges().await;
+}
+
+/// Refreshes the fleet-wide gauges every [`GAUGE_INTERVAL`] until shutdown, so that they stay
+/// current between scrapes.
+fn spawn_gauge_refresher(ctx: &Arc<AppContext>, sup: &Supervisor) {
+    let ctx = ctx.clone();
+    let stopped = sup.stopped();
+    tokio::spawn(async move {
+        let refresh = async {
+            loop {
+                refresh_gauges(&ctx).await;
+                tokio::time::sleep(GAUGE_INTERVAL).await;
+            }
+        };
+        tokio::select! {
+            () = refresh => {}
+            _ = stopped => {}
+        }
+    });
+}
+
+/// Runs after every worker stopped, before the process exits: releases every polling lease this
+/// process still holds, in one call, so the fleet gets its tokens back now instead of after
+/// `polling.lease_ttl_secs`.
+pub async fn on_shutdown(ctx: &AppContext) {
+    let held = ctx.budget.held_count();
+    match ctx.budget.release_held().await {
+        Ok(released) => tracing::info!(held, released, "polling leases released"),
+        Err(e) => {
+            tracing::warn!(held, error = %format!("{e:#}"), "cannot release polling leases; they expire with their lease")
+        }
+    }
+}

@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod budget;
 mod config_cli;
 mod endpoint;
 mod gateway;

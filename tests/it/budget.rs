@@ -1,0 +1,778 @@
+//! The polling budget: the lease script against real Redis, and the `budget` CLI.
+
+use std::time::Duration;
+
+use cardworker::budget::{self, Acquired, Budget, ShortReason};
+use cardworker::config::{Config, Task};
+use redis::aio::ConnectionManager;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+use crate::harness::{redis_url, TestRedis};
+
+const SHORT_TOTAL: Acquired = Acquired::Short {
+    reason: ShortReason::Total,
+};
+const SHORT_TASK: Acquired = Acquired::Short {
+    reason: ShortReason::Task,
+};
+
+fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Config {
+    let mut c = Config::default();
+    c.redis.url = redis_url();
+    c.redis.key_prefix = redis.prefix.clone();
+    c.polling.total_limit = total;
+    c.polling.carddata.limit = carddata;
+    c.polling.card_status.limit = card_status;
+    c
+}
+
+async fn members(conn: &mut ConnectionManager, key: &str) -> Vec<String> {
+    let mut m: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("zrange");
+    m.sort();
+    m
+}
+
+async fn redis_now_ms(conn: &mut ConnectionManager) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("time");
+    s * 1000 + us / 1000
+}
+
+#[tokio::test]
+async fn both_tokens_are_taken_or_neither_when_either_budget_is_full() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let total = budget::total_key(&r.prefix);
+    let cd = budget::task_key(&r.prefix, Task::Carddata);
+    let cs = budget::task_key(&r.prefix, Task::CardStatus);
+
+    // Total full (2 of 2), carddata budget has room (1 of 2): nothing is added anywhere.
+    let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
+    assert_eq!(
+        b.acquire(Task::Carddata, "a").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "b").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(b.acquire(Task::Carddata, "c").await.unwrap(), SHORT_TOTAL);
+    assert_eq!(members(&mut conn, &total).await, ["a", "b"]);
+    assert_eq!(members(&mut conn, &cd).await, ["a"]);
+    assert_eq!(members(&mut conn, &cs).await, ["b"]);
+
+    // Task full (1 of 1), total has room (2 of 4): still nothing is added anywhere.
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 1, 1));
+    assert_eq!(b.acquire(Task::Carddata, "d").await.unwrap(), SHORT_TASK);
+    assert_eq!(members(&mut conn, &total).await, ["a", "b"]);
+    assert_eq!(members(&mut conn, &cd).await, ["a"]);
+
+    // Both full: reported as `total`.
+    let b = Budget::new(r.conn.clone(), &config(&r, 2, 1, 1));
+    assert_eq!(b.acquire(Task::Carddata, "e").await.unwrap(), SHORT_TOTAL);
+
+    // Room in both: the same lease lands in both sets.
+    let b = Budget::new(r.conn.clone(), &config(&r, 3, 2, 2));
+    assert_eq!(
+        b.acquire(Task::Carddata, "f").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(members(&mut conn, &total).await, ["a", "b", "f"]);
+    assert_eq!(members(&mut conn, &cd).await, ["a", "f"]);
+    assert_eq!(members(&mut conn, &cs).await, ["b"]);
+}
+
+#[tokio::test]
+async fn expired_leases_are_repaired_in_both_sets_by_the_same_call() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let total = budget::total_key(&r.prefix);
+    let cd = budget::task_key(&r.prefix, Task::Carddata);
+    // A crashed worker's leases: expired long ago (score = expiry ms), in both sets.
+    for key in [&total, &cd] {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(key)
+            .arg(1)
+            .arg("dead-1")
+            .arg(2)
+            .arg("dead-2")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
+    assert_eq!(
+        b.acquire(Task::Carddata, "live").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(members(&mut conn, &total).await, ["live"]);
+    assert_eq!(members(&mut conn, &cd).await, ["live"]);
+    let view = b.show().await.unwrap();
+    assert_eq!(view.total.in_use, 1);
+    assert_eq!(view.tasks["carddata"].in_use, 1);
+}
+
+#[tokio::test]
+async fn a_double_release_is_harmless() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    assert_eq!(
+        b.acquire(Task::Carddata, "x").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "y").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(b.held_count(), 2);
+    assert_eq!(b.release(&["x".to_owned()]).await.unwrap(), 1);
+    assert_eq!(b.release(&["x".to_owned()]).await.unwrap(), 0);
+    assert_eq!(b.release(&["never-taken".to_owned()]).await.unwrap(), 0);
+    assert_eq!(b.held_count(), 1);
+    assert_eq!(
+        members(&mut conn, &budget::total_key(&r.prefix)).await,
+        ["y"]
+    );
+    assert!(
+        members(&mut conn, &budget::task_key(&r.prefix, Task::Carddata))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        members(&mut conn, &budget::task_key(&r.prefix, Task::CardStatus)).await,
+        ["y"]
+    );
+    // Shutdown: everything still held, in one call.
+    assert_eq!(b.release_held().await.unwrap(), 1);
+    assert_eq!(b.held_count(), 0);
+    assert_eq!(b.show().await.unwrap().total.in_use, 0);
+}
+
+#[tokio::test]
+async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let b = Budget::new(r.conn.clone(), &config(&r, 8, 2, 2));
+    for garbage in ["0", "-3", "abc", "1e9", "2.5", "999999999999999999999"] {
+        let _: i64 = redis::cmd("HSET")
+            .arg(budget::overrides_key(&r.prefix))
+            .arg("carddata")
+            .arg(garbage)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            b.acquire(Task::Carddata, "l1").await.unwrap(),
+            Acquired::Acquired,
+            "{garbage}"
+        );
+        assert_eq!(
+            b.acquire(Task::Carddata, "l2").await.unwrap(),
+            Acquired::Acquired,
+            "{garbage}"
+        );
+        // Config says 2: never more (and never "unlimited"), never less.
+        assert_eq!(
+            b.acquire(Task::Carddata, "l3").await.unwrap(),
+            SHORT_TASK,
+            "{garbage}"
+        );
+        let view = b.show().await.unwrap();
+        let t = &view.tasks["carddata"];
+        assert_eq!((t.limit, t.override_limit), (2, None), "{garbage}");
+        assert_eq!(t.invalid_override.as_deref(), Some(garbage));
+        b.release(&["l1".to_owned(), "l2".to_owned()])
+            .await
+            .unwrap();
+    }
+    // A valid override applies atomically at the next acquire, clamped to the total.
+    b.set_override(Task::Carddata, 1).await.unwrap();
+    assert_eq!(
+        b.acquire(Task::Carddata, "m1").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(b.acquire(Task::Carddata, "m2").await.unwrap(), SHORT_TASK);
+    let small_total = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
+    b.set_override(Task::CardStatus, 8).await.unwrap();
+    assert_eq!(
+        small_total.show().await.unwrap().tasks["card_status"].limit,
+        2
+    );
+    // A pause defers before anything else.
+    b.pause(&[Task::Carddata]).await.unwrap();
+    b.clear_override(Task::Carddata).await.unwrap();
+    assert_eq!(
+        b.acquire(Task::Carddata, "m3").await.unwrap(),
+        Acquired::Short {
+            reason: ShortReason::Paused
+        }
+    );
+    b.resume(&[Task::Carddata]).await.unwrap();
+    assert_eq!(
+        b.acquire(Task::Carddata, "m3").await.unwrap(),
+        Acquired::Acquired
+    );
+}
+
+/// Reads Redis's MONITOR stream on a raw connection until `until` appears in a line.
+async fn monitor_lines(until: &str, run: impl std::future::Future<Output = ()>) -> Vec<String> {
+    let url = url::Url::parse(&redis_url()).expect("redis url");
+    let addr = format!(
+        "{}:{}",
+        url.host_str().unwrap_or("127.0.0.1"),
+        url.port().unwrap_or(6379)
+    );
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("monitor connection");
+    let (read, mut write) = stream.into_split();
+    write.write_all(b"MONITOR\r\n").await.unwrap();
+    let mut lines = BufReader::new(read).lines();
+    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("+OK"));
+    run.await;
+    let mut seen = Vec::new();
+    let collect = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains(until);
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), collect)
+        .await
+        .expect("monitor saw the call");
+    seen
+}
+
+#[tokio::test]
+async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let mut c = config(&r, 1, 1, 1);
+    c.polling.lease_ttl_secs = 1;
+    let b = Budget::new(r.conn.clone(), &c);
+    let lease = format!("skew-{}", ulid::Ulid::new());
+
+    // 1. The acquire call carries no timestamp of the worker's clock: every argument it sends
+    //    is shown by MONITOR, and none is a time (only op, task, lease, limits and the TTL).
+    let b2 = b.clone();
+    let l2 = lease.clone();
+    let lines = monitor_lines(&lease, async move {
+        assert_eq!(
+            b2.acquire(Task::Carddata, &l2).await.unwrap(),
+            Acquired::Acquired
+        );
+    })
+    .await;
+    let call = lines
+        .iter()
+        .find(|l| l.contains(&lease) && (l.contains("EVALSHA") || l.contains("EVAL")))
+        .expect("the acquire call");
+    let worker_now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let args: Vec<&str> = call.split('"').skip(1).step_by(2).collect();
+    for arg in &args {
+        if let Ok(n) = arg.parse::<u64>() {
+            // Anything near "now" in seconds or ms would be a worker timestamp.
+            assert!(
+                n < worker_now_s / 2,
+                "argument {n} looks like a timestamp: {call}"
+            );
+        }
+    }
+    assert!(
+        args.contains(&"1000"),
+        "the TTL (ms) is the only time passed: {call}"
+    );
+
+    // 2. The lease's expiry is Redis's TIME + TTL, whatever this process's clock says.
+    let redis_now = redis_now_ms(&mut conn).await;
+    let score: f64 = redis::cmd("ZSCORE")
+        .arg(budget::total_key(&r.prefix))
+        .arg(&lease)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let expiry = score as i64;
+    assert!(
+        expiry > redis_now && expiry <= redis_now + 1_000,
+        "expiry {expiry} vs redis now {redis_now}"
+    );
+
+    // 3. It expires by Redis time: once Redis's clock passes it, the next acquire repairs it.
+    assert_eq!(
+        b.acquire(Task::Carddata, "other").await.unwrap(),
+        SHORT_TOTAL
+    );
+    loop {
+        if redis_now_ms(&mut conn).await > expiry {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        b.acquire(Task::Carddata, "other").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        members(&mut conn, &budget::total_key(&r.prefix)).await,
+        ["other"]
+    );
+}
+
+// ---- CLI ----
+
+fn write_config(dir: &tempfile::TempDir, prefix: &str, extra: &str) -> std::path::PathBuf {
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[polling]\ntotal_limit = 8\n{extra}\n[polling.carddata]\nlimit = 4\n\n[polling.card_status]\nlimit = 3\n",
+            redis_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn cardworker(args: &[&str], config: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run cardworker")
+}
+
+#[tokio::test]
+async fn budget_set_refuses_an_invalid_limit_with_exit_status_2_naming_the_key() {
+    let r = TestRedis::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(&dir, &r.prefix, "");
+    for bad in ["0", "-1", "3.5", "abc", "inf", "100000", "9"] {
+        let out = cardworker(
+            &["budget", "set", "--task", "carddata", "--limit", bad],
+            &cfg,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("polling.carddata.limit"), "{bad}: {err}");
+        assert!(err.contains(&format!("\"{bad}\"")), "{bad}: {err}");
+        assert!(
+            err.contains("1..=256") || err.contains("at most polling.total_limit = 8"),
+            "{bad}: {err}"
+        );
+    }
+    let out = cardworker(
+        &["budget", "set", "--task", "payments", "--limit", "2"],
+        &cfg,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"payments\""));
+    let out = cardworker(&["budget", "pause", "--task", "nope"], &cfg);
+    assert_eq!(out.status.code(), Some(2));
+    // Nothing was written.
+    assert!(r.keys().await.is_empty(), "{:?}", r.keys().await);
+}
+
+#[tokio::test]
+async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases() {
+    let r = TestRedis::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = write_config(&dir, &r.prefix, "");
+    let ok = |args: &[&str]| {
+        let out = cardworker(args, &cfg_path);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(&["budget", "set", "--task", "card-status", "--limit", "2"]);
+    let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 3));
+    assert_eq!(
+        b.acquire(Task::Carddata, "p1").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "p2").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::CardStatus, "p3").await.unwrap(),
+        Acquired::Acquired
+    );
+    // A pause stops new tokens; the ones held keep counting until released.
+    ok(&["budget", "pause", "--task", "carddata"]);
+
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["budget", "show", "--format", "json"])).expect("json");
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "total": {"limit": 8, "in_use": 3},
+            "tasks": {
+                "carddata": {"limit": 4, "config_limit": 4, "override": null, "paused": true, "in_use": 1},
+                "card_status": {"limit": 2, "config_limit": 3, "override": 2, "paused": false, "in_use": 2}
+            }
+        })
+    );
+    let text = ok(&["budget", "show"]);
+    assert!(text.contains("card_status"), "{text}");
+
+    ok(&["budget", "resume", "--task", "all"]);
+    ok(&["budget", "clear", "--task", "card_status"]);
+    b.release_held().await.unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["budget", "show", "--format", "json"])).expect("json");
+    assert_eq!(json["tasks"]["carddata"]["paused"], false);
+    assert_eq!(
+        json["tasks"]["card_status"]["override"],
+        serde_json::Value::Null
+    );
+    assert_eq!(json["tasks"]["card_status"]["limit"], 3);
+    assert_eq!(json["total"]["in_use"], 0);
+}
+
+// ---- several `cardworker run` processes sharing one Redis ----
+
+mod fleet {
+    use std::io::BufRead as _;
+    use std::process::{Child, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use cardworker::config::Task;
+    use cardworker::gateway::{SimHandle, Simulator};
+    use cardworker::polling::chain;
+
+    use crate::harness::{metric_value, redis_url, wait_until, TestDb, TestRedis};
+
+    /// One `cardworker run` child process and the address of its metrics endpoint.
+    pub struct Worker {
+        pub child: Child,
+        pub metrics: String,
+    }
+
+    impl Worker {
+        pub fn pid(&self) -> u32 {
+            self.child.id()
+        }
+
+        pub async fn metrics(&self) -> String {
+            match reqwest::get(format!("http://{}/metrics", self.metrics)).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            }
+        }
+
+        pub fn terminate(&self) {
+            let status = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.pid().to_string())
+                .status()
+                .expect("kill -TERM");
+            assert!(status.success());
+        }
+    }
+
+    impl Drop for Worker {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    pub struct Fleet {
+        pub workers: Vec<Worker>,
+        pub sim: Simulator,
+        pub _sim_handle: SimHandle,
+        pub redis: TestRedis,
+        pub db: TestDb,
+        pub _dir: tempfile::TempDir,
+    }
+
+    /// `n` processes: total_limit 4, task limits 3 and 3, lease 8 s, handler 3 s, gateway 1 s;
+    /// `cards` cards per task with a pending chain each (interval 1 h: each card polled once).
+    pub async fn start(n: usize, cards: usize, latency_ms: u64) -> Fleet {
+        let db = TestDb::new().await;
+        let redis = TestRedis::new().await;
+        let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+        sim.set_latency(latency_ms, 0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"[database]
+url = "{db}"
+max_connections = 4
+
+[redis]
+url = "{redis}"
+key_prefix = "{prefix}"
+
+[gateway]
+base_url = "{gateway}"
+timeout_ms = 1000
+
+[worker]
+shutdown_grace_secs = 10
+
+[polling]
+total_limit = 4
+handler_timeout_secs = 3
+lease_ttl_secs = 8
+defer_delay_secs = 1
+defer_max_delay_secs = 3
+
+[polling.carddata]
+limit = 3
+interval_secs = 3600
+
+[polling.card_status]
+limit = 3
+interval_secs = 3600
+
+[telemetry]
+listen = "127.0.0.1:0"
+log_format = "json"
+"#,
+                db = db.url,
+                redis = redis_url(),
+                prefix = redis.prefix,
+                gateway = sim_handle.base_url(),
+            ),
+        )
+        .unwrap();
+        for i in 0..cards {
+            for r in [format!("d-{i:04}"), format!("s-{i:04}")] {
+                sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")
+                    .bind(&r)
+                    .execute(&db.pool)
+                    .await
+                    .unwrap();
+            }
+        }
+        let mut workers = Vec::new();
+        for _ in 0..n {
+            workers.push(spawn_worker(&path));
+        }
+        let mut conn = redis.conn.clone();
+        for i in 0..cards {
+            chain::start(
+                &mut conn,
+                &redis.prefix,
+                Task::Carddata,
+                &format!("d-{i:04}"),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+            chain::start(
+                &mut conn,
+                &redis.prefix,
+                Task::CardStatus,
+                &format!("s-{i:04}"),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        }
+        Fleet {
+            workers,
+            sim,
+            _sim_handle: sim_handle,
+            redis,
+            db,
+            _dir: dir,
+        }
+    }
+
+    fn spawn_worker(config: &std::path::Path) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cardworker"))
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info,apalis=warn,apalis_core=warn,sqlx=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cardworker run");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        // Reads the log until the endpoint's address shows, then keeps draining it.
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(rest) = line.split("metrics at http://").nth(1) {
+                    if let (Some(addr), Some(tx)) = (rest.split("/metrics").next(), tx.take()) {
+                        let _ = tx.send(addr.to_owned());
+                    }
+                }
+            }
+        });
+        let metrics = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("cardworker run logs its metrics address");
+        Worker { child, metrics }
+    }
+
+    pub async fn leases_of(fleet: &Fleet, pid: u32) -> usize {
+        let mut conn = fleet.redis.conn.clone();
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(cardworker::budget::total_key(&fleet.redis.prefix))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        ids.iter()
+            .filter(|id| id.contains(&format!("-{pid}-")))
+            .count()
+    }
+
+    pub async fn deferrals(workers: &[Worker]) -> f64 {
+        let mut sum = 0.0;
+        for w in workers {
+            sum += metric_value(&w.metrics().await, "cardworker_poll_deferred_total", &[]);
+        }
+        sum
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_processes_never_exceed_the_shared_budgets_and_every_job_completes() {
+        const CARDS: usize = 150;
+        let fleet = start(3, CARDS, 200).await;
+        let started = Instant::now();
+        wait_until(
+            Duration::from_secs(90),
+            "every card polled once per task",
+            || async {
+                let s = fleet.sim.stats();
+                s.calls_total.get("carddata").copied().unwrap_or(0) >= CARDS as u64
+                    && s.calls_total.get("card_status").copied().unwrap_or(0) >= CARDS as u64
+                    && s.in_flight == 0
+            },
+        )
+        .await;
+        let elapsed = started.elapsed();
+        let stats = fleet.sim.stats();
+        assert!(stats.peak_in_flight <= 4, "{stats:?}");
+        assert!(
+            stats.peak_per_call.get("carddata").copied().unwrap_or(0) <= 3,
+            "{stats:?}"
+        );
+        assert!(
+            stats.peak_per_call.get("card_status").copied().unwrap_or(0) <= 3,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.peak_in_flight, 4,
+            "the fleet used its whole budget: {stats:?}"
+        );
+        let missing: Vec<String> = (0..CARDS)
+            .flat_map(|i| [format!("d-{i:04}"), format!("s-{i:04}")])
+            .filter(|c| fleet.sim.card(c).is_none())
+            .collect();
+        assert!(missing.is_empty(), "never polled: {missing:?}; {stats:?}");
+        let deferred = deferrals(&fleet.workers).await;
+        assert!(
+            deferred > 0.0,
+            "three processes with 6 slots each against 4 tokens defer"
+        );
+        eprintln!(
+            "{} jobs in {elapsed:?}; {deferred} deferrals; {stats:?}",
+            2 * CARDS
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_kill_9_the_others_run_at_the_full_limit_within_lease_ttl_plus_max_defer_delay()
+    {
+        let mut fleet = start(3, 150, 800).await;
+        // Wait until the fleet runs at the full limit and find a process holding tokens.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let victim = loop {
+            assert!(
+                Instant::now() < deadline,
+                "no process held tokens at the full limit"
+            );
+            let mut found = None;
+            if fleet.sim.stats().in_flight >= 4 {
+                for (i, w) in fleet.workers.iter().enumerate() {
+                    if leases_of(&fleet, w.pid()).await > 0 {
+                        found = Some(i);
+                        break;
+                    }
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mut dead = fleet.workers.remove(victim);
+        let dead_pid = dead.pid();
+        let held = leases_of(&fleet, dead_pid).await;
+        dead.child.kill().expect("kill -9");
+        let _ = dead.child.wait();
+        let killed = Instant::now();
+        assert!(held > 0);
+        // Its leases count until they expire; then the survivors take the whole budget again.
+        let bound = Duration::from_secs(8 + 3);
+        wait_until(
+            bound + Duration::from_secs(2),
+            "the survivors at the full limit again",
+            || async { leases_of(&fleet, dead_pid).await == 0 && fleet.sim.stats().in_flight == 4 },
+        )
+        .await;
+        eprintln!(
+            "full limit again {:?} after kill -9 (held {held})",
+            killed.elapsed()
+        );
+        assert!(fleet.sim.stats().peak_in_flight <= 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigterm_exits_0_and_releases_the_process_leases_at_once() {
+        let mut fleet = start(1, 40, 800).await;
+        wait_until(Duration::from_secs(30), "tokens held", || async {
+            fleet.sim.stats().in_flight >= 3
+        })
+        .await;
+        let pid = fleet.workers[0].pid();
+        assert!(leases_of(&fleet, pid).await > 0);
+        let term = Instant::now();
+        fleet.workers[0].terminate();
+        let status = fleet.workers[0].child.wait().expect("wait");
+        assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
+        let budget = cardworker::budget::Budget::new(fleet.redis.conn.clone(), &{
+            let mut c = cardworker::config::Config::default();
+            c.redis.key_prefix = fleet.redis.prefix.clone();
+            c
+        });
+        let view = budget.show().await.unwrap();
+        assert_eq!(view.total.in_use, 0, "{view:?}");
+        assert_eq!(leases_of(&fleet, pid).await, 0);
+        assert!(
+            term.elapsed() < Duration::from_secs(8),
+            "released before the lease TTL"
+        );
+        let _ = &fleet.db;
+    }
+}
