@@ -283,6 +283,9 @@ impl Running {
         self.stop_background.send_replace(true);
         let mut background = self.background;
         while background.join_next().await.is_some() {}
+        // Close the pool so PostgreSQL sees the sessions end now (and flushes their statistics),
+        // not when the process exits.
+        self.ctx.pool.close().await;
         match failed {
             Some(worker) => anyhow::bail!("worker stopped unexpectedly: {worker}"),
             None => {
