@@ -330,6 +330,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
         gateway: GatewayClient::new(&format!("http://127.0.0.1:{port}"), Duration::from_secs(2))
             .expect("client"),
         health: Default::default(),
+        budget: app.ctx.budget.clone(),
     };
     let job = SubmitPayment {
         payment_id: id,
