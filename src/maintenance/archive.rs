@@ -18,7 +18,6 @@ use anyhow::Context as _;
 use cardworker_jobs::RunArchive;
 use chrono::{DateTime, Utc};
 
-use super::count_run;
 use super::day;
 use super::run::{self, JobKind, RunReport, Session};
 use crate::app::AppContext;
@@ -47,13 +46,7 @@ impl RunJob for RunArchive {
 
     #[tracing::instrument(skip_all, fields(job = "archive", scheduled_for = ?self.scheduled_for))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        if !ctx.config.maintenance.enabled {
-            // Acknowledged without a single query: maintenance stays out of daily load.
-            tracing::info!(scheduled_for = ?self.scheduled_for, "archive run skipped: maintenance disabled");
-            count_run("archive", "skipped_disabled");
-            return Ok(());
-        }
-        run::run_job(&ctx, JobKind::Archive).await.map(|_| ())
+        run::run_queued(&ctx, JobKind::Archive, self.scheduled_for).await
     }
 }
 

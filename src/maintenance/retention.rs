@@ -13,7 +13,6 @@ use anyhow::Context as _;
 use cardworker_jobs::RunRetention;
 use chrono::{DateTime, Utc};
 
-use super::count_run;
 use super::day;
 use super::run::{self, JobKind, RunReport, Session};
 use crate::app::AppContext;
@@ -53,12 +52,7 @@ impl RunJob for RunRetention {
 
     #[tracing::instrument(skip_all, fields(job = "retention", scheduled_for = ?self.scheduled_for))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        if !ctx.config.maintenance.enabled {
-            tracing::info!(scheduled_for = ?self.scheduled_for, "retention run skipped: maintenance disabled");
-            count_run("retention", "skipped_disabled");
-            return Ok(());
-        }
-        run::run_job(&ctx, JobKind::Retention).await.map(|_| ())
+        run::run_queued(&ctx, JobKind::Retention, self.scheduled_for).await
     }
 }
 
