@@ -63,7 +63,8 @@ pub enum FinalState {
 }
 
 impl FinalState {
-    fn log_state(self) -> LogState {
+    /// The same state as an [`LogState`] (for a terminal log row written instead).
+    pub fn log_state(self) -> LogState {
         match self {
             FinalState::Succeeded => LogState::Succeeded,
             FinalState::Failed => LogState::Failed,
@@ -88,6 +89,20 @@ pub struct OutboxEvent {
     pub event_type: &'static str,
     /// The event body.
     pub payload: Value,
+}
+
+impl OutboxEvent {
+    /// Writes it to `outbox_events`; returns the row id.
+    pub async fn insert(&self, conn: &mut PgConnection) -> sqlx::Result<i64> {
+        insert_outbox(
+            conn,
+            self.aggregate_type,
+            &self.aggregate_id,
+            self.event_type,
+            &self.payload,
+        )
+        .await
+    }
 }
 
 /// How the call ended and what the finalising transaction records besides the domain change.
@@ -289,14 +304,7 @@ impl Pending {
         )
         .await?;
         if let Some(event) = &finish.outbox {
-            insert_outbox(
-                conn,
-                event.aggregate_type,
-                &event.aggregate_id,
-                event.event_type,
-                &event.payload,
-            )
-            .await?;
+            event.insert(conn).await?;
         }
         Ok(())
     }
