@@ -238,36 +238,18 @@ async fn move_events(
             links_inserted: 0,
         });
     }
-    let (links_moved, links_inserted): (i64, i64) = sqlx::query_as(&format!(
-        "WITH moved AS (
-             DELETE FROM audit_resources WHERE audit_event_id = ANY($1) RETURNING *
-         ), inserted AS (
-             INSERT INTO audit_resources_archive ({link_cols}, archived_at)
-             SELECT {link_cols}, now() FROM moved
-             ON CONFLICT (id) DO NOTHING
-             RETURNING 1
-         )
-         SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM inserted)"
-    ))
-    .bind(&ids)
-    .fetch_one(&mut *tx)
+    let (links_moved, links_inserted) = move_by_ids(
+        &mut tx,
+        "audit_resources",
+        "audit_event_id",
+        link_cols,
+        &ids,
+    )
     .await
     .context("moving the resource links of an audit batch")?;
-    let (moved, inserted): (i64, i64) = sqlx::query_as(&format!(
-        "WITH moved AS (
-             DELETE FROM audit_events WHERE id = ANY($1) RETURNING *
-         ), inserted AS (
-             INSERT INTO audit_events_archive ({event_cols}, archived_at)
-             SELECT {event_cols}, now() FROM moved
-             ON CONFLICT (id) DO NOTHING
-             RETURNING 1
-         )
-         SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM inserted)"
-    ))
-    .bind(&ids)
-    .fetch_one(&mut *tx)
-    .await
-    .context("moving a batch of audit_events")?;
+    let (moved, inserted) = move_by_ids(&mut tx, "audit_events", "id", event_cols, &ids)
+        .await
+        .context("moving a batch of audit_events")?;
     tx.commit().await.context("committing an audit batch")?;
     Ok(MovedEvents {
         events: Moved {
@@ -278,4 +260,29 @@ async fn move_events(
         links_moved: links_moved as u64,
         links_inserted: links_inserted as u64,
     })
+}
+
+/// Moves the rows of `table` whose `key` is one of `ids` into `{table}_archive`, in one
+/// statement; returns (deleted online, inserted into the archive).
+async fn move_by_ids(
+    tx: &mut sqlx::PgConnection,
+    table: &str,
+    key: &str,
+    cols: &str,
+    ids: &[i64],
+) -> sqlx::Result<(i64, i64)> {
+    sqlx::query_as(&format!(
+        "WITH moved AS (
+             DELETE FROM {table} WHERE {key} = ANY($1) RETURNING *
+         ), inserted AS (
+             INSERT INTO {table}_archive ({cols}, archived_at)
+             SELECT {cols}, now() FROM moved
+             ON CONFLICT (id) DO NOTHING
+             RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM inserted)"
+    ))
+    .bind(ids)
+    .fetch_one(tx)
+    .await
 }

@@ -33,7 +33,7 @@ use crate::gateway::{CallResult, Outcome, PaymentQuery};
 use crate::queue::registry::Scheduled;
 use crate::queue::RunJob;
 use crate::storage::records::{
-    insert_audit, insert_outbox, insert_terminal_log, AuditRecord, LogRecord, LogState,
+    insert_audit, insert_terminal_log, AuditRecord, LogRecord, LogState,
 };
 use crate::storage::reliable::FinalState;
 
@@ -279,14 +279,7 @@ async fn settle_one(
     )
     .await?;
     if let Some(event) = outbox {
-        insert_outbox(
-            &mut tx,
-            event.aggregate_type,
-            &event.aggregate_id,
-            event.event_type,
-            &event.payload,
-        )
-        .await?;
+        event.insert(&mut tx).await?;
     }
     tx.commit().await?;
     Ok(step)

@@ -34,9 +34,7 @@ use crate::app::AppContext;
 use crate::config::Config;
 use crate::gateway::{CallResult, Outcome, PaymentRequest, PaymentResult};
 use crate::queue::RunJob;
-use crate::storage::records::{
-    insert_audit, insert_terminal_log, AuditRecord, LogRecord, LogState,
-};
+use crate::storage::records::{insert_audit, insert_terminal_log, AuditRecord, LogRecord};
 use crate::storage::reliable::{
     begin_in, FinalState, Finish, OutboxEvent, Pending, PendingCall, ReliableError,
 };
@@ -542,11 +540,7 @@ async fn write_terminal(
             resource_type: "payment",
             resource_id: pending.resource_id.clone(),
             scenario: "payment_submit",
-            state: match finish.state {
-                FinalState::Succeeded => LogState::Succeeded,
-                FinalState::Failed => LogState::Failed,
-                FinalState::Unknown => LogState::Unknown,
-            },
+            state: finish.state.log_state(),
             request_summary: result.request_summary.clone(),
             response_summary: finish.response_summary.clone(),
             http_status: finish.http_status,
@@ -571,14 +565,7 @@ async fn write_terminal(
     )
     .await?;
     if let Some(event) = &finish.outbox {
-        crate::storage::records::insert_outbox(
-            conn,
-            event.aggregate_type,
-            &event.aggregate_id,
-            event.event_type,
-            &event.payload,
-        )
-        .await?;
+        event.insert(conn).await?;
     }
     Ok(())
 }

@@ -92,28 +92,16 @@ pub async fn apply_status(
         "source": source.kind,
         "source_detail": source.detail,
     });
-    let audit_event_id = records::insert_audit(
+    record_change(
         tx,
-        &AuditRecord {
-            event_type: "card.status_changed",
-            correlation_id: Some(correlation_id),
-            summary: format!(
-                "card {} status {} -> {} (seen by {})",
-                card.card_ref, card.status, new_status, source.kind
-            ),
-            details,
-            resource_type: "card",
-            resource_id: card.card_ref.clone(),
-        },
-        source.integration_log_id,
-    )
-    .await?;
-    let outbox_id = records::insert_outbox(
-        tx,
-        "card",
-        &card.card_ref,
+        card,
         "card.status_changed",
-        &json!({
+        format!(
+            "card {} status {} -> {} (seen by {})",
+            card.card_ref, card.status, new_status, source.kind
+        ),
+        details,
+        json!({
             "card_ref": card.card_ref,
             "from": card.status,
             "status": new_status.as_str(),
@@ -121,13 +109,11 @@ pub async fn apply_status(
             "correlation_id": correlation_id,
             "source": source.kind,
         }),
-    )
-    .await?;
-    Ok(Applied::Changed {
         version,
-        audit_event_id,
-        outbox_id,
-    })
+        correlation_id,
+        source,
+    )
+    .await
 }
 
 /// Applies observed card data, in the caller's transaction. Only `pending -> ready` is a change
@@ -164,37 +150,25 @@ pub async fn apply_card_data(
     else {
         return Ok(Applied::Conflict);
     };
-    let audit_event_id = records::insert_audit(
+    record_change(
         tx,
-        &AuditRecord {
-            event_type: "card.data_ready",
-            correlation_id: Some(correlation_id),
-            summary: format!(
-                "card {} data ready (last4 {}, expiry {:02}/{}; seen by {})",
-                card.card_ref, ready.pan_last4, ready.expiry_month, ready.expiry_year, source.kind
-            ),
-            details: json!({
-                "from": card.data_state,
-                "to": "ready",
-                "pan_last4": ready.pan_last4,
-                "expiry_month": ready.expiry_month,
-                "expiry_year": ready.expiry_year,
-                "version": version,
-                "source": source.kind,
-                "source_detail": source.detail,
-            }),
-            resource_type: "card",
-            resource_id: card.card_ref.clone(),
-        },
-        source.integration_log_id,
-    )
-    .await?;
-    let outbox_id = records::insert_outbox(
-        tx,
-        "card",
-        &card.card_ref,
+        card,
         "card.data_ready",
-        &json!({
+        format!(
+            "card {} data ready (last4 {}, expiry {:02}/{}; seen by {})",
+            card.card_ref, ready.pan_last4, ready.expiry_month, ready.expiry_year, source.kind
+        ),
+        json!({
+            "from": card.data_state,
+            "to": "ready",
+            "pan_last4": ready.pan_last4,
+            "expiry_month": ready.expiry_month,
+            "expiry_year": ready.expiry_year,
+            "version": version,
+            "source": source.kind,
+            "source_detail": source.detail,
+        }),
+        json!({
             "card_ref": card.card_ref,
             "card_token": ready.card_token,
             "pan_last4": ready.pan_last4,
@@ -204,8 +178,42 @@ pub async fn apply_card_data(
             "correlation_id": correlation_id,
             "source": source.kind,
         }),
+        version,
+        correlation_id,
+        source,
+    )
+    .await
+}
+
+/// The audit event (with its `card` resource link) and the outbox event of one applied change,
+/// both named `event_type`.
+#[allow(clippy::too_many_arguments)]
+async fn record_change(
+    tx: &mut PgConnection,
+    card: &Card,
+    event_type: &'static str,
+    summary: String,
+    details: serde_json::Value,
+    outbox_payload: serde_json::Value,
+    version: i64,
+    correlation_id: Uuid,
+    source: &ChangeSource,
+) -> sqlx::Result<Applied> {
+    let audit_event_id = records::insert_audit(
+        tx,
+        &AuditRecord {
+            event_type,
+            correlation_id: Some(correlation_id),
+            summary,
+            details,
+            resource_type: "card",
+            resource_id: card.card_ref.clone(),
+        },
+        source.integration_log_id,
     )
     .await?;
+    let outbox_id =
+        records::insert_outbox(tx, "card", &card.card_ref, event_type, &outbox_payload).await?;
     Ok(Applied::Changed {
         version,
         audit_event_id,

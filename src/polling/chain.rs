@@ -80,11 +80,11 @@ pub enum Liveness {
 fn invoke<'a>(
     prefix: &str,
     task: Task,
-    queue: &str,
     op: &str,
     card_ref: &str,
     chain: &str,
 ) -> redis::ScriptInvocation<'a> {
+    let queue = queue_of(task);
     let mut inv = CHAIN.prepare_invoke();
     inv.key(chain_key(prefix, task))
         .key(keys::intake(prefix, queue))
@@ -111,6 +111,16 @@ fn payload(card_ref: &str, state: &ChainState) -> anyhow::Result<String> {
     .context("serialising a poll payload")
 }
 
+/// A new chain id and the payload of its first job.
+fn fresh_chain(card_ref: &str) -> anyhow::Result<(String, String)> {
+    let state = ChainState {
+        chain: ulid::Ulid::new().to_string(),
+        ..ChainState::default()
+    };
+    let job = payload(card_ref, &state)?;
+    Ok((state.chain, job))
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -124,14 +134,10 @@ pub async fn start(
     card_ref: &str,
     delay: Duration,
 ) -> anyhow::Result<String> {
-    let id = ulid::Ulid::new().to_string();
-    let state = ChainState {
-        chain: id.clone(),
-        ..ChainState::default()
-    };
-    let _: i64 = invoke(prefix, task, queue_of(task), "start", card_ref, &id)
+    let (id, payload) = fresh_chain(card_ref)?;
+    let _: i64 = invoke(prefix, task, "start", card_ref, &id)
         .arg(ms(delay))
-        .arg(payload(card_ref, &state)?)
+        .arg(payload)
         .invoke_async(conn)
         .await
         .with_context(|| format!("starting the {task} chain of {card_ref}"))?;
@@ -148,14 +154,10 @@ pub async fn start_if_dead(
     delay: Duration,
     grace: Duration,
 ) -> anyhow::Result<bool> {
-    let id = ulid::Ulid::new().to_string();
-    let state = ChainState {
-        chain: id.clone(),
-        ..ChainState::default()
-    };
-    let started: i64 = invoke(prefix, task, queue_of(task), "start_if_dead", card_ref, &id)
+    let (id, payload) = fresh_chain(card_ref)?;
+    let started: i64 = invoke(prefix, task, "start_if_dead", card_ref, &id)
         .arg(ms(delay))
-        .arg(payload(card_ref, &state)?)
+        .arg(payload)
         .arg(ms(grace))
         .invoke_async(conn)
         .await
@@ -173,19 +175,12 @@ pub async fn schedule(
     next: &ChainState,
     delay: Duration,
 ) -> anyhow::Result<bool> {
-    let done: i64 = invoke(
-        prefix,
-        task,
-        queue_of(task),
-        "schedule",
-        card_ref,
-        &next.chain,
-    )
-    .arg(ms(delay))
-    .arg(payload(card_ref, next)?)
-    .invoke_async(conn)
-    .await
-    .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
+    let done: i64 = invoke(prefix, task, "schedule", card_ref, &next.chain)
+        .arg(ms(delay))
+        .arg(payload(card_ref, next)?)
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
     Ok(done == 1)
 }
 
@@ -198,18 +193,11 @@ pub async fn check(
     state: &ChainState,
 ) -> anyhow::Result<Liveness> {
     let fresh = ulid::Ulid::new().to_string();
-    let (verdict, id): (String, String) = invoke(
-        prefix,
-        task,
-        queue_of(task),
-        "check",
-        card_ref,
-        &state.chain,
-    )
-    .arg(fresh)
-    .invoke_async(conn)
-    .await
-    .with_context(|| format!("checking the {task} chain of {card_ref}"))?;
+    let (verdict, id): (String, String) = invoke(prefix, task, "check", card_ref, &state.chain)
+        .arg(fresh)
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("checking the {task} chain of {card_ref}"))?;
     Ok(match verdict.as_str() {
         "live" => Liveness::Live,
         "adopted" => Liveness::Adopted(id),
@@ -225,7 +213,7 @@ pub async fn finish(
     card_ref: &str,
     chain: &str,
 ) -> anyhow::Result<bool> {
-    let done: i64 = invoke(prefix, task, queue_of(task), "finish", card_ref, chain)
+    let done: i64 = invoke(prefix, task, "finish", card_ref, chain)
         .invoke_async(conn)
         .await
         .with_context(|| format!("finishing the {task} chain of {card_ref}"))?;

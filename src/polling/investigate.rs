@@ -12,7 +12,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::chain;
-use super::poll::{hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
+use super::poll::{cli_task, hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
 use crate::app::AppContext;
 use crate::config::Task;
 use crate::storage::cards;
@@ -401,11 +401,7 @@ pub fn render_text(inv: &Investigation) -> String {
             ch.parked_at
                 .map(|p| format!(
                     " since {p}; restart with `cardworker enqueue {} --card-ref {}`",
-                    if ch.task == "carddata" {
-                        "carddata"
-                    } else {
-                        "card-status"
-                    },
+                    ch.task.parse().map(cli_task).unwrap_or(ch.task),
                     c.card_ref
                 ))
                 .unwrap_or_default()

@@ -299,7 +299,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 .await
         }
     };
-    if card.parked_at(task).is_some() || !card.wants_polling(task) {
+    if !card.is_pollable(task) {
         tracing::info!(%task, card_ref = %run.card_ref, parked = card.parked_at(task).is_some(), "card needs no poll; chain ended");
         run.finish().await?;
         return Ok(PollOutcome::NotPolled);
@@ -348,7 +348,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                     Ok(Applied::Conflict) if attempt == 0 => {
                         match cards::load(&ctx.pool, &run.card_ref).await {
                             Ok(Some(fresh)) => {
-                                if fresh.parked_at(task).is_some() || !fresh.wants_polling(task) {
+                                if !fresh.is_pollable(task) {
                                     run.finish().await?;
                                     return Ok(PollOutcome::NotPolled);
                                 }

@@ -56,6 +56,12 @@ impl Card {
             Task::CardStatus => !matches!(self.status.as_str(), "cancelled" | "expired"),
         }
     }
+
+    /// Whether a poll of this task should call the Gateway: the chain is not parked and the card
+    /// still wants polling.
+    pub fn is_pollable(&self, task: Task) -> bool {
+        self.parked_at(task).is_none() && self.wants_polling(task)
+    }
 }
 
 const COLUMNS: &str =

@@ -3,7 +3,8 @@
 //! # Layout
 //! - this file: [`connect`] and [`migrate`].
 //! - [`cards`]: the `cards` table, with optimistic version checks.
-//! - [`records`]: the audit writer and the terminal record path (changes and failures only).
+//! - [`records`]: the audit writer, the terminal record path (changes and failures only) and the
+//!   outbox writer.
 //! - [`reliable`]: the reliable path for money-moving calls (pending before the call, finalised
 //!   with the domain change and an outbox event).
 

@@ -89,9 +89,7 @@ pub async fn insert_terminal_log(conn: &mut PgConnection, log: &LogRecord) -> sq
         log.state != LogState::Pending,
         "the terminal path never writes pending"
     );
-    let duration_ms = (log.finished_at - log.started_at)
-        .num_milliseconds()
-        .clamp(0, i64::from(i32::MAX)) as i32;
+    let duration_ms = duration_ms(log.started_at, log.finished_at);
     sqlx::query_scalar(
         "INSERT INTO integration_logs
            (correlation_id, resource_type, resource_id, scenario, state, request_summary,
@@ -123,15 +121,47 @@ pub async fn insert_audit(
     audit: &AuditRecord,
     integration_log_id: Option<i64>,
 ) -> sqlx::Result<i64> {
+    insert_audit_row(
+        conn,
+        AuditRow {
+            event_type: audit.event_type,
+            correlation_id: audit.correlation_id,
+            integration_log_id,
+            summary: &audit.summary,
+            details: &audit.details,
+            resource_type: audit.resource_type,
+            resource_id: &audit.resource_id,
+        },
+    )
+    .await
+}
+
+/// The columns of one audit event and its resource link, borrowed.
+pub(super) struct AuditRow<'a> {
+    pub event_type: &'a str,
+    pub correlation_id: Option<Uuid>,
+    pub integration_log_id: Option<i64>,
+    pub summary: &'a str,
+    pub details: &'a Value,
+    pub resource_type: &'a str,
+    pub resource_id: &'a str,
+}
+
+/// Writes one audit event and its resource link (the body of [`insert_audit`], shared with the
+/// reliable path, whose rebuilt handles own their resource type).
+pub(super) async fn insert_audit_row(
+    conn: &mut PgConnection,
+    row: AuditRow<'_>,
+) -> sqlx::Result<i64> {
     let event_id: i64 = sqlx::query_scalar(
         "INSERT INTO audit_events (event_type, correlation_id, integration_log_id, summary, details)
          VALUES ($1, $2, $3, $4, $5) RETURNING id",
     )
-    .bind(audit.event_type)
-    .bind(audit.correlation_id)
-    .bind(integration_log_id)
-    .bind(&audit.summary)
-    .bind(&audit.details)
+    .bind(row.event_type)
+    .bind(row.correlation_id)
+    .bind(row.integration_log_id)
+    .bind(row.summary)
+    .bind(row.details)
     .fetch_one(&mut *conn)
     .await?;
     sqlx::query(
@@ -139,11 +169,19 @@ pub async fn insert_audit(
          VALUES ($1, $2, $3)",
     )
     .bind(event_id)
-    .bind(audit.resource_type)
-    .bind(&audit.resource_id)
+    .bind(row.resource_type)
+    .bind(row.resource_id)
     .execute(&mut *conn)
     .await?;
     Ok(event_id)
+}
+
+/// `integration_logs.duration_ms` of a call from `started_at` to `finished_at` (never negative,
+/// saturating at the column's range).
+pub(super) fn duration_ms(started_at: DateTime<Utc>, finished_at: DateTime<Utc>) -> i32 {
+    (finished_at - started_at)
+        .num_milliseconds()
+        .clamp(0, i64::from(i32::MAX)) as i32
 }
 
 /// Inserts one outbox event, in the caller's transaction.

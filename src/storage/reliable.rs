@@ -28,7 +28,9 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::records::{insert_audit, insert_outbox, AuditRecord, LogState};
+use super::records::{
+    duration_ms, insert_audit, insert_audit_row, insert_outbox, AuditRecord, AuditRow, LogState,
+};
 
 /// What is about to be called, as the `pending` row and its audit event record it.
 #[derive(Debug, Clone)]
@@ -63,7 +65,8 @@ pub enum FinalState {
 }
 
 impl FinalState {
-    fn log_state(self) -> LogState {
+    /// The same state as an [`LogState`] (for a terminal log row written instead).
+    pub fn log_state(self) -> LogState {
         match self {
             FinalState::Succeeded => LogState::Succeeded,
             FinalState::Failed => LogState::Failed,
@@ -88,6 +91,20 @@ pub struct OutboxEvent {
     pub event_type: &'static str,
     /// The event body.
     pub payload: Value,
+}
+
+impl OutboxEvent {
+    /// Writes it to `outbox_events`; returns the row id.
+    pub async fn insert(&self, conn: &mut PgConnection) -> sqlx::Result<i64> {
+        insert_outbox(
+            conn,
+            self.aggregate_type,
+            &self.aggregate_id,
+            self.event_type,
+            &self.payload,
+        )
+        .await
+    }
 }
 
 /// How the call ended and what the finalising transaction records besides the domain change.
@@ -258,9 +275,7 @@ impl Pending {
         finish: &Finish,
     ) -> Result<(), ReliableError> {
         let finished_at = Utc::now();
-        let duration_ms = (finished_at - self.started_at)
-            .num_milliseconds()
-            .clamp(0, i64::from(i32::MAX)) as i32;
+        let duration_ms = duration_ms(self.started_at, finished_at);
         let updated = sqlx::query(
             "UPDATE integration_logs
                 SET state = $2, response_summary = $3, http_status = $4, error = $5,
@@ -289,14 +304,7 @@ impl Pending {
         )
         .await?;
         if let Some(event) = &finish.outbox {
-            insert_outbox(
-                conn,
-                event.aggregate_type,
-                &event.aggregate_id,
-                event.event_type,
-                &event.payload,
-            )
-            .await?;
+            event.insert(conn).await?;
         }
         Ok(())
     }
@@ -335,25 +343,17 @@ async fn audit_for_row(
     summary: &str,
     details: &Value,
 ) -> sqlx::Result<i64> {
-    let event_id: i64 = sqlx::query_scalar(
-        "INSERT INTO audit_events (event_type, correlation_id, integration_log_id, summary, details)
-         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    insert_audit_row(
+        conn,
+        AuditRow {
+            event_type,
+            correlation_id: Some(pending.correlation_id),
+            integration_log_id: Some(pending.log_id),
+            summary,
+            details,
+            resource_type: &pending.resource_type,
+            resource_id: &pending.resource_id,
+        },
     )
-    .bind(event_type)
-    .bind(pending.correlation_id)
-    .bind(pending.log_id)
-    .bind(summary)
-    .bind(details)
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
-        "INSERT INTO audit_resources (audit_event_id, resource_type, resource_id)
-         VALUES ($1, $2, $3)",
-    )
-    .bind(event_id)
-    .bind(&pending.resource_type)
-    .bind(&pending.resource_id)
-    .execute(&mut *conn)
-    .await?;
-    Ok(event_id)
+    .await
 }

@@ -126,30 +126,8 @@ pub fn register_series() {
         // Registering the handle is enough for the exporter to list the histogram.
         let _ = histogram!(metrics::GATEWAY_REQUEST_DURATION, "call" => call);
     }
-    for job in ["archive", "retention"] {
-        for result in [
-            "skipped_disabled",
-            "skipped_paused",
-            "skipped_busy",
-            "processed",
-            "nothing_due",
-            "failed",
-        ] {
-            counter!(metrics::MAINTENANCE_RUNS, "job" => job, "result" => result).increment(0);
-        }
-        let _ = histogram!(metrics::MAINTENANCE_RUN_DURATION, "job" => job);
-        let _ = gauge!(metrics::MAINTENANCE_DAYS_PENDING, "job" => job);
-        let _ = gauge!(metrics::MAINTENANCE_LAST_DAY, "job" => job);
-    }
-    for table in ["integration_logs", "audit_events", "audit_resources"] {
-        counter!(metrics::MAINTENANCE_ROWS, "job" => "archive", "table" => table, "action" => "archived")
-            .increment(0);
-        let archive = format!("{table}_archive");
-        for action in ["deleted", "expired_kept"] {
-            counter!(metrics::MAINTENANCE_ROWS, "job" => "retention", "table" => archive.clone(), "action" => action)
-                .increment(0);
-        }
-    }
+    // The maintenance series are registered by `maintenance::register_metrics` (from the
+    // registration list), from the same constants the runs count with.
     for scope in ["total", "carddata", "card_status"] {
         let _ = gauge!(metrics::POLL_TOKENS_IN_USE, "scope" => scope);
         let _ = gauge!(metrics::POLL_LIMIT, "scope" => scope);
