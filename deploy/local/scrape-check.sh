@@ -11,11 +11,16 @@ PY=python3
 
 work=$(mktemp -d)
 prefix="scrapecheck-$$-$RANDOM"
+db="cw_scrapecheck_$$_$RANDOM"
+# A throw-away database: the worker runs every job (reconcile included), so it must not see the
+# cards of the local development database.
+psql -h 127.0.0.1 -U root -d postgres -qc "CREATE DATABASE $db" >/dev/null
 cleanup() {
   [ -n "${WORKER:-}" ] && kill "$WORKER" 2>/dev/null || true
   [ -n "${SIM:-}" ] && kill "$SIM" 2>/dev/null || true
   wait 2>/dev/null || true
   redis-cli -h 127.0.0.1 --scan --pattern "$prefix:*" | xargs -r redis-cli -h 127.0.0.1 del >/dev/null
+  psql -h 127.0.0.1 -U root -d postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -28,7 +33,7 @@ export CARDWORKER__REDIS__KEY_PREFIX="$prefix"
 export CARDWORKER__GATEWAY__BASE_URL="http://127.0.0.1:$sim_port"
 export CARDWORKER__TELEMETRY__LISTEN="127.0.0.1:0"
 export CARDWORKER__TELEMETRY__LOG_FORMAT="json"
-export CARDWORKER__DATABASE__URL="postgres://root@127.0.0.1:5432/cardworker"
+export CARDWORKER__DATABASE__URL="postgres://root@127.0.0.1:5432/$db"
 "$BIN" migrate >/dev/null
 "$BIN" run 2>"$work/worker.log" &
 WORKER=$!

@@ -2,8 +2,8 @@
 //!
 //! Reports the enqueue rate into the intake, the drain rate (intake -> feeder -> apalis -> worker
 //! -> trimmed), the peak apalis backlog against the high-water mark, and the Redis keys left
-//! under the prefix afterwards. Runs against the local PostgreSQL database `cardworker` and Redis
-//! on a throw-away key prefix, which it deletes.
+//! under the prefix afterwards. Runs against the local PostgreSQL (a throw-away database) and Redis
+//! (a throw-away key prefix), and deletes both.
 //!
 //! Usage: `cargo run --release --bin bench_intake -- [N]` (default 50,000).
 
@@ -28,7 +28,19 @@ async fn main() -> anyhow::Result<()> {
         "bench-intake-{}",
         ulid::Ulid::new().to_string().to_lowercase()
     );
+    // A throw-away database: the worker runs every job (reconcile and polling included), so it
+    // must not see the cards of the local development database.
+    let admin_url = "postgres://root@127.0.0.1:5432/postgres";
+    let db = prefix.replace('-', "_");
+    let admin = sqlx::PgPool::connect(admin_url)
+        .await
+        .context("connecting as admin")?;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .context("creating the bench database")?;
     let mut config = Config::default();
+    config.database.url = format!("postgres://root@127.0.0.1:5432/{db}");
     config.redis.key_prefix = prefix.clone();
     config.telemetry.listen = "127.0.0.1:0".into();
     let ctx = AppContext::connect(config).await?;
@@ -97,5 +109,9 @@ async fn main() -> anyhow::Result<()> {
     if !keys.is_empty() {
         let _: () = conn.del(&keys).await?;
     }
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .context("dropping the bench database")?;
     Ok(())
 }
