@@ -14,7 +14,7 @@ run: services build
 	@psql -h 127.0.0.1 -U root -d cardworker -qc "INSERT INTO cards (card_ref) SELECT 'c-demo-' || lpad(g::text, 2, '0') FROM generate_series(1, 20) g ON CONFLICT (card_ref) DO NOTHING" >/dev/null
 	@echo "starting polling chains for every card that should be polled (reconcile)"
 	$(BIN) reconcile --config $(LOCAL_CONFIG)
-	@set -m; \
+	@\
 	$(BIN) gateway-sim --listen $(SIM_LISTEN) --latency-ms 50 --change-rate 0.05 --error-rate 0.02 --config $(LOCAL_CONFIG) & SIM=$$!; \
 	trap 'kill $$SIM 2>/dev/null' EXIT; \
 	echo "Gateway simulator on http://$(SIM_LISTEN) (stats: /sim/stats)"; \
