@@ -40,8 +40,7 @@ pub const TABLE_ACTIONS: [(&str, &str); 3] = [
 
 impl RunJob for RunArchive {
     fn timeout(_config: &Config) -> std::time::Duration {
-        // One day in bounded batches; a run cut off here is safe (a rerun finishes the day).
-        std::time::Duration::from_secs(3600)
+        run::RUN_TIMEOUT
     }
 
     #[tracing::instrument(skip_all, fields(job = "archive", scheduled_for = ?self.scheduled_for))]

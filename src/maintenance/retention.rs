@@ -46,8 +46,7 @@ pub const TABLE_ACTIONS: [(&str, &str); 6] = [
 
 impl RunJob for RunRetention {
     fn timeout(_config: &Config) -> std::time::Duration {
-        // One day in bounded batches; a run cut off here is safe (a rerun finishes the day).
-        std::time::Duration::from_secs(3600)
+        run::RUN_TIMEOUT
     }
 
     #[tracing::instrument(skip_all, fields(job = "retention", scheduled_for = ?self.scheduled_for))]

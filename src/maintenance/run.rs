@@ -260,6 +260,10 @@ pub async fn columns(session: &mut Session<'_>, table: &str) -> anyhow::Result<S
 
 /// Runs one maintenance job (maintenance enabled): brake, lock, one day, metrics and log.
 /// Returns the report; an error is counted as `result="failed"` and returned.
+/// Hard limit on one archive or retention run. One day in bounded batches; a run cut off here is
+/// safe, because a rerun finishes the day without duplicates.
+pub const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// What a queued archive or retention job does: a no-op acknowledgement while maintenance is
 /// off (not a single query on the log, audit or archive tables), else one run.
 pub async fn run_queued(

@@ -65,29 +65,33 @@ impl TestDb {
     }
 }
 
+/// Runs async cleanup from a `Drop`: on a thread with its own runtime, joined, so the resource is
+/// gone before the test returns (the test's own runtime is blocked in the drop).
+fn cleanup_blocking(cleanup: impl Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(cleanup);
+        }
+    })
+    .join();
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // Async cleanup from Drop: a thread with its own runtime, joined, so the database is gone
-        // before the test returns. The pool is not closed from here: its connections belong to
-        // the test's runtime, which is blocked in this drop; DROP … WITH (FORCE) ends them.
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok(admin) = PgPool::connect(&admin_url()).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&admin)
-                        .await;
-                    admin.close().await;
-                }
-            });
-        })
-        .join();
+        // The pool is not closed from here: its connections belong to the test's runtime, which is
+        // blocked in this drop; DROP … WITH (FORCE) ends them.
+        cleanup_blocking(async move {
+            if let Ok(admin) = PgPool::connect(&admin_url()).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&admin)
+                    .await;
+                admin.close().await;
+            }
+        });
     }
 }
 
@@ -139,44 +143,34 @@ async fn scan_keys(conn: &mut ConnectionManager, pattern: &str) -> Vec<String> {
 impl Drop for TestRedis {
     fn drop(&mut self) {
         let prefix = self.prefix.clone();
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
+        cleanup_blocking(async move {
+            let Ok(client) = redis::Client::open(redis_url()) else {
                 return;
             };
-            rt.block_on(async move {
-                let Ok(client) = redis::Client::open(redis_url()) else {
-                    return;
-                };
-                let Ok(mut conn) = client.get_connection_manager().await else {
-                    return;
-                };
-                let keys = scan_keys(&mut conn, &format!("{prefix}:*")).await;
-                for chunk in keys.chunks(500) {
-                    let _: Result<(), _> =
-                        redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
-                }
-                // apalis-redis's one global key lists every queue it saw: forget ours.
-                let queues: Vec<String> = redis::cmd("ZRANGE")
+            let Ok(mut conn) = client.get_connection_manager().await else {
+                return;
+            };
+            let keys = scan_keys(&mut conn, &format!("{prefix}:*")).await;
+            for chunk in keys.chunks(500) {
+                let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
+            }
+            // apalis-redis's one global key lists every queue it saw: forget ours.
+            let queues: Vec<String> = redis::cmd("ZRANGE")
+                .arg("core:apalis:queues:list")
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let ours: Vec<&String> = queues.iter().filter(|q| q.starts_with(&prefix)).collect();
+            if !ours.is_empty() {
+                let _: Result<(), _> = redis::cmd("ZREM")
                     .arg("core:apalis:queues:list")
-                    .arg(0)
-                    .arg(-1)
+                    .arg(ours)
                     .query_async(&mut conn)
-                    .await
-                    .unwrap_or_default();
-                let ours: Vec<&String> = queues.iter().filter(|q| q.starts_with(&prefix)).collect();
-                if !ours.is_empty() {
-                    let _: Result<(), _> = redis::cmd("ZREM")
-                        .arg("core:apalis:queues:list")
-                        .arg(ours)
-                        .query_async(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
+                    .await;
+            }
+        });
     }
 }
 
