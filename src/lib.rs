@@ -6,27 +6,37 @@
 //! it runs archive and retention only when operators switch them on.
 //!
 //! # Layout
+//! Modules are listed bottom-up; a module imports only from modules above it in this list (the
+//! layering test in `tests/layering.rs` enforces it; docs/DESIGN.md explains the layers).
 //! - [`config`]: typed layered configuration, validated once.
-//! - [`cli`], [`commands`]: the command line; `main.rs` only maps errors to exit codes.
-//! - [`app`]: `cardworker run` — context, supervisor, start and graceful shutdown.
-//! - [`queue`]: bounded intake, trimming, the generic job handler, the registration list.
-//! - [`storage`]: PostgreSQL pool, migrations, record writers.
-//! - [`gateway`]: the Gateway client and its simulator.
-//! - [`budget`]: the cross-worker polling budget (Lua leases + tower layer).
-//! - [`polling`]: card-data and card-status polling chains, reconcile, investigate.
-//! - [`payments`]: payment submission, recovery and channel callbacks.
-//! - [`maintenance`]: archive and retention.
-//! - [`telemetry`]: logs, metric names, the HTTP endpoint.
+//! - [`telemetry`], [`pod`], [`backoff`], [`shutdown`]: logs and metric names, who this process
+//!   is, the one back-off rule, the one shutdown signal and task tracker.
+//! - [`storage`], [`gateway`], [`queue`], [`budget`]: PostgreSQL, the Gateway client, the bounded
+//!   intake, the polling budget's leases.
+//! - [`cards`]: the card domain (applying an observed change), shared by polling and callbacks.
+//! - [`sim`]: the Gateway simulator (`cardworker gateway-sim`, tests, benchmarks).
+//! - [`context`]: [`context::AppContext`], what every job shares.
+//! - [`runner`]: how a job runs on apalis (the job trait, the one service, spawning, supervision).
+//! - [`polling`], [`payments`], [`maintenance`]: the jobs; none imports another.
+//! - [`workers`]: the one list of every worker and schedule.
+//! - [`app`]: `cardworker run`.
+//! - [`commands`]: the command line; `main.rs` only maps errors to exit codes.
 
 pub mod app;
+pub mod backoff;
 pub mod budget;
-pub mod cli;
+pub mod cards;
 pub mod commands;
 pub mod config;
+pub mod context;
 pub mod gateway;
 pub mod maintenance;
 pub mod payments;
+pub mod pod;
 pub mod polling;
 pub mod queue;
+pub mod runner;
+pub mod shutdown;
 pub mod storage;
 pub mod telemetry;
+pub mod workers;

@@ -4,7 +4,7 @@ use clap::Parser as _;
 
 #[tokio::main]
 async fn main() {
-    let cli = cardworker::cli::Cli::parse();
+    let cli = cardworker::commands::Cli::parse();
     if let Err(e) = cardworker::commands::execute(cli).await {
         eprintln!("error: {e:#}");
         std::process::exit(e.exit_code());

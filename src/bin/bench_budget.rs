@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
-use cardworker::budget::{Budget, PollingBudgetLayer};
+use cardworker::budget::Budget;
 use cardworker::config::{Config, Task};
 use cardworker::gateway::{GatewayClient, Simulator};
+use cardworker::polling::budget_layer::PollingBudgetLayer;
 use cardworker::polling::chain;
 use cardworker::queue::{intake, QueueName};
 use cardworker_jobs::{Job, PollCardData, PollCardStatus};
@@ -149,7 +150,7 @@ async fn private_redis() -> anyhow::Result<(PrivateRedis, ConnectionManager)> {
         url: url.clone(),
     };
     for _ in 0..100 {
-        if let Ok(conn) = cardworker::app::connect_redis(&url).await {
+        if let Ok(conn) = cardworker::context::connect_redis(&url).await {
             return Ok((redis, conn));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

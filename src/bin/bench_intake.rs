@@ -10,8 +10,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cardworker::app::{self, AppContext};
+use cardworker::app;
 use cardworker::config::Config;
+use cardworker::context::AppContext;
 use cardworker::queue::intake::HIGH_WATER_MARK;
 use cardworker_jobs::{Job, RunArchive, RunRetention};
 use redis::AsyncCommands as _;

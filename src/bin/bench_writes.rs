@@ -13,8 +13,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cardworker::app::AppContext;
 use cardworker::config::{Config, Task};
+use cardworker::context::AppContext;
 use cardworker::gateway::{Outcome, Simulator};
 use cardworker::polling::chain;
 use cardworker::polling::poll::{run_poll, PollOutcome};
@@ -260,7 +260,7 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
 
     // Clean up whatever happened.
     let _ = sim_handle.shutdown().await;
-    if let Ok(mut conn) = cardworker::app::connect_redis(&config.redis.url).await {
+    if let Ok(mut conn) = cardworker::context::connect_redis(&config.redis.url).await {
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{}:*", config.redis.key_prefix))
             .query_async(&mut conn)

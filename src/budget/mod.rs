@@ -23,13 +23,12 @@
 //!
 //! # Layout
 //! - `budget.lua`: the one script (`acquire`, `release`, `show`).
-//! - this module: [`Budget`], the Rust API over it, and the leases this process holds.
-//! - [`layer`]: [`PollingBudgetLayer`], the tower layer around both polling workers (tokens
-//!   before the handler, release on every path, deferral through the chain-aware intake).
-//! - [`cli`]: `cardworker budget show|set|clear|pause|resume`.
-
-pub mod cli;
-pub mod layer;
+//! - this module: [`Budget`], the Rust API over it (leases, overrides, pauses), and the leases
+//!   this process holds.
+//!
+//! This module knows leases only. The tower layer that takes them around every polling job, and
+//! defers a job through its chain when a token is short, lives with polling
+//! (`polling::budget_layer`); the operator commands live in `commands::budget`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,9 +40,8 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use serde::Serialize;
 
-pub use layer::{PollingBudgetLayer, PollingBudgetService};
-
 use crate::config::{Config, Task, LIMIT_CEILING};
+use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("budget.lua")));
@@ -68,14 +66,6 @@ pub fn paused_key(prefix: &str) -> String {
     format!("{prefix}:{{budget}}:paused")
 }
 
-/// `{host}-{pid}` of this process.
-pub fn lease_owner() -> String {
-    let host = std::env::var("CARDWORKER_POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "local".to_owned());
-    format!("{host}-{}", std::process::id())
-}
-
 /// Why a job did not get its tokens. Also the `reason` label of `cardworker_poll_deferred_total`
 /// (together with `budget_unavailable`, which is not an answer of the script).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,6 +80,9 @@ pub enum ShortReason {
 }
 
 impl ShortReason {
+    /// Every reason.
+    pub const ALL: [ShortReason; 3] = [ShortReason::Total, ShortReason::Task, ShortReason::Paused];
+
     /// The metric label.
     pub const fn label(self) -> &'static str {
         match self {
@@ -168,14 +161,17 @@ pub struct Budget {
     /// Unix seconds of the last warning about an invalid override, so that a garbage override
     /// is reported about once a minute instead of on every acquire.
     last_invalid_warning: Arc<AtomicU64>,
-    /// `{host}-{pid}`: the prefix of this process's lease ids.
+    /// `{pod}-{pid}`: the prefix of this process's lease ids.
     owner: Arc<str>,
+    /// Tracks the background releases (a timed-out acquire, a dropped lease guard).
+    shutdown: Shutdown,
     /// Redis round trips this budget made (for the benchmark's cost per job).
     round_trips: Arc<AtomicU64>,
 }
 
 impl Budget {
-    /// The budget of the deployment `config` describes, on `conn`.
+    /// The budget of the deployment `config` describes, on `conn`. Its background releases are
+    /// tracked by a shutdown of its own until [`Budget::tracked_by`] names the process's.
     pub fn new(conn: ConnectionManager, config: &Config) -> Self {
         let p = &config.polling;
         Self {
@@ -189,8 +185,38 @@ impl Budget {
             released: Arc::default(),
             last_invalid_warning: Arc::default(),
             round_trips: Arc::default(),
-            owner: Arc::from(lease_owner()),
+            owner: Arc::from(crate::pod::process_id()),
+            shutdown: Shutdown::new(),
         }
+    }
+
+    /// This budget with its background releases tracked by the process's `shutdown`, so the
+    /// process waits for them before it exits.
+    pub fn tracked_by(mut self, shutdown: Shutdown) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// The Redis connection the budget uses (shared with the rest of the process).
+    pub fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The deployment's key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Releases `lease` in the background (tracked, so shutdown waits for it): for a lease whose
+    /// owner can no longer await the release, such as a dropped guard or a timed-out acquire that
+    /// may still have been granted. Release is idempotent.
+    pub fn release_in_background(&self, lease: String) {
+        let budget = self.clone();
+        self.shutdown.spawn_detached(async move {
+            if let Err(e) = budget.release(&[lease]).await {
+                tracing::debug!(error = %format!("{e:#}"), "background lease release failed; the lease expires");
+            }
+        });
     }
 
     /// A fresh lease id: `{host}-{pid}-{ulid}`, so that an operator (or a test) can tell from

@@ -20,10 +20,10 @@ use chrono::{DateTime, Utc};
 
 use super::day;
 use super::run::{self, JobKind, RunReport, Session};
-use crate::app::AppContext;
 use crate::config::Config;
-use crate::queue::registry::Scheduled;
-use crate::queue::RunJob;
+use crate::context::AppContext;
+use crate::runner::RunJob;
+use crate::runner::Scheduled;
 
 /// Where due days are looked for: (table, filter), each with a `created_at` index.
 const DUE_TABLES: [(&str, &str); 2] = [

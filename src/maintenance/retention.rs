@@ -15,10 +15,10 @@ use chrono::{DateTime, Utc};
 
 use super::day;
 use super::run::{self, JobKind, RunReport, Session};
-use crate::app::AppContext;
 use crate::config::Config;
-use crate::queue::registry::Scheduled;
-use crate::queue::RunJob;
+use crate::context::AppContext;
+use crate::runner::RunJob;
+use crate::runner::Scheduled;
 
 /// The archive tables, in deletion order (links before their events).
 const TABLES: [&str; 3] = [

@@ -20,7 +20,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection as _, Postgres, Transaction};
 
 use super::{archive, day, is_paused, retention};
-use crate::app::AppContext;
+use crate::context::AppContext;
 use crate::telemetry::metrics as m;
 
 /// The advisory lock key shared by archive and retention: one maintenance run at a time per

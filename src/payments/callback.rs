@@ -29,10 +29,10 @@ use uuid::Uuid;
 
 use super::store;
 use super::submit::backoff;
-use crate::app::AppContext;
+use crate::cards::{apply_status, Applied, ChangeSource};
+use crate::context::AppContext;
 use crate::gateway::{CardStatus, PaymentStatus};
-use crate::polling::{apply_status, Applied, ChangeSource};
-use crate::queue::RunJob;
+use crate::runner::RunJob;
 use crate::storage::cards;
 use crate::storage::records::{
     insert_audit, insert_outbox, insert_terminal_log, AuditRecord, LogRecord, LogState,

@@ -10,12 +10,12 @@
 //! - [`recovery`]: `RecoverPayments`, the cron job settling `pending`/`unknown` payments.
 //! - [`callback`]: `ProcessCallback`, idempotent channel callbacks.
 //! - [`store`]: the `payments` table.
-//! - [`cli`]: `enqueue payment`, `enqueue callback`.
 //!
-//! `cardworker investigate` (in `polling::investigate`) shows a card's payments and callbacks.
+//! The commands (`enqueue payment`, `enqueue callback`) are in `crate::commands::payments`;
+//! `cardworker investigate` (`crate::commands::investigate`) shows a card's payments and
+//! callbacks. A callback's card change is applied by `crate::cards`, as a poll's is.
 
 pub mod callback;
-pub mod cli;
 pub mod recovery;
 pub mod store;
 pub mod submit;

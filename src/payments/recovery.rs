@@ -27,11 +27,11 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::store;
-use crate::app::AppContext;
 use crate::config::Config;
+use crate::context::AppContext;
 use crate::gateway::{CallResult, Outcome, PaymentQuery};
-use crate::queue::registry::Scheduled;
-use crate::queue::RunJob;
+use crate::runner::RunJob;
+use crate::runner::Scheduled;
 use crate::storage::records::{
     insert_audit, insert_terminal_log, AuditRecord, LogRecord, LogState,
 };

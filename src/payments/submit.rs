@@ -24,16 +24,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use cardworker_jobs::SubmitPayment;
-use rand::Rng as _;
 use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::store::{self, Payment};
-use crate::app::AppContext;
+use crate::backoff::{Backoff, Jitter};
 use crate::config::Config;
+use crate::context::AppContext;
 use crate::gateway::{CallResult, Outcome, PaymentRequest, PaymentResult};
-use crate::queue::RunJob;
+use crate::runner::RunJob;
 use crate::storage::records::{insert_audit, insert_terminal_log, AuditRecord, LogRecord};
 use crate::storage::reliable::{
     begin_in, FinalState, Finish, OutboxEvent, Pending, PendingCall, ReliableError,
@@ -113,12 +113,10 @@ pub enum Submitted {
     },
 }
 
-/// The back-off before retry number `retries + 1`, jittered by ±20 %.
+/// The back-off before retry number `retries + 1`: from [`BASE_BACKOFF`] doubling up to
+/// [`MAX_BACKOFF`], jittered by ±20 % and still at most [`MAX_BACKOFF`].
 pub fn backoff(retries: u32) -> Duration {
-    let base = BASE_BACKOFF.saturating_mul(1u32 << retries.min(16));
-    let capped = base.min(MAX_BACKOFF).as_millis() as f64;
-    let factor = rand::rng().random_range(0.8..=1.2);
-    Duration::from_millis((capped * factor) as u64)
+    Backoff::new(BASE_BACKOFF, MAX_BACKOFF, Jitter::Proportional(0.2)).delay(retries + 1)
 }
 
 /// Steps 1 to 3 of the module docs for one payment.

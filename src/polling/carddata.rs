@@ -6,12 +6,12 @@ use std::time::Duration;
 use cardworker_jobs::PollCardData;
 use uuid::Uuid;
 
-use super::apply::{self, Applied, ChangeSource};
 use super::poll::{self, PollTask};
-use crate::app::AppContext;
+use crate::cards::apply::{self, Applied, ChangeSource};
 use crate::config::{Config, Task};
+use crate::context::AppContext;
 use crate::gateway::{CallResult, CardData, GatewayClient};
-use crate::queue::RunJob;
+use crate::runner::RunJob;
 use crate::storage::cards::Card;
 
 impl RunJob for PollCardData {

@@ -26,17 +26,17 @@ use std::time::Duration;
 use anyhow::Context as _;
 use cardworker_jobs::ChainState;
 use chrono::{DateTime, Utc};
-use rand::Rng as _;
 use redis::aio::ConnectionManager;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::apply::{Applied, ChangeSource};
 use super::chain::{self, Liveness, PollJob};
-use crate::app::AppContext;
+use crate::backoff::{self as backoff_rule, Backoff, Jitter};
+use crate::cards::apply::{Applied, ChangeSource};
 use crate::config::Task;
+use crate::context::AppContext;
 use crate::gateway::{CallResult, GatewayClient, Outcome};
-use crate::queue::RunJob;
+use crate::runner::RunJob;
 use crate::storage::cards::{self, Card};
 use crate::storage::records::{self, AuditRecord, LogRecord, LogState};
 use crate::telemetry::metrics as m;
@@ -116,20 +116,15 @@ pub fn hour_bucket(at: DateTime<Utc>) -> String {
     at.format("%Y%m%d%H").to_string()
 }
 
-/// `d` jittered by ±`fraction` (uniform).
-pub fn jittered(d: Duration, fraction: f64) -> Duration {
-    let factor = rand::rng().random_range((1.0 - fraction)..=(1.0 + fraction));
-    d.mul_f64(factor.max(0.0))
-}
-
 /// The delay before attempt `failures + 1` after `failures` consecutive failures: exponential from
 /// `min(interval, 10 s)`, capped at `max(interval, 10 min)`, with ±20% jitter (still capped).
 pub fn backoff(interval: Duration, failures: u32) -> Duration {
-    let base = interval.min(BACKOFF_BASE);
-    let cap = interval.max(BACKOFF_CAP);
-    let exp = failures.saturating_sub(1).min(30);
-    let raw = base.saturating_mul(1u32 << exp).min(cap);
-    jittered(raw, 0.2).min(cap)
+    Backoff::new(
+        interval.min(BACKOFF_BASE),
+        interval.max(BACKOFF_CAP),
+        Jitter::Proportional(0.2),
+    )
+    .delay(failures)
 }
 
 /// The CLI spelling of a task (`enqueue carddata` / `enqueue card-status`).
@@ -139,6 +134,15 @@ pub fn cli_task(task: Task) -> &'static str {
         Task::CardStatus => "card-status",
     }
 }
+
+/// The `outcome` label of `cardworker_poll_outcomes_total` for an unchanged poll.
+pub const SKIPPED_UNCHANGED: &str = "skipped_unchanged";
+/// The `outcome` label for a recorded change.
+pub const PERSISTED_CHANGE: &str = "persisted_change";
+/// The `outcome` label for a recorded failure or unknown answer.
+pub const PERSISTED_FAILURE: &str = "persisted_failure";
+/// Every `outcome` label, for registering the series at zero.
+pub const OUTCOMES: [&str; 3] = [SKIPPED_UNCHANGED, PERSISTED_CHANGE, PERSISTED_FAILURE];
 
 fn count(task: Task, outcome: &'static str) {
     metrics::counter!(m::POLL_OUTCOMES, "task" => task.label(), "outcome" => outcome).increment(1);
@@ -214,7 +218,7 @@ impl<J: PollTask> Run<'_, J> {
 
     /// The next regular poll (failures reset).
     async fn schedule_next(&mut self) -> anyhow::Result<()> {
-        let delay = jittered(self.interval(), 0.1);
+        let delay = backoff_rule::spread(self.interval(), 0.1);
         if !self.schedule(0, delay).await? {
             tracing::debug!(card_ref = %self.card_ref, "chain replaced meanwhile; next poll left to the new chain");
         }
@@ -335,7 +339,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 let record = log(LogState::Succeeded, None, None);
                 match persist_change::<J>(&ctx, &card, obs, correlation_id, &record).await {
                     Ok(Applied::Changed { version, .. }) => {
-                        count(task, "persisted_change");
+                        count(task, PERSISTED_CHANGE);
                         tracing::info!(%task, card_ref = %run.card_ref, %correlation_id, version, change = %J::describe(obs), "card change recorded");
                         if J::ends_chain(obs) {
                             run.finish().await?;
@@ -405,7 +409,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 Ok(()) => {}
                 Err(e) => return run.retry_after_infra_error(e).await,
             }
-            count(task, "persisted_failure");
+            count(task, PERSISTED_FAILURE);
             tracing::warn!(%task, card_ref = %run.card_ref, %correlation_id, outcome = state.as_str(), reason = %failure.reason, recovery = %recovery, "poll failed; recorded");
             if parked {
                 run.finish().await?;
@@ -421,7 +425,7 @@ async fn unchanged<J: PollTask>(
     run: &mut Run<'_, J>,
     at: DateTime<Utc>,
 ) -> anyhow::Result<PollOutcome> {
-    count(J::TASK, "skipped_unchanged");
+    count(J::TASK, SKIPPED_UNCHANGED);
     let prefix = run.prefix().to_owned();
     if let Err(e) = count_unchanged(&mut run.conn, &prefix, J::TASK, &run.card_ref, at).await {
         // A lost count is not worth a lost chain: go on and schedule.
@@ -561,13 +565,5 @@ mod tests {
         }
         let fast = backoff(Duration::from_millis(200), 1);
         assert!(fast <= Duration::from_millis(240));
-    }
-
-    #[test]
-    fn the_interval_jitter_stays_within_ten_percent() {
-        for _ in 0..100 {
-            let d = jittered(Duration::from_secs(100), 0.1);
-            assert!(d >= Duration::from_secs(90) && d <= Duration::from_secs(110));
-        }
     }
 }

@@ -18,10 +18,10 @@ use rand::Rng as _;
 use redis::AsyncCommands as _;
 
 use super::chain;
-use crate::app::AppContext;
 use crate::config::{Config, Task};
-use crate::queue::registry::Scheduled;
-use crate::queue::RunJob;
+use crate::context::AppContext;
+use crate::runner::RunJob;
+use crate::runner::Scheduled;
 
 /// Longest random initial delay of a chain started by reconcile.
 pub const MAX_START_SPREAD: Duration = Duration::from_secs(60);

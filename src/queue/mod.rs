@@ -1,10 +1,10 @@
-//! Queues: the bounded intake, the apalis workers that run jobs, and the registration list.
+//! Queues: the bounded intake in front of apalis, and the Redis names of a queue.
 //!
 //! # Layout
 //! - [`intake`]: the feeder (intake -> apalis under a high-water mark) and the trimmer.
-//! - [`worker`]: [`RunJob`], the one trait a job implements to be run, and the generic apalis
-//!   handler that decodes payloads itself so that a bad payload never stops a worker.
-//! - [`registry`]: the one list of every queue and worker of `cardworker run`.
+//! - this module: [`QueueName`].
+//!
+//! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
 //!
 //! A job's life: a producer (`cardworker_jobs::Producer`, the CLI, a cron tick or a handler
 //! scheduling its successor) writes an entry into the intake; the feeder moves it into apalis
@@ -14,10 +14,6 @@
 //! intake, never through apalis-redis's hard-coded 25 retries.
 
 pub mod intake;
-pub mod registry;
-pub mod worker;
-
-pub use worker::RunJob;
 
 use cardworker_jobs::keys;
 

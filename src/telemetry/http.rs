@@ -30,12 +30,13 @@ pub struct EndpointState {
         Option<std::sync::Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>>,
 }
 
-/// Binds `listen` and serves until `shutdown` resolves. Returns the bound address (port 0 works).
+/// Binds `listen` and returns the bound address (port 0 works) and the server, which serves until
+/// `shutdown` resolves. The caller spawns the server (`cardworker run` through its task tracker).
 pub async fn serve(
     listen: &str,
     state: EndpointState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> anyhow::Result<(SocketAddr, futures::future::BoxFuture<'static, ()>)> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the telemetry endpoint on {listen}"))?;
@@ -45,7 +46,7 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(state);
-    let handle = tokio::spawn(async move {
+    let server = Box::pin(async move {
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await
@@ -53,7 +54,7 @@ pub async fn serve(
             tracing::error!(error = %e, "telemetry endpoint failed");
         }
     });
-    Ok((addr, handle))
+    Ok((addr, server))
 }
 
 async fn metrics(State(state): State<EndpointState>) -> String {

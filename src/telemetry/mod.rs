@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::config::LogFormat;
+use crate::config::{LogFormat, Task};
 
 /// Installs the global tracing subscriber (once per process; later calls are no-ops).
 pub fn init_logging(format: LogFormat) {
@@ -108,27 +108,19 @@ impl Health {
     }
 }
 
-/// Registers every labelled series the alert rules and the dashboard use, at zero, so that a
-/// scrape shows them from the start (a labelled metric otherwise appears only once touched, and
-/// `rate()` over a series that appears mid-window misses its first increments).
+/// Registers the process-wide labelled series the alert rules and the dashboard use, at zero, so
+/// that a scrape shows them from the start (a labelled metric otherwise appears only once touched,
+/// and `rate()` over a series that appears mid-window misses its first increments). Each job
+/// module registers its own series from the constants it counts with (`workers::register_metrics`
+/// calls them all).
 pub fn register_series() {
-    use ::metrics::{counter, gauge, histogram};
-    const TASKS: [&str; 2] = ["carddata", "card_status"];
-    for task in TASKS {
-        for outcome in ["skipped_unchanged", "persisted_change", "persisted_failure"] {
-            counter!(metrics::POLL_OUTCOMES, "task" => task, "outcome" => outcome).increment(0);
-        }
-        for reason in ["total", "task", "paused", "budget_unavailable"] {
-            counter!(metrics::POLL_DEFERRED, "task" => task, "reason" => reason).increment(0);
-        }
-    }
+    use ::metrics::{gauge, histogram};
     for call in ["carddata", "card_status", "payment_submit", "payment_query"] {
         // Registering the handle is enough for the exporter to list the histogram.
         let _ = histogram!(metrics::GATEWAY_REQUEST_DURATION, "call" => call);
     }
-    // The maintenance series are registered by `maintenance::register_metrics` (from the
-    // registration list), from the same constants the runs count with.
-    for scope in ["total", "carddata", "card_status"] {
+    let scopes = Task::ALL.map(Task::label);
+    for scope in ["total"].into_iter().chain(scopes) {
         let _ = gauge!(metrics::POLL_TOKENS_IN_USE, "scope" => scope);
         let _ = gauge!(metrics::POLL_LIMIT, "scope" => scope);
     }

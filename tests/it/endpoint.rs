@@ -36,7 +36,7 @@ async fn readiness_fails_when_postgres_does_not_answer() {
         .acquire_timeout(Duration::from_millis(500))
         .connect_lazy(&format!("postgres://root@127.0.0.1:{port}/none"))
         .expect("lazy pool");
-    let redis = cardworker::app::connect_redis(&redis_url())
+    let redis = cardworker::context::connect_redis(&redis_url())
         .await
         .expect("redis");
     let health = Health::default();
@@ -48,9 +48,10 @@ async fn readiness_fails_when_postgres_does_not_answer() {
         redis,
         refresh: None,
     };
-    let (addr, _server) = http::serve("127.0.0.1:0", state, std::future::pending())
+    let (addr, server) = http::serve("127.0.0.1:0", state, std::future::pending())
         .await
         .expect("serve");
+    let _server = tokio::spawn(server);
     let ready = reqwest::get(format!("http://{addr}/readyz"))
         .await
         .expect("get");

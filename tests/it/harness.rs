@@ -10,8 +10,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cardworker::app::{self, AppContext};
+use cardworker::app;
 use cardworker::config::Config;
+use cardworker::context::{self, AppContext};
 use cardworker::gateway::{SimHandle, Simulator};
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
@@ -107,7 +108,7 @@ impl TestRedis {
     /// A new prefix on the test Redis.
     pub async fn new() -> Self {
         let prefix = format!("cwtest-{}", ulid::Ulid::new().to_string().to_lowercase());
-        let conn = app::connect_redis(&redis_url())
+        let conn = context::connect_redis(&redis_url())
             .await
             .expect("connect to redis");
         Self { prefix, conn }

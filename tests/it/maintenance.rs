@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cardworker::app::{self, AppContext};
+use cardworker::app;
 use cardworker::config::Config;
+use cardworker::context::AppContext;
 use cardworker::maintenance::{self, day, run::LOCK_KEY, JobKind};
-use cardworker::queue::registry::enqueue_tick;
+use cardworker::runner::spawn::enqueue_tick;
 use cardworker_jobs::{RunArchive, RunRetention};
 use chrono::{DateTime, Days, NaiveDate, Utc};
 use sqlx::{Connection as _, PgConnection, PgPool};

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cardworker::app::AppContext;
+use cardworker::context::AppContext;
 use cardworker::gateway::{GatewayClient, PaymentBehaviour, PaymentResult, PaymentStatus};
 use cardworker::payments::callback::{self, Delivery};
 use cardworker::payments::recovery::{self, RecoveryReport};
@@ -250,7 +250,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     app.sim
         .set_payment_behaviour(id, PaymentBehaviour::ServerError);
 
-    cardworker::payments::cli::enqueue_payment(&app.ctx, id)
+    cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue payment");
     wait_until(
@@ -302,11 +302,11 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     assert_eq!(distinct_keys(&app, id), [id.to_string()]);
 
     // The CLI refuses unknown payments and does not resubmit settled ones.
-    let err = cardworker::payments::cli::enqueue_payment(&app.ctx, Uuid::new_v4())
+    let err = cardworker::commands::payments::enqueue_payment(&app.ctx, Uuid::new_v4())
         .await
         .expect_err("unknown payment");
     assert_eq!(err.exit_code(), 1);
-    cardworker::payments::cli::enqueue_payment(&app.ctx, id)
+    cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("settled: ok");
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -331,6 +331,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
             .expect("client"),
         health: Default::default(),
         budget: app.ctx.budget.clone(),
+        shutdown: app.ctx.shutdown.clone(),
     };
     let job = SubmitPayment {
         payment_id: id,
@@ -498,7 +499,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
     // Redelivered through the CLI path and the app's worker.
     let dir = std::env::temp_dir().join(format!("cw-cb-{}", Uuid::new_v4()));
     std::fs::write(&dir, &job.body).expect("body file");
-    cardworker::payments::cli::enqueue_callback(&app.ctx, "visa", "cb-7", &dir)
+    cardworker::commands::payments::enqueue_callback(&app.ctx, "visa", "cb-7", &dir)
         .await
         .expect("enqueue callback");
     let _ = std::fs::remove_file(&dir);
@@ -569,7 +570,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
     );
     assert_eq!(status(&pool, pid).await, "accepted");
 
-    let records = cardworker::polling::investigate::investigate(&app.ctx, "c-9")
+    let records = cardworker::commands::investigate::investigate(&app.ctx, "c-9")
         .await
         .expect("investigate");
     assert_eq!(records.payments.len(), 1);
@@ -580,7 +581,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
 async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_never_writes_pending(
 ) {
     use cardworker::gateway::CardStatus;
-    use cardworker::queue::RunJob;
+    use cardworker::runner::RunJob;
     use cardworker_jobs::PollCardStatus;
 
     let app = app().await;
@@ -637,7 +638,7 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
             );
         }
         // Both facts are investigable: the callback (row and log) and the change(s).
-        let inv = cardworker::polling::investigate::investigate(&app.ctx, &card_ref)
+        let inv = cardworker::commands::investigate::investigate(&app.ctx, &card_ref)
             .await
             .expect("investigate");
         assert_eq!(inv.callbacks.len(), 1);

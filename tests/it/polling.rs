@@ -5,10 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cardworker::app::{self, AppContext};
+use cardworker::app;
+use cardworker::commands::polling as cli;
 use cardworker::config::{Config, Task};
+use cardworker::context::AppContext;
 use cardworker::gateway::CardStatus;
-use cardworker::polling::{chain, cli, reconcile};
+use cardworker::polling::{chain, reconcile};
 use cardworker_jobs::{keys, ChainState, Job, PollCardStatus};
 use futures::StreamExt as _;
 use redis::AsyncCommands as _;

@@ -180,8 +180,3 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     pub change_rate: f64,
 }
-
-/// A usage error found after parsing (an invalid limit, an unknown task): exit status 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);

@@ -5,12 +5,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::json;
 
+use super::args::Format;
 use super::investigate::{self, InvestigateError};
-use super::{chain, reconcile};
-use crate::app::AppContext;
-use crate::cli::Format;
-use crate::commands::CommandError;
+use super::CommandError;
 use crate::config::Task;
+use crate::context::AppContext;
+use crate::polling::{chain, reconcile};
 use crate::storage::cards;
 
 /// Starts or restarts one card's chain: clears the parked mark in PostgreSQL, then replaces any

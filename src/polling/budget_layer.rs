@@ -1,18 +1,23 @@
 //! [`PollingBudgetLayer`]: the tower layer around both polling workers.
 //!
+//! It lives with polling, not with the budget, because it knows polling chains: a deferred job
+//! goes back through its chain. The budget module only knows leases.
+//!
 //! Where it sits (apalis 1.0 service stack, outer to inner): apalis's `TaskPersistLayer` (acks
 //! the job with whatever status the task context holds once our future finishes) -> the
 //! worker's concurrency limit -> **this layer** -> apalis's `LifecycleLayer` (counts the attempt,
-//! maps the handler's result to a status) -> the generic handler (`queue::worker::handle`).
+//! maps the handler's result to a status) -> the job service (`runner::JobService`).
 //!
 //! For every job it takes both tokens before the inner service and releases them after it on
-//! every path: success, error, panic (caught here) and timeout (`polling.handler_timeout_secs`,
-//! applied here, kept below the lease by config validation). The inner service is reachable only
-//! with both tokens held. If a token is short it waits briefly (up to [`WAIT_FOR_TOKEN`], woken at
+//! every path. The job service always returns: it catches panics and applies
+//! `polling.handler_timeout_secs` (the one policy, `runner::service::guarded`), which config
+//! validation keeps below the lease. Should the job's future be dropped anyway (shutdown's grace
+//! ran out), the lease guard releases in the background. The inner service is reachable only with
+//! both tokens held. If a token is short it waits briefly (up to [`WAIT_FOR_TOKEN`], woken at
 //! once when this process releases a token) and then defers:
 //!
 //! 1. the same payload, with `deferrals + 1`, goes back through the chain-aware intake writer
-//!    ([`crate::polling::chain::schedule`]): the bounded intake the chains use, so a deferral
+//!    ([`super::chain::schedule`]) after a [`crate::backoff`] delay: the bounded intake the chains use, so a deferral
 //!    storm never piles up due jobs in apalis, and a deferral never resurrects a replaced chain;
 //! 2. the current job is acknowledged: the inner service is skipped, so apalis's lifecycle never
 //!    runs and never counts an attempt; we store `Status::Done` ourselves (left alone, the status
@@ -24,19 +29,19 @@
 //! make sure the job comes back: see [`PollingBudgetService`]'s `unavailable`.
 
 use std::marker::PhantomData;
-use std::panic::AssertUnwindSafe;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use apalis::prelude::{AbortError, BoxDynError, Status, Task};
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
-use rand::Rng as _;
 use tower::{Layer, Service};
 
-use super::{Acquired, Budget, ShortReason};
-use crate::config::PollingConfig;
-use crate::polling::chain::{self, Liveness, PollJob};
+use super::chain::{self, Liveness, PollJob};
+use crate::backoff::{Backoff, Jitter};
+use crate::budget::{Acquired, Budget, ShortReason};
+use crate::config::{PollingConfig, Task as PollTask};
+use crate::runner::JobError;
 use crate::telemetry::metrics as m;
 
 /// How long a job may wait for a token before it is deferred.
@@ -48,44 +53,48 @@ const MAX_RETRY_STEP: Duration = Duration::from_millis(80);
 /// sit on a worker slot for the connection's full response timeout.
 pub const REDIS_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The timing the layer needs from `[polling]`.
-#[derive(Debug, Clone, Copy)]
-struct Timing {
-    handler_timeout: Duration,
-    defer_delay: Duration,
-    defer_max_delay: Duration,
+/// What the layer shares between its services: the budget (whose connection and prefix the
+/// chain writes use too) and the deferral back-off of `[polling]`.
+#[derive(Clone)]
+struct Shared {
+    budget: Budget,
+    /// `polling.defer_delay_secs` (at least 1 s) doubling up to `polling.defer_max_delay_secs`.
+    defer: Backoff,
 }
 
 /// Wraps one polling worker (job type `J`): both tokens or no handler.
 pub struct PollingBudgetLayer<J> {
-    budget: Budget,
-    timing: Timing,
+    shared: Shared,
     job: PhantomData<fn() -> J>,
 }
 
 impl<J> Clone for PollingBudgetLayer<J> {
     fn clone(&self) -> Self {
         Self {
-            budget: self.budget.clone(),
-            timing: self.timing,
+            shared: self.shared.clone(),
             job: PhantomData,
         }
     }
 }
 
 impl<J: PollJob> PollingBudgetLayer<J> {
-    /// The layer of `J`'s worker on `budget`, with the timeouts and delays of `polling`.
+    /// The layer of `J`'s worker on `budget`, with the delays of `polling`.
     pub fn new(budget: Budget, polling: &PollingConfig) -> Self {
         Self {
-            budget,
-            timing: Timing {
-                handler_timeout: polling.handler_timeout(),
-                defer_delay: polling.defer_delay(),
-                defer_max_delay: polling.defer_max_delay(),
+            shared: Shared {
+                budget,
+                defer: defer_backoff(polling.defer_delay(), polling.defer_max_delay()),
             },
             job: PhantomData,
         }
     }
+}
+
+/// The deferral back-off: uniform between the base (never under 1 s, so a deferral storm cannot
+/// spin) and a value that doubles with each consecutive deferral, up to the max.
+pub fn defer_backoff(base: Duration, max: Duration) -> Backoff {
+    let base = base.max(Duration::from_secs(1));
+    Backoff::new(base, max, Jitter::FromBase)
 }
 
 impl<S, J> Layer<S> for PollingBudgetLayer<J> {
@@ -94,8 +103,7 @@ impl<S, J> Layer<S> for PollingBudgetLayer<J> {
     fn layer(&self, inner: S) -> Self::Service {
         PollingBudgetService {
             inner,
-            budget: self.budget.clone(),
-            timing: self.timing,
+            shared: self.shared.clone(),
             job: PhantomData,
         }
     }
@@ -104,8 +112,7 @@ impl<S, J> Layer<S> for PollingBudgetLayer<J> {
 /// The service of [`PollingBudgetLayer`].
 pub struct PollingBudgetService<S, J> {
     inner: S,
-    budget: Budget,
-    timing: Timing,
+    shared: Shared,
     job: PhantomData<fn() -> J>,
 }
 
@@ -113,8 +120,7 @@ impl<S: Clone, J> Clone for PollingBudgetService<S, J> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            budget: self.budget.clone(),
-            timing: self.timing,
+            shared: self.shared.clone(),
             job: PhantomData,
         }
     }
@@ -140,17 +146,14 @@ where
         // Keep the service that was polled ready for this call; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let budget = self.budget.clone();
-        let timing = self.timing;
-        run::<S, J>(inner, budget, timing, task).boxed()
+        run::<S, J>(inner, self.shared.clone(), task).boxed()
     }
 }
 
 #[tracing::instrument(skip_all, fields(task = J::TASK.label()))]
 async fn run<S, J>(
     mut inner: S,
-    budget: Budget,
-    timing: Timing,
+    shared: Shared,
     task: Task<String>,
 ) -> Result<S::Response, BoxDynError>
 where
@@ -160,16 +163,17 @@ where
     S::Response: Default + Send + 'static,
     J: PollJob,
 {
-    let lease = budget.new_lease_id();
-    match acquire_with_wait(&budget, J::TASK, &lease).await {
-        Ok(Acquired::Acquired) => run_holding(&mut inner, &budget, lease, timing, task).await,
+    let lease = shared.budget.new_lease_id();
+    match acquire_with_wait(&shared.budget, J::TASK, &lease).await {
+        Ok(Acquired::Acquired) => run_holding(&mut inner, &shared.budget, lease, task).await,
         Ok(Acquired::Short { reason }) => {
             deferred(J::TASK.label(), reason.label());
-            defer::<J, S::Response>(&budget, timing, task, reason).await
+            defer::<J, S::Response>(&shared, task, Some(reason)).await
         }
         Err(e) => {
-            deferred(J::TASK.label(), "budget_unavailable");
-            unavailable::<J, S::Response>(&budget, timing, task, &e).await
+            tracing::warn!(task = J::TASK.label(), error = %format!("{e:#}"), "polling budget unavailable; failing closed (no Gateway call)");
+            deferred(J::TASK.label(), super::BUDGET_UNAVAILABLE);
+            defer::<J, S::Response>(&shared, task, None).await
         }
     }
 }
@@ -180,19 +184,11 @@ fn deferred(task: &'static str, reason: &'static str) {
 
 /// One acquire, bounded by [`REDIS_CALL_TIMEOUT`]. After a timeout the script may still have
 /// granted the lease: it is released in the background (release is idempotent).
-async fn acquire_once(
-    budget: &Budget,
-    task: crate::config::Task,
-    lease: &str,
-) -> anyhow::Result<Acquired> {
+async fn acquire_once(budget: &Budget, task: PollTask, lease: &str) -> anyhow::Result<Acquired> {
     match tokio::time::timeout(REDIS_CALL_TIMEOUT, budget.acquire(task, lease)).await {
         Ok(result) => result,
         Err(_) => {
-            let b = budget.clone();
-            let id = vec![lease.to_owned()];
-            tokio::spawn(async move {
-                let _ = b.release(&id).await;
-            });
+            budget.release_in_background(lease.to_owned());
             anyhow::bail!("acquiring {task} polling tokens timed out after {REDIS_CALL_TIMEOUT:?}")
         }
     }
@@ -201,7 +197,7 @@ async fn acquire_once(
 /// Acquires, waiting up to [`WAIT_FOR_TOKEN`] while a budget (not a pause) is short.
 async fn acquire_with_wait(
     budget: &Budget,
-    task: crate::config::Task,
+    task: PollTask,
     lease: &str,
 ) -> anyhow::Result<Acquired> {
     let deadline = Instant::now() + WAIT_FOR_TOKEN;
@@ -257,22 +253,18 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let budget = self.budget.clone();
-                rt.spawn(async move {
-                    let _ = budget.release(&[lease]).await;
-                });
-            }
+            self.budget.release_in_background(lease);
         }
     }
 }
 
-/// Runs the inner service while both tokens are held, then releases them, whatever happened.
+/// Runs the inner service while both tokens are held, then releases them. The inner service
+/// always returns (the job service catches panics and applies the handler timeout); if this
+/// future is dropped instead, the guard releases in the background.
 async fn run_holding<S>(
     inner: &mut S,
     budget: &Budget,
     lease: String,
-    timing: Timing,
     task: Task<String>,
 ) -> Result<S::Response, BoxDynError>
 where
@@ -283,59 +275,9 @@ where
         budget: budget.clone(),
         lease: Some(lease),
     };
-    let ctx = task.ctx().clone();
-    // Ok: the inner service's own result (its status set by apalis's lifecycle). Err: it panicked
-    // or ran out of time, and its lifecycle future is gone, so the status is ours to set.
-    let outcome: Result<Result<S::Response, BoxDynError>, String> =
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(task))) {
-            Ok(fut) => {
-                let fut = AssertUnwindSafe(fut).catch_unwind();
-                match tokio::time::timeout(timing.handler_timeout, fut).await {
-                    Ok(Ok(result)) => Ok(result.map_err(Into::into)),
-                    Ok(Err(panic)) => Err(format!(
-                        "panic: {}",
-                        crate::queue::worker::panic_message(&panic)
-                    )),
-                    Err(_) => Err(format!(
-                        "timed out after polling.handler_timeout_secs = {}",
-                        timing.handler_timeout.as_secs()
-                    )),
-                }
-            }
-            Err(panic) => Err(format!(
-                "panic: {}",
-                crate::queue::worker::panic_message(&panic)
-            )),
-        };
+    let result = inner.call(task).await.map_err(Into::into);
     guard.release().await;
-    match outcome {
-        Ok(result) => result,
-        Err(msg) => {
-            let id = ctx.task_id().map(ToString::to_string).unwrap_or_default();
-            tracing::error!(task_id = %id, error = %msg, "polling job ended abnormally; recorded as dead, tokens released");
-            ctx.raw_status().store(Status::Killed);
-            Err(AbortError::new(PollAborted(msg)).into())
-        }
-    }
-}
-
-/// A polling job that panicked or timed out under the layer.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PollAborted(String);
-
-/// The delay of the `deferrals`-th consecutive deferral: random between `defer_delay` and a cap
-/// that doubles with each deferral, up to `defer_max_delay`; never under 1 s.
-pub fn defer_delay(base: Duration, max: Duration, deferrals: u32) -> Duration {
-    let base_ms = u64::try_from(base.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1_000);
-    let max_ms = u64::try_from(max.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(base_ms);
-    let doublings = deferrals.saturating_sub(1).min(20);
-    let cap = base_ms.saturating_mul(1u64 << doublings).min(max_ms);
-    Duration::from_millis(rand::rng().random_range(base_ms..=cap))
+    result
 }
 
 /// Decodes the payload (a job that does not decode is killed, as the handler would).
@@ -346,15 +288,15 @@ fn decode<J: PollJob>(
     serde_json::from_str(raw).map_err(|e| {
         tracing::error!(task = J::TASK.label(), error = %e, "poll payload does not decode; recorded as dead");
         ctx.raw_status().store(Status::Killed);
-        AbortError::new(PollAborted(format!("payload does not decode: {e}"))).into()
+        AbortError::new(JobError::Payload(e.to_string())).into()
     })
 }
 
 /// Re-enqueues the job with `deferrals + 1` through its chain. `Ok(false)`: the chain was
 /// replaced meanwhile, so nothing was written (the stale job just ends).
-async fn reschedule<J: PollJob>(budget: &Budget, timing: Timing, job: &J) -> anyhow::Result<bool> {
-    let mut conn = budget.conn.clone();
-    let prefix = budget.prefix.as_str();
+async fn reschedule<J: PollJob>(shared: &Shared, job: &J) -> anyhow::Result<bool> {
+    let mut conn = shared.budget.conn();
+    let prefix = shared.budget.prefix();
     let mut next = job.state().clone();
     next.deferrals = next.deferrals.saturating_add(1);
     if next.chain.is_empty() {
@@ -366,7 +308,7 @@ async fn reschedule<J: PollJob>(budget: &Budget, timing: Timing, job: &J) -> any
             Liveness::Stale => return Ok(false),
         }
     }
-    let delay = defer_delay(timing.defer_delay, timing.defer_max_delay, next.deferrals);
+    let delay = shared.defer.delay(next.deferrals);
     let written = chain::schedule(&mut conn, prefix, J::TASK, job.card_ref(), &next, delay).await?;
     tracing::debug!(
         card_ref = job.card_ref(),
@@ -378,20 +320,22 @@ async fn reschedule<J: PollJob>(budget: &Budget, timing: Timing, job: &J) -> any
     Ok(written)
 }
 
+/// Defers the job: re-enqueues it through its chain and acknowledges this run. `reason` is the
+/// short budget, or `None` when Redis did not answer the acquire (Redis may be back already for
+/// the re-enqueue; if not, see [`keep_for_apalis`]).
 async fn defer<J: PollJob, R: Default>(
-    budget: &Budget,
-    timing: Timing,
+    shared: &Shared,
     task: Task<String>,
-    reason: ShortReason,
+    reason: Option<ShortReason>,
 ) -> Result<R, BoxDynError> {
     let (raw, ctx) = task.take();
     let job: J = decode(&raw, &ctx)?;
-    match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(budget, timing, &job)).await {
+    match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(shared, &job)).await {
         Ok(Ok(written)) => {
             if !written {
                 tracing::debug!(
                     card_ref = job.card_ref(),
-                    reason = reason.label(),
+                    reason = reason.map_or(super::BUDGET_UNAVAILABLE, ShortReason::label),
                     "deferred job's chain was replaced; dropped"
                 );
             }
@@ -399,29 +343,8 @@ async fn defer<J: PollJob, R: Default>(
             ctx.raw_status().store(Status::Done);
             Ok(R::default())
         }
-        Ok(Err(e)) => keep_for_apalis(timing, &ctx, &format!("{e:#}")).await,
-        Err(_) => keep_for_apalis(timing, &ctx, "re-enqueueing a deferred job timed out").await,
-    }
-}
-
-/// Redis did not answer the acquire. First try the normal deferral (Redis may be back already);
-/// if that fails too, see [`keep_for_apalis`].
-async fn unavailable<J: PollJob, R: Default>(
-    budget: &Budget,
-    timing: Timing,
-    task: Task<String>,
-    error: &anyhow::Error,
-) -> Result<R, BoxDynError> {
-    tracing::warn!(task = J::TASK.label(), error = %format!("{error:#}"), "polling budget unavailable; failing closed (no Gateway call)");
-    let (raw, ctx) = task.take();
-    let job: J = decode(&raw, &ctx)?;
-    match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(budget, timing, &job)).await {
-        Ok(Ok(_)) => {
-            ctx.raw_status().store(Status::Done);
-            Ok(R::default())
-        }
-        Ok(Err(e)) => keep_for_apalis(timing, &ctx, &format!("{e:#}")).await,
-        Err(_) => keep_for_apalis(timing, &ctx, "re-enqueueing the job timed out").await,
+        Ok(Err(e)) => keep_for_apalis(shared, &ctx, &format!("{e:#}")).await,
+        Err(_) => keep_for_apalis(shared, &ctx, "re-enqueueing a deferred job timed out").await,
     }
 }
 
@@ -438,20 +361,15 @@ async fn unavailable<J: PollJob, R: Default>(
 /// delay) because apalis reschedules it with no delay: this keeps a flapping Redis from turning
 /// into a hot loop, at most one job per worker slot per pause.
 async fn keep_for_apalis<R>(
-    timing: Timing,
+    shared: &Shared,
     ctx: &apalis::prelude::ExecutionContext,
     why: &str,
 ) -> Result<R, BoxDynError> {
     tracing::warn!(error = %why, "cannot re-enqueue a polling job; leaving it to apalis to bring back");
-    tokio::time::sleep(timing.defer_delay.max(Duration::from_secs(1))).await;
+    tokio::time::sleep(shared.defer.delay(1)).await;
     ctx.raw_status().store(Status::Failed);
-    Err(BudgetUnavailable(why.to_owned()).into())
+    Err(JobError::BudgetUnavailable(why.to_owned()).into())
 }
-
-/// Redis could not be reached for the budget nor for the re-enqueue.
-#[derive(Debug, thiserror::Error)]
-#[error("polling budget unavailable: {0}")]
-pub struct BudgetUnavailable(String);
 
 #[cfg(test)]
 mod tests {
@@ -459,16 +377,21 @@ mod tests {
 
     #[test]
     fn the_defer_delay_grows_with_jitter_up_to_the_cap_and_never_under_a_second() {
-        let base = Duration::from_secs(2);
-        let max = Duration::from_secs(30);
+        let b = defer_backoff(Duration::from_secs(2), Duration::from_secs(30));
         for _ in 0..200 {
-            assert_eq!(defer_delay(base, max, 1), base);
-            let d = defer_delay(base, max, 3);
-            assert!(d >= base && d <= Duration::from_secs(8), "{d:?}");
-            let d = defer_delay(base, max, 40);
-            assert!(d >= base && d <= max, "{d:?}");
-            let d = defer_delay(Duration::ZERO, Duration::ZERO, 1);
-            assert_eq!(d, Duration::from_secs(1));
+            assert_eq!(b.delay(1), Duration::from_secs(2));
+            let d = b.delay(3);
+            assert!(
+                d >= Duration::from_secs(2) && d <= Duration::from_secs(8),
+                "{d:?}"
+            );
+            let d = b.delay(40);
+            assert!(
+                d >= Duration::from_secs(2) && d <= Duration::from_secs(30),
+                "{d:?}"
+            );
+            let floor = defer_backoff(Duration::ZERO, Duration::ZERO);
+            assert_eq!(floor.delay(1), Duration::from_secs(1));
         }
     }
 }

@@ -1,15 +1,33 @@
 //! What each subcommand does. `main` only parses, calls [`execute`] and maps the error to an exit
 //! status.
+//!
+//! Commands sit on top of everything else: they may use any job module, and no module below
+//! imports them. The operator actions here are the ones a console would call too.
+//!
+//! # Layout
+//! - [`args`]: the clap definitions (spec section 2).
+//! - this module: [`execute`], [`CommandError`] and the exit status, `check-config`, `migrate`,
+//!   `run`, `maintenance`, `gateway-sim`.
+//! - [`budget`]: `budget show|set|clear|pause|resume`.
+//! - [`polling`]: `enqueue carddata|card-status`, `reconcile`, `investigate`.
+//! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
+//! - [`payments`]: `enqueue payment`, `enqueue callback`.
 
-use std::sync::Arc;
+pub mod args;
+pub mod budget;
+pub mod investigate;
+pub mod payments;
+pub mod polling;
 
 use anyhow::Context as _;
 use cardworker_jobs::{Producer, RunArchive, RunRetention};
 
-use crate::app::{self, AppContext};
-use crate::cli::{Cli, Command, EnqueueCommand, Format, MaintenanceCommand};
-use crate::config::{Config, ConfigError};
-use crate::telemetry;
+pub use args::Cli;
+use args::{Command, EnqueueCommand, Format, MaintenanceCommand};
+
+use crate::config::{Config, ConfigError, Task};
+use crate::context::{connect_redis, AppContext};
+use crate::{app, telemetry};
 
 /// Why a command failed, as the exit status needs it.
 #[derive(Debug, thiserror::Error)]
@@ -17,9 +35,9 @@ pub enum CommandError {
     /// Invalid configuration: exit 2.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// Invalid usage found after parsing: exit 2.
-    #[error(transparent)]
-    Usage(#[from] crate::cli::UsageError),
+    /// Invalid usage found after parsing (an invalid limit, a bad simulator knob): exit 2.
+    #[error("{0}")]
+    Usage(String),
     /// Anything else: exit 1.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
@@ -30,7 +48,6 @@ impl CommandError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CommandError::Config(_) | CommandError::Usage(_) => 2,
-            CommandError::Other(e) if e.downcast_ref::<crate::cli::UsageError>().is_some() => 2,
             CommandError::Other(_) => 1,
         }
     }
@@ -54,8 +71,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
         }
         Command::GatewaySim(args) => {
             telemetry::init_logging(config.telemetry.log_format);
-            run_simulator(args).await?;
-            Ok(())
+            run_simulator(args).await
         }
         Command::Run => {
             telemetry::init_logging(config.telemetry.log_format);
@@ -68,9 +84,9 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Budget(cmd) => crate::budget::cli::execute(&config, cmd).await,
+        Command::Budget(cmd) => budget::execute(&config, cmd).await,
         Command::Maintenance(cmd) => {
-            let mut redis = app::connect_redis(&config.redis.url).await?;
+            let mut redis = connect_redis(&config.redis.url).await?;
             let paused = matches!(cmd, MaintenanceCommand::Pause);
             crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
             println!(
@@ -83,62 +99,66 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             );
             Ok(())
         }
-        Command::Enqueue(EnqueueCommand::Archive) => {
-            let redis = app::connect_redis(&config.redis.url).await?;
-            let id = Producer::new(redis, config.redis.key_prefix.clone())
-                .enqueue(&RunArchive::default())
-                .await
-                .context("enqueueing the archive run")?;
-            println!("archive run enqueued ({id}){}", disabled_note(&config));
-            Ok(())
-        }
-        Command::Enqueue(EnqueueCommand::Retention) => {
-            let redis = app::connect_redis(&config.redis.url).await?;
-            let id = Producer::new(redis, config.redis.key_prefix.clone())
-                .enqueue(&RunRetention::default())
-                .await
-                .context("enqueueing the retention run")?;
-            println!("retention run enqueued ({id}){}", disabled_note(&config));
-            Ok(())
-        }
-        Command::Enqueue(cmd) => {
-            let ctx = AppContext::connect(config).await?;
-            enqueue(ctx, cmd).await
-        }
+        Command::Enqueue(cmd) => enqueue(config, cmd).await,
         Command::Reconcile { format } => {
             let ctx = AppContext::connect(config).await?;
-            crate::polling::cli::reconcile(&ctx, format).await
+            polling::reconcile(&ctx, format).await
         }
         Command::Investigate { card_ref, format } => {
             let ctx = AppContext::connect(config).await?;
-            crate::polling::cli::investigate(&ctx, &card_ref, format).await
+            polling::investigate(&ctx, &card_ref, format).await
         }
     }
 }
 
-async fn enqueue(ctx: Arc<AppContext>, cmd: EnqueueCommand) -> Result<(), CommandError> {
+/// `cardworker enqueue …`. Maintenance runs need only Redis; the others need the whole context.
+async fn enqueue(config: Config, cmd: EnqueueCommand) -> Result<(), CommandError> {
     match cmd {
+        EnqueueCommand::Archive => {
+            enqueue_maintenance(&config, &RunArchive::default(), "archive").await
+        }
+        EnqueueCommand::Retention => {
+            enqueue_maintenance(&config, &RunRetention::default(), "retention").await
+        }
         EnqueueCommand::Carddata { card_ref } => {
-            crate::polling::cli::enqueue(&ctx, crate::config::Task::Carddata, &card_ref).await
+            let ctx = AppContext::connect(config).await?;
+            polling::enqueue(&ctx, Task::Carddata, &card_ref).await
         }
         EnqueueCommand::CardStatus { card_ref } => {
-            crate::polling::cli::enqueue(&ctx, crate::config::Task::CardStatus, &card_ref).await
+            let ctx = AppContext::connect(config).await?;
+            polling::enqueue(&ctx, Task::CardStatus, &card_ref).await
         }
         EnqueueCommand::Payment { payment_id } => {
-            crate::payments::cli::enqueue_payment(&ctx, payment_id).await
+            let ctx = AppContext::connect(config).await?;
+            payments::enqueue_payment(&ctx, payment_id).await
         }
         EnqueueCommand::Callback {
             channel,
             callback_id,
             body_file,
-        } => crate::payments::cli::enqueue_callback(&ctx, &channel, &callback_id, &body_file).await,
-        EnqueueCommand::Archive | EnqueueCommand::Retention => {
-            unreachable!("handled without a database connection")
+        } => {
+            let ctx = AppContext::connect(config).await?;
+            payments::enqueue_callback(&ctx, &channel, &callback_id, &body_file).await
         }
     }
 }
 
-async fn run_simulator(args: crate::cli::SimArgs) -> anyhow::Result<()> {
+/// Enqueues one maintenance run (`what` names it in the output).
+async fn enqueue_maintenance<J: cardworker_jobs::Job>(
+    config: &Config,
+    job: &J,
+    what: &str,
+) -> Result<(), CommandError> {
+    let redis = connect_redis(&config.redis.url).await?;
+    let id = Producer::new(redis, config.redis.key_prefix.clone())
+        .enqueue(job)
+        .await
+        .with_context(|| format!("enqueueing the {what} run"))?;
+    println!("{what} run enqueued ({id}){}", disabled_note(config));
+    Ok(())
+}
+
+async fn run_simulator(args: args::SimArgs) -> Result<(), CommandError> {
     use crate::gateway::sim::{SimConfig, Simulator};
     let config = SimConfig {
         latency_ms: args.latency_ms,
@@ -150,17 +170,18 @@ async fn run_simulator(args: crate::cli::SimArgs) -> anyhow::Result<()> {
     };
     config
         .validate()
-        .map_err(|e| crate::cli::UsageError(format!("{e:#}")))?;
+        .map_err(|e| CommandError::Usage(format!("{e:#}")))?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding the gateway simulator to {}", args.listen))?;
     println!(
         "gateway simulator listening on http://{}",
-        listener.local_addr()?
+        listener.local_addr().context("reading the bound address")?
     );
     Simulator::new(config)
         .serve(listener, shutdown_signal())
-        .await
+        .await?;
+    Ok(())
 }
 
 fn disabled_note(config: &Config) -> &'static str {

@@ -5,9 +5,9 @@ use std::path::Path;
 use anyhow::Context as _;
 use cardworker_jobs::{ProcessCallback, SubmitPayment};
 
-use super::store;
-use crate::app::AppContext;
-use crate::commands::CommandError;
+use super::CommandError;
+use crate::context::AppContext;
+use crate::payments::store;
 
 /// Submits one payment row through the reliable path. An unknown payment is an error (exit 1);
 /// a settled one is reported and not submitted again.

@@ -11,10 +11,10 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::chain;
-use super::poll::{cli_task, hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
-use crate::app::AppContext;
 use crate::config::Task;
+use crate::context::AppContext;
+use crate::polling::chain;
+use crate::polling::poll::{cli_task, hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
 use crate::storage::cards;
 
 /// How many timeline entries, payments and callbacks are shown.

@@ -7,9 +7,9 @@ use std::str::FromStr as _;
 
 use anyhow::Context as _;
 
-use super::{Budget, BudgetView};
-use crate::cli::{BudgetCommand, Format, UsageError};
-use crate::commands::CommandError;
+use super::args::{BudgetCommand, Format};
+use super::CommandError;
+use crate::budget::{Budget, BudgetView};
 use crate::config::{parse_limit, Config, Task};
 
 /// A validated `budget` subcommand.
@@ -22,16 +22,16 @@ enum Action {
     Resume(Vec<Task>),
 }
 
-fn task(raw: &str) -> Result<Task, UsageError> {
-    Task::from_str(raw).map_err(|e| UsageError(format!("--task {raw:?}: {e}")))
+fn task(raw: &str) -> Result<Task, CommandError> {
+    Task::from_str(raw).map_err(|e| CommandError::Usage(format!("--task {raw:?}: {e}")))
 }
 
-fn tasks_or_all(raw: &str) -> Result<Vec<Task>, UsageError> {
+fn tasks_or_all(raw: &str) -> Result<Vec<Task>, CommandError> {
     if raw == "all" {
         return Ok(Task::ALL.to_vec());
     }
     Task::from_str(raw).map(|t| vec![t]).map_err(|_| {
-        UsageError(format!(
+        CommandError::Usage(format!(
             "--task {raw:?}: unknown task: must be carddata, card-status (card_status) or all"
         ))
     })
@@ -39,19 +39,19 @@ fn tasks_or_all(raw: &str) -> Result<Vec<Task>, UsageError> {
 
 /// Validates a runtime override exactly like the config: an integer in 1..=256, at most
 /// `polling.total_limit`.
-pub fn validate_override(config: &Config, task: Task, raw: &str) -> Result<u32, UsageError> {
+pub fn validate_override(config: &Config, task: Task, raw: &str) -> Result<u32, CommandError> {
     let key = format!("polling.{}.limit (runtime override, --limit)", task.label());
-    let n = parse_limit(raw).map_err(|e| UsageError(format!("{key} = {raw:?}: {e}")))?;
+    let n = parse_limit(raw).map_err(|e| CommandError::Usage(format!("{key} = {raw:?}: {e}")))?;
     let total = config.polling.total_limit;
     if n > total {
-        return Err(UsageError(format!(
+        return Err(CommandError::Usage(format!(
             "{key} = {raw:?}: must be at most polling.total_limit = {total}"
         )));
     }
     Ok(n)
 }
 
-fn validate(config: &Config, cmd: BudgetCommand) -> Result<Action, UsageError> {
+fn validate(config: &Config, cmd: BudgetCommand) -> Result<Action, CommandError> {
     Ok(match cmd {
         BudgetCommand::Show { format } => Action::Show(format),
         BudgetCommand::Set { task: t, limit } => {
@@ -75,7 +75,7 @@ fn labels(tasks: &[Task]) -> String {
 /// Runs one `budget` subcommand.
 pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandError> {
     let action = validate(config, cmd)?;
-    let redis = crate::app::connect_redis(&config.redis.url).await?;
+    let redis = crate::context::connect_redis(&config.redis.url).await?;
     let budget = Budget::new(redis, config);
     match action {
         Action::Show(format) => {
@@ -156,11 +156,15 @@ mod tests {
         let config = Config::default();
         for bad in ["0", "-1", "3.5", "abc", "inf", "100000", "1e9", ""] {
             let e = validate_override(&config, Task::Carddata, bad).expect_err(bad);
-            assert!(e.0.contains("polling.carddata.limit"), "{e}");
-            assert!(e.0.contains(&format!("{bad:?}")), "{e}");
+            assert_eq!(e.exit_code(), 2, "{e}");
+            assert!(e.to_string().contains("polling.carddata.limit"), "{e}");
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
         let e = validate_override(&config, Task::CardStatus, "9").expect_err("above total");
-        assert!(e.0.contains("at most polling.total_limit = 8"), "{e}");
+        assert!(
+            e.to_string().contains("at most polling.total_limit = 8"),
+            "{e}"
+        );
         assert_eq!(
             validate_override(&config, Task::CardStatus, "8").ok(),
             Some(8)

@@ -1,0 +1,84 @@
+//! [`AppContext`]: what every job and command shares in one process (configuration, pool, Redis
+//! connection, producer, Gateway client, budget, shutdown), and how it is connected.
+//!
+//! It sits above the infrastructure modules (storage, gateway, queue, budget) and below every job,
+//! so that a job imports its context without importing the wiring (`workers`, `app`) that starts
+//! it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use cardworker_jobs::Producer;
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+
+use crate::budget::Budget;
+use crate::config::Config;
+use crate::gateway::GatewayClient;
+use crate::shutdown::Shutdown;
+use crate::telemetry::Health;
+
+/// Everything a job needs, shared by every worker of the process.
+pub struct AppContext {
+    /// The validated configuration.
+    pub config: Arc<Config>,
+    /// PostgreSQL: authoritative state.
+    pub pool: PgPool,
+    /// The one Redis connection, shared with apalis-redis: coordination and counts only.
+    pub redis: ConnectionManager,
+    /// Writes into the intake (next polls, retries, cron ticks).
+    pub producer: Producer<ConnectionManager>,
+    /// The Gateway.
+    pub gateway: GatewayClient,
+    /// Which workers run.
+    pub health: Health,
+    /// The fleet-wide polling budget and the leases this process holds.
+    pub budget: Budget,
+    /// The process's shutdown signal and the tracker of every task it spawns.
+    pub shutdown: Shutdown,
+}
+
+impl AppContext {
+    /// Connects to PostgreSQL and Redis and builds the Gateway client.
+    pub async fn connect(config: Config) -> anyhow::Result<Arc<Self>> {
+        let pool = crate::storage::connect(&config.database).await?;
+        let redis = connect_redis(&config.redis.url).await?;
+        let gateway = GatewayClient::new(&config.gateway.base_url, config.gateway.timeout())
+            .context("building the Gateway client")?;
+        let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
+        let shutdown = Shutdown::new();
+        let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
+        Ok(Arc::new(Self {
+            config: Arc::new(config),
+            pool,
+            redis,
+            producer,
+            gateway,
+            health: Health::default(),
+            budget,
+            shutdown,
+        }))
+    }
+
+    /// The key prefix of this deployment.
+    pub fn prefix(&self) -> &str {
+        &self.config.redis.key_prefix
+    }
+}
+
+/// Opens the shared Redis connection (`redis://` or `rediss://`).
+pub async fn connect_redis(url: &str) -> anyhow::Result<ConnectionManager> {
+    let client = redis::Client::open(url).context("parsing redis.url")?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_number_of_retries(2);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        redis::aio::ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .context("connecting to Redis timed out")?
+    .context("connecting to Redis")
+}

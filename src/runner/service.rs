@@ -1,0 +1,193 @@
+//! [`JobService`]: the tower service every worker runs, and [`guarded`], the one panic and
+//! timeout policy.
+//!
+//! apalis hands the service the raw payload (its Args are `String`, see `queue/feed.lua`), so
+//! decoding is ours: a payload that does not decode is logged, counted and killed (apalis's dead
+//! set), and the worker goes on with the next job. apalis's own `catch-panic` and `timeout` layers
+//! are not used: one policy, here, means one limit per job and no race between two timers.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use apalis::prelude::{AbortError, BoxDynError, Task};
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use tower::Service;
+
+use super::{JobError, RunJob};
+use crate::context::AppContext;
+use crate::telemetry::metrics as m;
+
+/// The service of job `J`'s worker.
+pub struct JobService<J> {
+    ctx: Arc<AppContext>,
+    job: PhantomData<fn() -> J>,
+}
+
+impl<J> JobService<J> {
+    /// The service running `J` jobs in `ctx`.
+    pub fn new(ctx: Arc<AppContext>) -> Self {
+        Self {
+            ctx,
+            job: PhantomData,
+        }
+    }
+}
+
+impl<J> Clone for JobService<J> {
+    fn clone(&self) -> Self {
+        Self::new(self.ctx.clone())
+    }
+}
+
+impl<J: RunJob + Send + 'static> Service<Task<String>> for JobService<J> {
+    type Response = ();
+    type Error = BoxDynError;
+    type Future = BoxFuture<'static, Result<(), BoxDynError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, task: Task<String>) -> Self::Future {
+        let id = task
+            .ctx()
+            .task_id()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let (raw, _) = task.take();
+        handle::<J>(raw, self.ctx.clone(), id).boxed()
+    }
+}
+
+/// Decodes and runs one job; every failure becomes an [`AbortError`] (dead, never retried by
+/// apalis).
+#[tracing::instrument(skip_all, fields(queue = J::QUEUE, task_id = %id))]
+async fn handle<J: RunJob>(
+    raw: String,
+    ctx: Arc<AppContext>,
+    id: String,
+) -> Result<(), BoxDynError> {
+    let job: J = match serde_json::from_str(&raw) {
+        Ok(job) => job,
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                payload = %truncate(&raw, 256),
+                "job payload does not decode; recorded as dead, not retried"
+            );
+            finished(J::QUEUE, "dead");
+            return Err(AbortError::new(JobError::Payload(e.to_string())).into());
+        }
+    };
+    let limit = J::timeout(&ctx.config);
+    match guarded(limit, job.run(ctx)).await {
+        Ok(()) => {
+            finished(J::QUEUE, "succeeded");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "job ended abnormally; recorded as dead");
+            finished(J::QUEUE, "dead");
+            Err(AbortError::new(e).into())
+        }
+    }
+}
+
+/// The one panic and timeout policy: runs `job` for at most `limit`, catching a panic. A job
+/// that panics or runs out of time is dropped at once, so whatever it holds (a polling lease, a
+/// database connection) is released by its guards.
+pub async fn guarded<F>(limit: Duration, job: F) -> Result<(), JobError>
+where
+    F: Future<Output = anyhow::Result<()>>,
+{
+    match tokio::time::timeout(limit, AssertUnwindSafe(job).catch_unwind()).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(JobError::Failed(format!("{e:#}"))),
+        Ok(Err(panic)) => Err(JobError::Panicked(panic_message(&panic))),
+        Err(_) => Err(JobError::TimedOut(limit)),
+    }
+}
+
+fn finished(queue: &'static str, result: &'static str) {
+    metrics::counter!(m::JOBS_FINISHED, "queue" => queue, "result" => result).increment(1);
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// The message of a caught panic.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_job_that_returns_ok_passes_the_guard() {
+        assert!(guarded(Duration::from_secs(1), async { Ok(()) })
+            .await
+            .is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_failing_job_keeps_its_whole_error_chain() {
+        let e = guarded(Duration::from_secs(1), async {
+            Err(anyhow::anyhow!("inner").context("outer"))
+        })
+        .await;
+        assert!(
+            matches!(e, Err(JobError::Failed(ref m)) if m == "outer: inner"),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_caught_with_its_message() {
+        let e = guarded(Duration::from_secs(1), async {
+            if std::hint::black_box(true) {
+                panic!("boom");
+            }
+            Ok(())
+        })
+        .await;
+        assert!(
+            matches!(e, Err(JobError::Panicked(ref m)) if m == "boom"),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_job_over_its_limit_is_cut_off() {
+        let limit = Duration::from_millis(20);
+        let e = guarded(limit, async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        })
+        .await;
+        assert!(
+            matches!(e, Err(JobError::TimedOut(d)) if d == limit),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        assert_eq!(truncate("äöü", 2), "äö");
+        assert_eq!(truncate("ab", 5), "ab");
+    }
+}

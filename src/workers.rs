@@ -1,0 +1,112 @@
+//! The one list: every queue, every worker and every schedule of `cardworker run`.
+//!
+//! Like crates.io's job list, this is the top of the wiring: it names every job module and the
+//! runner that starts them, and nothing below imports it. Adding a job means one line here (and
+//! its queue in [`QUEUES`]).
+
+use std::sync::Arc;
+
+use cardworker_jobs::{
+    Job, PollCardData, PollCardStatus, ProcessCallback, RecoverPayments, RunArchive, RunReconcile,
+    RunRetention, SubmitPayment,
+};
+
+use crate::context::AppContext;
+use crate::polling::budget_layer::PollingBudgetLayer;
+use crate::queue::QueueName;
+use crate::runner::spawn::{spawn_cron, spawn_layered, spawn_worker};
+use crate::runner::Supervisor;
+
+/// Every queue of the deployment, by short name.
+pub const QUEUES: &[&str] = &[
+    PollCardData::QUEUE,
+    PollCardStatus::QUEUE,
+    SubmitPayment::QUEUE,
+    ProcessCallback::QUEUE,
+    RunArchive::QUEUE,
+    RunRetention::QUEUE,
+    RunReconcile::QUEUE,
+    RecoverPayments::QUEUE,
+];
+
+/// The Redis names of every queue.
+pub fn queue_names(prefix: &str) -> Vec<QueueName> {
+    QUEUES.iter().map(|q| QueueName::new(prefix, q)).collect()
+}
+
+/// Registers every metric series of the worker's jobs at zero, so that dashboards and alert
+/// rules see them before the first event.
+pub fn register_metrics(ctx: &AppContext) {
+    crate::telemetry::register_series();
+    crate::polling::register_metrics();
+    crate::maintenance::register_metrics(ctx.config.maintenance.enabled);
+}
+
+/// Starts every worker and schedule of `cardworker run`.
+pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Result<()> {
+    let config = ctx.config.clone();
+
+    // Polling: both workers run under the fleet-wide budget (both tokens or no handler). The
+    // worker concurrency is only the per-process ceiling; the budget is the fleet-wide limit.
+    let budget = || ctx.budget.clone();
+    let data_layer = PollingBudgetLayer::<PollCardData>::new(budget(), &config.polling);
+    spawn_layered::<PollCardData, _>(ctx, sup, data_layer);
+    let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling);
+    spawn_layered::<PollCardStatus, _>(ctx, sup, status_layer);
+    // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
+    spawn_worker::<RunReconcile>(ctx, sup);
+    spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
+
+    // The reliable paths: not polling, so no budget layer; always on.
+    spawn_worker::<SubmitPayment>(ctx, sup);
+    spawn_worker::<ProcessCallback>(ctx, sup);
+    spawn_worker::<RecoverPayments>(ctx, sup);
+    spawn_cron::<RecoverPayments>(ctx, sup, &config.payments.recovery_cron)?;
+
+    // Maintenance queues are always consumed: while maintenance is off, queued runs are
+    // acknowledged as no-ops. Only the schedules depend on the switch.
+    spawn_worker::<RunArchive>(ctx, sup);
+    spawn_worker::<RunRetention>(ctx, sup);
+    if config.maintenance.enabled {
+        // The backlog gauge is measured by a bounded read-only probe; off, no table is touched.
+        let measure_ctx = ctx.clone();
+        ctx.shutdown.spawn(async move {
+            crate::maintenance::run::measure_days_pending(&measure_ctx).await;
+        });
+        spawn_cron::<RunArchive>(ctx, sup, &config.maintenance.archive_cron)?;
+        spawn_cron::<RunRetention>(ctx, sup, &config.maintenance.retention_cron)?;
+        tracing::info!(
+            archive_cron = %config.maintenance.archive_cron,
+            retention_cron = %config.maintenance.retention_cron,
+            cleanup_enabled = config.maintenance.cleanup_enabled,
+            "maintenance enabled: archive and retention schedules registered (Asia/Shanghai)"
+        );
+    } else {
+        tracing::info!(
+            "maintenance disabled (maintenance.enabled = false): archive and retention schedules \
+             are NOT registered; queued runs are acknowledged as no-ops"
+        );
+    }
+    Ok(())
+}
+
+/// Refreshes the fleet-wide gauges; called on every scrape of `/metrics`, so the values
+/// Prometheus stores are read from Redis at that moment.
+pub async fn refresh_gauges(ctx: &AppContext, queues: &[QueueName]) {
+    let mut conn = ctx.redis.clone();
+    crate::queue::intake::publish_depths(&mut conn, queues).await;
+    ctx.budget.refresh_gauges().await;
+}
+
+/// Runs after every worker stopped, before the process exits: releases every polling lease this
+/// process still holds, in one call, so the fleet gets its tokens back now instead of after
+/// `polling.lease_ttl_secs`.
+pub async fn on_shutdown(ctx: &AppContext) {
+    let held = ctx.budget.held_count();
+    match ctx.budget.release_held().await {
+        Ok(released) => tracing::info!(held, released, "polling leases released"),
+        Err(e) => {
+            tracing::warn!(held, error = %format!("{e:#}"), "cannot release polling leases; they expire with their lease")
+        }
+    }
+}
