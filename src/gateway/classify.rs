@@ -296,6 +296,22 @@ mod tests {
         })
     }
 
+    fn refused() -> HttpOutcome {
+        no_answer(TransportErrorKind::Connect, "connection refused")
+    }
+
+    fn timed_out() -> HttpOutcome {
+        no_answer(TransportErrorKind::Timeout, "timeout after 200 ms")
+    }
+
+    fn dropped() -> HttpOutcome {
+        no_answer(TransportErrorKind::Other, "connection reset")
+    }
+
+    fn not_sent() -> HttpOutcome {
+        HttpOutcome::NotSent("bad url".to_owned())
+    }
+
     fn body_lost(status: u16) -> HttpOutcome {
         HttpOutcome::BodyLost {
             status,
@@ -321,24 +337,13 @@ mod tests {
 
     #[test]
     fn reads_fail_on_every_transport_error_and_non_2xx() {
+        let reset = "HTTP 200, then connection reset";
         let cases = [
-            (HttpOutcome::NotSent("bad url".into()), (None, "bad url")),
-            (
-                no_answer(TransportErrorKind::Connect, "connection refused"),
-                (None, "connection refused"),
-            ),
-            (
-                no_answer(TransportErrorKind::Timeout, "timeout after 200 ms"),
-                (None, "timeout after 200 ms"),
-            ),
-            (
-                no_answer(TransportErrorKind::Other, "connection reset"),
-                (None, "connection reset"),
-            ),
-            (
-                body_lost(200),
-                (Some(200), "HTTP 200, then connection reset"),
-            ),
+            (not_sent(), (None, "bad url")),
+            (refused(), (None, "connection refused")),
+            (timed_out(), (None, "timeout after 200 ms")),
+            (dropped(), (None, "connection reset")),
+            (body_lost(200), (Some(200), reset)),
             (answer(503, "busy"), (Some(503), "HTTP 503")),
             (answer(404, ""), (Some(404), "HTTP 404")),
             (answer(302, ""), (Some(302), "HTTP 302")),
@@ -365,54 +370,23 @@ mod tests {
     #[test]
     fn a_payment_submit_is_failed_only_when_it_cannot_have_acted() {
         let id = Uuid::new_v4();
+        let (failed, unknown) = ("failed", "unknown");
+        let lost_200 = "HTTP 200, then connection reset";
+        let lost_503 = "HTTP 503, then connection reset";
+        let not_json = "body is not JSON";
         let cases = [
-            (
-                HttpOutcome::NotSent("bad url".into()),
-                "failed",
-                None,
-                "bad url",
-            ),
-            (
-                no_answer(TransportErrorKind::Connect, "connection refused"),
-                "failed",
-                None,
-                "connection refused",
-            ),
-            (
-                no_answer(TransportErrorKind::Timeout, "timeout after 200 ms"),
-                "unknown",
-                None,
-                "timeout after 200 ms",
-            ),
-            (
-                no_answer(TransportErrorKind::Other, "connection reset"),
-                "unknown",
-                None,
-                "connection reset",
-            ),
-            (
-                body_lost(200),
-                "unknown",
-                Some(200),
-                "HTTP 200, then connection reset",
-            ),
-            (
-                body_lost(503),
-                "unknown",
-                Some(503),
-                "HTTP 503, then connection reset",
-            ),
-            (answer(422, "no"), "failed", Some(422), "HTTP 422"),
-            (answer(404, ""), "failed", Some(404), "HTTP 404"),
-            (answer(500, ""), "unknown", Some(500), "HTTP 500"),
-            (answer(503, ""), "unknown", Some(503), "HTTP 503"),
-            (answer(302, ""), "unknown", Some(302), "HTTP 302"),
-            (
-                answer(200, "<html>"),
-                "unknown",
-                Some(200),
-                "body is not JSON",
-            ),
+            (not_sent(), failed, None, "bad url"),
+            (refused(), failed, None, "connection refused"),
+            (timed_out(), unknown, None, "timeout after 200 ms"),
+            (dropped(), unknown, None, "connection reset"),
+            (body_lost(200), unknown, Some(200), lost_200),
+            (body_lost(503), unknown, Some(503), lost_503),
+            (answer(422, "no"), failed, Some(422), "HTTP 422"),
+            (answer(404, ""), failed, Some(404), "HTTP 404"),
+            (answer(500, ""), unknown, Some(500), "HTTP 500"),
+            (answer(503, ""), unknown, Some(503), "HTTP 503"),
+            (answer(302, ""), unknown, Some(302), "HTTP 302"),
+            (answer(200, "<html>"), unknown, Some(200), not_json),
         ];
         for (outcome, kind, status, reason) in cases {
             assert_eq!(

@@ -3,9 +3,9 @@
 //!
 //! This module is the HTTP half only: `reqwest`, the URL, the headers (`Accept`,
 //! `X-Correlation-Id`, `Idempotency-Key`), the timeout, the request-duration histogram and one
-//! log line per call. What the answer *means* is decided by [`super::classify`], from the status
+//! log line per call. What the answer *means* is decided by `classify.rs`, from the status
 //! and body bytes this module read, or from a transport error reduced to its kind and a short
-//! reason; what may be written about it comes from [`super::redact`].
+//! reason; what may be written about it comes from `redact.rs`.
 //!
 //! The client never returns `Err` for something the Gateway did or did not do: transport errors,
 //! HTTP statuses and bad bodies are all classified into [`Outcome::Failed`] or
