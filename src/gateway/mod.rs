@@ -5,7 +5,8 @@
 //! classifies calls. Card calls (reads) treat timeouts and non-2xx as `Failed`; a payment
 //! submit that may have reached the Gateway (timeout, dropped connection, 5xx, unreadable 2xx)
 //! is `Unknown`, never `Failed`. Every call sends `X-Correlation-Id` and
-//! `Accept: application/json`, and records `cardworker_gateway_request_duration_seconds{call}`.
+//! `Accept: application/json`, and records `cardworker_gateway_request_duration_seconds{call}`
+//! (the name is [`crate::telemetry::metrics::GATEWAY_REQUEST_DURATION`]).
 //!
 //! [`Simulator`] is an in-process axum server speaking the same contract from an in-memory card
 //! set (`cardworker gateway-sim`), with a control API to inject latency, outages, bad bodies,
@@ -13,22 +14,42 @@
 //! that concurrency limits held.
 //!
 //! # Layout
-//! - `client.rs`: [`GatewayClient`], the wire types ([`CardData`], [`CardStatus`],
-//!   [`PaymentRequest`], [`PaymentResult`], [`PaymentQuery`]), the classification
-//!   ([`Outcome`], [`Failure`], [`CallResult`]) and the log-safe summaries (no PAN or CVV ever
-//!   reaches a summary).
+//! The client is split by the question each part answers, so that the rules the spec fixes can
+//! be read, and tested, apart from the HTTP plumbing:
+//! - `wire.rs` — *what is on the wire?* The header names, the request and response bodies
+//!   ([`CardData`], [`CardStatus`], [`PaymentRequest`], [`PaymentResult`], [`PaymentQuery`]),
+//!   [`CallKind`], and the hand-written decoders of response bodies (the module says why they
+//!   are not serde derive: serde errors quote values, which may be card numbers).
+//! - `classify.rs` — *what did the call mean?* The pure function per call kind from status,
+//!   body bytes or transport error to [`Outcome`] (`Valid` / `Failed` / `Unknown`) with a
+//!   [`Failure`] reason; [`CallResult`]. No I/O, unit-tested rule by rule.
+//! - `redact.rs` — *what may be written down?* The request and response summaries of
+//!   integration logs and log lines, and digit redaction: no PAN or CVV ever reaches a summary
+//!   or a reason.
+//! - `client.rs` — *how is it sent?* [`GatewayClient`]: `reqwest`, URLs, headers, the timeout,
+//!   the duration histogram, one log line per call.
 //! - `sim.rs`: [`Simulator`] (state, control methods, axum router, `serve`/`spawn_on`),
 //!   [`SimConfig`] and its runtime patch, per-card and per-payment behaviours, [`SimStats`].
+//!
+//! Every public name is re-exported here; use `crate::gateway::X`, not the module paths.
 
+mod classify;
 pub mod client;
+mod redact;
 pub mod sim;
+mod wire;
 
-pub use client::{
-    CallKind, CallResult, CardData, CardStatus, Failure, GatewayClient, Outcome, PaymentQuery,
-    PaymentRequest, PaymentResult, PaymentStatus, UnknownStatus, CORRELATION_HEADER,
-    IDEMPOTENCY_HEADER, REQUEST_DURATION_METRIC,
-};
+/// The request-duration histogram's name, kept under its old path; defined (once) in
+/// [`crate::telemetry::metrics`].
+pub use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION as REQUEST_DURATION_METRIC;
+pub use classify::{CallResult, Failure, Outcome};
+pub use client::GatewayClient;
+pub use redact::SUMMARY_MAX_BYTES;
 pub use sim::{
     CardBehaviour, GarbageKind, PaymentBehaviour, PaymentRecord, RequestRecord, SimCard,
     SimCardPatch, SimConfig, SimConfigPatch, SimHandle, SimStats, Simulator,
+};
+pub use wire::{
+    CallKind, CardData, CardStatus, PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus,
+    UnknownStatus, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
