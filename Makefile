@@ -23,13 +23,11 @@ run: services build
 	$(BIN) run --config $(LOCAL_CONFIG)
 
 ## Runs every test (unit, integration against real PostgreSQL and Redis, deploy lint).
+## nextest runs every test in its own process, which the metrics tests need (one global
+## recorder per process); `.ci/run` installs it when missing.
 test: services
-	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
-	  $(CARGO) nextest run --workspace --no-fail-fast; \
-	else \
-	  echo "cargo-nextest missing: falling back to cargo test (each test binary in one process)"; \
-	  $(CARGO) test --workspace --no-fail-fast -- --test-threads=2; \
-	fi
+	@$(CARGO) nextest --version >/dev/null 2>&1 || { echo "cargo-nextest is required: cargo install cargo-nextest --locked" >&2; exit 1; }
+	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
 	$(MAKE) scrape-check
 

@@ -38,6 +38,7 @@ pub fn queue_names(prefix: &str) -> Vec<QueueName> {
 /// rules see them before the first event.
 pub fn register_metrics(ctx: &AppContext) {
     crate::telemetry::register_series();
+    crate::gateway::register_metrics();
     crate::polling::register_metrics();
     crate::maintenance::register_metrics(ctx.config.maintenance.enabled);
 }

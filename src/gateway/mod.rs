@@ -39,12 +39,9 @@ mod redact;
 pub mod sim;
 mod wire;
 
-/// The request-duration histogram's name, kept under its old path; defined (once) in
-/// [`crate::telemetry::metrics`].
-pub use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION as REQUEST_DURATION_METRIC;
 pub use classify::{CallResult, Failure, Outcome};
 pub use client::GatewayClient;
-pub use redact::SUMMARY_MAX_BYTES;
+pub use redact::{redact_digits, SUMMARY_MAX_BYTES};
 pub use sim::{
     CardBehaviour, GarbageKind, PaymentBehaviour, PaymentRecord, RequestRecord, SimCard,
     SimCardPatch, SimConfig, SimConfigPatch, SimHandle, SimStats, Simulator,
@@ -53,3 +50,15 @@ pub use wire::{
     CallKind, CardData, CardStatus, PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus,
     UnknownStatus, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
+
+/// Registers the request-duration histogram of every call kind, so that a scrape lists it before
+/// the first call.
+pub fn register_metrics() {
+    for call in CallKind::ALL {
+        // Registering the handle is enough for the exporter to list the histogram.
+        let _ = metrics::histogram!(
+            crate::telemetry::metrics::GATEWAY_REQUEST_DURATION,
+            "call" => call.as_str()
+        );
+    }
+}

@@ -198,7 +198,7 @@ pub(super) fn summarize_str(s: &str) -> String {
 
 /// Masks every run of 12 or more digits (allowing single spaces or dashes between them), which
 /// could be a card number.
-pub(crate) fn redact_digits(s: &str) -> String {
+pub fn redact_digits(s: &str) -> String {
     let chars: Vec<char> = s.chars().collect();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;

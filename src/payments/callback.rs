@@ -31,7 +31,7 @@ use super::store;
 use super::submit::backoff;
 use crate::cards::{apply_status, Applied, ChangeSource};
 use crate::context::AppContext;
-use crate::gateway::{CardStatus, PaymentStatus};
+use crate::gateway::{redact_digits, CardStatus, PaymentStatus};
 use crate::runner::RunJob;
 use crate::storage::cards;
 use crate::storage::records::{
@@ -124,16 +124,21 @@ pub enum CallbackBody {
 }
 
 /// Parses and validates a raw body. The error is the reason kept on the failed row.
+///
+/// The reason of a refused body is stored and logged, and serde quotes the values it refuses, so
+/// every run of digits that could be a card number is masked first.
 pub fn parse(body: &str) -> Result<CallbackBody, String> {
-    let parsed: CallbackBody =
-        serde_json::from_str(body).map_err(|e| format!("malformed body: {e}"))?;
+    let refused = |why: String| redact_digits(&format!("malformed body: {why}"));
+    let parsed: CallbackBody = serde_json::from_str(body).map_err(|e| refused(e.to_string()))?;
     match &parsed {
         CallbackBody::CardStatus { status, .. } => {
-            CardStatus::from_str(status).map_err(|e| format!("malformed body: {e}"))?;
+            CardStatus::from_str(status).map_err(|e| refused(e.to_string()))?;
         }
         CallbackBody::PaymentResult { status, .. } => {
             PaymentStatus::from_str(status).map_err(|_| {
-                format!("malformed body: payment status {status:?} is not accepted or rejected")
+                refused(format!(
+                    "payment status {status:?} is not accepted or rejected"
+                ))
             })?;
         }
     }
@@ -478,4 +483,29 @@ fn loose_resource(body: &str) -> Option<(&'static str, String)> {
         .get("payment_id")
         .and_then(|v| v.as_str())
         .map(|id| ("payment", id.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_body_names_the_problem_without_quoting_a_card_number() {
+        for body in [
+            r#"{"type":"card.status","card_ref":4111111111111111,"status":"frozen"}"#,
+            r#"{"type":"card.status","card_ref":"c-1","status":"4111 1111 1111 1111"}"#,
+            r#"{"type":"payment.result","payment_id":"4111111111111111","status":"accepted","channel_ref":"x"}"#,
+        ] {
+            let reason = parse(body).expect_err(body);
+            assert!(reason.starts_with("malformed body: "), "{reason}");
+            assert!(!reason.contains("4111111111111111"), "{reason}");
+            assert!(!reason.contains("4111 1111 1111 1111"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_valid_card_status_callback_parses() {
+        let body = r#"{"type":"card.status","card_ref":"c-1","status":"frozen"}"#;
+        assert!(matches!(parse(body), Ok(CallbackBody::CardStatus { .. })));
+    }
 }

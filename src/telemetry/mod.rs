@@ -114,11 +114,7 @@ impl Health {
 /// module registers its own series from the constants it counts with (`workers::register_metrics`
 /// calls them all).
 pub fn register_series() {
-    use ::metrics::{gauge, histogram};
-    for call in ["carddata", "card_status", "payment_submit", "payment_query"] {
-        // Registering the handle is enough for the exporter to list the histogram.
-        let _ = histogram!(metrics::GATEWAY_REQUEST_DURATION, "call" => call);
-    }
+    use ::metrics::gauge;
     let scopes = Task::ALL.map(Task::label);
     for scope in ["total"].into_iter().chain(scopes) {
         let _ = gauge!(metrics::POLL_TOKENS_IN_USE, "scope" => scope);
