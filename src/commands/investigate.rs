@@ -15,7 +15,7 @@ use crate::config::Task;
 use crate::context::AppContext;
 use crate::polling::chain;
 use crate::polling::poll::{cli_task, hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
-use crate::storage::cards;
+use crate::storage::cards::{self, Card};
 
 /// How many timeline entries, payments and callbacks are shown.
 pub const LIMIT: i64 = 50;
@@ -26,7 +26,7 @@ pub const UNCHANGED_HOURS: i64 = 48;
 #[derive(Debug, Clone, Serialize)]
 pub struct Investigation {
     /// The card as stored.
-    pub card: CardView,
+    pub card: Card,
     /// Per task: chain live or parked.
     pub chains: Vec<ChainView>,
     /// Changes and failures, newest first (at most [`LIMIT`]).
@@ -39,21 +39,6 @@ pub struct Investigation {
     pub callbacks: Vec<CallbackView>,
     /// Says plainly how unchanged polls are kept.
     pub note: &'static str,
-}
-
-/// The card's state.
-#[derive(Debug, Clone, Serialize)]
-pub struct CardView {
-    pub card_ref: String,
-    pub data_state: String,
-    pub card_token: Option<String>,
-    pub pan_last4: Option<String>,
-    pub expiry_month: Option<i16>,
-    pub expiry_year: Option<i16>,
-    pub status: String,
-    pub version: i64,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
 }
 
 /// One task's chain.
@@ -298,18 +283,7 @@ pub async fn investigate(
     .context("reading the card's callbacks")?;
 
     Ok(Investigation {
-        card: CardView {
-            card_ref: card.card_ref,
-            data_state: card.data_state,
-            card_token: card.card_token,
-            pan_last4: card.pan_last4,
-            expiry_month: card.expiry_month,
-            expiry_year: card.expiry_year,
-            status: card.status,
-            version: card.version,
-            created_at: card.created_at,
-            updated_at: card.updated_at,
-        },
+        card,
         chains,
         timeline,
         unchanged_polls,

@@ -12,18 +12,13 @@
 //! once finished, by a later run. Batches walk the day by `created_at` (keyset), along the
 //! `created_at` indexes, so a batch never re-reads the part of the day already moved.
 
-use std::sync::Arc;
-
 use anyhow::Context as _;
 use cardworker_jobs::RunArchive;
 use chrono::{DateTime, Utc};
 
 use super::day;
 use super::run::{self, JobKind, RunReport, Session};
-use crate::config::Config;
-use crate::context::AppContext;
-use crate::runner::RunJob;
-use crate::runner::Scheduled;
+use super::MaintenanceJob;
 
 /// Where due days are looked for: (table, filter), each with a `created_at` index.
 const DUE_TABLES: [(&str, &str); 2] = [
@@ -38,19 +33,13 @@ pub const TABLE_ACTIONS: [(&str, &str); 3] = [
     ("audit_resources", "archived"),
 ];
 
-impl RunJob for RunArchive {
-    fn timeout(_config: &Config) -> std::time::Duration {
-        run::RUN_TIMEOUT
+impl MaintenanceJob for RunArchive {
+    const JOB: JobKind = JobKind::Archive;
+
+    fn scheduled_for(&self) -> Option<i64> {
+        self.scheduled_for
     }
 
-    #[tracing::instrument(skip_all, fields(job = "archive", scheduled_for = ?self.scheduled_for))]
-    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        run::run_queued(&ctx, JobKind::Archive, self.scheduled_for).await
-    }
-}
-
-impl Scheduled for RunArchive {
-    const CRON_KIND: &'static str = "archive-cron";
     fn for_tick(timestamp: i64) -> Self {
         RunArchive {
             scheduled_for: Some(timestamp),
@@ -77,16 +66,9 @@ pub(super) async fn run_day(
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
     let cut = cutoff(session);
-    let Some(oldest) = run::oldest_due(session, &DUE_TABLES, cut).await? else {
-        report.result = "nothing_due";
-        report.days_pending = Some(0);
+    let Some((start, end)) = run::next_due_day(session, &DUE_TABLES, cut, report).await? else {
         return Ok(());
     };
-    let d = day::day_of(oldest);
-    report.day = Some(d);
-    let (start, end) = day::bounds(d);
-    // `end <= cut` because D is due; the min keeps a not-yet-due instant out even so.
-    let end = end.min(cut);
 
     let log_cols = run::columns(session, "integration_logs").await?;
     let event_cols = run::columns(session, "audit_events").await?;

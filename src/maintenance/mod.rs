@@ -16,7 +16,44 @@ pub mod run;
 
 pub use run::{register_metrics, run_job, JobKind, RunReport};
 
+use std::sync::Arc;
+
+use cardworker_jobs::Job;
+
+use crate::config::Config;
+use crate::context::AppContext;
+use crate::runner::{RunJob, Scheduled};
 use crate::telemetry::metrics as m;
+
+/// An archive or retention run's payload. Both run the same way (the frame in [`run`]), so they
+/// are one [`RunJob`] and one [`Scheduled`] impl, told apart by [`MaintenanceJob::JOB`].
+pub trait MaintenanceJob: Job + Clone {
+    /// Which run this is.
+    const JOB: JobKind;
+    /// The cron tick this run was enqueued for (unix seconds), if any.
+    fn scheduled_for(&self) -> Option<i64>;
+    /// The run for one cron tick.
+    fn for_tick(timestamp: i64) -> Self;
+}
+
+impl<J: MaintenanceJob> RunJob for J {
+    fn timeout(_config: &Config) -> std::time::Duration {
+        run::RUN_TIMEOUT
+    }
+
+    #[tracing::instrument(skip_all, fields(job = J::JOB.label(), scheduled_for = ?self.scheduled_for()))]
+    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
+        run::run_queued(&ctx, J::JOB, self.scheduled_for()).await
+    }
+}
+
+impl<J: MaintenanceJob> Scheduled for J {
+    const CRON_KIND: &'static str = J::JOB.cron_kind();
+
+    fn for_tick(timestamp: i64) -> Self {
+        <J as MaintenanceJob>::for_tick(timestamp)
+    }
+}
 
 /// Counts one maintenance run by result.
 pub fn count_run(job: &'static str, result: &'static str) {

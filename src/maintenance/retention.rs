@@ -7,18 +7,13 @@
 //! as `expired_kept`, so the next run reports the same day again. The cleanup switch decides only
 //! deletion, never whether runs happen.
 
-use std::sync::Arc;
-
 use anyhow::Context as _;
 use cardworker_jobs::RunRetention;
 use chrono::{DateTime, Utc};
 
 use super::day;
 use super::run::{self, JobKind, RunReport, Session};
-use crate::config::Config;
-use crate::context::AppContext;
-use crate::runner::RunJob;
-use crate::runner::Scheduled;
+use super::MaintenanceJob;
 
 /// The archive tables, in deletion order (links before their events).
 const TABLES: [&str; 3] = [
@@ -44,19 +39,13 @@ pub const TABLE_ACTIONS: [(&str, &str); 6] = [
     ("audit_resources_archive", "expired_kept"),
 ];
 
-impl RunJob for RunRetention {
-    fn timeout(_config: &Config) -> std::time::Duration {
-        run::RUN_TIMEOUT
+impl MaintenanceJob for RunRetention {
+    const JOB: JobKind = JobKind::Retention;
+
+    fn scheduled_for(&self) -> Option<i64> {
+        self.scheduled_for
     }
 
-    #[tracing::instrument(skip_all, fields(job = "retention", scheduled_for = ?self.scheduled_for))]
-    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        run::run_queued(&ctx, JobKind::Retention, self.scheduled_for).await
-    }
-}
-
-impl Scheduled for RunRetention {
-    const CRON_KIND: &'static str = "retention-cron";
     fn for_tick(timestamp: i64) -> Self {
         RunRetention {
             scheduled_for: Some(timestamp),
@@ -80,15 +69,9 @@ pub(super) async fn run_day(
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
     let cut = cutoff(session);
-    let Some(oldest) = run::oldest_due(session, &DUE_TABLES, cut).await? else {
-        report.result = "nothing_due";
-        report.days_pending = Some(0);
+    let Some((start, end)) = run::next_due_day(session, &DUE_TABLES, cut, report).await? else {
         return Ok(());
     };
-    let d = day::day_of(oldest);
-    report.day = Some(d);
-    let (start, end) = day::bounds(d);
-    let end = end.min(cut);
 
     if !session.ctx.config.maintenance.cleanup_enabled {
         // Count only: one bounded index range scan per table.

@@ -50,6 +50,14 @@ impl JobKind {
             JobKind::Retention => "retention",
         }
     }
+
+    /// The worker kind of its cron schedule.
+    pub const fn cron_kind(self) -> &'static str {
+        match self {
+            JobKind::Archive => "archive-cron",
+            JobKind::Retention => "retention-cron",
+        }
+    }
 }
 
 /// Every `result` label of `cardworker_maintenance_runs_total`.
@@ -175,6 +183,26 @@ impl Session<'_> {
 
 /// The oldest `created_at` below `cutoff` over several (table, extra filter) pairs, each an index
 /// probe on `created_at`.
+/// The day a run handles: the oldest due day among `tables` before `cut`, recorded in `report`,
+/// as its bounds with the end clipped to `cut` (so a not-yet-due instant stays out even at the
+/// day's edge). `None`, with `report.result = "nothing_due"`, when no day is due.
+pub async fn next_due_day(
+    session: &mut Session<'_>,
+    tables: &[(&str, &str)],
+    cut: DateTime<Utc>,
+    report: &mut RunReport,
+) -> anyhow::Result<Option<(DateTime<Utc>, DateTime<Utc>)>> {
+    let Some(oldest) = oldest_due(session, tables, cut).await? else {
+        report.result = "nothing_due";
+        report.days_pending = Some(0);
+        return Ok(None);
+    };
+    let d = day::day_of(oldest);
+    report.day = Some(d);
+    let (start, end) = day::bounds(d);
+    Ok(Some((start, end.min(cut))))
+}
+
 pub async fn oldest_due(
     session: &mut Session<'_>,
     tables: &[(&str, &str)],

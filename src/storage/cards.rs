@@ -9,10 +9,12 @@ use sqlx::{FromRow, PgConnection, PgExecutor};
 
 use crate::config::Task;
 
-/// One card, as stored.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+/// One card, as stored. Serialized (for `investigate --format json`) without its row id and
+/// parked marks, which investigate shows per chain.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow, serde::Serialize)]
 pub struct Card {
     /// Row id.
+    #[serde(skip)]
     pub id: i64,
     /// The card reference (unique).
     pub card_ref: String,
@@ -31,8 +33,10 @@ pub struct Card {
     /// Optimistic concurrency version.
     pub version: i64,
     /// When the card-data chain was parked, if it is.
+    #[serde(skip)]
     pub carddata_parked_at: Option<DateTime<Utc>>,
     /// When the card-status chain was parked, if it is.
+    #[serde(skip)]
     pub card_status_parked_at: Option<DateTime<Utc>>,
     /// Created.
     pub created_at: DateTime<Utc>,

@@ -408,7 +408,7 @@ async fn wait_blocked(pool: &PgPool) {
         || async {
             sqlx::query_scalar::<_, i64>(
                 "SELECT count(*) FROM pg_stat_activity
-             WHERE application_name = 'cardworker-maintenance' AND wait_event_type = 'Lock'",
+             WHERE application_name = 'cardworker-maintenance' AND datname = current_database() AND wait_event_type = 'Lock'",
             )
             .fetch_one(pool)
             .await
@@ -441,7 +441,7 @@ async fn a_run_killed_halfway_and_rerun_leaves_exactly_one_copy_of_each_row() {
     let killed = count(
         &pool,
         "SELECT count(*) FROM pg_stat_activity, pg_terminate_backend(pid)
-         WHERE application_name = 'cardworker-maintenance'",
+         WHERE application_name = 'cardworker-maintenance' AND datname = current_database()",
     )
     .await;
     assert_eq!(killed, 1);
