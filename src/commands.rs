@@ -70,7 +70,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Budget(cmd) => crate::budget::cli::execute(&config, cmd).await,
         Command::Maintenance(cmd) => {
-            let mut redis = app::connect_redis(&config.redis.url).await?;
+            let mut redis = app::connect_redis(config.redis.url.expose()).await?;
             let paused = matches!(cmd, MaintenanceCommand::Pause);
             crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
             println!(
@@ -84,7 +84,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             Ok(())
         }
         Command::Enqueue(EnqueueCommand::Archive) => {
-            let redis = app::connect_redis(&config.redis.url).await?;
+            let redis = app::connect_redis(config.redis.url.expose()).await?;
             let id = Producer::new(redis, config.redis.key_prefix.clone())
                 .enqueue(&RunArchive::default())
                 .await
@@ -93,7 +93,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             Ok(())
         }
         Command::Enqueue(EnqueueCommand::Retention) => {
-            let redis = app::connect_redis(&config.redis.url).await?;
+            let redis = app::connect_redis(config.redis.url.expose()).await?;
             let id = Producer::new(redis, config.redis.key_prefix.clone())
                 .enqueue(&RunRetention::default())
                 .await

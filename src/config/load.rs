@@ -434,6 +434,6 @@ mod tests {
             ]),
         )
         .expect("valid");
-        assert!(c.redis.url.starts_with("rediss://"));
+        assert!(c.redis.url.expose().starts_with("rediss://"));
     }
 }

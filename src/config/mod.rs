@@ -20,6 +20,10 @@
 //! `polling.total_limit = 0: must be an integer in 1..=256`. Every [`ConfigError`] maps to exit
 //! status 2.
 //!
+//! The URLs that may carry credentials (`database.url`, `redis.url`, `gateway.base_url`) are held
+//! in a [`SecretUrl`], whose `Debug` and `Display` redact the password, so that logging a
+//! [`Config`] with `{:?}` cannot leak one.
+//!
 //! # Layout
 //!
 //! - `types`: the domain types ([`Config`] and its sections, [`Task`], [`LogFormat`]), their
@@ -28,7 +32,7 @@
 //!   unknown keys.
 //! - `rules`: the table of value rules (one per leaf key), the relation checks between keys, and
 //!   [`parse_limit`].
-//! - `secret`: URL redaction ([`Config::redacted`]).
+//! - `secret`: [`SecretUrl`] and URL redaction ([`Config::redacted`]).
 //! - `error`: [`ConfigError`], [`Problem`] and how a refused value is shown.
 //!
 //! # Why hand-written layering
@@ -51,6 +55,7 @@ mod test_support;
 
 pub use error::{ConfigError, Problem};
 pub use rules::parse_limit;
+pub use secret::SecretUrl;
 pub use types::{
     Config, DatabaseConfig, GatewayConfig, LogFormat, MaintenanceConfig, PaymentsConfig,
     PollingConfig, RedisConfig, Task, TaskConfig, TelemetryConfig, WorkerConfig,

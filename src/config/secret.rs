@@ -1,18 +1,78 @@
-//! Secrets in the configuration: URL redaction, and [`Config::redacted`], the copy that is safe
-//! to print.
+//! Secrets in the configuration: [`SecretUrl`] holds a URL that may carry a password, and
+//! [`Config::redacted`] is the copy that is safe to print.
+//!
+//! The redaction is in `Debug` and `Display` rather than left to each caller, because a
+//! `Config` ends up in `{:?}` (a log line, a panic message, a test failure) without anyone
+//! deciding to print a password.
 
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
 use url::Url;
 
 use super::types::Config;
 
+/// A URL that may carry credentials (user info, a `password` query parameter).
+///
+/// `Debug` and `Display` show it with the password replaced by `***`; [`SecretUrl::expose`]
+/// gives the real text to the one place that connects with it. Serde is transparent: TOML and
+/// JSON read and write the plain string, so serializing writes the real password, and what is
+/// shown to people goes through [`Config::redacted`] first.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    /// Wraps a URL as written.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL as written, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with its password replaced by `***` (the URL as written if it has none).
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    /// Like the `Debug` of a `String` (quoted), but redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.redacted(), f)
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl From<String> for SecretUrl {
+    fn from(url: String) -> Self {
+        Self(url)
+    }
+}
+
+impl From<&str> for SecretUrl {
+    fn from(url: &str) -> Self {
+        Self(url.to_owned())
+    }
+}
+
 impl Config {
     /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` (user
-    /// info and a `password` query parameter) replaced by `***`.
+    /// info and a `password` query parameter) replaced by `***`, for showing: unlike `Debug`,
+    /// serializing a [`SecretUrl`] writes what it holds, so `check-config` renders this copy.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
-        c.database.url = redact_url(&c.database.url);
-        c.redis.url = redact_url(&c.redis.url);
-        c.gateway.base_url = redact_url(&c.gateway.base_url);
+        c.database.url = SecretUrl(c.database.url.redacted());
+        c.redis.url = SecretUrl(c.redis.url.redacted());
+        c.gateway.base_url = SecretUrl(c.gateway.base_url.redacted());
         c
     }
 }
@@ -63,14 +123,14 @@ mod tests {
     #[test]
     fn redaction_hides_passwords_only() {
         let mut c = Config::default();
-        c.database.url = "postgres://app:s3cret@db:5432/cw?sslmode=verify-full".to_owned();
-        c.redis.url = "rediss://:r3dis@cache:6380/0".to_owned();
+        c.database.url = "postgres://app:s3cret@db:5432/cw?sslmode=verify-full".into();
+        c.redis.url = "rediss://:r3dis@cache:6380/0".into();
         let r = c.redacted();
         assert_eq!(
-            r.database.url,
+            r.database.url.expose(),
             "postgres://app:***@db:5432/cw?sslmode=verify-full"
         );
-        assert_eq!(r.redis.url, "rediss://:***@cache:6380/0");
+        assert_eq!(r.redis.url.expose(), "rediss://:***@cache:6380/0");
         assert_eq!(r.gateway.base_url, c.gateway.base_url);
         let text = r.to_toml_string().expect("renders");
         assert!(
@@ -89,5 +149,42 @@ mod tests {
             redact_url("postgres://db/cw?user=a&password=p"),
             "postgres://db/cw?user=a&password=***"
         );
+    }
+
+    #[test]
+    fn debug_of_a_config_never_shows_a_password() {
+        let mut c = Config::default();
+        c.database.url = "postgres://app:s3cret@db:5432/cw?password=qs3cret".into();
+        c.redis.url = "rediss://:r3dis@cache:6380/0".into();
+        c.gateway.base_url = "https://gw:g4te@gateway.example".into();
+        for text in [format!("{c:?}"), format!("{c:#?}")] {
+            for secret in ["s3cret", "qs3cret", "r3dis", "g4te"] {
+                assert!(!text.contains(secret), "{secret} in {text}");
+            }
+            assert!(
+                text.contains("\"postgres://app:***@db:5432/cw?password=***\""),
+                "{text}"
+            );
+        }
+        // The real value is still there for connecting.
+        assert_eq!(c.redis.url.expose(), "rediss://:r3dis@cache:6380/0");
+        assert_eq!(c.redis.url.to_string(), "rediss://:***@cache:6380/0");
+    }
+
+    #[test]
+    fn a_secret_url_reads_and_writes_as_a_plain_string() {
+        let url = SecretUrl::new("redis://:pw@r:6379/0");
+        assert_eq!(
+            serde_json::to_string(&url).expect("json"),
+            "\"redis://:pw@r:6379/0\""
+        );
+        let back: SecretUrl = serde_json::from_str("\"redis://:pw@r:6379/0\"").expect("json");
+        assert_eq!(back, url);
+        let mut c = Config::default();
+        c.redis.url = url.clone();
+        let toml = c.to_toml_string().expect("renders");
+        assert!(toml.contains("url = \"redis://:pw@r:6379/0\""), "{toml}");
+        assert_eq!(SecretUrl::default().expose(), "");
+        assert_eq!(format!("{:?}", SecretUrl::default()), "\"\"");
     }
 }

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{show_str, ConfigError, Problem};
 use super::rules::Rule;
+use super::secret::SecretUrl;
 #[cfg(doc)]
 use super::LIMIT_CEILING;
 
@@ -99,7 +100,7 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// `postgres://` or `postgresql://` URL; may carry a password (redacted when shown).
-    pub url: String,
+    pub url: SecretUrl,
     /// Pool size, 1..=200.
     pub max_connections: u32,
 }
@@ -107,7 +108,7 @@ pub struct DatabaseConfig {
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
-            url: "postgres://root@127.0.0.1:5432/cardworker".to_owned(),
+            url: SecretUrl::from("postgres://root@127.0.0.1:5432/cardworker"),
             max_connections: 10,
         }
     }
@@ -118,7 +119,7 @@ impl Default for DatabaseConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://` or `rediss://` URL; may carry a password (redacted when shown).
-    pub url: String,
+    pub url: SecretUrl,
     /// Every Redis key and queue of this deployment lives under it. Non-empty,
     /// `[A-Za-z0-9_.-]` only.
     pub key_prefix: String,
@@ -127,7 +128,7 @@ pub struct RedisConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         Self {
-            url: "redis://127.0.0.1:6379/0".to_owned(),
+            url: SecretUrl::from("redis://127.0.0.1:6379/0"),
             key_prefix: "cardworker".to_owned(),
         }
     }
@@ -137,8 +138,9 @@ impl Default for RedisConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// `http://` or `https://` base URL of the Gateway.
-    pub base_url: String,
+    /// `http://` or `https://` base URL of the Gateway. It may carry user info (basic
+    /// credentials), so it is redacted when shown like the other URLs.
+    pub base_url: SecretUrl,
     /// Timeout of one Gateway call in milliseconds, 100..=60000.
     pub timeout_ms: u64,
 }
@@ -146,7 +148,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
-            base_url: "http://127.0.0.1:8089".to_owned(),
+            base_url: SecretUrl::from("http://127.0.0.1:8089"),
             timeout_ms: 5000,
         }
     }
