@@ -18,13 +18,32 @@ use super::secret::SecretUrl;
 use super::LIMIT_CEILING;
 
 /// A polling task: each has its own budget section, metric label and job chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+///
+/// Two spellings exist (spec section 2): the label of config sections and metrics
+/// ([`Task::label`]: `carddata`, `card_status`) and the command-line name ([`Task::cli_name`]:
+/// `carddata`, `card-status`, with `card_status` accepted as a synonym). `ValueEnum` lets clap
+/// parse `--task` into a `Task` directly; its names must stay those of `cli_name` (tested).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Task {
     /// Polls `GET /v1/cards/{card_ref}/data` until the card data is ready.
+    #[value(name = "carddata")]
     Carddata,
     /// Polls `GET /v1/cards/{card_ref}/status` until the status is final.
     #[serde(alias = "card-status")]
+    #[value(name = "card-status", alias = "card_status")]
     CardStatus,
 }
 
@@ -37,6 +56,15 @@ impl Task {
         match self {
             Task::Carddata => "carddata",
             Task::CardStatus => "card_status",
+        }
+    }
+
+    /// The name used on the command line: `carddata` or `card-status` (`card_status` is
+    /// accepted too when parsing).
+    pub const fn cli_name(self) -> &'static str {
+        match self {
+            Task::Carddata => "carddata",
+            Task::CardStatus => "card-status",
         }
     }
 }
@@ -439,6 +467,42 @@ mod tests {
         let labels: Vec<&str> = Task::ALL.iter().map(|t| t.label()).collect();
         assert_eq!(labels, ["carddata", "card_status"]);
         assert_eq!(Task::CardStatus.to_string(), "card_status");
+    }
+
+    #[test]
+    fn clap_parses_every_cli_spelling_of_a_task() {
+        use clap::ValueEnum as _;
+        for (raw, want) in [
+            ("carddata", Task::Carddata),
+            ("card-status", Task::CardStatus),
+            ("card_status", Task::CardStatus),
+        ] {
+            assert_eq!(
+                <Task as clap::ValueEnum>::from_str(raw, false),
+                Ok(want),
+                "{raw}"
+            );
+        }
+        assert!(<Task as clap::ValueEnum>::from_str("cardStatus", false).is_err());
+        assert!(<Task as clap::ValueEnum>::from_str("all", false).is_err());
+        // clap lists the same tasks, in the same order, as `Task::ALL`.
+        assert_eq!(Task::value_variants(), Task::ALL);
+    }
+
+    #[test]
+    fn clap_shows_the_cli_name_and_the_label_stays_for_config_and_metrics() {
+        use clap::ValueEnum as _;
+        for task in Task::ALL {
+            let shown = task.to_possible_value().expect("no variant is skipped");
+            assert_eq!(shown.get_name(), task.cli_name(), "{task:?}");
+            // Every CLI name also parses through `FromStr`, which the budget commands use.
+            assert_eq!(task.cli_name().parse::<Task>(), Ok(task));
+            assert_eq!(task.label().parse::<Task>(), Ok(task));
+        }
+        assert_eq!(Task::CardStatus.cli_name(), "card-status");
+        assert_eq!(Task::CardStatus.label(), "card_status");
+        let shown = Task::CardStatus.to_possible_value().expect("shown");
+        assert!(shown.matches("card_status", false), "the synonym");
     }
 
     #[test]
