@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use super::error::{one_line, show, show_str, ConfigError, Problem};
-use super::rules::{check_relations, check_values, rule_for, Rule};
+use super::relations::check_relations;
+use super::rules::{check_values, rule_for, Rule};
+use super::source::{Source, Sources};
 use super::types::Config;
 use super::{CONFIG_PATH_ENV, ENV_PREFIX};
 
@@ -55,26 +57,33 @@ impl Config {
                 })?;
                 let table =
                     toml::from_str::<Table>(&text).map_err(|source| ConfigError::Syntax {
-                        path,
+                        path: path.clone(),
                         source: Box::new(source),
                     })?;
-                Some(table)
+                Some((path, table))
             }
         };
         Self::build(file, env)
     }
 
-    /// Layers `file` and `env` over the defaults and validates the result.
+    /// Layers `file` (its path as given, and its table) and `env` over the defaults and
+    /// validates the result, naming the source of every refused value.
     pub(super) fn build(
-        file: Option<Table>,
+        file: Option<(PathBuf, Table)>,
         env: Vec<(String, String)>,
     ) -> Result<Config, ConfigError> {
         let defaults = Table::try_from(Config::default())?;
         let mut merged = defaults.clone();
+        let mut sources = Sources::all_from(Source::Default);
         let mut problems = Vec::new();
 
-        if let Some(file) = file {
-            merge(&mut merged, file, "", None, &mut problems);
+        if let Some((path, file)) = file {
+            let mut layer = Layer {
+                source: Source::File(path),
+                sources: &mut sources,
+                problems: &mut problems,
+            };
+            layer.merge(&mut merged, file, "");
         }
 
         let mut overrides: Vec<(String, String)> = env
@@ -83,10 +92,15 @@ impl Config {
             .collect();
         overrides.sort();
         for (name, raw) in overrides {
-            apply_env(&mut merged, &defaults, &name, &raw, &mut problems);
+            let mut layer = Layer {
+                source: Source::Env(name.clone()),
+                sources: &mut sources,
+                problems: &mut problems,
+            };
+            layer.apply_env(&mut merged, &defaults, &name, &raw);
         }
 
-        let (mut value_problems, bad) = check_values(&merged);
+        let (mut value_problems, bad) = check_values(&merged, &sources);
         problems.append(&mut value_problems);
 
         // Put the defaults back where a value was refused, so that the rest still deserializes
@@ -101,15 +115,18 @@ impl Config {
         let config = match Value::Table(merged).try_into::<Config>() {
             Ok(config) => config,
             Err(e) => {
-                problems.push(Problem {
-                    key: "(config)".to_owned(),
-                    value: String::new(),
-                    allowed: one_line(&e.to_string()),
-                });
+                // Not expected: the rules have checked every type already. No one layer is to
+                // blame; the merged table is built on the defaults.
+                problems.push(Problem::new(
+                    "(config)",
+                    "",
+                    Source::Default,
+                    one_line(&e.to_string()),
+                ));
                 return Err(ConfigError::Invalid(problems));
             }
         };
-        problems.extend(check_relations(&config, &bad));
+        problems.extend(check_relations(&config, &bad, &sources));
 
         if problems.is_empty() {
             Ok(config)
@@ -145,100 +162,94 @@ fn lookup_mut<'a>(root: &'a mut Table, key: &str) -> Option<&'a mut Value> {
     Some(v)
 }
 
-/// Merges `over` into `base` (shaped by the defaults): unknown keys and a value where a section
-/// is due (or the reverse) are reported, not merged. `env_name` names the env var the values
-/// came from, if any.
-fn merge(
-    base: &mut Table,
-    over: Table,
-    prefix: &str,
-    env_name: Option<&str>,
-    problems: &mut Vec<Problem>,
-) {
-    let from = env_name
-        .map(|n| format!(" (set by env {n})"))
-        .unwrap_or_default();
-    for (k, v) in over {
-        let key = join_key(prefix, &k);
-        match base.get_mut(&k) {
-            None => {
-                let known: Vec<&str> = base.keys().map(String::as_str).collect();
-                let section = if prefix.is_empty() {
-                    "the top level".to_owned()
-                } else {
-                    format!("[{prefix}]")
-                };
-                problems.push(Problem {
-                    value: show(&key, &v),
-                    allowed: format!("unknown key{from}; {section} accepts: {}", known.join(", ")),
-                    key,
-                });
-            }
-            Some(Value::Table(section)) => match v {
-                Value::Table(t) => merge(section, t, &key, env_name, problems),
-                other => {
-                    let keys: Vec<&str> = section.keys().map(String::as_str).collect();
-                    problems.push(Problem {
-                        value: show(&key, &other),
-                        allowed: format!(
-                            "must be a section [{key}]{from} with keys: {}",
-                            keys.join(", ")
-                        ),
-                        key,
-                    });
-                }
-            },
-            Some(slot) => match v {
-                Value::Table(_) => {
-                    let allowed = rule_for(&key)
-                        .map(Rule::allowed)
-                        .unwrap_or_else(|| "must be a value, not a section".to_owned());
-                    problems.push(Problem {
-                        value: show(&key, &v),
-                        allowed: format!("{allowed}{from}"),
-                        key,
-                    });
-                }
-                other => *slot = other,
-            },
-        }
-    }
+/// One layer being merged: where its values come from, and where the merge records them.
+struct Layer<'a> {
+    /// The file or the env var of this layer.
+    source: Source,
+    /// The source of every leaf key set so far; this layer's keys are recorded as they merge.
+    sources: &'a mut Sources,
+    /// Unknown keys and misplaced sections, each naming this layer's source.
+    problems: &'a mut Vec<Problem>,
 }
 
-/// Applies one `CARDWORKER__SECTION__KEY=raw` override.
-fn apply_env(
-    merged: &mut Table,
-    defaults: &Table,
-    name: &str,
-    raw: &str,
-    problems: &mut Vec<Problem>,
-) {
-    let rest = name.strip_prefix(ENV_PREFIX).unwrap_or(name);
-    let segments: Vec<String> = rest.split(ENV_SEPARATOR).map(str::to_lowercase).collect();
-    if segments.iter().any(|s| s.is_empty()) {
-        problems.push(Problem {
-            key: name.to_owned(),
-            value: show_str(raw),
-            allowed: "not a valid override name: use CARDWORKER__SECTION__KEY, \
-                      e.g. CARDWORKER__POLLING__TOTAL_LIMIT"
-                .to_owned(),
-        });
-        return;
+impl Layer<'_> {
+    /// Merges `over` into `base` (shaped by the defaults): unknown keys and a value where a
+    /// section is due (or the reverse) are reported, not merged.
+    fn merge(&mut self, base: &mut Table, over: Table, prefix: &str) {
+        for (k, v) in over {
+            let key = join_key(prefix, &k);
+            match base.get_mut(&k) {
+                None => {
+                    let known: Vec<&str> = base.keys().map(String::as_str).collect();
+                    let section = if prefix.is_empty() {
+                        "the top level".to_owned()
+                    } else {
+                        format!("[{prefix}]")
+                    };
+                    let allowed = format!("unknown key; {section} accepts: {}", known.join(", "));
+                    self.refuse(key, &v, allowed);
+                }
+                Some(Value::Table(section)) => match v {
+                    Value::Table(t) => self.merge(section, t, &key),
+                    other => {
+                        let keys: Vec<&str> = section.keys().map(String::as_str).collect();
+                        let allowed =
+                            format!("must be a section [{key}] with keys: {}", keys.join(", "));
+                        self.refuse(key, &other, allowed);
+                    }
+                },
+                Some(slot) => match v {
+                    Value::Table(_) => {
+                        let allowed = rule_for(&key)
+                            .map(Rule::allowed)
+                            .unwrap_or_else(|| "must be a value, not a section".to_owned());
+                        self.refuse(key, &v, allowed);
+                    }
+                    other => {
+                        *slot = other;
+                        self.sources.set(&key, &self.source);
+                    }
+                },
+            }
+        }
     }
-    let key = segments.join(".");
-    let value = match lookup(defaults, &key) {
-        Some(Value::String(_)) => Value::String(raw.to_owned()),
-        _ => parse_env_scalar(raw),
-    };
-    // Nest the value as `{a = {b = {c = value}}}` and merge it like a file.
-    let mut nested = value;
-    for segment in segments.iter().rev() {
-        let mut t = Table::new();
-        t.insert(segment.clone(), nested);
-        nested = Value::Table(t);
+
+    /// Reports `key = v` of this layer as refused (and leaves the merged value alone).
+    fn refuse(&mut self, key: String, v: &Value, allowed: String) {
+        let value = show(&key, v);
+        self.problems
+            .push(Problem::new(key, value, self.source.clone(), allowed));
     }
-    if let Value::Table(t) = nested {
-        merge(merged, t, "", Some(name), problems);
+
+    /// Applies one `CARDWORKER__SECTION__KEY=raw` override.
+    fn apply_env(&mut self, merged: &mut Table, defaults: &Table, name: &str, raw: &str) {
+        let rest = name.strip_prefix(ENV_PREFIX).unwrap_or(name);
+        let segments: Vec<String> = rest.split(ENV_SEPARATOR).map(str::to_lowercase).collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            self.problems.push(Problem::new(
+                name,
+                show_str(raw),
+                self.source.clone(),
+                "not a valid override name: use CARDWORKER__SECTION__KEY, \
+                 e.g. CARDWORKER__POLLING__TOTAL_LIMIT",
+            ));
+            return;
+        }
+        let key = segments.join(".");
+        let value = match lookup(defaults, &key) {
+            Some(Value::String(_)) => Value::String(raw.to_owned()),
+            _ => parse_env_scalar(raw),
+        };
+        // Nest the value as `{a = {b = {c = value}}}` and merge it like a file.
+        let mut nested = value;
+        for segment in segments.iter().rev() {
+            let mut t = Table::new();
+            t.insert(segment.clone(), nested);
+            nested = Value::Table(t);
+        }
+        if let Value::Table(t) = nested {
+            self.merge(merged, t, "");
+        }
     }
 }
 
@@ -260,7 +271,9 @@ fn parse_env_scalar(raw: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::test_support::{bundled, env, from_str, from_str_env, problem_for};
+    use crate::config::test_support::{
+        bundled, env, file_source, from_str, from_str_env, problem_for,
+    };
     use crate::config::{LogFormat, CONFIG_PATH_ENV};
 
     #[test]
@@ -331,11 +344,22 @@ mod tests {
             from_str_env("", &[("CARDWORKER__POLLING__BOGUS", "1")]),
             "polling.bogus",
         );
-        assert!(p.allowed.contains("CARDWORKER__POLLING__BOGUS"), "{p}");
-        problem_for(
+        assert_eq!(
+            p.source,
+            Source::Env("CARDWORKER__POLLING__BOGUS".to_owned()),
+            "{p}"
+        );
+        assert!(
+            p.to_string().starts_with(
+                "polling.bogus = 1 (from env CARDWORKER__POLLING__BOGUS): unknown key"
+            ),
+            "{p}"
+        );
+        let p = problem_for(
             from_str_env("", &[("CARDWORKER__POLLING__", "1")]),
             "CARDWORKER__POLLING__",
         );
+        assert_eq!(p.source, Source::Env("CARDWORKER__POLLING__".to_owned()));
     }
 
     #[test]
@@ -358,8 +382,17 @@ mod tests {
             assert!(keys.contains(&key), "{key} missing from {keys:?}");
         }
         let text = err.to_string();
-        assert_eq!(text.lines().count(), err.problems().len(), "{text}");
-        assert!(text.contains("polling.total_limit = \"abc\": must be an integer in 1..=256"));
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some(format!("invalid configuration ({} problems):", keys.len()).as_str())
+        );
+        // Every other line is one problem, and each starts the same way.
+        assert_eq!(lines.clone().count(), err.problems().len(), "{text}");
+        assert!(lines.all(|l| l.starts_with("  - ")), "{text}");
+        assert!(text.contains(
+            "  - polling.total_limit = \"abc\" (from test.toml): must be an integer in 1..=256"
+        ));
         assert_eq!(err.exit_status(), 2);
     }
 
@@ -435,5 +468,75 @@ mod tests {
         )
         .expect("valid");
         assert!(c.redis.url.expose().starts_with("rediss://"));
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_names_the_file() {
+        for (text, key) in [
+            ("[polling]\nbogus = 1", "polling.bogus"),
+            ("[polling.foo]\nlimit = 1", "polling.foo"),
+            ("polling = 3", "polling"),
+            ("[polling.total_limit]\nx = 1", "polling.total_limit"),
+        ] {
+            let p = problem_for(from_str(text), key);
+            assert_eq!(p.source, file_source(), "{p}");
+        }
+    }
+
+    #[test]
+    fn the_env_wins_over_the_file_and_is_named_as_the_source() {
+        let p = problem_for(
+            from_str_env(
+                "[polling.carddata]\nlimit = 2",
+                &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "300")],
+            ),
+            "polling.carddata.limit",
+        );
+        assert_eq!(p.value, "300");
+        assert_eq!(
+            p.source,
+            Source::Env("CARDWORKER__POLLING__CARDDATA__LIMIT".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_key_set_only_by_the_defaults_is_named_as_default() {
+        // The file sets other keys of [polling]; lease_ttl_secs keeps its default 60, which
+        // the file's handler timeout of 58 makes too short.
+        let p = problem_for(
+            from_str("[polling]\nhandler_timeout_secs = 58\ntotal_limit = 8"),
+            "polling.lease_ttl_secs",
+        );
+        assert_eq!(p.source, Source::Default);
+        assert_eq!(p.related[0].source, file_source());
+    }
+
+    #[test]
+    fn a_file_is_named_by_the_path_as_given() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("given.toml");
+        std::fs::write(&path, "polling.total_limit = 0\n").expect("write");
+        let p = problem_for(
+            Config::load_from(Some(&path), vec![]),
+            "polling.total_limit",
+        );
+        assert_eq!(p.source, Source::File(path.clone()));
+        // The same when the path comes from CARDWORKER_CONFIG.
+        let raw = path.to_str().expect("utf-8 path");
+        let p = problem_for(
+            Config::load_from(None, env(&[(CONFIG_PATH_ENV, raw)])),
+            "polling.total_limit",
+        );
+        assert!(p.to_string().contains(&format!("(from {raw})")), "{p}");
+    }
+
+    #[test]
+    fn a_single_problem_is_reported_under_the_same_heading() {
+        let err = from_str("polling.total_limit = 0").expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration (1 problem):\n  - polling.total_limit = 0 (from test.toml): \
+             must be an integer in 1..=256"
+        );
     }
 }

@@ -13,12 +13,20 @@
 //!    it parses as one, else as a string (and then refused by validation if a number was due).
 //!
 //! The layers are merged as one `toml::Value` table shaped by the defaults, so that an unknown key
-//! or section anywhere is refused naming its dotted key. Validation then runs once, over the
-//! merged table (types, ranges, URL schemes, cron expressions, ...) and over the deserialized
-//! [`Config`] (relations between keys), and collects every problem instead of stopping at the
-//! first: [`ConfigError::Invalid`] lists them all, one per line, as
-//! `polling.total_limit = 0: must be an integer in 1..=256`. Every [`ConfigError`] maps to exit
-//! status 2.
+//! or section anywhere is refused naming its dotted key; the merge records the [`Source`] of
+//! every key it sets. Validation then runs once, over the merged table (types, ranges, URL
+//! schemes, cron expressions, ...) and over the deserialized [`Config`] (relations between keys),
+//! and collects every problem instead of stopping at the first. [`ConfigError::Invalid`] lists
+//! them all under one heading, one per line, each naming where its value came from (`default`,
+//! the file path as given, or `env NAME`), and for a relation the source of the other key too:
+//!
+//! ```text
+//! invalid configuration (2 problems):
+//!   - polling.total_limit = "abc" (from env CARDWORKER__POLLING__TOTAL_LIMIT): must be an integer in 1..=256
+//!   - polling.lease_ttl_secs = 60 (from default): must be at least polling.handler_timeout_secs + 5 (58 + 5 = 63) and at most 3600; checked against polling.handler_timeout_secs = 58 (from /etc/cardworker/config.toml)
+//! ```
+//!
+//! Every [`ConfigError`] maps to exit status 2.
 //!
 //! The URLs that may carry credentials (`database.url`, `redis.url`, `gateway.base_url`) are held
 //! in a [`SecretUrl`], whose `Debug` and `Display` redact the password, so that logging a
@@ -30,9 +38,11 @@
 //!   defaults and the `Duration` helpers.
 //! - `load`: the layering (defaults -> file -> `CARDWORKER__...` env) and the merge that refuses
 //!   unknown keys.
-//! - `rules`: the table of value rules (one per leaf key), the relation checks between keys, and
+//! - `rules`: the table of value rules (one per leaf key), [`Config::validate`] and
 //!   [`parse_limit`].
+//! - `relations`: the checks between keys (limits, timeouts, delays), on the typed [`Config`].
 //! - `secret`: [`SecretUrl`] and URL redaction ([`Config::redacted`]).
+//! - `source`: [`Source`], where a value came from, and the per-key record the merge keeps.
 //! - `error`: [`ConfigError`], [`Problem`] and how a refused value is shown.
 //!
 //! # Why hand-written layering
@@ -46,16 +56,19 @@
 
 mod error;
 mod load;
+mod relations;
 mod rules;
 mod secret;
+mod source;
 mod types;
 
 #[cfg(test)]
 mod test_support;
 
-pub use error::{ConfigError, Problem};
+pub use error::{ConfigError, Problem, Related};
 pub use rules::parse_limit;
 pub use secret::SecretUrl;
+pub use source::Source;
 pub use types::{
     Config, DatabaseConfig, GatewayConfig, LogFormat, MaintenanceConfig, PaymentsConfig,
     PollingConfig, RedisConfig, Task, TaskConfig, TelemetryConfig, WorkerConfig,

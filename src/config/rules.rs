@@ -1,6 +1,6 @@
 //! The value rules: one `Rule` per leaf key (`RULES`), checked on the merged TOML table so
-//! that a value of the wrong type is refused naming its key (serde would stop at the first one),
-//! then the relations between keys, checked on the deserialized [`Config`].
+//! that a value of the wrong type is refused naming its key (serde would stop at the first one);
+//! and [`Config::validate`], which runs them and then the relations (see `relations`).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -11,11 +11,13 @@ use url::Url;
 
 use super::error::{one_line, show, ConfigError, Problem};
 use super::load::lookup;
-use super::types::{Config, Task};
+use super::relations::check_relations;
+use super::source::{Source, Sources};
+use super::types::Config;
 use super::LIMIT_CEILING;
 
 /// What a limit may be, as said in error messages.
-fn limit_allowed() -> String {
+pub(super) fn limit_allowed() -> String {
     format!("must be an integer in 1..={LIMIT_CEILING}")
 }
 
@@ -167,17 +169,22 @@ pub(super) fn rule_for(key: &str) -> Option<Rule> {
     RULES.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
 }
 
-/// Checks every leaf of `root` against [`RULES`]; returns the problems and the refused keys.
-pub(super) fn check_values(root: &Table) -> (Vec<Problem>, BTreeSet<&'static str>) {
+/// Checks every leaf of `root` against [`RULES`]; returns the problems (each naming where its
+/// value came from, per `sources`) and the refused keys.
+pub(super) fn check_values(
+    root: &Table,
+    sources: &Sources,
+) -> (Vec<Problem>, BTreeSet<&'static str>) {
     let mut problems = Vec::new();
     let mut bad = BTreeSet::new();
     for (key, rule) in RULES {
         let Some(v) = lookup(root, key) else {
-            problems.push(Problem {
-                key: (*key).to_owned(),
-                value: "(missing)".to_owned(),
-                allowed: rule.allowed(),
-            });
+            problems.push(Problem::new(
+                *key,
+                "(missing)",
+                sources.of(key),
+                rule.allowed(),
+            ));
             bad.insert(*key);
             continue;
         };
@@ -186,82 +193,11 @@ pub(super) fn check_values(root: &Table) -> (Vec<Problem>, BTreeSet<&'static str
             if let Some(detail) = detail {
                 allowed.push_str(&format!(" ({})", one_line(&detail)));
             }
-            problems.push(Problem {
-                key: (*key).to_owned(),
-                value: show(key, v),
-                allowed,
-            });
+            problems.push(Problem::new(*key, show(key, v), sources.of(key), allowed));
             bad.insert(*key);
         }
     }
     (problems, bad)
-}
-
-/// Checks the relations between keys; a key already refused is not checked again.
-pub(super) fn check_relations(c: &Config, bad: &BTreeSet<&'static str>) -> Vec<Problem> {
-    let ok = |keys: &[&str]| keys.iter().all(|k| !bad.contains(k));
-    let mut problems = Vec::new();
-    let p = &c.polling;
-
-    for task in Task::ALL {
-        let key = format!("polling.{}.limit", task.label());
-        let limit = p.task(task).limit;
-        if ok(&[key.as_str(), "polling.total_limit"]) && limit > p.total_limit {
-            problems.push(Problem {
-                value: limit.to_string(),
-                allowed: format!(
-                    "{}, and at most polling.total_limit ({})",
-                    limit_allowed(),
-                    p.total_limit
-                ),
-                key,
-            });
-        }
-    }
-
-    let gateway_plus_one = c.gateway.timeout_ms.saturating_add(1000);
-    if ok(&["polling.handler_timeout_secs", "gateway.timeout_ms"])
-        && p.handler_timeout_secs.saturating_mul(1000) <= gateway_plus_one
-    {
-        problems.push(Problem {
-            key: "polling.handler_timeout_secs".to_owned(),
-            value: p.handler_timeout_secs.to_string(),
-            allowed: format!(
-                "must be greater than gateway.timeout_ms + 1 s ({} ms + 1000 ms), i.e. at least {}",
-                c.gateway.timeout_ms,
-                gateway_plus_one / 1000 + 1
-            ),
-        });
-    }
-
-    let lease_min = p.handler_timeout_secs.saturating_add(5);
-    if ok(&["polling.lease_ttl_secs", "polling.handler_timeout_secs"])
-        && p.lease_ttl_secs < lease_min
-    {
-        problems.push(Problem {
-            key: "polling.lease_ttl_secs".to_owned(),
-            value: p.lease_ttl_secs.to_string(),
-            allowed: format!(
-                "must be at least polling.handler_timeout_secs + 5 ({} + 5 = {lease_min}) \
-                 and at most 3600",
-                p.handler_timeout_secs
-            ),
-        });
-    }
-
-    if ok(&["polling.defer_max_delay_secs", "polling.defer_delay_secs"])
-        && p.defer_max_delay_secs < p.defer_delay_secs
-    {
-        problems.push(Problem {
-            key: "polling.defer_max_delay_secs".to_owned(),
-            value: p.defer_max_delay_secs.to_string(),
-            allowed: format!(
-                "must be at least polling.defer_delay_secs ({}) and at most 600",
-                p.defer_delay_secs
-            ),
-        });
-    }
-    problems
 }
 
 impl Config {
@@ -269,8 +205,10 @@ impl Config {
     /// problem at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let table = Table::try_from(self)?;
-        let (mut problems, bad) = check_values(&table);
-        problems.extend(check_relations(self, &bad));
+        // A config built in code has no layers to point at.
+        let sources = Sources::all_from(Source::Code);
+        let (mut problems, bad) = check_values(&table, &sources);
+        problems.extend(check_relations(self, &bad, &sources));
         if problems.is_empty() {
             Ok(())
         } else {
@@ -283,7 +221,9 @@ impl Config {
 mod tests {
     use super::*;
     use crate::config::load::join_key;
-    use crate::config::test_support::{from_str, problem_for, problems};
+    use crate::config::test_support::{
+        env_source, file_source, from_str, from_str_env, problem_for, problems,
+    };
 
     #[test]
     fn every_leaf_key_has_exactly_one_rule() {
@@ -313,7 +253,7 @@ mod tests {
         );
         assert_eq!(
             p.to_string(),
-            "polling.total_limit = 0: must be an integer in 1..=256"
+            "polling.total_limit = 0 (from test.toml): must be an integer in 1..=256"
         );
     }
 
@@ -349,7 +289,7 @@ mod tests {
         );
         assert_eq!(
             p.to_string(),
-            "polling.total_limit = 100000: must be an integer in 1..=256"
+            "polling.total_limit = 100000 (from test.toml): must be an integer in 1..=256"
         );
     }
 
@@ -364,58 +304,6 @@ mod tests {
     fn total_limit_at_the_ceiling_is_accepted() {
         let c = from_str("polling.total_limit = 256").expect("valid");
         assert_eq!(c.polling.total_limit, LIMIT_CEILING);
-    }
-
-    #[test]
-    fn task_limit_above_the_total_is_refused() {
-        let p = problem_for(
-            from_str("[polling]\ntotal_limit = 3\n[polling.carddata]\nlimit = 4"),
-            "polling.carddata.limit",
-        );
-        assert_eq!(p.value, "4");
-        assert!(p.allowed.contains("at most polling.total_limit (3)"), "{p}");
-        // card_status keeps its default 4, also above 3.
-        let all = problems(from_str("polling.total_limit = 3"));
-        assert_eq!(all.len(), 2, "{all:?}");
-    }
-
-    #[test]
-    fn handler_timeout_must_exceed_gateway_timeout_plus_one_second() {
-        // 5000 ms + 1 s = 6 s: 6 is refused, 7 accepted.
-        let p = problem_for(
-            from_str("polling.handler_timeout_secs = 6\npolling.lease_ttl_secs = 60"),
-            "polling.handler_timeout_secs",
-        );
-        assert!(p.allowed.contains("at least 7"), "{p}");
-        from_str("polling.handler_timeout_secs = 7").expect("valid");
-        // Raising the gateway timeout above the handler timeout is refused too.
-        let p = problem_for(
-            from_str("gateway.timeout_ms = 15000"),
-            "polling.handler_timeout_secs",
-        );
-        assert!(p.allowed.contains("15000 ms"), "{p}");
-    }
-
-    #[test]
-    fn lease_ttl_must_cover_handler_timeout_plus_five_seconds() {
-        let p = problem_for(
-            from_str("polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 19"),
-            "polling.lease_ttl_secs",
-        );
-        assert!(p.allowed.contains("15 + 5 = 20"), "{p}");
-        from_str("polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 20").expect("valid");
-        problem_for(
-            from_str("polling.lease_ttl_secs = 3601"),
-            "polling.lease_ttl_secs",
-        );
-    }
-
-    #[test]
-    fn defer_max_delay_below_defer_delay_is_refused() {
-        problem_for(
-            from_str("polling.defer_delay_secs = 10\npolling.defer_max_delay_secs = 5"),
-            "polling.defer_max_delay_secs",
-        );
     }
 
     #[test]
@@ -496,5 +384,51 @@ mod tests {
                 "{raw}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_value_from_the_file_names_the_file_as_its_source() {
+        let p = problem_for(from_str("polling.total_limit = 0"), "polling.total_limit");
+        assert_eq!(p.source, file_source());
+        assert!(p.to_string().contains("(from test.toml)"), "{p}");
+    }
+
+    #[test]
+    fn a_value_from_the_env_names_the_env_variable_as_its_source() {
+        let p = problem_for(
+            from_str_env(
+                "polling.total_limit = 5",
+                &[("CARDWORKER__POLLING__TOTAL_LIMIT", "abc")],
+            ),
+            "polling.total_limit",
+        );
+        assert_eq!(
+            p.to_string(),
+            "polling.total_limit = \"abc\" (from env CARDWORKER__POLLING__TOTAL_LIMIT): \
+             must be an integer in 1..=256"
+        );
+    }
+
+    #[test]
+    fn a_nested_env_override_names_its_own_variable() {
+        let p = problem_for(
+            from_str_env("", &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "0")]),
+            "polling.carddata.limit",
+        );
+        assert_eq!(p.source, env_source("CARDWORKER__POLLING__CARDDATA__LIMIT"));
+    }
+
+    #[test]
+    fn a_config_built_in_code_names_code_as_the_source() {
+        let mut c = Config::default();
+        c.polling.total_limit = 0;
+        c.polling.lease_ttl_secs = 16;
+        let err = c.validate().expect_err("invalid");
+        let sources: Vec<&Source> = err.problems().iter().map(|p| &p.source).collect();
+        assert_eq!(sources, [&Source::Code, &Source::Code], "{err}");
+        assert!(err.to_string().contains("(from code)"), "{err}");
+        c.telemetry.listen = "nowhere".to_owned();
+        let err = c.telemetry.listen_addr().expect_err("invalid");
+        assert_eq!(err.problems()[0].source, Source::Code);
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Table;
 
-use super::{Config, ConfigError, Problem};
+use super::{Config, ConfigError, Problem, Source};
 
 /// Env pairs as [`Config::load_from`] takes them.
 pub(super) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -15,10 +15,23 @@ pub(super) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Layers `text` (as the file) and `pairs` (as the env) over the defaults.
+/// The path the test file of [`from_str_env`] is given as, as its problems name it.
+pub(super) const TEST_FILE: &str = "test.toml";
+
+/// The source of a value from the test file.
+pub(super) fn file_source() -> Source {
+    Source::File(PathBuf::from(TEST_FILE))
+}
+
+/// The source of a value from the env override `name`.
+pub(super) fn env_source(name: &str) -> Source {
+    Source::Env(name.to_owned())
+}
+
+/// Layers `text` (as the file [`TEST_FILE`]) and `pairs` (as the env) over the defaults.
 pub(super) fn from_str_env(text: &str, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let table = toml::from_str::<Table>(text).expect("test TOML parses");
-    Config::build(Some(table), env(pairs))
+    Config::build(Some((PathBuf::from(TEST_FILE), table)), env(pairs))
 }
 
 /// Layers `text` (as the file) over the defaults.

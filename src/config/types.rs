@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{show_str, ConfigError, Problem};
 use super::rules::Rule;
 use super::secret::SecretUrl;
+use super::source::Source;
 #[cfg(doc)]
 use super::LIMIT_CEILING;
 
@@ -414,11 +415,13 @@ impl TelemetryConfig {
     /// `listen` as a [`SocketAddr`] (validated at load time).
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         self.listen.parse().map_err(|_| {
-            ConfigError::Invalid(vec![Problem {
-                key: "telemetry.listen".to_owned(),
-                value: show_str(&self.listen),
-                allowed: Rule::SocketAddr.allowed(),
-            }])
+            // Loading has checked the address, so only a config built in code gets here.
+            ConfigError::Invalid(vec![Problem::new(
+                "telemetry.listen",
+                show_str(&self.listen),
+                Source::Code,
+                Rule::SocketAddr.allowed(),
+            )])
         })
     }
 }
