@@ -37,7 +37,7 @@
 //! - `types`: the domain types ([`Config`] and its sections, [`Task`], [`LogFormat`]), their
 //!   defaults and the `Duration` helpers.
 //! - `load`: the layering (defaults -> file -> `CARDWORKER__...` env) and the merge that refuses
-//!   unknown keys.
+//!   unknown keys and records the source of every key it sets.
 //! - `rules`: the table of value rules (one per leaf key), [`Config::validate`] and
 //!   [`parse_limit`].
 //! - `relations`: the checks between keys (limits, timeouts, delays), on the typed [`Config`].
@@ -47,12 +47,11 @@
 //!
 //! # Why hand-written layering
 //!
-//! `figment` and `config` extract through serde, which stops at the first error, whereas an
-//! operator here gets every problem at once; both would still need our own walk over the merged
-//! table for that, plus the rule table, the relation checks and the redaction of refused values.
-//! figment's env metadata names a key as an uppercased dotted path, not the variable actually set.
-//! What a crate would replace is the ~100-line merge, at the price of a dependency tree on a
-//! 2-core build.
+//! `figment` and `config` extract through serde, which stops at the first error, while operators
+//! here get every problem at once; we would still walk the merged table ourselves for that, and
+//! keep the rule table, the relation checks and the redaction of refused values. figment's env
+//! metadata names a key as an uppercased dotted path, not the variable set. A crate would replace
+//! only the ~100-line merge, for a dependency tree on a 2-core build.
 
 mod error;
 mod load;
