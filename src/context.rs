@@ -43,9 +43,10 @@ impl AppContext {
     /// Connects to PostgreSQL and Redis and builds the Gateway client.
     pub async fn connect(config: Config) -> anyhow::Result<Arc<Self>> {
         let pool = crate::storage::connect(&config.database).await?;
-        let redis = connect_redis(&config.redis.url).await?;
-        let gateway = GatewayClient::new(&config.gateway.base_url, config.gateway.timeout())
-            .context("building the Gateway client")?;
+        let redis = connect_redis(config.redis.url.expose()).await?;
+        let gateway =
+            GatewayClient::new(config.gateway.base_url.expose(), config.gateway.timeout())
+                .context("building the Gateway client")?;
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());

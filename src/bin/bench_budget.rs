@@ -179,7 +179,7 @@ async fn commands(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
 
 fn config(url: &str, prefix: &str, total: u32, task: u32) -> Config {
     let mut c = Config::default();
-    c.redis.url = url.to_owned();
+    c.redis.url = url.into();
     c.redis.key_prefix = prefix.to_owned();
     c.polling.total_limit = total;
     c.polling.carddata.limit = task;

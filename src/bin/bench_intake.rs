@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("creating the bench database")?;
     let mut config = Config::default();
-    config.database.url = format!("postgres://root@127.0.0.1:5432/{db}");
+    config.database.url = format!("postgres://root@127.0.0.1:5432/{db}").into();
     config.redis.key_prefix = prefix.clone();
     config.telemetry.listen = "127.0.0.1:0".into();
     let ctx = AppContext::connect(config).await?;

@@ -155,11 +155,11 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
     sim.set_latency(0, 0);
 
     let mut config = Config::default();
-    config.database.url = db_url.clone();
+    config.database.url = db_url.clone().into();
     config.database.max_connections = u32::try_from(concurrency).unwrap_or(8) + 2;
-    config.redis.url = redis_url;
+    config.redis.url = redis_url.into();
     config.redis.key_prefix = format!("cwbench-{id}");
-    config.gateway.base_url = sim_handle.base_url();
+    config.gateway.base_url = sim_handle.base_url().into();
     config.validate()?;
 
     let result = async {
@@ -260,7 +260,7 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
 
     // Clean up whatever happened.
     let _ = sim_handle.shutdown().await;
-    if let Ok(mut conn) = cardworker::context::connect_redis(&config.redis.url).await {
+    if let Ok(mut conn) = cardworker::context::connect_redis(config.redis.url.expose()).await {
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{}:*", config.redis.key_prefix))
             .query_async(&mut conn)

@@ -75,7 +75,7 @@ fn labels(tasks: &[Task]) -> String {
 /// Runs one `budget` subcommand.
 pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandError> {
     let action = validate(config, cmd)?;
-    let redis = crate::context::connect_redis(&config.redis.url).await?;
+    let redis = crate::context::connect_redis(config.redis.url.expose()).await?;
     let budget = Budget::new(redis, config);
     match action {
         Action::Show(format) => {

@@ -86,7 +86,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Budget(cmd) => budget::execute(&config, cmd).await,
         Command::Maintenance(cmd) => {
-            let mut redis = connect_redis(&config.redis.url).await?;
+            let mut redis = connect_redis(config.redis.url.expose()).await?;
             let paused = matches!(cmd, MaintenanceCommand::Pause);
             crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
             println!(
@@ -149,7 +149,7 @@ async fn enqueue_maintenance<J: cardworker_jobs::Job>(
     job: &J,
     what: &str,
 ) -> Result<(), CommandError> {
-    let redis = connect_redis(&config.redis.url).await?;
+    let redis = connect_redis(config.redis.url.expose()).await?;
     let id = Producer::new(redis, config.redis.key_prefix.clone())
         .enqueue(job)
         .await

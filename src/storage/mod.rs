@@ -25,7 +25,11 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Opens the pool. TLS follows the URL (`sslmode=verify-full&sslrootcert=…`).
 pub async fn connect(config: &DatabaseConfig) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = config.url.parse().context("parsing database.url")?;
+    let options: PgConnectOptions = config
+        .url
+        .expose()
+        .parse()
+        .context("parsing database.url")?;
     PgPoolOptions::new()
         .max_connections(config.max_connections)
         .acquire_timeout(Duration::from_secs(10))

@@ -18,7 +18,7 @@ const SHORT_TASK: Acquired = Acquired::Short {
 
 fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Config {
     let mut c = Config::default();
-    c.redis.url = redis_url();
+    c.redis.url = redis_url().into();
     c.redis.key_prefix = redis.prefix.clone();
     c.polling.total_limit = total;
     c.polling.carddata.limit = carddata;

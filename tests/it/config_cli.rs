@@ -6,6 +6,11 @@ use std::process::{Command, Output};
 const BIN: &str = env!("CARGO_BIN_EXE_cardworker");
 
 fn check_config(toml: &str, env: &[(&str, &str)]) -> Output {
+    check_config_file(toml, env).0
+}
+
+/// Like [`check_config`], also returning the `--config` path as given, which messages name.
+fn check_config_file(toml: &str, env: &[(&str, &str)]) -> (Output, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
     std::fs::write(&path, toml).expect("write config");
@@ -16,7 +21,15 @@ fn check_config(toml: &str, env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().expect("run cardworker")
+    let out = cmd.output().expect("run cardworker");
+    (out, path.display().to_string())
+}
+
+/// Stderr of a refused configuration, after checking the exit status.
+fn refused(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
 }
 
 fn assert_refused(toml: &str, key: &str, value: &str) {
@@ -164,4 +177,136 @@ fn a_usage_error_exits_with_status_two() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn an_env_override_that_is_not_a_number_names_the_env_variable_as_its_source() {
+    let stderr = refused(&check_config(
+        "",
+        &[("CARDWORKER__POLLING__TOTAL_LIMIT", "abc")],
+    ));
+    assert!(
+        stderr.contains(
+            "polling.total_limit = \"abc\" (from env CARDWORKER__POLLING__TOTAL_LIMIT): \
+             must be an integer in 1..=256"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_value_in_the_file_names_the_file_as_given_on_the_command_line() {
+    let (out, path) = check_config_file("[polling]\ntotal_limit = 0\n", &[]);
+    let stderr = refused(&out);
+    assert!(
+        stderr.contains(&format!(
+            "polling.total_limit = 0 (from {path}): must be an integer in 1..=256"
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_file_named_by_cardworker_config_is_named_as_written_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("conf")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("conf/x.toml"),
+        "[polling]\ntotal_limt = 4\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .current_dir(dir.path())
+        .env("CARDWORKER_CONFIG", "conf/x.toml")
+        .output()
+        .expect("run");
+    let stderr = refused(&out);
+    assert!(
+        stderr.contains("polling.total_limt = 4 (from conf/x.toml): unknown key"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_default_in_conflict_with_a_file_value_names_the_source_of_both_keys() {
+    // card_status keeps its default limit of 4, above the file's total_limit of 3.
+    let (out, path) = check_config_file(
+        "[polling]\ntotal_limit = 3\n[polling.carddata]\nlimit = 2\n",
+        &[],
+    );
+    let stderr = refused(&out);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("polling.card_status.limit"))
+        .unwrap_or_else(|| panic!("no line for polling.card_status.limit: {stderr}"));
+    assert!(
+        line.contains("polling.card_status.limit = 4 (from default): "),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(&format!(
+            "checked against polling.total_limit = 3 (from {path})"
+        )),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_relation_between_a_file_value_and_an_env_value_names_the_source_of_each() {
+    let (out, path) = check_config_file(
+        "[polling]\nhandler_timeout_secs = 10\n",
+        &[("CARDWORKER__GATEWAY__TIMEOUT_MS", "20000")],
+    );
+    let stderr = refused(&out);
+    assert!(
+        stderr.contains(&format!(
+            "polling.handler_timeout_secs = 10 (from {path}): "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "checked against gateway.timeout_ms = 20000 (from env CARDWORKER__GATEWAY__TIMEOUT_MS)"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_env_override_names_the_env_variable_as_its_source() {
+    let stderr = refused(&check_config("", &[("CARDWORKER__POLLING__BOGUS", "1")]));
+    assert!(
+        stderr.contains("polling.bogus = 1 (from env CARDWORKER__POLLING__BOGUS): unknown key"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn every_line_of_a_report_with_several_problems_starts_the_same_way() {
+    let (out, path) = check_config_file(
+        "[polling]\ntotal_limit = 0\nbogus = 1\n[gateway]\ntimeout_ms = 5\n",
+        &[("CARDWORKER__POLLING__RECONCILE_CRON", "30 3 * * *")],
+    );
+    let stderr = refused(&out);
+    let mut lines = stderr.lines();
+    assert_eq!(
+        lines.next(),
+        Some("error: invalid configuration (4 problems):"),
+        "{stderr}"
+    );
+    let problems: Vec<&str> = lines.collect();
+    assert_eq!(problems.len(), 4, "{stderr}");
+    for line in &problems {
+        assert!(line.starts_with("  - "), "{line:?} in {stderr}");
+        assert!(line.contains(" (from "), "{line:?} names no source");
+    }
+    assert!(
+        stderr.contains(&format!("  - polling.bogus = 1 (from {path}): unknown key")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("(from env CARDWORKER__POLLING__RECONCILE_CRON)"),
+        "{stderr}"
+    );
 }

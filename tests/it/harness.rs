@@ -178,11 +178,11 @@ impl Drop for TestRedis {
 /// A test configuration on the test database, prefix and simulator.
 pub fn test_config(db: &TestDb, redis: &TestRedis, gateway: &str) -> Config {
     let mut config = Config::default();
-    config.database.url = db.url.clone();
+    config.database.url = db.url.clone().into();
     config.database.max_connections = 10;
-    config.redis.url = redis_url();
+    config.redis.url = redis_url().into();
     config.redis.key_prefix = redis.prefix.clone();
-    config.gateway.base_url = gateway.to_owned();
+    config.gateway.base_url = gateway.into();
     config.gateway.timeout_ms = 2_000;
     config.polling.handler_timeout_secs = 4;
     config.polling.lease_ttl_secs = 10;

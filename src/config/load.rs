@@ -1,0 +1,542 @@
+//! The layering: built-in defaults, then the TOML file, then `CARDWORKER__SECTION__KEY` env
+//! overrides, merged into one `toml::Value` table shaped by the defaults; then validation (see
+//! `rules`) and deserialization into [`Config`].
+//!
+//! The merge is done on TOML values rather than through serde so that an unknown key is refused
+//! naming its dotted key, a refused value can be put back to its default to keep checking the
+//! rest, and every problem is collected instead of stopping at the first.
+
+use std::path::{Path, PathBuf};
+
+use toml::{Table, Value};
+
+use super::error::{one_line, show, show_str, ConfigError, Problem};
+use super::relations::check_relations;
+use super::rules::{check_values, rule_for, Rule};
+use super::source::{Source, Sources};
+use super::types::Config;
+use super::{CONFIG_PATH_ENV, ENV_PREFIX};
+
+/// Separator between the segments of an env override name.
+const ENV_SEPARATOR: &str = "__";
+
+impl Config {
+    /// Loads the configuration from the process environment: defaults, then the file (`path`,
+    /// else env `CARDWORKER_CONFIG`, else none), then `CARDWORKER__SECTION__KEY` env overrides;
+    /// then validates it.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let env = std::env::vars_os().map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        });
+        Self::load_from(path, env)
+    }
+
+    /// Like [`Config::load`], with the environment given explicitly (for tests). `env` is also
+    /// where `CARDWORKER_CONFIG` is looked up when `path` is `None`.
+    pub fn load_from<I>(path: Option<&Path>, env: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let path: Option<PathBuf> = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None => env
+                .iter()
+                .find(|(k, v)| k == CONFIG_PATH_ENV && !v.trim().is_empty())
+                .map(|(_, v)| PathBuf::from(v)),
+        };
+        let file = match path {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                let table =
+                    toml::from_str::<Table>(&text).map_err(|source| ConfigError::Syntax {
+                        path: path.clone(),
+                        source: Box::new(source),
+                    })?;
+                Some((path, table))
+            }
+        };
+        Self::build(file, env)
+    }
+
+    /// Layers `file` (its path as given, and its table) and `env` over the defaults and
+    /// validates the result, naming the source of every refused value.
+    pub(super) fn build(
+        file: Option<(PathBuf, Table)>,
+        env: Vec<(String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let defaults = Table::try_from(Config::default())?;
+        let mut merged = defaults.clone();
+        let mut sources = Sources::all_from(Source::Default);
+        let mut problems = Vec::new();
+
+        if let Some((path, file)) = file {
+            let mut layer = Layer {
+                source: Source::File(path),
+                sources: &mut sources,
+                problems: &mut problems,
+            };
+            layer.merge(&mut merged, file, "");
+        }
+
+        let mut overrides: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .collect();
+        overrides.sort();
+        for (name, raw) in overrides {
+            let mut layer = Layer {
+                source: Source::Env(name.clone()),
+                sources: &mut sources,
+                problems: &mut problems,
+            };
+            layer.apply_env(&mut merged, &defaults, &name, &raw);
+        }
+
+        let (mut value_problems, bad) = check_values(&merged, &sources);
+        problems.append(&mut value_problems);
+
+        // Put the defaults back where a value was refused, so that the rest still deserializes
+        // and every other problem is reported too.
+        for key in &bad {
+            if let (Some(slot), Some(default)) =
+                (lookup_mut(&mut merged, key), lookup(&defaults, key))
+            {
+                *slot = default.clone();
+            }
+        }
+        let config = match Value::Table(merged).try_into::<Config>() {
+            Ok(config) => config,
+            Err(e) => {
+                // Not expected: the rules have checked every type already. No one layer is to
+                // blame; the merged table is built on the defaults.
+                problems.push(Problem::new(
+                    "(config)",
+                    "",
+                    Source::Default,
+                    one_line(&e.to_string()),
+                ));
+                return Err(ConfigError::Invalid(problems));
+            }
+        };
+        problems.extend(check_relations(&config, &bad, &sources));
+
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+pub(super) fn join_key(prefix: &str, k: &str) -> String {
+    if prefix.is_empty() {
+        k.to_owned()
+    } else {
+        format!("{prefix}.{k}")
+    }
+}
+
+pub(super) fn lookup<'a>(root: &'a Table, key: &str) -> Option<&'a Value> {
+    let mut parts = key.split('.');
+    let mut v = root.get(parts.next()?)?;
+    for part in parts {
+        v = v.as_table()?.get(part)?;
+    }
+    Some(v)
+}
+
+fn lookup_mut<'a>(root: &'a mut Table, key: &str) -> Option<&'a mut Value> {
+    let mut parts = key.split('.');
+    let mut v = root.get_mut(parts.next()?)?;
+    for part in parts {
+        v = v.as_table_mut()?.get_mut(part)?;
+    }
+    Some(v)
+}
+
+/// One layer being merged: where its values come from, and where the merge records them.
+struct Layer<'a> {
+    /// The file or the env var of this layer.
+    source: Source,
+    /// The source of every leaf key set so far; this layer's keys are recorded as they merge.
+    sources: &'a mut Sources,
+    /// Unknown keys and misplaced sections, each naming this layer's source.
+    problems: &'a mut Vec<Problem>,
+}
+
+impl Layer<'_> {
+    /// Merges `over` into `base` (shaped by the defaults): unknown keys and a value where a
+    /// section is due (or the reverse) are reported, not merged.
+    fn merge(&mut self, base: &mut Table, over: Table, prefix: &str) {
+        for (k, v) in over {
+            let key = join_key(prefix, &k);
+            match base.get_mut(&k) {
+                None => {
+                    let known: Vec<&str> = base.keys().map(String::as_str).collect();
+                    let section = if prefix.is_empty() {
+                        "the top level".to_owned()
+                    } else {
+                        format!("[{prefix}]")
+                    };
+                    let allowed = format!("unknown key; {section} accepts: {}", known.join(", "));
+                    self.refuse(key, &v, allowed);
+                }
+                Some(Value::Table(section)) => match v {
+                    Value::Table(t) => self.merge(section, t, &key),
+                    other => {
+                        let keys: Vec<&str> = section.keys().map(String::as_str).collect();
+                        let allowed =
+                            format!("must be a section [{key}] with keys: {}", keys.join(", "));
+                        self.refuse(key, &other, allowed);
+                    }
+                },
+                Some(slot) => match v {
+                    Value::Table(_) => {
+                        let allowed = rule_for(&key)
+                            .map(Rule::allowed)
+                            .unwrap_or_else(|| "must be a value, not a section".to_owned());
+                        self.refuse(key, &v, allowed);
+                    }
+                    other => {
+                        *slot = other;
+                        self.sources.set(&key, &self.source);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Reports `key = v` of this layer as refused (and leaves the merged value alone).
+    fn refuse(&mut self, key: String, v: &Value, allowed: String) {
+        let value = show(&key, v);
+        self.problems
+            .push(Problem::new(key, value, self.source.clone(), allowed));
+    }
+
+    /// Applies one `CARDWORKER__SECTION__KEY=raw` override.
+    fn apply_env(&mut self, merged: &mut Table, defaults: &Table, name: &str, raw: &str) {
+        let rest = name.strip_prefix(ENV_PREFIX).unwrap_or(name);
+        let segments: Vec<String> = rest.split(ENV_SEPARATOR).map(str::to_lowercase).collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            self.problems.push(Problem::new(
+                name,
+                show_str(raw),
+                self.source.clone(),
+                "not a valid override name: use CARDWORKER__SECTION__KEY, \
+                 e.g. CARDWORKER__POLLING__TOTAL_LIMIT",
+            ));
+            return;
+        }
+        let key = segments.join(".");
+        let value = match lookup(defaults, &key) {
+            Some(Value::String(_)) => Value::String(raw.to_owned()),
+            _ => parse_env_scalar(raw),
+        };
+        // Nest the value as `{a = {b = {c = value}}}` and merge it like a file.
+        let mut nested = value;
+        for segment in segments.iter().rev() {
+            let mut t = Table::new();
+            t.insert(segment.clone(), nested);
+            nested = Value::Table(t);
+        }
+        if let Value::Table(t) = nested {
+            self.merge(merged, t, "");
+        }
+    }
+}
+
+/// Reads an env value as a TOML integer, float or boolean when it is one, else as a string.
+fn parse_env_scalar(raw: &str) -> Value {
+    let doc = format!("v = {raw}");
+    if let Ok(mut t) = toml::from_str::<Table>(&doc) {
+        if t.len() == 1 {
+            if let Some(v @ (Value::Integer(_) | Value::Float(_) | Value::Boolean(_))) =
+                t.remove("v")
+            {
+                return v;
+            }
+        }
+    }
+    Value::String(raw.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_support::{
+        bundled, env, file_source, from_str, from_str_env, problem_for,
+    };
+    use crate::config::{LogFormat, CONFIG_PATH_ENV};
+
+    #[test]
+    fn unknown_key_is_refused_naming_the_dotted_key() {
+        let p = problem_for(from_str("[polling]\nbogus = 1"), "polling.bogus");
+        assert_eq!(p.value, "1");
+        assert!(p.allowed.starts_with("unknown key"), "{p}");
+        assert!(p.allowed.contains("total_limit"), "{p}");
+        problem_for(
+            from_str("[polling.carddata]\nlimitt = 2"),
+            "polling.carddata.limitt",
+        );
+    }
+
+    #[test]
+    fn unknown_section_is_refused_naming_the_dotted_key() {
+        let p = problem_for(from_str("[polling.foo]\nlimit = 1"), "polling.foo");
+        assert!(p.allowed.starts_with("unknown key"), "{p}");
+        let p = problem_for(from_str("[bogus]\nx = 1"), "bogus");
+        assert!(p.allowed.contains("the top level"), "{p}");
+    }
+
+    #[test]
+    fn a_value_where_a_section_is_due_is_refused() {
+        let p = problem_for(from_str("polling = 3"), "polling");
+        assert!(p.allowed.contains("section"), "{p}");
+        problem_for(
+            from_str("[polling.total_limit]\nx = 1"),
+            "polling.total_limit",
+        );
+    }
+
+    #[test]
+    fn env_overrides_win_over_the_file() {
+        let c = from_str_env(
+            "[polling]\ntotal_limit = 10\n[polling.carddata]\nlimit = 5",
+            &[
+                ("CARDWORKER__POLLING__TOTAL_LIMIT", "6"),
+                ("CARDWORKER__POLLING__CARDDATA__LIMIT", "2"),
+                ("CARDWORKER__TELEMETRY__LOG_FORMAT", "pretty"),
+                ("CARDWORKER__MAINTENANCE__ENABLED", "true"),
+                ("CARDWORKER__REDIS__KEY_PREFIX", "123"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.polling.total_limit, 6);
+        assert_eq!(c.polling.carddata.limit, 2);
+        assert_eq!(c.telemetry.log_format, LogFormat::Pretty);
+        assert!(c.maintenance.enabled);
+        assert_eq!(c.redis.key_prefix, "123");
+    }
+
+    #[test]
+    fn env_override_of_the_wrong_type_is_refused_naming_the_key() {
+        for raw in ["abc", "0", "-1", "3.5", "inf", "1e9", "100000", ""] {
+            let p = problem_for(
+                from_str_env("", &[("CARDWORKER__POLLING__TOTAL_LIMIT", raw)]),
+                "polling.total_limit",
+            );
+            assert!(p.allowed.contains("integer in 1..=256"), "{raw}: {p}");
+        }
+    }
+
+    #[test]
+    fn unknown_env_override_is_refused_naming_the_dotted_key() {
+        let p = problem_for(
+            from_str_env("", &[("CARDWORKER__POLLING__BOGUS", "1")]),
+            "polling.bogus",
+        );
+        assert_eq!(
+            p.source,
+            Source::Env("CARDWORKER__POLLING__BOGUS".to_owned()),
+            "{p}"
+        );
+        assert!(
+            p.to_string().starts_with(
+                "polling.bogus = 1 (from env CARDWORKER__POLLING__BOGUS): unknown key"
+            ),
+            "{p}"
+        );
+        let p = problem_for(
+            from_str_env("", &[("CARDWORKER__POLLING__", "1")]),
+            "CARDWORKER__POLLING__",
+        );
+        assert_eq!(p.source, Source::Env("CARDWORKER__POLLING__".to_owned()));
+    }
+
+    #[test]
+    fn all_problems_are_reported_at_once() {
+        let err = from_str(
+            "[database]\nmax_connections = 0\n[polling]\ntotal_limit = \"abc\"\nbogus = 1\n\
+             reconcile_cron = \"nope\"\n[polling.card_status]\nlimit = 300\n\
+             [telemetry]\nlog_format = \"xml\"",
+        )
+        .expect_err("invalid");
+        let keys: Vec<&str> = err.problems().iter().map(|p| p.key.as_str()).collect();
+        for key in [
+            "database.max_connections",
+            "polling.total_limit",
+            "polling.bogus",
+            "polling.reconcile_cron",
+            "polling.card_status.limit",
+            "telemetry.log_format",
+        ] {
+            assert!(keys.contains(&key), "{key} missing from {keys:?}");
+        }
+        let text = err.to_string();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some(format!("invalid configuration ({} problems):", keys.len()).as_str())
+        );
+        // Every other line is one problem, and each starts the same way.
+        assert_eq!(lines.clone().count(), err.problems().len(), "{text}");
+        assert!(lines.all(|l| l.starts_with("  - ")), "{text}");
+        assert!(text.contains(
+            "  - polling.total_limit = \"abc\" (from test.toml): must be an integer in 1..=256"
+        ));
+        assert_eq!(err.exit_status(), 2);
+    }
+
+    #[test]
+    fn file_path_comes_from_the_argument_or_the_env() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[polling]\ntotal_limit = 5\n").expect("write");
+        let c = Config::load_from(Some(&path), vec![]).expect("valid");
+        assert_eq!(c.polling.total_limit, 5);
+        let c = Config::load_from(
+            None,
+            env(&[(CONFIG_PATH_ENV, path.to_str().expect("utf-8 path"))]),
+        )
+        .expect("valid");
+        assert_eq!(c.polling.total_limit, 5);
+        assert_eq!(
+            Config::load_from(None, vec![]).expect("valid"),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn unreadable_file_and_bad_syntax_are_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("missing.toml");
+        assert!(matches!(
+            Config::load_from(Some(&missing), vec![]),
+            Err(ConfigError::Read { .. })
+        ));
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[polling\ntotal_limit = ").expect("write");
+        let err = Config::load_from(Some(&bad), vec![]).expect_err("syntax");
+        assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
+        assert_eq!(err.exit_status(), 2);
+    }
+
+    #[test]
+    fn bundled_default_file_equals_the_built_in_defaults() {
+        let c = Config::load_from(Some(&bundled("default.toml")), vec![]).expect("valid");
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn bundled_local_file_is_valid() {
+        let c = Config::load_from(Some(&bundled("local.toml")), vec![]).expect("valid");
+        c.validate().expect("valid");
+        assert_eq!(c.telemetry.log_format, LogFormat::Pretty);
+        assert_eq!(c.polling.carddata.interval_secs, 10);
+        assert_eq!(c.polling.card_status.interval_secs, 20);
+        assert_eq!(c.telemetry.listen_addr().expect("addr").port(), 9464);
+    }
+
+    #[test]
+    fn bundled_production_file_is_valid() {
+        let c = Config::load_from(Some(&bundled("production.toml")), vec![]).expect("valid");
+        c.validate().expect("valid");
+        assert!(!c.maintenance.enabled);
+        assert_eq!(
+            c.polling.total_limit, 4,
+            "the rollout starts with conservative budgets"
+        );
+        // Credentials come from env, layered over the file.
+        let c = Config::load_from(
+            Some(&bundled("production.toml")),
+            env(&[
+                (
+                    "CARDWORKER__DATABASE__URL",
+                    "postgres://cw:pw@pg:5432/cw?sslmode=verify-full",
+                ),
+                ("CARDWORKER__REDIS__URL", "rediss://:pw@redis:6380/0"),
+            ]),
+        )
+        .expect("valid");
+        assert!(c.redis.url.expose().starts_with("rediss://"));
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_names_the_file() {
+        for (text, key) in [
+            ("[polling]\nbogus = 1", "polling.bogus"),
+            ("[polling.foo]\nlimit = 1", "polling.foo"),
+            ("polling = 3", "polling"),
+            ("[polling.total_limit]\nx = 1", "polling.total_limit"),
+        ] {
+            let p = problem_for(from_str(text), key);
+            assert_eq!(p.source, file_source(), "{p}");
+        }
+    }
+
+    #[test]
+    fn the_env_wins_over_the_file_and_is_named_as_the_source() {
+        let p = problem_for(
+            from_str_env(
+                "[polling.carddata]\nlimit = 2",
+                &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "300")],
+            ),
+            "polling.carddata.limit",
+        );
+        assert_eq!(p.value, "300");
+        assert_eq!(
+            p.source,
+            Source::Env("CARDWORKER__POLLING__CARDDATA__LIMIT".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_key_set_only_by_the_defaults_is_named_as_default() {
+        // The file sets other keys of [polling]; lease_ttl_secs keeps its default 60, which
+        // the file's handler timeout of 58 makes too short.
+        let p = problem_for(
+            from_str("[polling]\nhandler_timeout_secs = 58\ntotal_limit = 8"),
+            "polling.lease_ttl_secs",
+        );
+        assert_eq!(p.source, Source::Default);
+        assert_eq!(p.related[0].source, file_source());
+    }
+
+    #[test]
+    fn a_file_is_named_by_the_path_as_given() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("given.toml");
+        std::fs::write(&path, "polling.total_limit = 0\n").expect("write");
+        let p = problem_for(
+            Config::load_from(Some(&path), vec![]),
+            "polling.total_limit",
+        );
+        assert_eq!(p.source, Source::File(path.clone()));
+        // The same when the path comes from CARDWORKER_CONFIG.
+        let raw = path.to_str().expect("utf-8 path");
+        let p = problem_for(
+            Config::load_from(None, env(&[(CONFIG_PATH_ENV, raw)])),
+            "polling.total_limit",
+        );
+        assert!(p.to_string().contains(&format!("(from {raw})")), "{p}");
+    }
+
+    #[test]
+    fn a_single_problem_is_reported_under_the_same_heading() {
+        let err = from_str("polling.total_limit = 0").expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration (1 problem):\n  - polling.total_limit = 0 (from test.toml): \
+             must be an integer in 1..=256"
+        );
+    }
+}

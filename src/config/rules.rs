@@ -1,0 +1,434 @@
+//! The value rules: one `Rule` per leaf key (`RULES`), checked on the merged TOML table so
+//! that a value of the wrong type is refused naming its key (serde would stop at the first one);
+//! and [`Config::validate`], which runs them and then the relations (see `relations`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use toml::{Table, Value};
+use url::Url;
+
+use super::error::{one_line, show, ConfigError, Problem};
+use super::load::lookup;
+use super::relations::check_relations;
+use super::source::{Source, Sources};
+use super::types::Config;
+use super::LIMIT_CEILING;
+
+/// What a limit may be, as said in error messages.
+pub(super) fn limit_allowed() -> String {
+    format!("must be an integer in 1..={LIMIT_CEILING}")
+}
+
+/// Parses a polling limit written as plain decimal digits, in `1..=LIMIT_CEILING`.
+///
+/// Used for the config keys, the runtime override command (`budget set --limit N`) and when
+/// reading overrides back from Redis. Refuses `0`, `-1`, `3.5`, `abc`, `inf`, `1e9`, `100000`
+/// and the empty string, with a message saying what is allowed. Surrounding whitespace is
+/// ignored.
+pub fn parse_limit(raw: &str) -> Result<u32, String> {
+    let refused = || format!("limit {raw:?} is not allowed: {}", limit_allowed());
+    let digits = raw.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(refused());
+    }
+    match digits.parse::<u32>() {
+        Ok(n) if (1..=LIMIT_CEILING).contains(&n) => Ok(n),
+        _ => Err(refused()),
+    }
+}
+
+/// How one leaf key is checked on the merged table.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Rule {
+    /// An integer in `lo..=hi`; `note` adds the relations checked later.
+    Int {
+        lo: i64,
+        hi: i64,
+        note: &'static str,
+    },
+    Bool,
+    Url(&'static [&'static str]),
+    Cron,
+    KeyPrefix,
+    SocketAddr,
+    LogFormat,
+}
+
+const fn int(lo: i64, hi: i64) -> Rule {
+    Rule::Int { lo, hi, note: "" }
+}
+
+const fn int_note(lo: i64, hi: i64, note: &'static str) -> Rule {
+    Rule::Int { lo, hi, note }
+}
+
+// `as` is a lossless widening here (u32 -> i64); `From` is not const.
+const LIMIT_HI: i64 = LIMIT_CEILING as i64;
+const TASK_LIMIT: Rule = int_note(1, LIMIT_HI, ", and at most polling.total_limit");
+const INTERVAL: Rule = int(1, 86_400);
+const MAX_FAILURES: Rule = int(1, 1000);
+
+/// Every leaf key of the configuration and how it is checked.
+const RULES: &[(&str, Rule)] = &[
+    ("database.url", Rule::Url(&["postgres", "postgresql"])),
+    ("database.max_connections", int(1, 200)),
+    ("redis.url", Rule::Url(&["redis", "rediss"])),
+    ("redis.key_prefix", Rule::KeyPrefix),
+    ("gateway.base_url", Rule::Url(&["http", "https"])),
+    ("gateway.timeout_ms", int(100, 60_000)),
+    ("worker.shutdown_grace_secs", int(1, 600)),
+    ("polling.total_limit", int(1, LIMIT_HI)),
+    (
+        "polling.handler_timeout_secs",
+        int_note(
+            1,
+            3595,
+            ", and greater than (gateway.timeout_ms + 1000 ms) in seconds",
+        ),
+    ),
+    (
+        "polling.lease_ttl_secs",
+        int_note(6, 3600, ", and at least polling.handler_timeout_secs + 5"),
+    ),
+    ("polling.defer_delay_secs", int(1, 60)),
+    (
+        "polling.defer_max_delay_secs",
+        int_note(1, 600, ", and at least polling.defer_delay_secs"),
+    ),
+    ("polling.reconcile_cron", Rule::Cron),
+    ("polling.reconcile_batch", int(1, 100_000)),
+    ("polling.carddata.limit", TASK_LIMIT),
+    ("polling.carddata.interval_secs", INTERVAL),
+    ("polling.carddata.max_consecutive_failures", MAX_FAILURES),
+    ("polling.card_status.limit", TASK_LIMIT),
+    ("polling.card_status.interval_secs", INTERVAL),
+    ("polling.card_status.max_consecutive_failures", MAX_FAILURES),
+    ("payments.concurrency", int(1, 256)),
+    ("payments.recovery_after_secs", int(10, 86_400)),
+    ("payments.recovery_cron", Rule::Cron),
+    ("maintenance.enabled", Rule::Bool),
+    ("maintenance.cleanup_enabled", Rule::Bool),
+    ("maintenance.archive_cron", Rule::Cron),
+    ("maintenance.retention_cron", Rule::Cron),
+    ("maintenance.archive_after_days", int(1, 3650)),
+    ("maintenance.retention_days", int(1, 36_500)),
+    ("maintenance.batch_size", int(1, 100_000)),
+    ("maintenance.statement_timeout_ms", int(100, 600_000)),
+    ("telemetry.listen", Rule::SocketAddr),
+    ("telemetry.log_format", Rule::LogFormat),
+];
+
+impl Rule {
+    /// What is allowed, for the error message.
+    pub(super) fn allowed(self) -> String {
+        match self {
+            Rule::Int { lo, hi, note } => format!("must be an integer in {lo}..={hi}{note}"),
+            Rule::Bool => "must be true or false".to_owned(),
+            Rule::Url(schemes) => format!("must be a URL with scheme {}", schemes.join(" or ")),
+            Rule::Cron => "must be a cron expression with six or seven fields, seconds first \
+                           (e.g. \"0 */10 * * * *\")"
+                .to_owned(),
+            Rule::KeyPrefix => "must be non-empty and use only A-Z a-z 0-9 _ . - \
+                                (no braces, colons or spaces)"
+                .to_owned(),
+            Rule::SocketAddr => "must be a socket address such as \"0.0.0.0:9464\"".to_owned(),
+            Rule::LogFormat => "must be \"json\" or \"pretty\"".to_owned(),
+        }
+    }
+
+    /// `Ok` when `v` satisfies the rule, else an optional detail for the message.
+    fn check(self, v: &Value) -> Result<(), Option<String>> {
+        match (self, v) {
+            (Rule::Int { lo, hi, .. }, Value::Integer(i)) if (lo..=hi).contains(i) => Ok(()),
+            (Rule::Bool, Value::Boolean(_)) => Ok(()),
+            (Rule::Url(schemes), Value::String(s)) => match Url::parse(s) {
+                Ok(u) if schemes.contains(&u.scheme()) => Ok(()),
+                Ok(u) => Err(Some(format!("scheme is {:?}", u.scheme()))),
+                Err(e) => Err(Some(e.to_string())),
+            },
+            (Rule::Cron, Value::String(s)) => cron::Schedule::from_str(s)
+                .map(|_| ())
+                .map_err(|e| Some(e.to_string())),
+            (Rule::KeyPrefix, Value::String(s))
+                if !s.is_empty()
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')) =>
+            {
+                Ok(())
+            }
+            (Rule::SocketAddr, Value::String(s)) if s.parse::<SocketAddr>().is_ok() => Ok(()),
+            (Rule::LogFormat, Value::String(s)) if s == "json" || s == "pretty" => Ok(()),
+            _ => Err(None),
+        }
+    }
+}
+
+pub(super) fn rule_for(key: &str) -> Option<Rule> {
+    RULES.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
+}
+
+/// Checks every leaf of `root` against [`RULES`]; returns the problems (each naming where its
+/// value came from, per `sources`) and the refused keys.
+pub(super) fn check_values(
+    root: &Table,
+    sources: &Sources,
+) -> (Vec<Problem>, BTreeSet<&'static str>) {
+    let mut problems = Vec::new();
+    let mut bad = BTreeSet::new();
+    for (key, rule) in RULES {
+        let Some(v) = lookup(root, key) else {
+            problems.push(Problem::new(
+                *key,
+                "(missing)",
+                sources.of(key),
+                rule.allowed(),
+            ));
+            bad.insert(*key);
+            continue;
+        };
+        if let Err(detail) = rule.check(v) {
+            let mut allowed = rule.allowed();
+            if let Some(detail) = detail {
+                allowed.push_str(&format!(" ({})", one_line(&detail)));
+            }
+            problems.push(Problem::new(*key, show(key, v), sources.of(key), allowed));
+            bad.insert(*key);
+        }
+    }
+    (problems, bad)
+}
+
+impl Config {
+    /// Validates a configuration built in code (loading already does this); reports every
+    /// problem at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let table = Table::try_from(self)?;
+        // A config built in code has no layers to point at.
+        let sources = Sources::all_from(Source::Code);
+        let (mut problems, bad) = check_values(&table, &sources);
+        problems.extend(check_relations(self, &bad, &sources));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load::join_key;
+    use crate::config::test_support::{
+        env_source, file_source, from_str, from_str_env, problem_for, problems,
+    };
+
+    #[test]
+    fn every_leaf_key_has_exactly_one_rule() {
+        let table = Table::try_from(Config::default()).expect("serializes");
+        fn leaves(prefix: &str, t: &Table, out: &mut Vec<String>) {
+            for (k, v) in t {
+                let key = join_key(prefix, k);
+                match v {
+                    Value::Table(t) => leaves(&key, t, out),
+                    _ => out.push(key),
+                }
+            }
+        }
+        let mut keys = Vec::new();
+        leaves("", &table, &mut keys);
+        keys.sort();
+        let mut ruled: Vec<String> = RULES.iter().map(|(k, _)| (*k).to_owned()).collect();
+        ruled.sort();
+        assert_eq!(keys, ruled);
+    }
+
+    #[test]
+    fn total_limit_of_zero_is_refused_naming_the_key() {
+        let p = problem_for(
+            from_str("[polling]\ntotal_limit = 0"),
+            "polling.total_limit",
+        );
+        assert_eq!(
+            p.to_string(),
+            "polling.total_limit = 0 (from test.toml): must be an integer in 1..=256"
+        );
+    }
+
+    #[test]
+    fn negative_total_limit_is_refused_naming_the_key() {
+        let p = problem_for(from_str("polling.total_limit = -1"), "polling.total_limit");
+        assert_eq!(p.value, "-1");
+        assert!(p.allowed.contains("1..=256"));
+    }
+
+    #[test]
+    fn fractional_total_limit_is_refused_naming_the_key() {
+        let p = problem_for(from_str("polling.total_limit = 3.5"), "polling.total_limit");
+        assert_eq!(p.value, "3.5");
+        assert!(p.allowed.contains("integer in 1..=256"));
+    }
+
+    #[test]
+    fn non_numeric_total_limit_is_refused_naming_the_key() {
+        let p = problem_for(
+            from_str("polling.total_limit = \"abc\""),
+            "polling.total_limit",
+        );
+        assert_eq!(p.value, "\"abc\"");
+        assert!(p.allowed.contains("integer in 1..=256"));
+    }
+
+    #[test]
+    fn total_limit_above_the_ceiling_is_refused_naming_the_key() {
+        let p = problem_for(
+            from_str("polling.total_limit = 100000"),
+            "polling.total_limit",
+        );
+        assert_eq!(
+            p.to_string(),
+            "polling.total_limit = 100000 (from test.toml): must be an integer in 1..=256"
+        );
+    }
+
+    #[test]
+    fn infinite_total_limit_is_refused_naming_the_key() {
+        let p = problem_for(from_str("polling.total_limit = inf"), "polling.total_limit");
+        assert_eq!(p.value, "inf");
+        assert!(p.allowed.contains("integer in 1..=256"));
+    }
+
+    #[test]
+    fn total_limit_at_the_ceiling_is_accepted() {
+        let c = from_str("polling.total_limit = 256").expect("valid");
+        assert_eq!(c.polling.total_limit, LIMIT_CEILING);
+    }
+
+    #[test]
+    fn bad_cron_is_refused_naming_the_key() {
+        let p = problem_for(
+            from_str("polling.reconcile_cron = \"every ten minutes\""),
+            "polling.reconcile_cron",
+        );
+        assert!(p.allowed.contains("six or seven fields"), "{p}");
+        // Five fields (no seconds) is refused.
+        problem_for(
+            from_str("maintenance.archive_cron = \"30 3 * * *\""),
+            "maintenance.archive_cron",
+        );
+        from_str("payments.recovery_cron = \"*/30 * * * * *\"").expect("valid");
+    }
+
+    #[test]
+    fn urls_need_the_right_scheme() {
+        let all = problems(from_str(
+            "database.url = \"mysql://db/x\"\nredis.url = \"http://r\"\ngateway.base_url = \"ftp://g\"",
+        ));
+        let keys: Vec<&str> = all.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["database.url", "redis.url", "gateway.base_url"]);
+        from_str(
+            "database.url = \"postgresql://u:p@db/x\"\nredis.url = \"rediss://:p@r:6380/1\"\n\
+             gateway.base_url = \"https://g.example\"",
+        )
+        .expect("valid");
+    }
+
+    #[test]
+    fn a_refused_database_url_does_not_echo_its_password() {
+        let p = problem_for(
+            from_str("database.url = \"mysql://u:hunter2@db/x\""),
+            "database.url",
+        );
+        assert!(!p.value.contains("hunter2"), "{p}");
+    }
+
+    #[test]
+    fn key_prefix_and_listen_are_checked() {
+        let all = problems(from_str(
+            "redis.key_prefix = \"{cw}:x\"\ntelemetry.listen = \"localhost\"",
+        ));
+        let keys: Vec<&str> = all.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["redis.key_prefix", "telemetry.listen"]);
+        problem_for(from_str("redis.key_prefix = \"\""), "redis.key_prefix");
+        problem_for(
+            from_str("telemetry.log_format = \"xml\""),
+            "telemetry.log_format",
+        );
+    }
+
+    #[test]
+    fn parse_limit_accepts_only_plain_integers_in_range() {
+        for (raw, want) in [("1", 1), ("8", 8), ("256", 256), (" 4 ", 4), ("007", 7)] {
+            assert_eq!(parse_limit(raw), Ok(want), "{raw}");
+        }
+        for raw in [
+            "0",
+            "-1",
+            "+1",
+            "3.5",
+            "abc",
+            "inf",
+            "NaN",
+            "1e9",
+            "257",
+            "100000",
+            "99999999999999999999",
+            "",
+            " ",
+        ] {
+            let err = parse_limit(raw).expect_err(raw);
+            assert!(
+                err.contains("must be an integer in 1..=256"),
+                "{raw}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_from_the_file_names_the_file_as_its_source() {
+        let p = problem_for(from_str("polling.total_limit = 0"), "polling.total_limit");
+        assert_eq!(p.source, file_source());
+        assert!(p.to_string().contains("(from test.toml)"), "{p}");
+    }
+
+    #[test]
+    fn a_value_from_the_env_names_the_env_variable_as_its_source() {
+        let p = problem_for(
+            from_str_env(
+                "polling.total_limit = 5",
+                &[("CARDWORKER__POLLING__TOTAL_LIMIT", "abc")],
+            ),
+            "polling.total_limit",
+        );
+        assert_eq!(
+            p.to_string(),
+            "polling.total_limit = \"abc\" (from env CARDWORKER__POLLING__TOTAL_LIMIT): \
+             must be an integer in 1..=256"
+        );
+    }
+
+    #[test]
+    fn a_nested_env_override_names_its_own_variable() {
+        let p = problem_for(
+            from_str_env("", &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "0")]),
+            "polling.carddata.limit",
+        );
+        assert_eq!(p.source, env_source("CARDWORKER__POLLING__CARDDATA__LIMIT"));
+    }
+
+    #[test]
+    fn a_config_built_in_code_names_code_as_the_source() {
+        let mut c = Config::default();
+        c.polling.total_limit = 0;
+        c.polling.lease_ttl_secs = 16;
+        let err = c.validate().expect_err("invalid");
+        let sources: Vec<&Source> = err.problems().iter().map(|p| &p.source).collect();
+        assert_eq!(sources, [&Source::Code, &Source::Code], "{err}");
+        assert!(err.to_string().contains("(from code)"), "{err}");
+        c.telemetry.listen = "nowhere".to_owned();
+        let err = c.telemetry.listen_addr().expect_err("invalid");
+        assert_eq!(err.problems()[0].source, Source::Code);
+    }
+}

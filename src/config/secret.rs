@@ -1,0 +1,190 @@
+//! Secrets in the configuration: [`SecretUrl`] holds a URL that may carry a password, and
+//! [`Config::redacted`] is the copy that is safe to print.
+//!
+//! The redaction is in `Debug` and `Display` rather than left to each caller, because a
+//! `Config` ends up in `{:?}` (a log line, a panic message, a test failure) without anyone
+//! deciding to print a password.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use super::types::Config;
+
+/// A URL that may carry credentials (user info, a `password` query parameter).
+///
+/// `Debug` and `Display` show it with the password replaced by `***`; [`SecretUrl::expose`]
+/// gives the real text to the one place that connects with it. Serde is transparent: TOML and
+/// JSON read and write the plain string, so serializing writes the real password, and what is
+/// shown to people goes through [`Config::redacted`] first.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    /// Wraps a URL as written.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL as written, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with its password replaced by `***` (the URL as written if it has none).
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    /// Like the `Debug` of a `String` (quoted), but redacted.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.redacted(), f)
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl From<String> for SecretUrl {
+    fn from(url: String) -> Self {
+        Self(url)
+    }
+}
+
+impl From<&str> for SecretUrl {
+    fn from(url: &str) -> Self {
+        Self(url.to_owned())
+    }
+}
+
+impl Config {
+    /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` (user
+    /// info and a `password` query parameter) replaced by `***`, for showing: unlike `Debug`,
+    /// serializing a [`SecretUrl`] writes what it holds, so `check-config` renders this copy.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.database.url = SecretUrl(c.database.url.redacted());
+        c.redis.url = SecretUrl(c.redis.url.redacted());
+        c.gateway.base_url = SecretUrl(c.gateway.base_url.redacted());
+        c
+    }
+}
+
+/// Replaces the password of a URL by `***`. A URL that does not parse is replaced entirely.
+pub(super) fn redact_url(raw: &str) -> String {
+    let Ok(mut url) = Url::parse(raw) else {
+        return if raw.is_empty() {
+            String::new()
+        } else {
+            "***".to_owned()
+        };
+    };
+    let mut changed = false;
+    if url.password().is_some() {
+        if url.set_password(Some("***")).is_err() {
+            return "***".to_owned();
+        }
+        changed = true;
+    }
+    let secret_param = |k: &str| k.eq_ignore_ascii_case("password");
+    if url.query_pairs().any(|(k, _)| secret_param(&k)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret_param(&k) {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+        changed = true;
+    }
+    if changed {
+        url.to_string()
+    } else {
+        raw.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_hides_passwords_only() {
+        let mut c = Config::default();
+        c.database.url = "postgres://app:s3cret@db:5432/cw?sslmode=verify-full".into();
+        c.redis.url = "rediss://:r3dis@cache:6380/0".into();
+        let r = c.redacted();
+        assert_eq!(
+            r.database.url.expose(),
+            "postgres://app:***@db:5432/cw?sslmode=verify-full"
+        );
+        assert_eq!(r.redis.url.expose(), "rediss://:***@cache:6380/0");
+        assert_eq!(r.gateway.base_url, c.gateway.base_url);
+        let text = r.to_toml_string().expect("renders");
+        assert!(
+            !text.contains("s3cret") && !text.contains("r3dis"),
+            "{text}"
+        );
+        let json = serde_json::to_string(&r).expect("json");
+        assert!(!json.contains("s3cret"), "{json}");
+        assert!(json.contains("\"log_format\":\"json\""), "{json}");
+        // Without a password the URL is left as written.
+        assert_eq!(
+            Config::default().redacted().database.url,
+            Config::default().database.url
+        );
+        assert_eq!(
+            redact_url("postgres://db/cw?user=a&password=p"),
+            "postgres://db/cw?user=a&password=***"
+        );
+    }
+
+    #[test]
+    fn debug_of_a_config_never_shows_a_password() {
+        let mut c = Config::default();
+        c.database.url = "postgres://app:s3cret@db:5432/cw?password=qs3cret".into();
+        c.redis.url = "rediss://:r3dis@cache:6380/0".into();
+        c.gateway.base_url = "https://gw:g4te@gateway.example".into();
+        for text in [format!("{c:?}"), format!("{c:#?}")] {
+            for secret in ["s3cret", "qs3cret", "r3dis", "g4te"] {
+                assert!(!text.contains(secret), "{secret} in {text}");
+            }
+            assert!(
+                text.contains("\"postgres://app:***@db:5432/cw?password=***\""),
+                "{text}"
+            );
+        }
+        // The real value is still there for connecting.
+        assert_eq!(c.redis.url.expose(), "rediss://:r3dis@cache:6380/0");
+        assert_eq!(c.redis.url.to_string(), "rediss://:***@cache:6380/0");
+    }
+
+    #[test]
+    fn a_secret_url_reads_and_writes_as_a_plain_string() {
+        let url = SecretUrl::new("redis://:pw@r:6379/0");
+        assert_eq!(
+            serde_json::to_string(&url).expect("json"),
+            "\"redis://:pw@r:6379/0\""
+        );
+        let back: SecretUrl = serde_json::from_str("\"redis://:pw@r:6379/0\"").expect("json");
+        assert_eq!(back, url);
+        let mut c = Config::default();
+        c.redis.url = url.clone();
+        let toml = c.to_toml_string().expect("renders");
+        assert!(toml.contains("url = \"redis://:pw@r:6379/0\""), "{toml}");
+        assert_eq!(SecretUrl::default().expose(), "");
+        assert_eq!(format!("{:?}", SecretUrl::default()), "\"\"");
+    }
+}

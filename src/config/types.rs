@@ -1,0 +1,522 @@
+//! The domain types of the configuration: [`Config`] and its sections, [`Task`] and
+//! [`LogFormat`], their defaults (the values of the spec) and the `Duration` helpers.
+//!
+//! Nothing here validates: every section is a plain serde struct with `deny_unknown_fields`, and
+//! the checks live in `rules` so that one table describes every key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{show_str, ConfigError, Problem};
+use super::rules::Rule;
+use super::secret::SecretUrl;
+use super::source::Source;
+#[cfg(doc)]
+use super::LIMIT_CEILING;
+
+/// A polling task: each has its own budget section, metric label and job chain.
+///
+/// Two spellings exist (spec section 2): the label of config sections and metrics
+/// ([`Task::label`]: `carddata`, `card_status`) and the command-line name ([`Task::cli_name`]:
+/// `carddata`, `card-status`, with `card_status` accepted as a synonym). `ValueEnum` lets clap
+/// parse `--task` into a `Task` directly; its names must stay those of `cli_name` (tested).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// Polls `GET /v1/cards/{card_ref}/data` until the card data is ready.
+    #[value(name = "carddata")]
+    Carddata,
+    /// Polls `GET /v1/cards/{card_ref}/status` until the status is final.
+    #[serde(alias = "card-status")]
+    #[value(name = "card-status", alias = "card_status")]
+    CardStatus,
+}
+
+impl Task {
+    /// Every polling task, in a fixed order.
+    pub const ALL: [Task; 2] = [Task::Carddata, Task::CardStatus];
+
+    /// The name used in config sections and metric labels: `carddata` or `card_status`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Task::Carddata => "carddata",
+            Task::CardStatus => "card_status",
+        }
+    }
+
+    /// The name used on the command line: `carddata` or `card-status` (`card_status` is
+    /// accepted too when parsing).
+    pub const fn cli_name(self) -> &'static str {
+        match self {
+            Task::Carddata => "carddata",
+            Task::CardStatus => "card-status",
+        }
+    }
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+impl FromStr for Task {
+    type Err = String;
+
+    /// Accepts `carddata`, `card-status` and its synonym `card_status`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "carddata" => Ok(Task::Carddata),
+            "card-status" | "card_status" => Ok(Task::CardStatus),
+            other => Err(format!(
+                "unknown task {other:?}: must be carddata or card-status (card_status)"
+            )),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line (production).
+    #[default]
+    Json,
+    /// Human-readable lines (local runs).
+    Pretty,
+}
+
+/// The whole configuration; see the module docs for how it is layered and validated.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[database]`: PostgreSQL.
+    pub database: DatabaseConfig,
+    /// `[redis]`: Redis (queues, budgets, runtime brakes).
+    pub redis: RedisConfig,
+    /// `[gateway]`: the card/payment Gateway.
+    pub gateway: GatewayConfig,
+    /// `[worker]`: process lifecycle.
+    pub worker: WorkerConfig,
+    /// `[polling]`: polling budgets and chains.
+    pub polling: PollingConfig,
+    /// `[payments]`: payment submission and recovery.
+    pub payments: PaymentsConfig,
+    /// `[maintenance]`: archive and retention.
+    pub maintenance: MaintenanceConfig,
+    /// `[telemetry]`: HTTP endpoint and logs.
+    pub telemetry: TelemetryConfig,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `postgres://` or `postgresql://` URL; may carry a password (redacted when shown).
+    pub url: SecretUrl,
+    /// Pool size, 1..=200.
+    pub max_connections: u32,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: SecretUrl::from("postgres://root@127.0.0.1:5432/cardworker"),
+            max_connections: 10,
+        }
+    }
+}
+
+/// `[redis]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` URL; may carry a password (redacted when shown).
+    pub url: SecretUrl,
+    /// Every Redis key and queue of this deployment lives under it. Non-empty,
+    /// `[A-Za-z0-9_.-]` only.
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: SecretUrl::from("redis://127.0.0.1:6379/0"),
+            key_prefix: "cardworker".to_owned(),
+        }
+    }
+}
+
+/// `[gateway]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// `http://` or `https://` base URL of the Gateway. It may carry user info (basic
+    /// credentials), so it is redacted when shown like the other URLs.
+    pub base_url: SecretUrl,
+    /// Timeout of one Gateway call in milliseconds, 100..=60000.
+    pub timeout_ms: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            base_url: SecretUrl::from("http://127.0.0.1:8089"),
+            timeout_ms: 5000,
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// `timeout_ms` as a [`Duration`].
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+/// `[worker]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Time in-flight jobs get to finish on shutdown, 1..=600 s.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// `shutdown_grace_secs` as a [`Duration`].
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+}
+
+/// `[polling]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PollingConfig {
+    /// Tokens for all polling tasks together, fleet-wide, 1..=[`LIMIT_CEILING`].
+    pub total_limit: u32,
+    /// Hard limit on one poll in seconds; greater than the gateway timeout + 1 s.
+    pub handler_timeout_secs: u64,
+    /// Token lease in seconds; `>= handler_timeout_secs + 5`, `<= 3600`.
+    pub lease_ttl_secs: u64,
+    /// First delay for a job deferred for lack of tokens, 1..=60 s.
+    pub defer_delay_secs: u64,
+    /// Cap of the (jittered, growing) defer delay; `>= defer_delay_secs`, `<= 600`.
+    pub defer_max_delay_secs: u64,
+    /// Cron of the scheduled reconcile (six or seven fields, seconds first; Asia/Shanghai).
+    pub reconcile_cron: String,
+    /// Cards examined per scheduled reconcile run, 1..=100000.
+    pub reconcile_batch: u32,
+    /// `[polling.carddata]`
+    pub carddata: TaskConfig,
+    /// `[polling.card_status]`
+    pub card_status: TaskConfig,
+}
+
+impl Default for PollingConfig {
+    fn default() -> Self {
+        Self {
+            total_limit: 8,
+            handler_timeout_secs: 15,
+            lease_ttl_secs: 60,
+            defer_delay_secs: 2,
+            defer_max_delay_secs: 30,
+            reconcile_cron: "0 */10 * * * *".to_owned(),
+            reconcile_batch: 2000,
+            carddata: TaskConfig {
+                interval_secs: 30,
+                ..TaskConfig::default()
+            },
+            card_status: TaskConfig {
+                interval_secs: 300,
+                ..TaskConfig::default()
+            },
+        }
+    }
+}
+
+impl PollingConfig {
+    /// The section of one task.
+    pub fn task(&self, t: Task) -> &TaskConfig {
+        match t {
+            Task::Carddata => &self.carddata,
+            Task::CardStatus => &self.card_status,
+        }
+    }
+
+    /// `handler_timeout_secs` as a [`Duration`].
+    pub fn handler_timeout(&self) -> Duration {
+        Duration::from_secs(self.handler_timeout_secs)
+    }
+
+    /// `lease_ttl_secs` as a [`Duration`].
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_secs)
+    }
+
+    /// `defer_delay_secs` as a [`Duration`].
+    pub fn defer_delay(&self) -> Duration {
+        Duration::from_secs(self.defer_delay_secs)
+    }
+
+    /// `defer_max_delay_secs` as a [`Duration`].
+    pub fn defer_max_delay(&self) -> Duration {
+        Duration::from_secs(self.defer_max_delay_secs)
+    }
+}
+
+/// `[polling.carddata]` and `[polling.card_status]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskConfig {
+    /// Per-task token limit, 1..=[`LIMIT_CEILING`] and `<= total_limit`; `budget set`
+    /// overrides it at run time.
+    pub limit: u32,
+    /// Delay between two polls of one card, 1..=86400 s.
+    pub interval_secs: u64,
+    /// Consecutive failed polls after which the chain is parked, 1..=1000.
+    pub max_consecutive_failures: u32,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            limit: 4,
+            interval_secs: 30,
+            max_consecutive_failures: 10,
+        }
+    }
+}
+
+impl TaskConfig {
+    /// `interval_secs` as a [`Duration`].
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs(self.interval_secs)
+    }
+}
+
+/// `[payments]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PaymentsConfig {
+    /// Worker concurrency for payment submission (not a polling budget), 1..=256.
+    pub concurrency: u32,
+    /// A payment still pending/unknown after this many seconds is reconciled, 10..=86400.
+    pub recovery_after_secs: u64,
+    /// Cron of payment recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
+    pub recovery_cron: String,
+}
+
+impl Default for PaymentsConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 4,
+            recovery_after_secs: 300,
+            recovery_cron: "0 * * * * *".to_owned(),
+        }
+    }
+}
+
+impl PaymentsConfig {
+    /// `recovery_after_secs` as a [`Duration`].
+    pub fn recovery_after(&self) -> Duration {
+        Duration::from_secs(self.recovery_after_secs)
+    }
+}
+
+/// `[maintenance]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaintenanceConfig {
+    /// Master switch for archive and retention; off by default.
+    pub enabled: bool,
+    /// Physical deletion in retention (AuditRetentionCleanupEnabled).
+    pub cleanup_enabled: bool,
+    /// Cron of the archive run (Asia/Shanghai).
+    pub archive_cron: String,
+    /// Cron of the retention run (Asia/Shanghai).
+    pub retention_cron: String,
+    /// Day D is due for archive when D + this < today (Shanghai), 1..=3650.
+    pub archive_after_days: u32,
+    /// Retention horizon in days, 1..=36500.
+    pub retention_days: u32,
+    /// Rows per transaction, 1..=100000.
+    pub batch_size: u32,
+    /// Statement timeout for maintenance statements, 100..=600000 ms.
+    pub statement_timeout_ms: u64,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            cleanup_enabled: false,
+            archive_cron: "0 30 3 * * *".to_owned(),
+            retention_cron: "0 0 4 * * *".to_owned(),
+            archive_after_days: 30,
+            retention_days: 180,
+            batch_size: 1000,
+            statement_timeout_ms: 5000,
+        }
+    }
+}
+
+impl MaintenanceConfig {
+    /// `statement_timeout_ms` as a [`Duration`].
+    pub fn statement_timeout(&self) -> Duration {
+        Duration::from_millis(self.statement_timeout_ms)
+    }
+}
+
+/// `[telemetry]`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Listen address of `/metrics`, `/healthz`, `/readyz`; a socket address.
+    pub listen: String,
+    /// `json` or `pretty`.
+    pub log_format: LogFormat,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:9464".to_owned(),
+            log_format: LogFormat::Json,
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// `listen` as a [`SocketAddr`] (validated at load time).
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|_| {
+            // Loading has checked the address, so only a config built in code gets here.
+            ConfigError::Invalid(vec![Problem::new(
+                "telemetry.listen",
+                show_str(&self.listen),
+                Source::Code,
+                Rule::SocketAddr.allowed(),
+            )])
+        })
+    }
+}
+
+impl Config {
+    /// The configuration as a TOML document (call [`Config::redacted`] first before showing it:
+    /// serialization writes the real URLs).
+    pub fn to_toml_string(&self) -> Result<String, ConfigError> {
+        Ok(toml::to_string_pretty(self)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::test_support::from_str;
+    use crate::config::LIMIT_CEILING;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_spec() {
+        let c = Config::default();
+        c.validate().expect("defaults are valid");
+        assert_eq!(c.polling.total_limit, 8);
+        assert_eq!(c.polling.carddata.interval_secs, 30);
+        assert_eq!(c.polling.card_status.interval_secs, 300);
+        assert_eq!(c.polling.task(Task::CardStatus).limit, 4);
+        assert_eq!(c.telemetry.log_format, LogFormat::Json);
+        assert!(LIMIT_CEILING >= c.polling.total_limit);
+        assert_eq!(Config::load_from(None, vec![]).expect("loads"), c);
+    }
+
+    #[test]
+    fn rendered_toml_loads_back_to_the_same_config() {
+        let mut c = Config::default();
+        c.polling.carddata.limit = 2;
+        let text = c.to_toml_string().expect("renders");
+        assert_eq!(from_str(&text).expect("valid"), c);
+    }
+
+    #[test]
+    fn task_names_parse_and_label() {
+        assert_eq!("carddata".parse::<Task>(), Ok(Task::Carddata));
+        assert_eq!("card-status".parse::<Task>(), Ok(Task::CardStatus));
+        assert_eq!("card_status".parse::<Task>(), Ok(Task::CardStatus));
+        assert!("cardStatus".parse::<Task>().is_err());
+        let labels: Vec<&str> = Task::ALL.iter().map(|t| t.label()).collect();
+        assert_eq!(labels, ["carddata", "card_status"]);
+        assert_eq!(Task::CardStatus.to_string(), "card_status");
+    }
+
+    #[test]
+    fn clap_parses_every_cli_spelling_of_a_task() {
+        use clap::ValueEnum as _;
+        for (raw, want) in [
+            ("carddata", Task::Carddata),
+            ("card-status", Task::CardStatus),
+            ("card_status", Task::CardStatus),
+        ] {
+            assert_eq!(
+                <Task as clap::ValueEnum>::from_str(raw, false),
+                Ok(want),
+                "{raw}"
+            );
+        }
+        assert!(<Task as clap::ValueEnum>::from_str("cardStatus", false).is_err());
+        assert!(<Task as clap::ValueEnum>::from_str("all", false).is_err());
+        // clap lists the same tasks, in the same order, as `Task::ALL`.
+        assert_eq!(Task::value_variants(), Task::ALL);
+    }
+
+    #[test]
+    fn clap_shows_the_cli_name_and_the_label_stays_for_config_and_metrics() {
+        use clap::ValueEnum as _;
+        for task in Task::ALL {
+            let shown = task.to_possible_value().expect("no variant is skipped");
+            assert_eq!(shown.get_name(), task.cli_name(), "{task:?}");
+            // Every CLI name also parses through `FromStr`, which the budget commands use.
+            assert_eq!(task.cli_name().parse::<Task>(), Ok(task));
+            assert_eq!(task.label().parse::<Task>(), Ok(task));
+        }
+        assert_eq!(Task::CardStatus.cli_name(), "card-status");
+        assert_eq!(Task::CardStatus.label(), "card_status");
+        let shown = Task::CardStatus.to_possible_value().expect("shown");
+        assert!(shown.matches("card_status", false), "the synonym");
+    }
+
+    #[test]
+    fn serde_keeps_the_label_spelling_and_accepts_the_cli_one() {
+        assert_eq!(
+            serde_json::to_string(&Task::CardStatus).expect("json"),
+            "\"card_status\""
+        );
+        assert_eq!(
+            serde_json::from_str::<Task>("\"card-status\"").expect("alias"),
+            Task::CardStatus
+        );
+    }
+}
