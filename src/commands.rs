@@ -139,7 +139,7 @@ async fn enqueue(ctx: Arc<AppContext>, cmd: EnqueueCommand) -> Result<(), Comman
 }
 
 async fn run_simulator(args: crate::cli::SimArgs) -> anyhow::Result<()> {
-    use crate::gateway::sim::{SimConfig, Simulator};
+    use crate::sim::{SimConfig, Simulator};
     let config = SimConfig {
         latency_ms: args.latency_ms,
         latency_jitter_ms: args.latency_jitter_ms,

@@ -11,7 +11,8 @@
 //! - [`app`]: `cardworker run` — context, supervisor, start and graceful shutdown.
 //! - [`queue`]: bounded intake, trimming, the generic job handler, the registration list.
 //! - [`storage`]: PostgreSQL pool, migrations, record writers.
-//! - [`gateway`]: the Gateway client and its simulator.
+//! - [`gateway`]: the Gateway client and the wire types of the Gateway contract.
+//! - [`sim`]: the Gateway simulator (`cardworker gateway-sim`, the integration tests, benches).
 //! - [`budget`]: the cross-worker polling budget (Lua leases + tower layer).
 //! - [`polling`]: card-data and card-status polling chains, reconcile, investigate.
 //! - [`payments`]: payment submission, recovery and channel callbacks.
@@ -28,5 +29,6 @@ pub mod maintenance;
 pub mod payments;
 pub mod polling;
 pub mod queue;
+pub mod sim;
 pub mod storage;
 pub mod telemetry;

@@ -7,28 +7,19 @@
 //! is `Unknown`, never `Failed`. Every call sends `X-Correlation-Id` and
 //! `Accept: application/json`, and records `cardworker_gateway_request_duration_seconds{call}`.
 //!
-//! [`Simulator`] is an in-process axum server speaking the same contract from an in-memory card
-//! set (`cardworker gateway-sim`), with a control API to inject latency, outages, bad bodies,
-//! card changes and payment behaviours, and in-flight accounting that load tests use to prove
-//! that concurrency limits held.
+//! The simulator that speaks the same contract lives in [`crate::sim`]; it depends only on the
+//! wire types re-exported here.
 //!
 //! # Layout
 //! - `client.rs`: [`GatewayClient`], the wire types ([`CardData`], [`CardStatus`],
 //!   [`PaymentRequest`], [`PaymentResult`], [`PaymentQuery`]), the classification
 //!   ([`Outcome`], [`Failure`], [`CallResult`]) and the log-safe summaries (no PAN or CVV ever
 //!   reaches a summary).
-//! - `sim.rs`: [`Simulator`] (state, control methods, axum router, `serve`/`spawn_on`),
-//!   [`SimConfig`] and its runtime patch, per-card and per-payment behaviours, [`SimStats`].
 
 pub mod client;
-pub mod sim;
 
 pub use client::{
     CallKind, CallResult, CardData, CardStatus, Failure, GatewayClient, Outcome, PaymentQuery,
     PaymentRequest, PaymentResult, PaymentStatus, UnknownStatus, CORRELATION_HEADER,
     IDEMPOTENCY_HEADER, REQUEST_DURATION_METRIC,
-};
-pub use sim::{
-    CardBehaviour, GarbageKind, PaymentBehaviour, PaymentRecord, RequestRecord, SimCard,
-    SimCardPatch, SimConfig, SimConfigPatch, SimHandle, SimStats, Simulator,
 };

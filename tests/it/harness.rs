@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use cardworker::app::{self, AppContext};
 use cardworker::config::Config;
-use cardworker::gateway::{SimHandle, Simulator};
+use cardworker::sim::{SimHandle, Simulator};
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::sync::oneshot;

@@ -38,7 +38,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use super::client::{
+use crate::gateway::{
     CallKind, CardData, CardStatus, PaymentRequest, PaymentResult, PaymentStatus,
     CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
@@ -240,7 +240,7 @@ pub struct SimStats {
 }
 
 #[derive(Debug, Default)]
-struct State_ {
+struct SimState {
     config: SimConfig,
     cards: HashMap<String, SimCard>,
     payments: HashMap<Uuid, PaymentRecord>,
@@ -258,7 +258,7 @@ struct Counters {
 
 #[derive(Debug)]
 struct Inner {
-    state: Mutex<State_>,
+    state: Mutex<SimState>,
     counters: Mutex<Counters>,
     /// Becomes `true` when the server shuts down, cutting every sleep short.
     stopping: watch::Sender<bool>,
@@ -284,7 +284,7 @@ impl SimHandle {
         self.addr
     }
 
-    /// `http://ADDR`, for [`super::GatewayClient::new`].
+    /// `http://ADDR`, for [`crate::gateway::GatewayClient::new`].
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -351,9 +351,9 @@ impl Simulator {
         let (stopping, _) = watch::channel(false);
         Self {
             inner: Arc::new(Inner {
-                state: Mutex::new(State_ {
+                state: Mutex::new(SimState {
                     config,
-                    ..State_::default()
+                    ..SimState::default()
                 }),
                 counters: Mutex::new(Counters::default()),
                 stopping,
