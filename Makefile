@@ -54,10 +54,10 @@ scrape-check: build
 	bash deploy/local/scrape-check.sh $(BIN)
 
 bench-writes: services
-	$(CARGO) run --release --bin bench_writes
+	$(CARGO) bench --bench bench_writes
 
 bench-budget: services
-	$(CARGO) run --release --bin bench_budget
+	$(CARGO) bench --bench bench_budget
 
 bench-intake: services
-	$(CARGO) run --release --bin bench_intake
+	$(CARGO) bench --bench bench_intake

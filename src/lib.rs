@@ -37,6 +37,7 @@ pub mod polling;
 pub mod queue;
 pub mod runner;
 pub mod shutdown;
+pub mod sim;
 pub mod storage;
 pub mod telemetry;
 pub mod workers;

@@ -159,7 +159,7 @@ async fn enqueue_maintenance<J: cardworker_jobs::Job>(
 }
 
 async fn run_simulator(args: args::SimArgs) -> Result<(), CommandError> {
-    use crate::gateway::sim::{SimConfig, Simulator};
+    use crate::sim::{SimConfig, Simulator};
     let config = SimConfig {
         latency_ms: args.latency_ms,
         latency_jitter_ms: args.latency_jitter_ms,

@@ -8,10 +8,8 @@
 //! `Accept: application/json`, and records `cardworker_gateway_request_duration_seconds{call}`
 //! (the name is [`crate::telemetry::metrics::GATEWAY_REQUEST_DURATION`]).
 //!
-//! [`Simulator`] is an in-process axum server speaking the same contract from an in-memory card
-//! set (`cardworker gateway-sim`), with a control API to inject latency, outages, bad bodies,
-//! card changes and payment behaviours, and in-flight accounting that load tests use to prove
-//! that concurrency limits held.
+//! The simulator that speaks the same contract lives in [`crate::sim`]; it depends only on the
+//! wire types re-exported here.
 //!
 //! # Layout
 //! The client is split by the question each part answers, so that the rules the spec fixes can
@@ -28,24 +26,17 @@
 //!   or a reason.
 //! - `client.rs` — *how is it sent?* [`GatewayClient`]: `reqwest`, URLs, headers, the timeout,
 //!   the duration histogram, one log line per call.
-//! - `sim.rs`: [`Simulator`] (state, control methods, axum router, `serve`/`spawn_on`),
-//!   [`SimConfig`] and its runtime patch, per-card and per-payment behaviours, [`SimStats`].
 //!
 //! Every public name is re-exported here; use `crate::gateway::X`, not the module paths.
 
 mod classify;
 pub mod client;
 mod redact;
-pub mod sim;
 mod wire;
 
 pub use classify::{CallResult, Failure, Outcome};
 pub use client::GatewayClient;
 pub use redact::{redact_digits, SUMMARY_MAX_BYTES};
-pub use sim::{
-    CardBehaviour, GarbageKind, PaymentBehaviour, PaymentRecord, RequestRecord, SimCard,
-    SimCardPatch, SimConfig, SimConfigPatch, SimHandle, SimStats, Simulator,
-};
 pub use wire::{
     CallKind, CardData, CardStatus, PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus,
     UnknownStatus, CORRELATION_HEADER, IDEMPOTENCY_HEADER,

@@ -454,8 +454,8 @@ mod fleet {
     use std::time::{Duration, Instant};
 
     use cardworker::config::Task;
-    use cardworker::gateway::{SimHandle, Simulator};
     use cardworker::polling::chain;
+    use cardworker::sim::{SimHandle, Simulator};
 
     use crate::harness::{metric_value, redis_url, wait_until, TestDb, TestRedis};
 

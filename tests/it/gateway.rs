@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use cardworker::gateway::{
-    CardBehaviour, CardData, CardStatus, GarbageKind, GatewayClient, Outcome, PaymentBehaviour,
-    PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus, SimHandle, Simulator,
+    CardData, CardStatus, GatewayClient, Outcome, PaymentQuery, PaymentRequest, PaymentResult,
+    PaymentStatus,
 };
+use cardworker::sim::{CardBehaviour, GarbageKind, PaymentBehaviour, SimHandle, Simulator};
 use uuid::Uuid;
 
 const PATIENT: Duration = Duration::from_secs(5);
@@ -354,13 +355,12 @@ async fn peak_in_flight_counts_concurrent_calls() {
     assert_eq!(stats.calls_total.get("carddata"), Some(&3));
 
     // The HTTP control API reports the same, and reset_peaks lowers them to what is in flight.
-    let over_http: cardworker::gateway::SimStats =
-        reqwest::get(format!("{}/sim/stats", h.base_url()))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+    let over_http: cardworker::sim::SimStats = reqwest::get(format!("{}/sim/stats", h.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(over_http, stats);
     sim.reset_peaks();
     assert_eq!(sim.stats().peak_in_flight, 0);

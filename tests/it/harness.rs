@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use cardworker::app;
 use cardworker::config::Config;
 use cardworker::context::{self, AppContext};
-use cardworker::gateway::{SimHandle, Simulator};
+use cardworker::sim::{SimHandle, Simulator};
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::sync::oneshot;

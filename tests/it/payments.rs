@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cardworker::context::AppContext;
-use cardworker::gateway::{GatewayClient, PaymentBehaviour, PaymentResult, PaymentStatus};
+use cardworker::gateway::{GatewayClient, PaymentResult, PaymentStatus};
 use cardworker::payments::callback::{self, Delivery};
 use cardworker::payments::recovery::{self, RecoveryReport};
 use cardworker::payments::submit::{self, Submitted};
+use cardworker::sim::PaymentBehaviour;
 use cardworker_jobs::{ProcessCallback, SubmitPayment};
 use sqlx::PgPool;
 use uuid::Uuid;

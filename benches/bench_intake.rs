@@ -5,7 +5,7 @@
 //! under the prefix afterwards. Runs against the local PostgreSQL (a throw-away database) and Redis
 //! (a throw-away key prefix), and deletes both.
 //!
-//! Usage: `cargo run --release --bin bench_intake -- [N]` (default 50,000).
+//! Usage: `cargo bench --bench bench_intake -- [N]` (default 50,000; `make bench-intake`).
 
 use std::time::{Duration, Instant};
 
@@ -19,8 +19,10 @@ use redis::AsyncCommands as _;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // `cargo bench` appends `--bench` to the arguments: N is the first one that is not a flag.
     let n: usize = std::env::args()
-        .nth(1)
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
         .map(|s| s.parse())
         .transpose()
         .context("N must be a number")?

@@ -1,0 +1,50 @@
+//! The Gateway simulator behind `cardworker gateway-sim`: a real axum server that speaks the
+//! Gateway contract (spec section 1) from an in-memory card set, for local runs, demos, load
+//! tests, the benches and the integration tests.
+//!
+//! It depends only on the Gateway's wire types ([`crate::gateway`]'s `CallKind`, `CardData`,
+//! `CardStatus`, `PaymentRequest`, `PaymentResult`, `PaymentStatus` and header names), never on
+//! the worker's polling, storage or queue code.
+//!
+//! Behaviour is steered at run time through Rust methods on [`Simulator`] or through the HTTP
+//! control API under `/sim/…`:
+//!
+//! | route | what |
+//! | --- | --- |
+//! | `GET /healthz` | 200 |
+//! | `GET /sim/stats` | [`SimStats`]: in flight now, peaks, totals per call kind |
+//! | `POST /sim/stats/reset-peaks` | peaks := current in-flight |
+//! | `GET /sim/config`, `POST /sim/config` | read / patch ([`SimConfigPatch`]) the global knobs |
+//! | `GET /sim/cards/{card_ref}`, `POST /sim/cards/{card_ref}` | read / patch ([`SimCardPatch`]) one card |
+//! | `GET /sim/payments/{payment_id}` | [`PaymentRecord`]: submissions, idempotency keys, stored result |
+//! | `POST /sim/payments/{payment_id}` | `{"behaviour": …}` ([`PaymentBehaviour`]) for that payment |
+//! | `GET /sim/requests` | the last requests seen ([`RequestRecord`]), oldest first |
+//!
+//! # Layout
+//! - `config.rs`: [`SimConfig`] and its patch ([`SimConfigPatch`], rates validated to 0..=1),
+//!   the per-card [`CardBehaviour`], the per-payment [`PaymentBehaviour`], [`GarbageKind`].
+//! - `state.rs`: the in-memory state (cards [`SimCard`], payments [`PaymentRecord`], the request
+//!   log [`RequestRecord`]) and its pure decisions: a card changing as it is read, a payment
+//!   submission counted, a payment decided once and answered the same ever after.
+//! - `answer.rs`: what one call answers, without HTTP: the latency / outage / bad-body dice and
+//!   the card and bad payment bodies.
+//! - `stats.rs`: in-flight accounting and peaks ([`SimStats`]).
+//! - `simulator.rs`: [`Simulator`], the shared state under its locks, and the control methods.
+//! - `routes.rs`: the axum router ([`Simulator::router`]) and its handlers, thin shells over
+//!   `state.rs` and `answer.rs`.
+//! - `server.rs`: [`Simulator::serve`], [`Simulator::spawn_on`] / [`Simulator::spawn_with`] and
+//!   the [`SimHandle`] that stops a spawned server.
+
+mod answer;
+mod config;
+mod routes;
+mod server;
+mod simulator;
+mod state;
+mod stats;
+
+pub use config::{CardBehaviour, GarbageKind, PaymentBehaviour, SimConfig, SimConfigPatch};
+pub use server::SimHandle;
+pub use simulator::Simulator;
+pub use state::{PaymentRecord, RequestRecord, SimCard, SimCardPatch, REQUEST_LOG_CAPACITY};
+pub use stats::SimStats;

@@ -1,0 +1,177 @@
+//! In-flight accounting: how many Gateway calls are being served now, the peaks since the last
+//! reset and the totals, overall and per call kind. Load tests read [`SimStats`] to prove that
+//! concurrency limits held.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gateway::CallKind;
+
+/// In-flight accounting (`GET /sim/stats`). Keys are call kinds (`carddata`, `card_status`,
+/// `payment_submit`, `payment_query`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimStats {
+    pub in_flight: u64,
+    pub peak_in_flight: u64,
+    pub in_flight_per_call: HashMap<String, u64>,
+    pub peak_per_call: HashMap<String, u64>,
+    pub calls_total: HashMap<String, u64>,
+}
+
+/// The counters behind [`SimStats`], keyed by [`CallKind`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    in_flight: u64,
+    peak_in_flight: u64,
+    per_call: HashMap<CallKind, u64>,
+    peak_per_call: HashMap<CallKind, u64>,
+    calls_total: HashMap<CallKind, u64>,
+}
+
+impl Counters {
+    /// One call of `call` starts being served.
+    pub(crate) fn enter(&mut self, call: CallKind) {
+        self.in_flight += 1;
+        self.peak_in_flight = self.peak_in_flight.max(self.in_flight);
+        let now = {
+            let n = self.per_call.entry(call).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let peak = self.peak_per_call.entry(call).or_insert(0);
+        *peak = (*peak).max(now);
+        *self.calls_total.entry(call).or_insert(0) += 1;
+    }
+
+    /// One call of `call` is done (never below zero).
+    pub(crate) fn exit(&mut self, call: CallKind) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(n) = self.per_call.get_mut(&call) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Sets every peak to the current in-flight count.
+    pub(crate) fn reset_peaks(&mut self) {
+        self.peak_in_flight = self.in_flight;
+        self.peak_per_call = self.per_call.clone();
+    }
+
+    pub(crate) fn snapshot(&self) -> SimStats {
+        let named = |m: &HashMap<CallKind, u64>| {
+            m.iter()
+                .map(|(k, v)| (k.as_str().to_owned(), *v))
+                .collect::<HashMap<_, _>>()
+        };
+        SimStats {
+            in_flight: self.in_flight,
+            peak_in_flight: self.peak_in_flight,
+            in_flight_per_call: named(&self.per_call),
+            peak_per_call: named(&self.peak_per_call),
+            calls_total: named(&self.calls_total),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(m: &HashMap<String, u64>, call: CallKind) -> u64 {
+        m.get(call.as_str()).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn stats_start_at_zero_with_no_call_kinds() {
+        assert_eq!(Counters::default().snapshot(), SimStats::default());
+    }
+
+    #[test]
+    fn peaks_remember_the_highest_in_flight_after_the_calls_finish() {
+        let mut c = Counters::default();
+        for _ in 0..3 {
+            c.enter(CallKind::Carddata);
+        }
+        c.enter(CallKind::CardStatus);
+        c.enter(CallKind::CardStatus);
+        for _ in 0..3 {
+            c.exit(CallKind::Carddata);
+        }
+        c.exit(CallKind::CardStatus);
+        c.enter(CallKind::Carddata);
+
+        let s = c.snapshot();
+        assert_eq!(s.in_flight, 2);
+        assert_eq!(s.peak_in_flight, 5);
+        assert_eq!(get(&s.in_flight_per_call, CallKind::Carddata), 1);
+        assert_eq!(get(&s.in_flight_per_call, CallKind::CardStatus), 1);
+        assert_eq!(get(&s.peak_per_call, CallKind::Carddata), 3);
+        assert_eq!(get(&s.peak_per_call, CallKind::CardStatus), 2);
+    }
+
+    #[test]
+    fn totals_count_every_call_and_never_go_down() {
+        let mut c = Counters::default();
+        for _ in 0..4 {
+            c.enter(CallKind::PaymentSubmit);
+            c.exit(CallKind::PaymentSubmit);
+        }
+        c.enter(CallKind::PaymentQuery);
+        c.reset_peaks();
+        let s = c.snapshot();
+        assert_eq!(get(&s.calls_total, CallKind::PaymentSubmit), 4);
+        assert_eq!(get(&s.calls_total, CallKind::PaymentQuery), 1);
+        assert_eq!(get(&s.in_flight_per_call, CallKind::PaymentSubmit), 0);
+    }
+
+    #[test]
+    fn reset_peaks_lowers_every_peak_to_what_is_in_flight_now() {
+        let mut c = Counters::default();
+        for _ in 0..4 {
+            c.enter(CallKind::Carddata);
+        }
+        c.enter(CallKind::CardStatus);
+        for _ in 0..3 {
+            c.exit(CallKind::Carddata);
+        }
+        c.exit(CallKind::CardStatus);
+        c.reset_peaks();
+        let s = c.snapshot();
+        assert_eq!(s.peak_in_flight, 1);
+        assert_eq!(get(&s.peak_per_call, CallKind::Carddata), 1);
+        assert_eq!(get(&s.peak_per_call, CallKind::CardStatus), 0);
+
+        // New peaks grow again from there.
+        c.enter(CallKind::Carddata);
+        assert_eq!(c.snapshot().peak_in_flight, 2);
+        assert_eq!(get(&c.snapshot().peak_per_call, CallKind::Carddata), 2);
+    }
+
+    #[test]
+    fn an_exit_without_an_enter_never_goes_below_zero() {
+        let mut c = Counters::default();
+        c.exit(CallKind::Carddata);
+        c.enter(CallKind::CardStatus);
+        c.exit(CallKind::CardStatus);
+        c.exit(CallKind::CardStatus);
+        let s = c.snapshot();
+        assert_eq!(s.in_flight, 0);
+        assert_eq!(get(&s.in_flight_per_call, CallKind::CardStatus), 0);
+    }
+
+    #[test]
+    fn stats_are_keyed_by_the_metric_names_of_the_call_kinds() {
+        let mut c = Counters::default();
+        for call in CallKind::ALL {
+            c.enter(call);
+        }
+        let s = c.snapshot();
+        let mut names: Vec<&str> = s.calls_total.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["card_status", "carddata", "payment_query", "payment_submit"]
+        );
+    }
+}
