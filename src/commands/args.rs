@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::Task;
+
 /// cardworker: the card platform's background worker.
 #[derive(Debug, Parser)]
 #[command(name = "cardworker", version, about)]
@@ -131,30 +133,30 @@ pub enum BudgetCommand {
     },
     /// Sets a runtime per-task limit override (validated like the config).
     Set {
-        /// `carddata` or `card-status`.
-        #[arg(long)]
-        task: String,
+        /// The task.
+        #[arg(long, value_enum)]
+        task: Task,
         /// An integer in 1..=256, at most the total limit.
         #[arg(long, allow_hyphen_values = true)]
         limit: String,
     },
     /// Clears a runtime per-task limit override.
     Clear {
-        /// `carddata` or `card-status`.
-        #[arg(long)]
-        task: String,
+        /// The task.
+        #[arg(long, value_enum)]
+        task: Task,
     },
     /// Runtime brake: the task's jobs are deferred instead of run (`all` for every task).
     Pause {
         /// `carddata`, `card-status` or `all`.
-        #[arg(long)]
-        task: String,
+        #[arg(long, value_parser = tasks_or_all)]
+        task: Tasks,
     },
     /// Lifts a pause (`all` for every task).
     Resume {
         /// `carddata`, `card-status` or `all`.
-        #[arg(long)]
-        task: String,
+        #[arg(long, value_parser = tasks_or_all)]
+        task: Tasks,
     },
 }
 
@@ -179,4 +181,48 @@ pub struct SimArgs {
     /// Probability that a card changes when it is read (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub change_rate: f64,
+}
+
+/// The tasks a `--task T|all` argument names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tasks(pub Vec<Task>);
+
+/// Parses `--task`: a task as [`Task`]'s `ValueEnum` spells it (`carddata`, `card-status`,
+/// `card_status`), or `all`.
+fn tasks_or_all(raw: &str) -> Result<Tasks, String> {
+    if raw == "all" {
+        return Ok(Tasks(Task::ALL.to_vec()));
+    }
+    Task::from_str(raw, false)
+        .map(|t| Tasks(vec![t]))
+        .map_err(|_| "must be carddata, card-status (card_status) or all".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_argument_accepts_both_spellings_and_all() {
+        assert_eq!(
+            tasks_or_all("card-status"),
+            Ok(Tasks(vec![Task::CardStatus]))
+        );
+        assert_eq!(
+            tasks_or_all("card_status"),
+            Ok(Tasks(vec![Task::CardStatus]))
+        );
+        assert_eq!(tasks_or_all("carddata"), Ok(Tasks(vec![Task::Carddata])));
+        assert_eq!(tasks_or_all("all"), Ok(Tasks(Task::ALL.to_vec())));
+        assert!(tasks_or_all("payments").is_err());
+    }
+
+    #[test]
+    fn an_unknown_task_is_a_usage_error_from_clap() {
+        let e = Cli::try_parse_from(["cardworker", "budget", "set", "--task", "x", "--limit", "2"])
+            .expect_err("unknown task");
+        assert_eq!(e.exit_code(), 2);
+        let ok = Cli::try_parse_from(["cardworker", "budget", "clear", "--task", "card_status"]);
+        assert!(ok.is_ok(), "{ok:?}");
+    }
 }

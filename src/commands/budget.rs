@@ -3,8 +3,6 @@
 //! Arguments are validated before Redis is contacted, so that a bad limit or task is always a
 //! usage error (exit status 2) naming the key, the value and what is allowed.
 
-use std::str::FromStr as _;
-
 use anyhow::Context as _;
 
 use super::args::{BudgetCommand, Format};
@@ -20,21 +18,6 @@ enum Action {
     Clear(Task),
     Pause(Vec<Task>),
     Resume(Vec<Task>),
-}
-
-fn task(raw: &str) -> Result<Task, CommandError> {
-    Task::from_str(raw).map_err(|e| CommandError::Usage(format!("--task {raw:?}: {e}")))
-}
-
-fn tasks_or_all(raw: &str) -> Result<Vec<Task>, CommandError> {
-    if raw == "all" {
-        return Ok(Task::ALL.to_vec());
-    }
-    Task::from_str(raw).map(|t| vec![t]).map_err(|_| {
-        CommandError::Usage(format!(
-            "--task {raw:?}: unknown task: must be carddata, card-status (card_status) or all"
-        ))
-    })
 }
 
 /// Validates a runtime override exactly like the config: an integer in 1..=256, at most
@@ -54,13 +37,12 @@ pub fn validate_override(config: &Config, task: Task, raw: &str) -> Result<u32, 
 fn validate(config: &Config, cmd: BudgetCommand) -> Result<Action, CommandError> {
     Ok(match cmd {
         BudgetCommand::Show { format } => Action::Show(format),
-        BudgetCommand::Set { task: t, limit } => {
-            let t = task(&t)?;
-            Action::Set(t, validate_override(config, t, &limit)?)
+        BudgetCommand::Set { task, limit } => {
+            Action::Set(task, validate_override(config, task, &limit)?)
         }
-        BudgetCommand::Clear { task: t } => Action::Clear(task(&t)?),
-        BudgetCommand::Pause { task: t } => Action::Pause(tasks_or_all(&t)?),
-        BudgetCommand::Resume { task: t } => Action::Resume(tasks_or_all(&t)?),
+        BudgetCommand::Clear { task } => Action::Clear(task),
+        BudgetCommand::Pause { task } => Action::Pause(task.0),
+        BudgetCommand::Resume { task } => Action::Resume(task.0),
     })
 }
 
@@ -169,13 +151,5 @@ mod tests {
             validate_override(&config, Task::CardStatus, "8").ok(),
             Some(8)
         );
-    }
-
-    #[test]
-    fn tasks_accept_both_spellings_and_all() {
-        assert_eq!(task("card-status").ok(), Some(Task::CardStatus));
-        assert_eq!(task("card_status").ok(), Some(Task::CardStatus));
-        assert_eq!(tasks_or_all("all").ok(), Some(Task::ALL.to_vec()));
-        assert!(tasks_or_all("payments").is_err());
     }
 }

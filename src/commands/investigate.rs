@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::polling::chain;
-use crate::polling::poll::{cli_task, hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
+use crate::polling::poll::{hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
 use crate::storage::cards::{self, Card};
 
 /// How many timeline entries, payments and callbacks are shown.
@@ -375,7 +375,7 @@ pub fn render_text(inv: &Investigation) -> String {
             ch.parked_at
                 .map(|p| format!(
                     " since {p}; restart with `cardworker enqueue {} --card-ref {}`",
-                    ch.task.parse().map(cli_task).unwrap_or(ch.task),
+                    ch.task.parse().map(Task::cli_name).unwrap_or(ch.task),
                     c.card_ref
                 ))
                 .unwrap_or_default()

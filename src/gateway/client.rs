@@ -25,6 +25,7 @@ use super::classify::{
 };
 use super::redact::{self, redact_digits, truncate};
 use super::wire::PaymentQuery;
+use crate::config::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;
 
 // `sim.rs` imports these from here (`use super::client::{…}`); they live in `wire.rs` now. Keep
@@ -46,10 +47,12 @@ impl GatewayClient {
     /// A client for the Gateway at `base_url` (`http` or `https`, optionally with a path
     /// prefix). `timeout` bounds every call as a whole, connect included.
     pub fn new(base_url: &str, timeout: Duration) -> anyhow::Result<Self> {
+        // The URL may carry a password: errors show it redacted.
+        let shown = SecretUrl::new(base_url);
         let base = Url::parse(base_url)
-            .with_context(|| format!("gateway base URL {base_url:?} is not a valid URL"))?;
+            .with_context(|| format!("gateway base URL {shown} is not a valid URL"))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            anyhow::bail!("gateway base URL {base_url:?} must be an http:// or https:// URL");
+            anyhow::bail!("gateway base URL {shown} must be an http:// or https:// URL");
         }
         if timeout.is_zero() {
             anyhow::bail!("gateway timeout must be greater than zero");

@@ -127,14 +127,6 @@ pub fn backoff(interval: Duration, failures: u32) -> Duration {
     .delay(failures)
 }
 
-/// The CLI spelling of a task (`enqueue carddata` / `enqueue card-status`).
-pub fn cli_task(task: Task) -> &'static str {
-    match task {
-        Task::Carddata => "carddata",
-        Task::CardStatus => "card-status",
-    }
-}
-
 /// The `outcome` label of `cardworker_poll_outcomes_total` for an unchanged poll.
 pub const SKIPPED_UNCHANGED: &str = "skipped_unchanged";
 /// The `outcome` label for a recorded change.
@@ -395,7 +387,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             let recovery = if parked {
                 format!(
                     "chain parked after {max} consecutive failures; restart with `cardworker enqueue {} --card-ref {}`",
-                    cli_task(task),
+                    task.cli_name(),
                     run.card_ref
                 )
             } else {
@@ -533,7 +525,7 @@ async fn persist_failure<J: PollTask>(
                     "{task} chain of card {} parked after {failures} consecutive failures; \
                      restart with `cardworker enqueue {} --card-ref {}`",
                     record.resource_id,
-                    cli_task(task),
+                    task.cli_name(),
                     record.resource_id
                 ),
                 details,
