@@ -5,10 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::Serialize;
-use toml::Value;
 
-use super::rules::{rule_for, Rule};
-use super::secret::redact_url;
 use super::source::Source;
 
 /// One thing wrong with the configuration, shown on one line as
@@ -149,43 +146,4 @@ fn display_problems(problems: &[Problem]) -> String {
         out.push_str(&p.to_string());
     }
     out
-}
-
-/// Shows a value as given (TOML notation), with URL passwords redacted.
-pub(super) fn show(key: &str, v: &Value) -> String {
-    match v {
-        Value::String(s) if matches!(rule_for(key), Some(Rule::Url(_))) => show_str(&redact_url(s)),
-        Value::String(s) if is_secret_key(key) => show_str("***"),
-        Value::Table(_) => "(a section)".to_owned(),
-        Value::String(s) => show_str(s),
-        other => {
-            let text = one_line(&other.to_string());
-            if is_secret_key(key) {
-                "***".to_owned()
-            } else if text.chars().count() > 120 {
-                let cut: String = text.chars().take(117).collect();
-                format!("{cut}...")
-            } else {
-                text
-            }
-        }
-    }
-}
-
-/// Collapses a multi-line message (e.g. a parser's) so that a problem stays on one line.
-pub(super) fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// A string in quotes, escaped so that it stays on one line.
-pub(super) fn show_str(s: &str) -> String {
-    format!("{s:?}")
-}
-
-/// An unknown key whose value should not be echoed.
-fn is_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    ["password", "secret", "token"]
-        .iter()
-        .any(|w| k.contains(w))
 }

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use toml::{Table, Value};
 
-use super::error::{one_line, show, show_str, ConfigError, Problem};
+use super::error::{ConfigError, Problem};
 use super::relations::check_relations;
-use super::rules::{check_values, rule_for, Rule};
+use super::rules::{check_values, join_key, lookup, one_line, rule_for, show, show_str, Rule};
 use super::source::{Source, Sources};
 use super::types::Config;
 use super::{CONFIG_PATH_ENV, ENV_PREFIX};
@@ -134,23 +134,6 @@ impl Config {
             Err(ConfigError::Invalid(problems))
         }
     }
-}
-
-pub(super) fn join_key(prefix: &str, k: &str) -> String {
-    if prefix.is_empty() {
-        k.to_owned()
-    } else {
-        format!("{prefix}.{k}")
-    }
-}
-
-pub(super) fn lookup<'a>(root: &'a Table, key: &str) -> Option<&'a Value> {
-    let mut parts = key.split('.');
-    let mut v = root.get(parts.next()?)?;
-    for part in parts {
-        v = v.as_table()?.get(part)?;
-    }
-    Some(v)
 }
 
 fn lookup_mut<'a>(root: &'a mut Table, key: &str) -> Option<&'a mut Value> {

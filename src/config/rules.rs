@@ -9,11 +9,10 @@ use std::str::FromStr;
 use toml::{Table, Value};
 use url::Url;
 
-use super::error::{one_line, show, ConfigError, Problem};
-use super::load::lookup;
-use super::relations::check_relations;
+use super::error::{ConfigError, Problem};
+use super::secret::redact_url;
 use super::source::{Source, Sources};
-use super::types::Config;
+use super::types::TelemetryConfig;
 use super::LIMIT_CEILING;
 
 /// What a limit may be, as said in error messages.
@@ -200,30 +199,84 @@ pub(super) fn check_values(
     (problems, bad)
 }
 
-impl Config {
-    /// Validates a configuration built in code (loading already does this); reports every
-    /// problem at once.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let table = Table::try_from(self)?;
-        // A config built in code has no layers to point at.
-        let sources = Sources::all_from(Source::Code);
-        let (mut problems, bad) = check_values(&table, &sources);
-        problems.extend(check_relations(self, &bad, &sources));
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid(problems))
+pub(super) fn join_key(prefix: &str, k: &str) -> String {
+    if prefix.is_empty() {
+        k.to_owned()
+    } else {
+        format!("{prefix}.{k}")
+    }
+}
+
+pub(super) fn lookup<'a>(root: &'a Table, key: &str) -> Option<&'a Value> {
+    let mut parts = key.split('.');
+    let mut v = root.get(parts.next()?)?;
+    for part in parts {
+        v = v.as_table()?.get(part)?;
+    }
+    Some(v)
+}
+
+impl TelemetryConfig {
+    /// `listen` as a [`SocketAddr`] (validated at load time).
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|_| {
+            // Loading has checked the address, so only a config built in code gets here.
+            ConfigError::Invalid(vec![Problem::new(
+                "telemetry.listen",
+                show_str(&self.listen),
+                Source::Code,
+                Rule::SocketAddr.allowed(),
+            )])
+        })
+    }
+}
+
+/// Shows a value as given (TOML notation), with URL passwords redacted.
+pub(super) fn show(key: &str, v: &Value) -> String {
+    match v {
+        Value::String(s) if matches!(rule_for(key), Some(Rule::Url(_))) => show_str(&redact_url(s)),
+        Value::String(s) if is_secret_key(key) => show_str("***"),
+        Value::Table(_) => "(a section)".to_owned(),
+        Value::String(s) => show_str(s),
+        other => {
+            let text = one_line(&other.to_string());
+            if is_secret_key(key) {
+                "***".to_owned()
+            } else if text.chars().count() > 120 {
+                let cut: String = text.chars().take(117).collect();
+                format!("{cut}...")
+            } else {
+                text
+            }
         }
     }
+}
+
+/// Collapses a multi-line message (e.g. a parser's) so that a problem stays on one line.
+pub(super) fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A string in quotes, escaped so that it stays on one line.
+pub(super) fn show_str(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// An unknown key whose value should not be echoed.
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "token"]
+        .iter()
+        .any(|w| k.contains(w))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::load::join_key;
     use crate::config::test_support::{
         env_source, file_source, from_str, from_str_env, problem_for, problems,
     };
+    use crate::config::types::Config;
 
     #[test]
     fn every_leaf_key_has_exactly_one_rule() {

@@ -5,16 +5,13 @@
 //! the checks live in `rules` so that one table describes every key.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{show_str, ConfigError, Problem};
-use super::rules::Rule;
+use super::error::ConfigError;
 use super::secret::SecretUrl;
-use super::source::Source;
 #[cfg(doc)]
 use super::LIMIT_CEILING;
 
@@ -411,26 +408,24 @@ impl Default for TelemetryConfig {
     }
 }
 
-impl TelemetryConfig {
-    /// `listen` as a [`SocketAddr`] (validated at load time).
-    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.listen.parse().map_err(|_| {
-            // Loading has checked the address, so only a config built in code gets here.
-            ConfigError::Invalid(vec![Problem::new(
-                "telemetry.listen",
-                show_str(&self.listen),
-                Source::Code,
-                Rule::SocketAddr.allowed(),
-            )])
-        })
-    }
-}
-
 impl Config {
     /// The configuration as a TOML document (call [`Config::redacted`] first before showing it:
     /// serialization writes the real URLs).
     pub fn to_toml_string(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string_pretty(self)?)
+    }
+}
+
+impl Config {
+    /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` (user
+    /// info and a `password` query parameter) replaced by `***`, for showing: unlike `Debug`,
+    /// serializing a [`SecretUrl`] writes what it holds, so `check-config` renders this copy.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.database.url = SecretUrl::new(c.database.url.redacted());
+        c.redis.url = SecretUrl::new(c.redis.url.redacted());
+        c.gateway.base_url = SecretUrl::new(c.gateway.base_url.redacted());
+        c
     }
 }
 
@@ -518,5 +513,64 @@ mod tests {
             serde_json::from_str::<Task>("\"card-status\"").expect("alias"),
             Task::CardStatus
         );
+    }
+
+    #[test]
+    fn redaction_hides_passwords_only() {
+        let mut c = Config::default();
+        c.database.url = "postgres://app:s3cret@db:5432/cw?sslmode=verify-full".into();
+        c.redis.url = "rediss://:r3dis@cache:6380/0".into();
+        let r = c.redacted();
+        assert_eq!(
+            r.database.url.expose(),
+            "postgres://app:***@db:5432/cw?sslmode=verify-full"
+        );
+        assert_eq!(r.redis.url.expose(), "rediss://:***@cache:6380/0");
+        assert_eq!(r.gateway.base_url, c.gateway.base_url);
+        let text = r.to_toml_string().expect("renders");
+        assert!(
+            !text.contains("s3cret") && !text.contains("r3dis"),
+            "{text}"
+        );
+        let json = serde_json::to_string(&r).expect("json");
+        assert!(!json.contains("s3cret"), "{json}");
+        assert!(json.contains("\"log_format\":\"json\""), "{json}");
+        // Without a password the URL is left as written.
+        assert_eq!(
+            Config::default().redacted().database.url,
+            Config::default().database.url
+        );
+        assert_eq!(
+            super::super::secret::redact_url("postgres://db/cw?user=a&password=p"),
+            "postgres://db/cw?user=a&password=***"
+        );
+    }
+
+    #[test]
+    fn debug_of_a_config_never_shows_a_password() {
+        let mut c = Config::default();
+        c.database.url = "postgres://app:s3cret@db:5432/cw?password=qs3cret".into();
+        c.redis.url = "rediss://:r3dis@cache:6380/0".into();
+        c.gateway.base_url = "https://gw:g4te@gateway.example".into();
+        for text in [format!("{c:?}"), format!("{c:#?}")] {
+            for secret in ["s3cret", "qs3cret", "r3dis", "g4te"] {
+                assert!(!text.contains(secret), "{secret} in {text}");
+            }
+            assert!(
+                text.contains("\"postgres://app:***@db:5432/cw?password=***\""),
+                "{text}"
+            );
+        }
+        // The real value is still there for connecting.
+        assert_eq!(c.redis.url.expose(), "rediss://:r3dis@cache:6380/0");
+        assert_eq!(c.redis.url.to_string(), "rediss://:***@cache:6380/0");
+    }
+
+    #[test]
+    fn a_secret_url_renders_as_what_it_holds_in_toml() {
+        let mut c = Config::default();
+        c.redis.url = SecretUrl::new("redis://:pw@r:6379/0");
+        let toml = c.to_toml_string().expect("renders");
+        assert!(toml.contains("url = \"redis://:pw@r:6379/0\""), "{toml}");
     }
 }
