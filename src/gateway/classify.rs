@@ -25,7 +25,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::redact::{body_summary, json_summary, truncate, Summarize, SUMMARY_MAX_BYTES};
+use super::mask::truncate;
+use super::redact::{body_summary, json_summary, Summarize, SUMMARY_MAX_BYTES};
 use super::wire::{self, BodyError, CardData, CardStatus, PaymentQuery, PaymentResult};
 
 /// Why a call was not a valid observation.

@@ -23,7 +23,8 @@ use uuid::Uuid;
 use super::classify::{
     self, CallResult, Classified, HttpOutcome, Outcome, TransportError, TransportErrorKind,
 };
-use super::redact::{self, redact_digits, truncate};
+use super::mask::{redact_digits, truncate};
+use super::redact;
 use super::wire::PaymentQuery;
 use crate::config::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;

@@ -21,6 +21,8 @@
 //! - `classify.rs` — *what did the call mean?* The pure function per call kind from status,
 //!   body bytes or transport error to [`Outcome`] (`Valid` / `Failed` / `Unknown`) with a
 //!   [`Failure`] reason; [`CallResult`]. No I/O, unit-tested rule by rule.
+//! - `mask.rs` — the masking primitives (digit runs that could be a card number, truncation,
+//!   `Redacted` values for reasons), below both the decoders and the summaries.
 //! - `redact.rs` — *what may be written down?* The request and response summaries of
 //!   integration logs and log lines, and digit redaction: no PAN or CVV ever reaches a summary
 //!   or a reason.
@@ -31,12 +33,14 @@
 
 mod classify;
 pub mod client;
+mod mask;
 mod redact;
 mod wire;
 
 pub use classify::{CallResult, Failure, Outcome};
 pub use client::GatewayClient;
-pub use redact::{redact_digits, SUMMARY_MAX_BYTES};
+pub use mask::redact_digits;
+pub use redact::SUMMARY_MAX_BYTES;
 pub use wire::{
     CallKind, CardData, CardStatus, PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus,
     UnknownStatus, CORRELATION_HEADER, IDEMPOTENCY_HEADER,

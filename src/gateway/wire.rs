@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use super::redact::{json_type, redact_digits, Redacted};
+use super::mask::{json_type, redact_digits, Redacted};
 
 /// Header carrying the per-call correlation id.
 pub const CORRELATION_HEADER: &str = "X-Correlation-Id";
