@@ -17,7 +17,7 @@ use cardworker_jobs::RunArchive;
 use chrono::{DateTime, Utc};
 
 use super::day;
-use super::run::{self, JobKind, RunReport, Session};
+use super::session::{self, JobKind, RunReport, Session};
 use super::MaintenanceJob;
 
 /// Where due days are looked for: (table, filter), each with a `created_at` index.
@@ -57,7 +57,7 @@ fn cutoff(session: &Session<'_>) -> DateTime<Utc> {
 /// Due archive days still waiting (capped), by index probes.
 pub async fn days_pending(session: &mut Session<'_>) -> anyhow::Result<i64> {
     let cut = cutoff(session);
-    run::count_due_days(session, &DUE_TABLES, cut).await
+    session::count_due_days(session, &DUE_TABLES, cut).await
 }
 
 /// One archive run's body: finds the day and moves it, batch by batch.
@@ -66,13 +66,13 @@ pub(super) async fn run_day(
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
     let cut = cutoff(session);
-    let Some((start, end)) = run::next_due_day(session, &DUE_TABLES, cut, report).await? else {
+    let Some((start, end)) = session::next_due_day(session, &DUE_TABLES, cut, report).await? else {
         return Ok(());
     };
 
-    let log_cols = run::columns(session, "integration_logs").await?;
-    let event_cols = run::columns(session, "audit_events").await?;
-    let link_cols = run::columns(session, "audit_resources").await?;
+    let log_cols = session::columns(session, "integration_logs").await?;
+    let event_cols = session::columns(session, "audit_events").await?;
+    let link_cols = session::columns(session, "audit_resources").await?;
 
     // Integration logs (finished only), then audit events with their links.
     let mut cursor = start;
@@ -106,7 +106,7 @@ pub(super) async fn run_day(
         }
     }
     report.day_finished = true;
-    report.days_pending = Some(run::count_due_days(session, &DUE_TABLES, cut).await?);
+    report.days_pending = Some(session::count_due_days(session, &DUE_TABLES, cut).await?);
     Ok(())
 }
 

@@ -7,14 +7,18 @@
 //! - [`retention`]: the `RunRetention` job (one expired day of the archive: delete or count).
 //! - [`run`]: the frame both share: brake, advisory lock on a dedicated session,
 //!   `statement_timeout`, batch boundaries, metrics and the log line per run.
+//! - [`session`]: what the job bodies build on: [`JobKind`], [`RunReport`], the dedicated
+//!   session and the index-probe queries that find the day a run handles.
 //! - [`day`]: Asia/Shanghai day arithmetic.
 
 pub mod archive;
 pub mod day;
 pub mod retention;
 pub mod run;
+pub mod session;
 
-pub use run::{register_metrics, run_job, JobKind, RunReport};
+pub use run::{register_metrics, run_job};
+pub use session::{JobKind, RunReport};
 
 use std::sync::Arc;
 

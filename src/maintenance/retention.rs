@@ -12,7 +12,7 @@ use cardworker_jobs::RunRetention;
 use chrono::{DateTime, Utc};
 
 use super::day;
-use super::run::{self, JobKind, RunReport, Session};
+use super::session::{self, JobKind, RunReport, Session};
 use super::MaintenanceJob;
 
 /// The archive tables, in deletion order (links before their events).
@@ -60,7 +60,7 @@ fn cutoff(session: &Session<'_>) -> DateTime<Utc> {
 /// Due retention days still waiting (capped), by index probes.
 pub async fn days_pending(session: &mut Session<'_>) -> anyhow::Result<i64> {
     let cut = cutoff(session);
-    run::count_due_days(session, &DUE_TABLES, cut).await
+    session::count_due_days(session, &DUE_TABLES, cut).await
 }
 
 /// One retention run's body.
@@ -69,7 +69,7 @@ pub(super) async fn run_day(
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
     let cut = cutoff(session);
-    let Some((start, end)) = run::next_due_day(session, &DUE_TABLES, cut, report).await? else {
+    let Some((start, end)) = session::next_due_day(session, &DUE_TABLES, cut, report).await? else {
         return Ok(());
     };
 
@@ -90,7 +90,7 @@ pub(super) async fn run_day(
         tx.commit().await?;
         // The day stays: it is reported again by the next run (and counted in days_pending).
         report.day_finished = true;
-        report.days_pending = Some(run::count_due_days(session, &DUE_TABLES, cut).await?);
+        report.days_pending = Some(session::count_due_days(session, &DUE_TABLES, cut).await?);
         return Ok(());
     }
 
@@ -110,7 +110,7 @@ pub(super) async fn run_day(
         }
     }
     report.day_finished = true;
-    report.days_pending = Some(run::count_due_days(session, &DUE_TABLES, cut).await?);
+    report.days_pending = Some(session::count_due_days(session, &DUE_TABLES, cut).await?);
     Ok(())
 }
 

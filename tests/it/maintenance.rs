@@ -9,7 +9,7 @@ use std::time::Duration;
 use cardworker::app;
 use cardworker::config::Config;
 use cardworker::context::AppContext;
-use cardworker::maintenance::{self, day, run::LOCK_KEY, JobKind};
+use cardworker::maintenance::{self, day, session::LOCK_KEY, JobKind};
 use cardworker::runner::spawn::enqueue_tick;
 use cardworker_jobs::{RunArchive, RunRetention};
 use chrono::{DateTime, Days, NaiveDate, Utc};
