@@ -8,11 +8,13 @@
 //! - [`run`]: the frame both share: brake, advisory lock on a dedicated session,
 //!   `statement_timeout`, batch boundaries, metrics and the log line per run.
 //! - [`day`]: Asia/Shanghai day arithmetic.
+//! - [`status`]: what `cardworker maintenance status` reports (switch, brake, last day, backlog).
 
 pub mod archive;
 pub mod day;
 pub mod retention;
 pub mod run;
+pub mod status;
 
 pub use run::{register_metrics, run_job, JobKind, RunReport};
 
