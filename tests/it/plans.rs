@@ -109,6 +109,18 @@ async fn every_statement_path_of_src_runs_without_reading_a_big_table_whole() {
         .collect();
     let distinct: std::collections::BTreeSet<String> =
         product.iter().map(|p| p.statement()).collect();
+    // A fragment that two statements contain would let one stand in for the other.
+    let ambiguous: Vec<String> = distinct
+        .iter()
+        .filter_map(|statement| {
+            let named: Vec<&str> = COVERAGE
+                .iter()
+                .filter(|s| s.matches(statement))
+                .map(|s| s.what)
+                .collect();
+            (named.len() > 1).then(|| format!("{named:?} all match: {statement}"))
+        })
+        .collect();
     println!(
         "plan guard: {} executions of {} distinct product statements judged",
         product.len(),
@@ -153,6 +165,12 @@ async fn every_statement_path_of_src_runs_without_reading_a_big_table_whole() {
         "the drive never ran these statements of plan_drive::COVERAGE (drive them, or fix the \
          fragment):\n{}",
         missing.join("\n")
+    );
+    assert!(
+        ambiguous.is_empty(),
+        "plan_drive::COVERAGE entries that match the same statement (make the fragments \
+         specific):\n{}",
+        ambiguous.join("\n")
     );
     assert!(
         guard_problems.is_empty(),
