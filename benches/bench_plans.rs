@@ -5,7 +5,7 @@
 //!    seeded with `generate_series` (secondary indexes dropped during the load and rebuilt,
 //!    foreign-key triggers skipped, then `VACUUM (ANALYZE)`): 1M cards, 3M integration logs,
 //!    3M audit events and 3M resource links over 90 days, 1M outbox rows, 500k payments,
-//!    1M inbound callbacks.
+//!    1M inbound callbacks; and an archive of 3M rows per archive table over the 90 days before.
 //! 3. `auto_explain` on (`log_analyze`, `log_buffers`), `plan_cache_mode = force_custom_plan`,
 //!    and the plan guard's drive (`tests/it/plan_drive.rs`): every statement path of `src/`,
 //!    through the product's own code. Then the same with `force_generic_plan` (what sqlx's cached
@@ -63,7 +63,8 @@ const SETTINGS: &[(&str, &str)] = &[
     ("checkpoint_timeout", "1h"),
     ("wal_level", "minimal"),
     ("max_wal_senders", "0"),
-    // The explicit VACUUM (ANALYZE) after the load sets statistics and the visibility map.
+    // Off during the load (the explicit VACUUM (ANALYZE) after it sets statistics and the
+    // visibility map), on again for the drive.
     ("autovacuum", "off"),
 ];
 
@@ -105,8 +106,9 @@ impl Volumes {
     }
 
     /// A seed statement with its `:name` placeholders replaced.
-    fn apply(&self, sql: &str) -> String {
-        sql.replace(":cards", &self.cards.to_string())
+    fn apply(&self, sql: &str, t0: &str) -> String {
+        sql.replace(":t0", &format!("'{t0}'::timestamptz"))
+            .replace(":cards", &self.cards.to_string())
             .replace(":logs", &self.logs.to_string())
             .replace(":outbox", &self.outbox.to_string())
             .replace(":payments", &self.payments.to_string())
@@ -114,8 +116,10 @@ impl Volumes {
     }
 }
 
-/// The load, one statement per step (all rows spread evenly over the last 90 days, ids in time
-/// order as in production; `:name` is a volume of [`Volumes`]). The last step gives the heavy
+/// The load, one statement per step: the online records spread evenly over the last 90 days,
+/// the archive over the 90 days before (as `retention_days = 180` keeps it), ids in time order as
+/// in production; `:name` is a volume of [`Volumes`], `:t0` the one instant the load started (so
+/// that rows of different statements agree on their day). The last step gives the heavy
 /// card `c-0000042` 100 callbacks of its own and 20 payments with 3 callbacks each.
 const SEED: &[(&str, &str)] = &[
     (
@@ -135,7 +139,7 @@ SELECT i, 'c-' || lpad(i::text, 7, '0'),
        CASE WHEN i % 1000 = 5 THEN t + interval '1 day' END,
        t, t + interval '1 hour'
   FROM generate_series(1::bigint, :cards) i,
-       LATERAL (SELECT now() - interval '90 days' + (i / :cards.0) * interval '90 days' AS t) x",
+       LATERAL (SELECT :t0 - interval '90 days' + (i / :cards.0) * interval '90 days' AS t) x",
     ),
     (
         "integration_logs",
@@ -155,7 +159,7 @@ SELECT i, md5('l' || i)::uuid, r.kind, r.id,
        t - interval '40 milliseconds', CASE WHEN s.state <> 'pending' THEN t END,
        CASE WHEN s.state <> 'pending' THEN 40 END, t
   FROM generate_series(1::bigint, :logs) i,
-       LATERAL (SELECT now() - interval '90 days' + (i / :logs.0) * interval '90 days' AS t) x,
+       LATERAL (SELECT :t0 - interval '90 days' + (i / :logs.0) * interval '90 days' AS t) x,
        LATERAL (SELECT CASE WHEN i % 10 = 0 THEN 'payment' ELSE 'card' END AS kind,
                        CASE WHEN i % 10 = 0 THEN md5('p' || (1 + (i / 10) % :payments))::uuid::text
                             ELSE 'c-' || lpad((1 + (i * 7919) % :cards)::text, 7, '0') END AS id) r,
@@ -170,7 +174,7 @@ INSERT INTO audit_events (id, event_type, correlation_id, integration_log_id, su
 SELECT i, (ARRAY['card.status_changed', 'card.data_ready', 'poll.failed'])[1 + i % 3],
        md5('l' || i)::uuid, i, 'status active -> frozen (version 3 -> 4) by poll',
        '{\"from\":\"active\",\"to\":\"frozen\",\"version\":4}'::jsonb,
-       now() - interval '90 days' + (i / :logs.0) * interval '90 days'
+       :t0 - interval '90 days' + (i / :logs.0) * interval '90 days'
   FROM generate_series(1::bigint, :logs) i",
     ),
     (
@@ -180,7 +184,7 @@ INSERT INTO audit_resources (id, audit_event_id, resource_type, resource_id, cre
 SELECT i, i, CASE WHEN i % 10 = 0 THEN 'payment' ELSE 'card' END,
        CASE WHEN i % 10 = 0 THEN md5('p' || (1 + (i / 10) % :payments))::uuid::text
             ELSE 'c-' || lpad((1 + (i * 7919) % :cards)::text, 7, '0') END,
-       now() - interval '90 days' + (i / :logs.0) * interval '90 days'
+       :t0 - interval '90 days' + (i / :logs.0) * interval '90 days'
   FROM generate_series(1::bigint, :logs) i",
     ),
     (
@@ -193,7 +197,7 @@ SELECT i, 'card', c, 'card.status_changed',
        t, CASE WHEN i <= :outbox - 500 THEN t + interval '2 seconds' END
   FROM generate_series(1::bigint, :outbox) i,
        LATERAL (SELECT 'c-' || lpad((1 + (i * 7919) % :cards)::text, 7, '0') AS c,
-                       now() - interval '90 days' + (i / :outbox.0) * interval '90 days' AS t) x",
+                       :t0 - interval '90 days' + (i / :outbox.0) * interval '90 days' AS t) x",
     ),
     (
         "payments",
@@ -205,7 +209,7 @@ SELECT md5('p' || i)::uuid, 'c-' || lpad((1 + (i * 31) % :cards)::text, 7, '0'),
        CASE WHEN s.status IN ('accepted', 'rejected') THEN 'ch_' || i END,
        CASE WHEN s.status = 'requested' THEN 0 ELSE 1 END, t, t + interval '5 seconds'
   FROM generate_series(1::bigint, :payments) i,
-       LATERAL (SELECT now() - interval '90 days' + (i / :payments.0) * interval '90 days' AS t) x,
+       LATERAL (SELECT :t0 - interval '90 days' + (i / :payments.0) * interval '90 days' AS t) x,
        LATERAL (SELECT CASE WHEN i % 100 = 0 THEN 'unknown' WHEN i % 100 = 1 THEN 'pending'
                             WHEN i % 100 = 2 THEN 'requested' WHEN i % 10 = 3 THEN 'rejected'
                             ELSE 'accepted' END AS status) s",
@@ -225,10 +229,47 @@ SELECT i, CASE WHEN i % 2 = 0 THEN 'visa' ELSE 'mastercard' END, 'cb-' || i,
        CASE WHEN i % 100 = 0 THEN 'unknown card ' || r.id END,
        r.kind, r.id, 1 + (i % 50 = 0)::int, t, t, CASE WHEN i % 100 <> 0 THEN t END
   FROM generate_series(1::bigint, :callbacks) i,
-       LATERAL (SELECT now() - interval '90 days' + (i / :callbacks.0) * interval '90 days' AS t) x,
+       LATERAL (SELECT :t0 - interval '90 days' + (i / :callbacks.0) * interval '90 days' AS t) x,
        LATERAL (SELECT CASE WHEN i % 2 = 0 THEN 'card' ELSE 'payment' END AS kind,
                        CASE WHEN i % 2 = 0 THEN 'c-' || lpad((1 + (i * 13) % :cards)::text, 7, '0')
                             ELSE md5('p' || (1 + (i * 17) % :payments))::uuid::text END AS id) r",
+    ),
+    (
+        "integration_logs_archive",
+        "
+INSERT INTO integration_logs_archive (id, correlation_id, resource_type, resource_id, scenario,
+                                      state, request_summary, response_summary, http_status,
+                                      started_at, finished_at, duration_ms, created_at,
+                                      archived_at)
+SELECT 10000000 + i, md5('al' || i)::uuid, 'card',
+       'c-' || lpad((1 + (i * 7919) % :cards)::text, 7, '0'),
+       'card_status_poll', 'succeeded', 'GET /v1/cards/c-1/status',
+       '{\"card_ref\":\"c-1\",\"status\":\"frozen\"}', 200,
+       t - interval '40 milliseconds', t, 40, t, t + interval '31 days'
+  FROM generate_series(1::bigint, :logs) i,
+       LATERAL (SELECT :t0 - interval '180 days' + (i / :logs.0) * interval '90 days' AS t) x",
+    ),
+    (
+        "audit_events_archive",
+        "
+INSERT INTO audit_events_archive (id, event_type, correlation_id, integration_log_id, summary,
+                                  details, created_at, archived_at)
+SELECT 10000000 + i, 'card.status_changed', md5('al' || i)::uuid, 10000000 + i,
+       'status active -> frozen (version 3 -> 4) by poll',
+       '{\"from\":\"active\",\"to\":\"frozen\",\"version\":4}'::jsonb, t,
+       t + interval '31 days'
+  FROM generate_series(1::bigint, :logs) i,
+       LATERAL (SELECT :t0 - interval '180 days' + (i / :logs.0) * interval '90 days' AS t) x",
+    ),
+    (
+        "audit_resources_archive",
+        "
+INSERT INTO audit_resources_archive (id, audit_event_id, resource_type, resource_id, created_at,
+                                     archived_at)
+SELECT 10000000 + i, 10000000 + i, 'card',
+       'c-' || lpad((1 + (i * 7919) % :cards)::text, 7, '0'), t, t + interval '31 days'
+  FROM generate_series(1::bigint, :logs) i,
+       LATERAL (SELECT :t0 - interval '180 days' + (i / :logs.0) * interval '90 days' AS t) x",
     ),
     (
         "the heavy card c-0000042",
@@ -247,8 +288,8 @@ WITH pay AS (
 INSERT INTO inbound_callbacks (id, channel, callback_id, body, state, resource_type, resource_id,
                                first_received_at, last_received_at, applied_at)
 SELECT :callbacks + row_number() OVER (), 'visa', 'cb-heavy-' || row_number() OVER (), '{}',
-       'applied', kind, id, now() - k * interval '1 hour', now() - k * interval '1 hour',
-       now() - k * interval '1 hour'
+       'applied', kind, id, :t0 - k * interval '1 hour', :t0 - k * interval '1 hour',
+       :t0 - k * interval '1 hour'
   FROM cb",
     ),
 ];
@@ -262,6 +303,9 @@ const LOADED: &[&str] = &[
     "outbox_events",
     "payments",
     "inbound_callbacks",
+    "integration_logs_archive",
+    "audit_events_archive",
+    "audit_resources_archive",
 ];
 
 /// The statements issue 18 replaced, and the index candidate, measured beside their successors.
@@ -476,9 +520,12 @@ async fn seed(conn: &mut PgConnection, volumes: &Volumes) -> anyhow::Result<()> 
             .execute(&mut *conn)
             .await?;
     }
+    let t0: String = sqlx::query_scalar("SELECT now()::text")
+        .fetch_one(&mut *conn)
+        .await?;
     for (what, sql) in SEED {
         let t = Instant::now();
-        sqlx::raw_sql(&volumes.apply(sql))
+        sqlx::raw_sql(&volumes.apply(sql, &t0))
             .execute(&mut *conn)
             .await
             .map_err(|e| anyhow::anyhow!("seeding {what}: {e:?}"))?;

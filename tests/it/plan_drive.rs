@@ -158,9 +158,10 @@ pub fn configure(c: &mut Config, scale: Scale) {
     c.maintenance.cleanup_enabled = true;
     c.maintenance.archive_cron = NEVER.to_owned();
     c.maintenance.retention_cron = NEVER.to_owned();
-    // Small: the seeded day 3 days back is due for both; at volume, 90 days of records.
+    // Small: the seeded day 3 days back is due for both. At volume (90 days online, 90 more in
+    // the archive): 60 due days for each.
     c.maintenance.archive_after_days = if small { 1 } else { 30 };
-    c.maintenance.retention_days = if small { 1 } else { 60 };
+    c.maintenance.retention_days = if small { 1 } else { 120 };
     c.maintenance.batch_size = if small { 2 } else { 1000 };
 }
 
