@@ -818,9 +818,9 @@ fn report(
     outln!(out, "## bench-plans results\n");
     outln!(
         out,
-        "Volumes: {} cards, {} integration logs, audit events and resource links each, {} outbox \
-         rows, {} payments, {} inbound callbacks; seeded in {seed_secs:.0} s (load, index \
-         rebuild, VACUUM ANALYZE).\n",
+        "Volumes: {} cards, {} integration logs, audit events and resource links each (online, \
+         and again in the archive tables), {} outbox rows, {} payments, {} inbound callbacks; \
+         seeded in {seed_secs:.0} s (load, index rebuild, VACUUM ANALYZE).\n",
         volumes.cards,
         volumes.logs,
         volumes.outbox,
