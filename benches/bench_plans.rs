@@ -300,19 +300,14 @@ SELECT :callbacks + row_number() OVER (), 'visa', 'cb-heavy-' || row_number() OV
     ),
 ];
 
-/// Tables whose secondary indexes are dropped during the load and rebuilt after it.
-const LOADED: &[&str] = &[
-    "cards",
-    "integration_logs",
-    "audit_events",
-    "audit_resources",
-    "outbox_events",
-    "payments",
-    "inbound_callbacks",
-    "integration_logs_archive",
-    "audit_events_archive",
-    "audit_resources_archive",
-];
+/// The product's tables (every table of the schema but sqlx's bookkeeping): their secondary
+/// indexes are dropped during the load and rebuilt after it, and their sizes reported.
+const TABLES_SQL: &str = "SELECT array_agg(tablename::text ORDER BY tablename) FROM pg_tables
+  WHERE schemaname = current_schema() AND tablename <> '_sqlx_migrations'";
+
+async fn product_tables(conn: &mut PgConnection) -> anyhow::Result<Vec<String>> {
+    Ok(sqlx::query_scalar(TABLES_SQL).fetch_one(&mut *conn).await?)
+}
 
 /// The statements issue 18 replaced, and the index candidate, measured beside their successors.
 /// (label, SQL, parameters as literals for `EXECUTE`, index to create first in the transaction).
@@ -523,7 +518,7 @@ async fn seed(conn: &mut PgConnection, volumes: &Volumes) -> anyhow::Result<()> 
           WHERE t.relname = ANY($1)
             AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid)",
     )
-    .bind(LOADED)
+    .bind(product_tables(&mut *conn).await?)
     .fetch_all(&mut *conn)
     .await?;
     for (name, _) in &secondary {
@@ -590,7 +585,7 @@ async fn sizes(conn: &mut PgConnection) -> anyhow::Result<Sizes> {
           WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relname = ANY($1)
           ORDER BY c.relname",
     )
-    .bind(LOADED)
+    .bind(product_tables(&mut *conn).await?)
     .fetch_all(&mut *conn)
     .await?;
     let mut out = Vec::new();

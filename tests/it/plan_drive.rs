@@ -225,6 +225,14 @@ impl Driver<'_> {
             .unwrap_or_else(|e| panic!("{argv:?} failed: {e:#}"));
     }
 
+    /// `cardworker enqueue carddata` and `enqueue card-status` for one card: a chain of each task
+    /// due now (un-parking a parked one).
+    async fn enqueue_both(&self, card_ref: &str) {
+        for task in ["carddata", "card-status"] {
+            self.cli(&["enqueue", task, "--card-ref", card_ref]).await;
+        }
+    }
+
     async fn insert_card(&self, card_ref: &str) {
         sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")
             .bind(card_ref)
@@ -262,10 +270,7 @@ impl Driver<'_> {
         let card = format!("{}-poll", self.tag);
         self.insert_card(&card).await;
         // The simulator's new card is what the row says (pending, inactive): unchanged.
-        self.cli(&["enqueue", "carddata", "--card-ref", &card])
-            .await;
-        self.cli(&["enqueue", "card-status", "--card-ref", &card])
-            .await;
+        self.enqueue_both(&card).await;
         wait_until(LIMIT, "an unchanged poll of each task", || async {
             self.polled(&card, "data") && self.polled(&card, "status")
         })
@@ -274,10 +279,7 @@ impl Driver<'_> {
             .sim
             .set_card_ready(&card, "tok_plan", "4242", 12, 2030);
         self.app.sim.set_card_status(&card, CardStatus::Active);
-        self.cli(&["enqueue", "carddata", "--card-ref", &card])
-            .await;
-        self.cli(&["enqueue", "card-status", "--card-ref", &card])
-            .await;
+        self.enqueue_both(&card).await;
         self.wait_card(
             &card,
             "data_state = 'ready' AND status = 'active'",
@@ -293,10 +295,7 @@ impl Driver<'_> {
         let card = format!("{}-fail", self.tag);
         self.insert_card(&card).await;
         self.app.sim.fail_card(&card);
-        self.cli(&["enqueue", "carddata", "--card-ref", &card])
-            .await;
-        self.cli(&["enqueue", "card-status", "--card-ref", &card])
-            .await;
+        self.enqueue_both(&card).await;
         self.wait_card(
             &card,
             "carddata_parked_at IS NOT NULL AND card_status_parked_at IS NOT NULL",
@@ -308,10 +307,7 @@ impl Driver<'_> {
             .sim
             .set_card_ready(&card, "tok_fail", "1234", 1, 2031);
         self.app.sim.set_card_status(&card, CardStatus::Frozen);
-        self.cli(&["enqueue", "carddata", "--card-ref", &card])
-            .await;
-        self.cli(&["enqueue", "card-status", "--card-ref", &card])
-            .await;
+        self.enqueue_both(&card).await;
         self.wait_card(
             &card,
             "carddata_parked_at IS NULL AND card_status_parked_at IS NULL
