@@ -5,7 +5,7 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 SIM_LISTEN ?= 127.0.0.1:8089
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake
+.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake bench-plans
 
 ## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator and one worker.
 run: services build
@@ -61,3 +61,9 @@ bench-budget: services
 
 bench-intake: services
 	$(CARGO) bench --bench bench_intake
+
+## Seeds the production volumes of issue 18 into a private cluster and prints every statement's
+## plan shape, buffers and time, custom and generic (docs/BENCHMARKS.md). The times are
+## PostgreSQL's, so the driving code builds in the dev profile.
+bench-plans: services
+	$(CARGO) bench --profile dev --bench bench_plans

@@ -54,7 +54,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
-    /// Runtime brake for archive and retention, shared by every pod.
+    /// Archive and retention: the runtime brake shared by every pod, and their status.
     #[command(subcommand)]
     Maintenance(MaintenanceCommand),
     /// Polling budgets: show, override, pause.
@@ -120,6 +120,13 @@ pub enum MaintenanceCommand {
     Pause,
     /// Lifts the pause.
     Resume,
+    /// Shows the switch, the brake, and per job the last day processed and the backlog (due
+    /// days, measured now by bounded index probes; also while maintenance is off).
+    Status {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
 }
 
 /// `cardworker budget …`

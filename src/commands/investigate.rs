@@ -22,6 +22,23 @@ pub const LIMIT: i64 = 50;
 /// How far back the unchanged-poll counts go.
 pub const UNCHANGED_HOURS: i64 = 48;
 
+/// The callbacks about a card (`$1`) or one of its payments, newest first (at most `$2`).
+///
+/// Both halves are lookups of `inbound_callbacks_resource_idx` (resource_type, resource_id), OR-ed
+/// into one bitmap scan: the card's own rows, and its payments' rows, whose ids are collected
+/// first by `ARRAY(SELECT …)` so that `resource_id = ANY (…)` is an index condition. Written as
+/// `resource_id IN (SELECT …)`, the payment half cannot use the index: the planner then reads
+/// every callback (at 1M callbacks, a parallel seq scan of 221 MB, 106–223 ms, to return a few
+/// rows; issue 18, docs/BENCHMARKS.md "bench-plans").
+pub const CALLBACKS_SQL: &str =
+    "SELECT channel, callback_id, state, reason, resource_type, resource_id, deliveries,
+        first_received_at, last_received_at, applied_at
+   FROM inbound_callbacks
+  WHERE (resource_type = 'card' AND resource_id = $1)
+     OR (resource_type = 'payment'
+         AND resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1)))
+  ORDER BY last_received_at DESC LIMIT $2";
+
 /// Everything `investigate` shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Investigation {
@@ -267,20 +284,12 @@ pub async fn investigate(
     .fetch_all(pool)
     .await
     .context("reading the card's payments")?;
-    let callbacks: Vec<CallbackView> = sqlx::query_as(
-        "SELECT channel, callback_id, state, reason, resource_type, resource_id, deliveries,
-                first_received_at, last_received_at, applied_at
-           FROM inbound_callbacks
-          WHERE (resource_type = 'card' AND resource_id = $1)
-             OR (resource_type = 'payment'
-                 AND resource_id IN (SELECT payment_id::text FROM payments WHERE card_ref = $1))
-          ORDER BY last_received_at DESC LIMIT $2",
-    )
-    .bind(card_ref)
-    .bind(LIMIT)
-    .fetch_all(pool)
-    .await
-    .context("reading the card's callbacks")?;
+    let callbacks: Vec<CallbackView> = sqlx::query_as(CALLBACKS_SQL)
+        .bind(card_ref)
+        .bind(LIMIT)
+        .fetch_all(pool)
+        .await
+        .context("reading the card's callbacks")?;
 
     Ok(Investigation {
         card,

@@ -12,10 +12,12 @@
 //! - [`polling`]: `enqueue carddata|card-status`, `reconcile`, `investigate`.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
+//! - [`maintenance`]: `maintenance status`.
 
 pub mod args;
 pub mod budget;
 pub mod investigate;
+pub mod maintenance;
 pub mod payments;
 pub mod polling;
 
@@ -85,6 +87,10 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             Ok(())
         }
         Command::Budget(cmd) => budget::execute(&config, cmd).await,
+        Command::Maintenance(MaintenanceCommand::Status { format }) => {
+            let ctx = AppContext::connect(config).await?;
+            maintenance::status(&ctx, format).await
+        }
         Command::Maintenance(cmd) => {
             let mut redis = connect_redis(config.redis.url.expose()).await?;
             let paused = matches!(cmd, MaintenanceCommand::Pause);

@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use super::day;
 use super::session::{self, JobKind, RunReport, Session};
 use super::MaintenanceJob;
+use crate::config::Config;
 
 /// Where due days are looked for: (table, filter), each with a `created_at` index.
 const DUE_TABLES: [(&str, &str); 2] = [
@@ -47,17 +48,12 @@ impl MaintenanceJob for RunArchive {
     }
 }
 
-fn cutoff(session: &Session<'_>) -> DateTime<Utc> {
-    day::cutoff(
-        day::today(),
-        session.ctx.config.maintenance.archive_after_days,
+/// Where archive looks for due days, and the first instant that is not due today.
+pub(super) fn due(config: &Config) -> (&'static [(&'static str, &'static str)], DateTime<Utc>) {
+    (
+        &DUE_TABLES,
+        day::cutoff(day::today(), config.maintenance.archive_after_days),
     )
-}
-
-/// Due archive days still waiting (capped), by index probes.
-pub async fn days_pending(session: &mut Session<'_>) -> anyhow::Result<i64> {
-    let cut = cutoff(session);
-    session::count_due_days(session, &DUE_TABLES, cut).await
 }
 
 /// One archive run's body: finds the day and moves it, batch by batch.
@@ -65,8 +61,8 @@ pub(super) async fn run_day(
     session: &mut Session<'_>,
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
-    let cut = cutoff(session);
-    let Some((start, end)) = session::next_due_day(session, &DUE_TABLES, cut, report).await? else {
+    let (tables, cut) = due(&session.ctx.config);
+    let Some((start, end)) = session::next_due_day(session, tables, cut, report).await? else {
         return Ok(());
     };
 
@@ -106,7 +102,7 @@ pub(super) async fn run_day(
         }
     }
     report.day_finished = true;
-    report.days_pending = Some(session::count_due_days(session, &DUE_TABLES, cut).await?);
+    report.days_pending = Some(session::count_due_days(session, tables, cut).await?);
     Ok(())
 }
 

@@ -10,12 +10,14 @@
 //! - [`session`]: what the job bodies build on: [`JobKind`], [`RunReport`], the dedicated
 //!   session and the index-probe queries that find the day a run handles.
 //! - [`day`]: Asia/Shanghai day arithmetic.
+//! - [`status`]: what `cardworker maintenance status` reports (switch, brake, last day, backlog).
 
 pub mod archive;
 pub mod day;
 pub mod retention;
 pub mod run;
 pub mod session;
+pub mod status;
 
 pub use run::{register_metrics, run_job};
 pub use session::{JobKind, RunReport};

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use super::day;
 use super::session::{self, JobKind, RunReport, Session};
 use super::MaintenanceJob;
+use crate::config::Config;
 
 /// The archive tables, in deletion order (links before their events).
 const TABLES: [&str; 3] = [
@@ -53,14 +54,12 @@ impl MaintenanceJob for RunRetention {
     }
 }
 
-fn cutoff(session: &Session<'_>) -> DateTime<Utc> {
-    day::cutoff(day::today(), session.ctx.config.maintenance.retention_days)
-}
-
-/// Due retention days still waiting (capped), by index probes.
-pub async fn days_pending(session: &mut Session<'_>) -> anyhow::Result<i64> {
-    let cut = cutoff(session);
-    session::count_due_days(session, &DUE_TABLES, cut).await
+/// Where retention looks for due days, and the first instant that is not due today.
+pub(super) fn due(config: &Config) -> (&'static [(&'static str, &'static str)], DateTime<Utc>) {
+    (
+        &DUE_TABLES,
+        day::cutoff(day::today(), config.maintenance.retention_days),
+    )
 }
 
 /// One retention run's body.
@@ -68,8 +67,8 @@ pub(super) async fn run_day(
     session: &mut Session<'_>,
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
-    let cut = cutoff(session);
-    let Some((start, end)) = session::next_due_day(session, &DUE_TABLES, cut, report).await? else {
+    let (tables, cut) = due(&session.ctx.config);
+    let Some((start, end)) = session::next_due_day(session, tables, cut, report).await? else {
         return Ok(());
     };
 
@@ -90,7 +89,7 @@ pub(super) async fn run_day(
         tx.commit().await?;
         // The day stays: it is reported again by the next run (and counted in days_pending).
         report.day_finished = true;
-        report.days_pending = Some(session::count_due_days(session, &DUE_TABLES, cut).await?);
+        report.days_pending = Some(session::count_due_days(session, tables, cut).await?);
         return Ok(());
     }
 
@@ -110,7 +109,7 @@ pub(super) async fn run_day(
         }
     }
     report.day_finished = true;
-    report.days_pending = Some(session::count_due_days(session, &DUE_TABLES, cut).await?);
+    report.days_pending = Some(session::count_due_days(session, tables, cut).await?);
     Ok(())
 }
 

@@ -15,10 +15,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use chrono::NaiveDate;
 use sqlx::postgres::PgConnection;
 use sqlx::Connection as _;
 
-use super::session::{JobKind, RunReport, Session, APPLICATION_NAME, LOCK_KEY, RESULTS};
+use super::session::{
+    count_due_days, oldest_due, JobKind, RunReport, Session, APPLICATION_NAME, LOCK_KEY,
+    PROBE_APPLICATION_NAME, RESULTS,
+};
 use super::{archive, day, is_paused, retention};
 use crate::context::AppContext;
 use crate::telemetry::metrics as m;
@@ -72,6 +76,11 @@ pub async fn run_job(ctx: &AppContext, job: JobKind) -> anyhow::Result<RunReport
         return Err(e);
     }
     count(&report);
+    if report.result == "processed" {
+        if let Some(d) = report.day {
+            super::status::record_last_day(ctx, job, d, report.day_finished).await;
+        }
+    }
     tracing::info!(
         job = label,
         enabled = true,
@@ -123,11 +132,11 @@ fn count(report: &RunReport) {
     }
 }
 
-/// Opens the dedicated session of a run (not pooled: closing it ends the session).
-async fn connect(ctx: &AppContext) -> anyhow::Result<PgConnection> {
+/// Opens the dedicated session of a run or a probe (not pooled: closing it ends the session).
+async fn connect(ctx: &AppContext, application_name: &str) -> anyhow::Result<PgConnection> {
     let options = (*ctx.pool.connect_options())
         .clone()
-        .application_name(APPLICATION_NAME)
+        .application_name(application_name)
         .options([(
             "statement_timeout",
             ctx.config.maintenance.statement_timeout_ms.to_string(),
@@ -146,7 +155,7 @@ async fn run_locked(ctx: &AppContext, report: &mut RunReport) -> anyhow::Result<
         report.result = "skipped_paused";
         return Ok(());
     }
-    let mut conn = connect(ctx).await?;
+    let mut conn = connect(ctx, APPLICATION_NAME).await?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(LOCK_KEY)
         .fetch_one(&mut conn)
@@ -202,27 +211,54 @@ pub fn register_metrics(enabled: bool) {
     }
 }
 
+/// A job's backlog as its next run would see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// The oldest due Shanghai day: what the next run handles (`None`: nothing is due).
+    pub next_day: Option<NaiveDate>,
+    /// Due days waiting, capped at [`DAYS_PENDING_CAP`].
+    pub days_pending: i64,
+    /// Days before this Shanghai day are due (`today - archive_after_days` or
+    /// `today - retention_days`).
+    pub due_before: NaiveDate,
+}
+
+/// Measures one job's backlog: the same bounded, read-only index probes a run uses
+/// ([`oldest_due`], [`count_due_days`]), on a dedicated session under the maintenance
+/// `statement_timeout`. It takes no lock and works whether maintenance is on or off.
+pub async fn backlog(ctx: &AppContext, job: JobKind) -> anyhow::Result<Backlog> {
+    let (tables, cut) = match job {
+        JobKind::Archive => archive::due(&ctx.config),
+        JobKind::Retention => retention::due(&ctx.config),
+    };
+    let conn = connect(ctx, PROBE_APPLICATION_NAME).await?;
+    let mut session = Session { ctx, conn };
+    let measured = async {
+        let oldest = oldest_due(&mut session, tables, cut).await?;
+        let days = count_due_days(&mut session, tables, cut).await?;
+        anyhow::Ok((oldest, days))
+    }
+    .await;
+    let _ = session.conn.close().await;
+    let (oldest, days_pending) = measured?;
+    Ok(Backlog {
+        next_day: oldest.map(day::day_of),
+        days_pending,
+        due_before: day::day_of(cut),
+    })
+}
+
 /// Measures `days_pending` of both jobs at start-up (maintenance on only): a bounded read-only
 /// probe; it takes no lock, and a failure is only logged.
 pub async fn measure_days_pending(ctx: &AppContext) {
     for job in [JobKind::Archive, JobKind::Retention] {
-        let measured = async {
-            let conn = connect(ctx).await?;
-            let mut session = Session { ctx, conn };
-            let days = match job {
-                JobKind::Archive => archive::days_pending(&mut session).await,
-                JobKind::Retention => retention::days_pending(&mut session).await,
-            };
-            let _ = session.conn.close().await;
-            days
-        }
-        .await;
-        match measured {
-            Ok(days) => {
-                metrics::gauge!(m::MAINTENANCE_DAYS_PENDING, "job" => job.label()).set(days as f64);
+        match backlog(ctx, job).await {
+            Ok(b) => {
+                metrics::gauge!(m::MAINTENANCE_DAYS_PENDING, "job" => job.label())
+                    .set(b.days_pending as f64);
                 tracing::info!(
                     job = job.label(),
-                    days_pending = days,
+                    days_pending = b.days_pending,
                     "maintenance backlog measured at start-up"
                 );
             }

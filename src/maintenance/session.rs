@@ -23,6 +23,10 @@ pub const LOCK_KEY: i64 = 0x0063_776d_6169_6e74;
 /// `application_name` of the maintenance session, so that a DBA finds it in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "cardworker-maintenance";
 
+/// `application_name` of a read-only backlog probe (start-up, `cardworker maintenance status`):
+/// not the name of a run, so that `pg_stat_activity` never shows a probe as a run in progress.
+pub const PROBE_APPLICATION_NAME: &str = "cardworker-maintenance-probe";
+
 /// How many due days `days_pending` counts at most (one index probe per table and day).
 pub const DAYS_PENDING_CAP: i64 = 1000;
 

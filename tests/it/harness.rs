@@ -29,40 +29,55 @@ pub fn redis_url() -> String {
     std::env::var("CARDWORKER_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
 }
 
+/// `application_name` of the harness's own sessions ([`TestDb::pool`]), so that a check of the
+/// product's statements (the plan guard) can tell the test's own reads and writes apart.
+pub const HARNESS_APPLICATION_NAME: &str = "cardworker-test-harness";
+
 /// A fresh database, dropped (WITH FORCE) when this guard drops.
 pub struct TestDb {
     /// Its name.
     pub name: String,
     /// Its URL.
     pub url: String,
-    /// A pool on it (migrated).
+    /// A pool on it (migrated), for the test's own statements.
     pub pool: PgPool,
+    /// The admin URL of the server it lives on (the shared one, or a private cluster).
+    admin: String,
 }
 
 impl TestDb {
-    /// Creates and migrates a fresh database.
+    /// Creates and migrates a fresh database on the shared test server.
     pub async fn new() -> Self {
+        Self::new_on(&admin_url()).await
+    }
+
+    /// Creates and migrates a fresh database on the server of `admin` (an admin URL ending in
+    /// `/postgres`).
+    pub async fn new_on(admin: &str) -> Self {
         let name = format!("cw_test_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let admin = PgPool::connect(&admin_url())
-            .await
-            .expect("connect as admin");
+        let admin_pool = PgPool::connect(admin).await.expect("connect as admin");
         sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
+            .execute(&admin_pool)
             .await
             .expect("create test database");
-        admin.close().await;
-        let base = admin_url();
-        let url = match base.rfind('/') {
-            Some(i) => format!("{}/{name}", &base[..i]),
+        admin_pool.close().await;
+        let url = match admin.rfind('/') {
+            Some(i) => format!("{}/{name}", &admin[..i]),
             None => panic!("admin url has no database part"),
         };
+        let options: sqlx::postgres::PgConnectOptions = url.parse().expect("test database url");
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
-            .connect(&url)
+            .connect_with(options.application_name(HARNESS_APPLICATION_NAME))
             .await
             .expect("connect to test database");
         cardworker::storage::migrate(&pool).await.expect("migrate");
-        Self { name, url, pool }
+        Self {
+            name,
+            url,
+            pool,
+            admin: admin.to_owned(),
+        }
     }
 }
 
@@ -83,10 +98,11 @@ fn cleanup_blocking(cleanup: impl Future<Output = ()> + Send + 'static) {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let admin_url = self.admin.clone();
         // The pool is not closed from here: its connections belong to the test's runtime, which is
         // blocked in this drop; DROP … WITH (FORCE) ends them.
         cleanup_blocking(async move {
-            if let Ok(admin) = PgPool::connect(&admin_url()).await {
+            if let Ok(admin) = PgPool::connect(&admin_url).await {
                 let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .execute(&admin)
                     .await;
@@ -213,7 +229,13 @@ pub struct TestApp {
 
 /// Fresh database, prefix and simulator, and a worker started with `tweak` applied to the config.
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
-    let db = TestDb::new().await;
+    spawn_app_on(&admin_url(), tweak).await
+}
+
+/// [`spawn_app_with`] with the database on the server of `admin` (for example a private
+/// cluster, `pg_cluster::PrivateCluster::admin_url`).
+pub async fn spawn_app_on(admin: &str, tweak: impl FnOnce(&mut Config)) -> TestApp {
+    let db = TestDb::new_on(admin).await;
     let redis = TestRedis::new().await;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     sim.set_latency(0, 0);

@@ -2,6 +2,9 @@
 //! own database and key prefix. Only the Gateway is simulated (by cardworker's own simulator).
 
 mod harness;
+mod pg_cluster;
+mod plan_drive;
+mod plan_guard;
 
 mod budget;
 mod config_cli;
@@ -11,4 +14,5 @@ mod intake;
 mod maintenance;
 mod migrations;
 mod payments;
+mod plans;
 mod polling;

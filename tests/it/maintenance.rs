@@ -759,3 +759,79 @@ async fn two_workers_enqueueing_on_the_same_cron_tick_produce_one_job() {
     let _ = stop2.send(());
     join2.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn maintenance_status_sizes_the_backlog_while_off_and_names_the_last_day_after_a_run() {
+    // Off, as before a rollout: the status still measures what the first runs would do.
+    let mut app = spawn_app_with(|c| {
+        on(c);
+        c.maintenance.enabled = false;
+    })
+    .await;
+    let pool = &app.db.pool;
+    for k in [0, 2, 3, 5] {
+        seed_day(pool, k).await;
+    }
+    let status = maintenance::status::status(&app.ctx).await.unwrap();
+    assert!(!status.enabled && !status.cleanup_enabled && !status.paused);
+    let archive = &status.jobs["archive"];
+    assert_eq!(archive.days_pending, 3, "{status:?}");
+    assert_eq!(archive.next_day, Some(ago(5)));
+    assert_eq!(archive.due_before, ago(1));
+    assert_eq!(archive.last_day, None);
+    let retention = &status.jobs["retention"];
+    assert_eq!((retention.days_pending, retention.next_day), (0, None));
+
+    // The same, as an operator sees it (JSON, through the binary), with the brake set.
+    maintenance::set_paused(&mut app.ctx.redis.clone(), app.ctx.prefix(), true)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(&path, app.ctx.config.to_toml_string().unwrap()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(["maintenance", "status", "--format", "json", "--config"])
+        .arg(&path)
+        .env_remove("CARDWORKER_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["enabled"], false);
+    assert_eq!(json["paused"], true);
+    assert_eq!(json["jobs"]["archive"]["days_pending"], 3);
+    assert_eq!(
+        json["jobs"]["archive"]["next_day"],
+        ago(5).to_string().as_str()
+    );
+    assert!(json["jobs"]["archive"]["last_day"].is_null());
+    assert_eq!(json["jobs"]["retention"]["days_pending"], 0);
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(["maintenance", "status", "--config"])
+        .arg(&path)
+        .env_remove("CARDWORKER_CONFIG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("paused=true") && text.contains("3 days pending"),
+        "{text}"
+    );
+    maintenance::set_paused(&mut app.ctx.redis.clone(), app.ctx.prefix(), false)
+        .await
+        .unwrap();
+    app.stop().await.unwrap();
+
+    // A run (another pod, maintenance on) records its day fleet-wide: same database and prefix.
+    let mut config = (*app.ctx.config).clone();
+    config.maintenance.enabled = true;
+    let pod = AppContext::connect(config).await.unwrap();
+    let report = maintenance::run_job(&pod, JobKind::Archive).await.unwrap();
+    assert_eq!((report.result, report.day), ("processed", Some(ago(5))));
+    let status = maintenance::status::status(&app.ctx).await.unwrap();
+    let archive = &status.jobs["archive"];
+    assert_eq!(archive.last_day, Some(ago(5)));
+    assert_eq!(archive.last_day_finished, Some(true));
+    assert_eq!((archive.next_day, archive.days_pending), (Some(ago(3)), 2));
+    assert_eq!(status.jobs["retention"].next_day, Some(ago(5)));
+}

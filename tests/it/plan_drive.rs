@@ -1,0 +1,729 @@
+//! Drives every statement path of `src/` through the product's own functions and commands, on a
+//! running worker ([`TestApp`]): the plan guard runs it on a small private cluster
+//! (`plans.rs`), `make bench-plans` at production volumes (`benches/bench_plans.rs`).
+//!
+//! [`COVERAGE`] names every statement the drive must have run, by the file that issues it and
+//! fragments of its text; the guard test fails when one of them never ran, and when a file of
+//! `src/` has more `sqlx::query*` call sites than entries here.
+//!
+//! A new statement gets covered in three steps: (1) add a [`COVERAGE`] entry naming its file and
+//! a fragment only it contains; (2) make [`drive`] run it (a step below, or a new one); (3) run
+//! `cargo nextest run --test it -E 'test(/plan/)'`: it passes when the statement ran and its plan
+//! reads no guarded table whole.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cardworker::commands::{self, investigate, Cli};
+use cardworker::config::{Config, Task};
+use cardworker::context::AppContext;
+use cardworker::gateway::{CardStatus, PaymentResult, PaymentStatus};
+use cardworker::maintenance::{self, JobKind};
+use cardworker::payments::{callback, recovery, submit};
+use cardworker::polling::reconcile;
+use cardworker::sim::PaymentBehaviour;
+use cardworker_jobs::{ProcessCallback, SubmitPayment};
+use clap::Parser as _;
+use uuid::Uuid;
+
+use crate::harness::{metric_value, wait_until, TestApp};
+
+/// How a statement is recognised in the log (its text with white space folded).
+#[derive(Debug, Clone, Copy)]
+pub enum Sql {
+    /// Contains every fragment.
+    Contains(&'static [&'static str]),
+    /// Contains every fragment of the first list and none of the second.
+    ContainsNot(&'static [&'static str], &'static [&'static str]),
+    /// Is exactly this text.
+    Exact(&'static str),
+}
+
+/// One product statement the drive must run.
+#[derive(Debug, Clone, Copy)]
+pub struct Statement {
+    /// The file of `src/` that issues it.
+    pub source: &'static str,
+    /// What it does.
+    pub what: &'static str,
+    /// How to recognise it.
+    pub sql: Sql,
+}
+
+impl Statement {
+    /// Whether `statement` (white space folded) is this one.
+    pub fn matches(&self, statement: &str) -> bool {
+        match self.sql {
+            Sql::Contains(all) => all.iter().all(|f| statement.contains(f)),
+            Sql::ContainsNot(all, none) => {
+                all.iter().all(|f| statement.contains(f))
+                    && !none.iter().any(|f| statement.contains(f))
+            }
+            Sql::Exact(text) => statement == text,
+        }
+    }
+}
+
+const fn s(source: &'static str, what: &'static str, sql: Sql) -> Statement {
+    Statement { source, what, sql }
+}
+
+/// Every statement of `src/`, by file. Keep the files in the order of the layers.
+pub const COVERAGE: &[Statement] = &[
+    // storage
+    s("src/storage/cards.rs", "load a card", Sql::Contains(&["FROM cards WHERE card_ref = $1"])),
+    s("src/storage/cards.rs", "apply card data", Sql::Contains(&["UPDATE cards SET data_state = 'ready'"])),
+    s("src/storage/cards.rs", "apply a status", Sql::Contains(&["UPDATE cards SET status = $3"])),
+    s("src/storage/cards.rs", "park a carddata chain", Sql::Contains(&["UPDATE cards SET carddata_parked_at = now() WHERE card_ref = $1"])),
+    s("src/storage/cards.rs", "park a card_status chain", Sql::Contains(&["UPDATE cards SET card_status_parked_at = now() WHERE card_ref = $1"])),
+    s("src/storage/cards.rs", "unpark a carddata chain", Sql::Contains(&["UPDATE cards SET carddata_parked_at = NULL WHERE card_ref = $1"])),
+    s("src/storage/cards.rs", "unpark a card_status chain", Sql::Contains(&["UPDATE cards SET card_status_parked_at = NULL WHERE card_ref = $1"])),
+    s("src/storage/records.rs", "terminal integration log", Sql::ContainsNot(&["INSERT INTO integration_logs (correlation_id", "duration_ms)"], &["'pending'"])),
+    s("src/storage/records.rs", "audit event", Sql::Contains(&["INSERT INTO audit_events (event_type"])),
+    s("src/storage/records.rs", "audit resource link", Sql::Contains(&["INSERT INTO audit_resources (audit_event_id"])),
+    s("src/storage/records.rs", "outbox event", Sql::Contains(&["INSERT INTO outbox_events (aggregate_type"])),
+    s("src/storage/reliable.rs", "pending attempt log", Sql::Contains(&["INSERT INTO integration_logs (correlation_id", "'pending', $5, $6)"])),
+    s("src/storage/reliable.rs", "finish an attempt log", Sql::Contains(&["UPDATE integration_logs SET state = $2"])),
+    s("src/storage/reliable.rs", "reopen an attempt log", Sql::Contains(&["FROM integration_logs WHERE id = $1 AND state = 'pending' FOR UPDATE"])),
+    // telemetry
+    s("src/telemetry/http.rs", "readiness probe", Sql::Exact("SELECT 1")),
+    // polling
+    s("src/polling/reconcile.rs", "reconcile carddata", Sql::Contains(&["FROM cards WHERE data_state = 'pending' AND carddata_parked_at IS NULL AND id > $1"])),
+    s("src/polling/reconcile.rs", "reconcile card_status", Sql::Contains(&["FROM cards WHERE status NOT IN ('cancelled', 'expired') AND card_status_parked_at IS NULL AND id > $1"])),
+    // payments
+    s("src/payments/store.rs", "load a payment", Sql::ContainsNot(&["FROM payments WHERE payment_id = $1"], &["FOR UPDATE"])),
+    s("src/payments/store.rs", "lock a payment", Sql::Contains(&["FROM payments WHERE payment_id = $1 FOR UPDATE"])),
+    s("src/payments/store.rs", "settle a payment", Sql::Contains(&["UPDATE payments SET status = $2, channel_ref = $3"])),
+    s("src/payments/store.rs", "mark an attempt's outcome", Sql::Contains(&["UPDATE payments SET status = $3, updated_at = now() WHERE payment_id = $1 AND attempt_log_id = $2"])),
+    s("src/payments/store.rs", "move a payment to the back of recovery's line", Sql::Contains(&["UPDATE payments SET updated_at = now() WHERE payment_id = $1"])),
+    s("src/payments/submit.rs", "begin a submission", Sql::Contains(&["UPDATE payments SET status = 'pending', submissions = submissions + 1"])),
+    s("src/payments/recovery.rs", "find unsettled payments", Sql::Contains(&["SELECT payment_id FROM payments WHERE status IN ('pending', 'unknown')"])),
+    s("src/payments/callback.rs", "record a delivery", Sql::Contains(&["INSERT INTO inbound_callbacks (channel"])),
+    s("src/payments/callback.rs", "mark a callback applied", Sql::Contains(&["UPDATE inbound_callbacks SET state = 'applied'"])),
+    s("src/payments/callback.rs", "mark a callback failed", Sql::Contains(&["UPDATE inbound_callbacks SET state = 'failed'"])),
+    s("src/payments/callback.rs", "link a change's audit event to its log", Sql::Contains(&["UPDATE audit_events SET integration_log_id = $2 WHERE id = $1"])),
+    // maintenance
+    s("src/maintenance/session.rs", "SET LOCAL statement_timeout", Sql::Contains(&["SELECT set_config('statement_timeout', $1, true)"])),
+    s("src/maintenance/session.rs", "oldest due archive day", Sql::Contains(&["SELECT LEAST((SELECT min(created_at) FROM integration_logs WHERE state <> 'pending' AND created_at < $1)"])),
+    s("src/maintenance/session.rs", "oldest due retention day", Sql::Contains(&["SELECT LEAST((SELECT min(created_at) FROM audit_resources_archive WHERE created_at < $1)"])),
+    s("src/maintenance/session.rs", "archive days pending", Sql::Contains(&["WITH RECURSIVE d(found, n)", "FROM integration_logs WHERE state <> 'pending'"])),
+    s("src/maintenance/session.rs", "retention days pending", Sql::Contains(&["WITH RECURSIVE d(found, n)", "FROM integration_logs_archive WHERE"])),
+    s("src/maintenance/session.rs", "archive column list", Sql::Contains(&["FROM information_schema.columns"])),
+    s("src/maintenance/run.rs", "maintenance lock", Sql::Contains(&["SELECT pg_try_advisory_lock($1)"])),
+    s("src/maintenance/run.rs", "maintenance unlock", Sql::Contains(&["SELECT pg_advisory_unlock($1)"])),
+    s("src/maintenance/archive.rs", "move a batch of logs", Sql::Contains(&["WITH batch AS ( SELECT id FROM integration_logs WHERE state <> 'pending'"])),
+    s("src/maintenance/archive.rs", "lock a batch of audit events", Sql::Contains(&["SELECT id, created_at FROM audit_events WHERE created_at >= $1", "FOR UPDATE"])),
+    s("src/maintenance/archive.rs", "move a batch's links", Sql::Contains(&["DELETE FROM audit_resources WHERE audit_event_id = ANY($1)"])),
+    s("src/maintenance/archive.rs", "move a batch's events", Sql::Contains(&["DELETE FROM audit_events WHERE id = ANY($1)"])),
+    s("src/maintenance/retention.rs", "count expired links", Sql::Contains(&["SELECT count(*) FROM audit_resources_archive WHERE created_at >= $1"])),
+    s("src/maintenance/retention.rs", "count expired events", Sql::Contains(&["SELECT count(*) FROM audit_events_archive WHERE created_at >= $1"])),
+    s("src/maintenance/retention.rs", "count expired logs", Sql::Contains(&["SELECT count(*) FROM integration_logs_archive WHERE created_at >= $1"])),
+    s("src/maintenance/retention.rs", "delete expired links", Sql::Contains(&["WITH batch AS ( SELECT id FROM audit_resources_archive"])),
+    s("src/maintenance/retention.rs", "delete expired events", Sql::Contains(&["WITH batch AS ( SELECT id FROM audit_events_archive"])),
+    s("src/maintenance/retention.rs", "delete expired logs", Sql::Contains(&["WITH batch AS ( SELECT id FROM integration_logs_archive"])),
+    // commands
+    s("src/commands/investigate.rs", "a card's integration logs", Sql::Contains(&["FROM integration_logs WHERE resource_type = 'card' AND resource_id = $1", "FROM integration_logs_archive WHERE"])),
+    s("src/commands/investigate.rs", "a card's audit events", Sql::Contains(&["FROM audit_resources r JOIN audit_events e", "FROM audit_resources_archive r JOIN audit_events_archive e"])),
+    s("src/commands/investigate.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate.rs", "a card's callbacks", Sql::Contains(&["FROM inbound_callbacks", "resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1))"])),
+];
+
+/// The volumes the drive runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// A fresh, nearly empty database (the guard in `make test`).
+    Small,
+    /// The seeded production volumes of `make bench-plans` (90 days of records).
+    Production,
+}
+
+/// A cron schedule that does not fire during a drive.
+pub const NEVER: &str = "0 0 0 1 1 *";
+
+/// The configuration of the driven worker: every schedule out of the way (the drive runs each
+/// path itself), maintenance on with cleanup, and short failure runs.
+pub fn configure(c: &mut Config, scale: Scale) {
+    let small = scale == Scale::Small;
+    for task in [&mut c.polling.carddata, &mut c.polling.card_status] {
+        // Small: 1 s, so that a failing chain is parked after 2 failures within seconds. At
+        // volume, one poll per chain (the reconcile pass starts thousands).
+        task.interval_secs = if small { 1 } else { 3600 };
+        task.max_consecutive_failures = if small { 2 } else { 1 };
+    }
+    c.polling.reconcile_cron = NEVER.to_owned();
+    c.payments.recovery_cron = NEVER.to_owned();
+    c.maintenance.enabled = true;
+    c.maintenance.cleanup_enabled = true;
+    c.maintenance.archive_cron = NEVER.to_owned();
+    c.maintenance.retention_cron = NEVER.to_owned();
+    // Small: the seeded day 3 days back is due for both. At volume (90 days online, 90 more in
+    // the archive): 60 due days for each.
+    c.maintenance.archive_after_days = if small { 1 } else { 30 };
+    c.maintenance.retention_days = if small { 1 } else { 120 };
+    c.maintenance.batch_size = if small { 2 } else { 1000 };
+}
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// The driven worker with its command-line configuration file.
+struct Driver<'a> {
+    app: &'a TestApp,
+    /// Prefix of every card, payment and callback the drive creates (one drive per tag).
+    tag: String,
+    scale: Scale,
+    config_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Runs every path once. Panics (naming the step) when a path does not do what it should: a
+/// drive that silently skipped a path would let its statements go unjudged.
+pub async fn drive(app: &TestApp, tag: &str, scale: Scale) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_file = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &config_file,
+        app.ctx.config.to_toml_string().expect("config as toml"),
+    )
+    .expect("write config");
+    let d = Driver {
+        app,
+        tag: tag.to_owned(),
+        scale,
+        config_file,
+        _dir: dir,
+    };
+    let poll_card = d.polls().await;
+    d.failures_parking_and_unpark().await;
+    let payment = d.payments().await;
+    d.callbacks(&poll_card).await;
+    d.maintenance().await;
+    d.investigate(&poll_card).await;
+    d.operator_commands(&poll_card, payment).await;
+    d.reconcile().await;
+}
+
+impl Driver<'_> {
+    fn pool(&self) -> &sqlx::PgPool {
+        &self.app.db.pool
+    }
+
+    fn ctx(&self) -> &AppContext {
+        &self.app.ctx
+    }
+
+    /// Runs one command line in-process, exactly as `main` would (`--config` appended).
+    async fn cli(&self, args: &[&str]) {
+        let mut argv = vec!["cardworker"];
+        argv.extend_from_slice(args);
+        let config = self.config_file.to_string_lossy().into_owned();
+        argv.extend_from_slice(&["--config", &config]);
+        let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        commands::execute(cli)
+            .await
+            .unwrap_or_else(|e| panic!("{argv:?} failed: {e:#}"));
+    }
+
+    /// `cardworker enqueue carddata` and `enqueue card-status` for one card: a chain of each task
+    /// due now (un-parking a parked one).
+    async fn enqueue_both(&self, card_ref: &str) {
+        for task in ["carddata", "card-status"] {
+            self.cli(&["enqueue", task, "--card-ref", card_ref]).await;
+        }
+    }
+
+    async fn insert_card(&self, card_ref: &str) {
+        sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")
+            .bind(card_ref)
+            .execute(self.pool())
+            .await
+            .expect("insert card");
+    }
+
+    async fn card_is(&self, card_ref: &str, sql_condition: &str) -> bool {
+        sqlx::query_scalar::<_, bool>(&format!(
+            "SELECT EXISTS (SELECT 1 FROM cards WHERE card_ref = $1 AND {sql_condition})"
+        ))
+        .bind(card_ref)
+        .fetch_one(self.pool())
+        .await
+        .expect("card state")
+    }
+
+    async fn wait_card(&self, card_ref: &str, sql_condition: &str, what: &str) {
+        wait_until(LIMIT, what, || self.card_is(card_ref, sql_condition)).await;
+    }
+
+    fn polled(&self, card_ref: &str, path_end: &str) -> bool {
+        let path = format!("/v1/cards/{card_ref}/{path_end}");
+        self.app
+            .sim
+            .recent_requests()
+            .iter()
+            .any(|r| r.path == path)
+    }
+
+    /// Polls without a change (no write), then with one of each task (card update, log, audit,
+    /// outbox). Returns the card, now `ready` and `active`.
+    async fn polls(&self) -> String {
+        let card = format!("{}-poll", self.tag);
+        self.insert_card(&card).await;
+        // The simulator's new card is what the row says (pending, inactive): unchanged.
+        self.enqueue_both(&card).await;
+        wait_until(LIMIT, "an unchanged poll of each task", || async {
+            self.polled(&card, "data") && self.polled(&card, "status")
+        })
+        .await;
+        self.app
+            .sim
+            .set_card_ready(&card, "tok_plan", "4242", 12, 2030);
+        self.app.sim.set_card_status(&card, CardStatus::Active);
+        self.enqueue_both(&card).await;
+        self.wait_card(
+            &card,
+            "data_state = 'ready' AND status = 'active'",
+            "a changed poll of each task",
+        )
+        .await;
+        card
+    }
+
+    /// Failing polls until both chains are parked, then `enqueue` un-parks them and the next
+    /// polls succeed.
+    async fn failures_parking_and_unpark(&self) {
+        let card = format!("{}-fail", self.tag);
+        self.insert_card(&card).await;
+        self.app.sim.fail_card(&card);
+        self.enqueue_both(&card).await;
+        self.wait_card(
+            &card,
+            "carddata_parked_at IS NOT NULL AND card_status_parked_at IS NOT NULL",
+            "both chains parked after repeated failures",
+        )
+        .await;
+        self.app.sim.heal_card(&card);
+        self.app
+            .sim
+            .set_card_ready(&card, "tok_fail", "1234", 1, 2031);
+        self.app.sim.set_card_status(&card, CardStatus::Frozen);
+        self.enqueue_both(&card).await;
+        self.wait_card(
+            &card,
+            "carddata_parked_at IS NULL AND card_status_parked_at IS NULL
+             AND data_state = 'ready' AND status = 'frozen'",
+            "un-parked chains that poll again",
+        )
+        .await;
+    }
+
+    async fn insert_payment(&self, card_ref: &str, status: &str) -> Uuid {
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO payments (payment_id, card_ref, amount_minor, currency, status)
+             VALUES ($1, $2, 1234, 'CNY', $3)",
+        )
+        .bind(id)
+        .bind(card_ref)
+        .bind(status)
+        .execute(self.pool())
+        .await
+        .expect("insert payment");
+        id
+    }
+
+    /// A payment whose worker died mid-call: `pending`, with its attempt's log still `pending`.
+    async fn insert_dead_attempt(&self, card_ref: &str) -> Uuid {
+        let id = self.insert_payment(card_ref, "pending").await;
+        sqlx::query(
+            "WITH log AS (
+                 INSERT INTO integration_logs
+                   (correlation_id, resource_type, resource_id, scenario, state, started_at)
+                 VALUES ($2, 'payment', $1::text, 'payment_submit', 'pending', now())
+                 RETURNING id)
+             UPDATE payments SET attempt_log_id = (SELECT id FROM log), submissions = 1
+              WHERE payment_id = $1",
+        )
+        .bind(id)
+        .bind(Uuid::new_v4())
+        .execute(self.pool())
+        .await
+        .expect("a dead attempt");
+        id
+    }
+
+    async fn payment_status(&self, id: Uuid) -> String {
+        sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
+            .bind(id)
+            .fetch_one(self.pool())
+            .await
+            .expect("payment status")
+    }
+
+    /// Submissions (accepted, unknown, an unknown id), then recovery settling a dead attempt and
+    /// an unknown one and resubmitting one the Gateway never saw. Returns an unsettled payment
+    /// for `enqueue payment`.
+    async fn payments(&self) -> Uuid {
+        let card = format!("{}-poll", self.tag);
+        let sim = &self.app.sim;
+        let accepted = self.insert_payment(&card, "requested").await;
+        let got = submit::submit(
+            self.ctx(),
+            &SubmitPayment {
+                payment_id: accepted,
+                retries: 0,
+            },
+        )
+        .await
+        .expect("submit");
+        assert!(
+            matches!(&got, submit::Submitted::Answered { status, .. } if status == "accepted"),
+            "{got:?}"
+        );
+
+        let unknown = self.insert_payment(&card, "requested").await;
+        sim.set_payment_behaviour(unknown, PaymentBehaviour::ServerError);
+        submit::submit(
+            self.ctx(),
+            &SubmitPayment {
+                payment_id: unknown,
+                retries: 0,
+            },
+        )
+        .await
+        .expect("submit");
+        assert_eq!(self.payment_status(unknown).await, "unknown");
+        let nobody = submit::submit(
+            self.ctx(),
+            &SubmitPayment {
+                payment_id: Uuid::new_v4(),
+                retries: 0,
+            },
+        )
+        .await
+        .expect("submit");
+        assert_eq!(nobody, submit::Submitted::UnknownPayment);
+
+        // Recovery: the three oldest unsettled payments are ours (older than any seeded one).
+        let dead = self.insert_dead_attempt(&card).await;
+        let forgotten = self.insert_payment(&card, "unknown").await;
+        for id in [unknown, dead] {
+            sim.set_payment_behaviour(id, PaymentBehaviour::Accept);
+            sim.store_payment(PaymentResult {
+                payment_id: id,
+                status: PaymentStatus::Accepted,
+                channel_ref: format!("ch-{id}"),
+            });
+        }
+        sqlx::query(
+            "UPDATE payments SET updated_at = '2000-01-01T00:00:00Z' WHERE payment_id = ANY($1)",
+        )
+        .bind(vec![unknown, dead, forgotten])
+        .execute(self.pool())
+        .await
+        .expect("age the payments");
+        let report = recovery::recover(self.ctx(), Duration::from_secs(300), 3)
+            .await
+            .expect("recovery");
+        assert_eq!((report.settled, report.resubmitted), (2, 1), "{report:?}");
+        wait_until(LIMIT, "the resubmitted payment is accepted", || async {
+            self.payment_status(forgotten).await == "accepted"
+        })
+        .await;
+        self.insert_payment(&card, "requested").await
+    }
+
+    fn callback(&self, id: &str, body: String) -> ProcessCallback {
+        ProcessCallback {
+            channel: "visa".to_owned(),
+            callback_id: format!("{}-{id}", self.tag),
+            body,
+            retries: 0,
+        }
+    }
+
+    async fn deliver(&self, job: &ProcessCallback) -> callback::Delivery {
+        callback::process(self.ctx(), job).await.expect("callback")
+    }
+
+    /// Card and payment callbacks: applied, duplicate, unchanged, failed (unknown card, malformed
+    /// body, contradicting result).
+    async fn callbacks(&self, card: &str) {
+        use callback::Delivery;
+        let status =
+            |s: &str| format!(r#"{{"type":"card.status","card_ref":"{card}","status":"{s}"}}"#);
+        let frozen = self.callback("frozen", status("frozen"));
+        assert_eq!(
+            self.deliver(&frozen).await,
+            Delivery::Applied { changed: true }
+        );
+        assert_eq!(self.deliver(&frozen).await, Delivery::Duplicate);
+        let again = self.callback("frozen-again", status("frozen"));
+        assert_eq!(
+            self.deliver(&again).await,
+            Delivery::Applied { changed: false }
+        );
+        let nobody = self.callback(
+            "nobody",
+            format!(
+                r#"{{"type":"card.status","card_ref":"{}-nobody","status":"active"}}"#,
+                self.tag
+            ),
+        );
+        assert!(matches!(self.deliver(&nobody).await, Delivery::Failed(_)));
+        let malformed = self.callback("malformed", "not json".to_owned());
+        assert!(matches!(
+            self.deliver(&malformed).await,
+            Delivery::Failed(_)
+        ));
+
+        let payment = self.insert_dead_attempt(card).await;
+        let result = |s: &str| {
+            format!(
+                r#"{{"type":"payment.result","payment_id":"{payment}","status":"{s}","channel_ref":"ch-cb"}}"#
+            )
+        };
+        let accepted = self.callback("pay", result("accepted"));
+        assert_eq!(
+            self.deliver(&accepted).await,
+            Delivery::Applied { changed: true }
+        );
+        let repeated = self.callback("pay-again", result("accepted"));
+        assert_eq!(
+            self.deliver(&repeated).await,
+            Delivery::Applied { changed: false }
+        );
+        let contradicting = self.callback("pay-contra", result("rejected"));
+        assert!(matches!(
+            self.deliver(&contradicting).await,
+            Delivery::Failed(_)
+        ));
+    }
+
+    /// Records of one old day, so that archive and retention have a day to handle (at volume the
+    /// seeded 90 days already do).
+    async fn seed_old_day(&self) {
+        sqlx::query(
+            "WITH log AS (
+                 INSERT INTO integration_logs
+                   (correlation_id, resource_type, resource_id, scenario, state, started_at,
+                    finished_at, created_at)
+                 SELECT gen_random_uuid(), 'card', $1, 'card_status_poll', 'failed',
+                        now() - interval '3 days', now() - interval '3 days',
+                        now() - interval '3 days' + g * interval '1 second'
+                   FROM generate_series(1, 5) g
+                 RETURNING id, created_at
+             ), ev AS (
+                 INSERT INTO audit_events (event_type, integration_log_id, summary, created_at)
+                 SELECT 'poll.failed', id, 'old failure', created_at FROM log
+                 RETURNING id, created_at
+             )
+             INSERT INTO audit_resources (audit_event_id, resource_type, resource_id, created_at)
+             SELECT id, 'card', $1, created_at FROM ev",
+        )
+        .bind(format!("{}-old", self.tag))
+        .execute(self.pool())
+        .await
+        .expect("seed an old day");
+    }
+
+    /// Archive one day, then retention of it with cleanup off (counted) and on (deleted), and the
+    /// backlog probes.
+    async fn maintenance(&self) {
+        if self.scale == Scale::Small {
+            self.seed_old_day().await;
+        }
+        let archived = maintenance::run_job(self.ctx(), JobKind::Archive)
+            .await
+            .expect("archive run");
+        assert_eq!(archived.result, "processed", "{archived:?}");
+        assert!(archived.rows_of("integration_logs") > 0, "{archived:?}");
+
+        let mut off = (*self.ctx().config).clone();
+        off.maintenance.cleanup_enabled = false;
+        let off = AppContext::connect(off).await.expect("connect");
+        let kept = maintenance::run_job(&off, JobKind::Retention)
+            .await
+            .expect("retention run, cleanup off");
+        assert!(kept.rows_of("integration_logs_archive") > 0, "{kept:?}");
+        off.pool.close().await;
+
+        let deleted = maintenance::run_job(self.ctx(), JobKind::Retention)
+            .await
+            .expect("retention run, cleanup on");
+        assert!(
+            deleted
+                .rows
+                .iter()
+                .any(|r| r.action == "deleted" && r.rows > 0),
+            "{deleted:?}"
+        );
+        self.cli(&["maintenance", "status"]).await;
+    }
+
+    async fn investigate(&self, card: &str) {
+        let inv = investigate::investigate(self.ctx(), card)
+            .await
+            .expect("investigate");
+        assert!(
+            inv.callbacks
+                .iter()
+                .any(|c| c.resource_type.as_deref() == Some("card"))
+                && inv
+                    .callbacks
+                    .iter()
+                    .any(|c| c.resource_type.as_deref() == Some("payment")),
+            "callbacks about the card and about its payments: {:?}",
+            inv.callbacks
+        );
+        assert!(!inv.payments.is_empty() && !inv.timeline.is_empty());
+    }
+
+    async fn maintenance_runs(&self, job: &str) -> f64 {
+        let (_, text) = self.app.get("/metrics").await;
+        ["processed", "nothing_due", "skipped_busy", "failed"]
+            .iter()
+            .map(|result| {
+                metric_value(
+                    &text,
+                    "cardworker_maintenance_runs_total",
+                    &[("job", job), ("result", result)],
+                )
+            })
+            .sum()
+    }
+
+    /// Every operator command (spec section 2) except `run` and `gateway-sim`, in-process, and
+    /// the readiness probe.
+    async fn operator_commands(&self, card: &str, unsettled: Uuid) {
+        let (status, _) = self.app.get("/readyz").await;
+        assert_eq!(status, 200);
+        for args in [
+            &["check-config"][..],
+            &["check-config", "--format", "json"],
+            &["migrate"],
+            &["budget", "show"],
+            &["budget", "show", "--format", "json"],
+            &["budget", "set", "--task", "carddata", "--limit", "2"],
+            &["budget", "clear", "--task", "carddata"],
+            &["budget", "pause", "--task", "all"],
+            &["budget", "resume", "--task", "all"],
+            &["maintenance", "pause"],
+            &["maintenance", "resume"],
+            &["maintenance", "status", "--format", "json"],
+            &["investigate", "--card-ref", card],
+            &["investigate", "--card-ref", card, "--format", "json"],
+        ] {
+            self.cli(args).await;
+        }
+
+        let id = unsettled.to_string();
+        self.cli(&["enqueue", "payment", "--payment-id", &id]).await;
+        wait_until(LIMIT, "the enqueued payment is accepted", || async {
+            self.payment_status(unsettled).await == "accepted"
+        })
+        .await;
+        // Settled now: reported, not submitted again.
+        self.cli(&["enqueue", "payment", "--payment-id", &id]).await;
+
+        let body_file = self._dir.path().join("callback.json");
+        std::fs::write(
+            &body_file,
+            format!(r#"{{"type":"card.status","card_ref":"{card}","status":"active"}}"#),
+        )
+        .expect("body file");
+        let callback_id = format!("{}-cli", self.tag);
+        self.cli(&[
+            "enqueue",
+            "callback",
+            "--channel",
+            "visa",
+            "--callback-id",
+            &callback_id,
+            "--body-file",
+            &body_file.to_string_lossy(),
+        ])
+        .await;
+        wait_until(LIMIT, "the enqueued callback is applied", || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM inbound_callbacks
+                                 WHERE callback_id = $1 AND state = 'applied')",
+            )
+            .bind(&callback_id)
+            .fetch_one(self.pool())
+            .await
+            .expect("callback state")
+        })
+        .await;
+
+        for job in ["archive", "retention"] {
+            let before = self.maintenance_runs(job).await;
+            self.cli(&["enqueue", job]).await;
+            wait_until(LIMIT, "the enqueued maintenance run", || async {
+                self.maintenance_runs(job).await > before
+            })
+            .await;
+        }
+    }
+
+    /// Small: `cardworker reconcile` (full sweeps). At volume one pass per task at
+    /// `reconcile_batch`, as the scheduled reconcile runs it (the chains it starts poll once
+    /// each, in the background: more executions of the poll statements at volume).
+    async fn reconcile(&self) {
+        match self.scale {
+            Scale::Small => self.cli(&["reconcile", "--format", "json"]).await,
+            Scale::Production => {
+                let batch = self.ctx().config.polling.reconcile_batch;
+                for task in Task::ALL {
+                    let pass = reconcile::pass(self.ctx(), task, 0, batch)
+                        .await
+                        .expect("reconcile pass");
+                    assert!(pass.examined > 0, "{task}: {pass:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Counts the `sqlx::query*` call sites of every `.rs` file under `dir` (relative paths from
+/// the crate root), for the check that [`COVERAGE`] names at least as many statements per file.
+pub fn call_sites(root: &Path, dir: &str) -> Vec<(String, usize)> {
+    let mut files = Vec::new();
+    collect_rs(&root.join(dir), &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let n = [
+            "sqlx::query(",
+            "sqlx::query_as(",
+            "sqlx::query_as::<",
+            "sqlx::query_scalar(",
+            "sqlx::query_scalar::<",
+            "sqlx::raw_sql(",
+        ]
+        .iter()
+        .map(|p| text.matches(p).count())
+        .sum::<usize>();
+        if n > 0 {
+            let rel = file
+                .strip_prefix(root)
+                .expect("under root")
+                .to_string_lossy()
+                .into_owned();
+            out.push((rel, n));
+        }
+    }
+    out
+}
+
+fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            collect_rs(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
