@@ -70,11 +70,11 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             Ok(())
         }
         Command::GatewaySim(args) => {
-            telemetry::init_logging(config.telemetry.log_format);
+            telemetry::init_logging(config.telemetry.log_format, telemetry::Process::GatewaySim);
             run_simulator(args).await
         }
         Command::Run => {
-            telemetry::init_logging(config.telemetry.log_format);
+            telemetry::init_logging(config.telemetry.log_format, telemetry::Process::Worker);
             app::run(config, shutdown_signal()).await?;
             Ok(())
         }

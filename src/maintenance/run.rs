@@ -302,7 +302,7 @@ pub async fn run_queued(
     if !ctx.config.maintenance.enabled {
         tracing::info!(
             job = job.label(),
-            ?scheduled_for,
+            scheduled_for = %crate::telemetry::rfc3339_opt(scheduled_for),
             "maintenance run skipped: maintenance disabled"
         );
         super::count_run(job.label(), "skipped_disabled");
