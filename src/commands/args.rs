@@ -181,6 +181,10 @@ pub struct SimArgs {
     /// Probability that a card changes when it is read (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub change_rate: f64,
+    /// Before serving, load every card of the database of --config (its data and status), so
+    /// that a restarted simulator answers what the worker already recorded (`make run`).
+    #[arg(long)]
+    pub seed_from_db: bool,
 }
 
 /// The tasks a `--task T|all` argument names.

@@ -7,17 +7,19 @@
 //! # Layout
 //! - [`args`]: the clap definitions (spec section 2).
 //! - this module: [`execute`], [`CommandError`] and the exit status, `check-config`, `migrate`,
-//!   `run`, `maintenance`, `gateway-sim`.
+//!   `run`, `maintenance`.
 //! - [`budget`]: `budget show|set|clear|pause|resume`.
 //! - [`polling`]: `enqueue carddata|card-status`, `reconcile`, `investigate`.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
+//! - [`sim`]: `gateway-sim` (and its seeding from the database).
 
 pub mod args;
 pub mod budget;
 pub mod investigate;
 pub mod payments;
 pub mod polling;
+pub mod sim;
 
 use anyhow::Context as _;
 use cardworker_jobs::{Producer, RunArchive, RunRetention};
@@ -71,7 +73,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
         }
         Command::GatewaySim(args) => {
             telemetry::init_logging(config.telemetry.log_format, telemetry::Process::GatewaySim);
-            run_simulator(args).await
+            sim::run(&config, args).await
         }
         Command::Run => {
             telemetry::init_logging(config.telemetry.log_format, telemetry::Process::Worker);
@@ -155,32 +157,6 @@ async fn enqueue_maintenance<J: cardworker_jobs::Job>(
         .await
         .with_context(|| format!("enqueueing the {what} run"))?;
     println!("{what} run enqueued ({id}){}", disabled_note(config));
-    Ok(())
-}
-
-async fn run_simulator(args: args::SimArgs) -> Result<(), CommandError> {
-    use crate::sim::{SimConfig, Simulator};
-    let config = SimConfig {
-        latency_ms: args.latency_ms,
-        latency_jitter_ms: args.latency_jitter_ms,
-        error_rate: args.error_rate,
-        garbage_rate: args.garbage_rate,
-        change_rate: args.change_rate,
-        ..SimConfig::default()
-    };
-    config
-        .validate()
-        .map_err(|e| CommandError::Usage(format!("{e:#}")))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("binding the gateway simulator to {}", args.listen))?;
-    println!(
-        "gateway simulator listening on http://{}",
-        listener.local_addr().context("reading the bound address")?
-    );
-    Simulator::new(config)
-        .serve(listener, shutdown_signal())
-        .await?;
     Ok(())
 }
 
