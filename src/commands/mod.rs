@@ -9,7 +9,7 @@
 //! - this module: [`execute`], [`CommandError`] and the exit status, `check-config`, `migrate`,
 //!   `run`, `maintenance`.
 //! - [`budget`]: `budget show|set|clear|pause|resume`.
-//! - [`polling`]: `enqueue carddata|card-status`, `reconcile`, `investigate`.
+//! - [`polling`]: `enqueue carddata|card_status`, `reconcile`, `investigate`.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
 //! - [`sim`]: `gateway-sim` (and its seeding from the database).
@@ -92,12 +92,13 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             let paused = matches!(cmd, MaintenanceCommand::Pause);
             crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
             println!(
-                "maintenance {}",
+                "maintenance {}{}",
                 if paused {
                     "paused: a running run stops at its next batch boundary; later runs are no-ops until `cardworker maintenance resume`"
                 } else {
                     "resumed"
-                }
+                },
+                maintenance_disabled_note(&config)
             );
             Ok(())
         }
@@ -158,6 +159,18 @@ async fn enqueue_maintenance<J: cardworker_jobs::Job>(
         .with_context(|| format!("enqueueing the {what} run"))?;
     println!("{what} run enqueued ({id}){}", disabled_note(config));
     Ok(())
+}
+
+/// What `maintenance pause|resume` adds while maintenance is off: the brake is recorded, but
+/// nothing runs either way.
+fn maintenance_disabled_note(config: &Config) -> &'static str {
+    if config.maintenance.enabled {
+        ""
+    } else {
+        "\nnote: maintenance.enabled is false in this configuration, so archive and retention do not run \
+         anyway (queued runs are acknowledged as no-ops); the pause is kept in Redis and applies \
+         once maintenance is enabled"
+    }
 }
 
 fn disabled_note(config: &Config) -> &'static str {

@@ -35,7 +35,7 @@ pub struct Card {
     /// When the card-data chain was parked, if it is.
     #[serde(skip)]
     pub carddata_parked_at: Option<DateTime<Utc>>,
-    /// When the card-status chain was parked, if it is.
+    /// When the card_status chain was parked, if it is.
     #[serde(skip)]
     pub card_status_parked_at: Option<DateTime<Utc>>,
     /// Created.

@@ -9,6 +9,7 @@ mod endpoint;
 mod gateway;
 mod intake;
 mod maintenance;
+mod messages;
 mod migrations;
 mod payments;
 mod polling;
