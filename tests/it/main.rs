@@ -5,6 +5,7 @@ mod harness;
 
 mod budget;
 mod config_cli;
+mod demo;
 mod endpoint;
 mod gateway;
 mod intake;
