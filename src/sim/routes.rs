@@ -284,6 +284,11 @@ mod tests {
             .unwrap()
     }
 
+    /// GET `url` and read its JSON body as `T`.
+    async fn get_json<T: serde::de::DeserializeOwned>(c: &Client, url: String) -> T {
+        c.get(url).send().await.unwrap().json().await.unwrap()
+    }
+
     async fn status(c: &Client, url: String) -> u16 {
         c.get(url).send().await.unwrap().status().as_u16()
     }
@@ -328,14 +333,7 @@ mod tests {
         // A healthy call counts as a call, never as trouble.
         assert_eq!(status(&c, format!("{base}/v1/cards/c-4/status")).await, 200);
 
-        let stats: SimStats = c
-            .get(format!("{base}/sim/stats"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let stats: SimStats = get_json(&c, format!("{base}/sim/stats")).await;
         let n = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied();
         assert_eq!(n(&stats.injected_errors_total, "carddata"), Some(3));
         assert_eq!(n(&stats.injected_errors_total, "card_status"), Some(1));
@@ -405,14 +403,8 @@ mod tests {
         let rec = sim.payment_record(id).unwrap();
         assert_eq!(rec.submissions, 2);
         assert_eq!(rec.stored, Some(first.clone()));
-        let queried: PaymentResult = c
-            .get(format!("{}/v1/payments/{id}", h.base_url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let queried: PaymentResult =
+            get_json(&c, format!("{}/v1/payments/{id}", h.base_url())).await;
         assert_eq!(queried, first);
         h.shutdown().await.unwrap();
     }
@@ -495,14 +487,7 @@ mod tests {
         for call in calls {
             assert_eq!(call.await.unwrap().unwrap().as_u16(), 200);
         }
-        let stats: SimStats = c
-            .get(format!("{base}/sim/stats"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let stats: SimStats = get_json(&c, format!("{base}/sim/stats")).await;
         assert_eq!(stats.in_flight, 0);
         assert_eq!(stats.peak_in_flight, 3);
         assert_eq!(stats.peak_per_call.get("card_status"), Some(&3));
