@@ -2,25 +2,20 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
-SIM_LISTEN ?= 127.0.0.1:8089
+DEMO_CARDS ?= 80
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake bench-plans
+.PHONY: run reset-demo test services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans
 
-## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator and one worker.
+## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
+## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
+## with $(LOCAL_CONFIG). Ctrl-C stops both.
 run: services build
-	$(BIN) migrate --config $(LOCAL_CONFIG)
-	@echo "seeding 20 demo cards (c-demo-01..20) when missing"
-	@psql -h 127.0.0.1 -U root -d cardworker -qc "INSERT INTO cards (card_ref) SELECT 'c-demo-' || lpad(g::text, 2, '0') FROM generate_series(1, 20) g ON CONFLICT (card_ref) DO NOTHING" >/dev/null
-	@echo "starting polling chains for every card that should be polled (reconcile)"
-	$(BIN) reconcile --config $(LOCAL_CONFIG)
-	@\
-	$(BIN) gateway-sim --listen $(SIM_LISTEN) --latency-ms 50 --change-rate 0.05 --error-rate 0.02 --config $(LOCAL_CONFIG) & SIM=$$!; \
-	trap 'kill $$SIM 2>/dev/null' EXIT; \
-	echo "Gateway simulator on http://$(SIM_LISTEN) (stats: /sim/stats)"; \
-	echo "Metrics at http://127.0.0.1:9464/metrics  health /healthz  readiness /readyz"; \
-	echo "Try: $(BIN) budget show --config $(LOCAL_CONFIG);  $(BIN) investigate --card-ref c-demo-01 --config $(LOCAL_CONFIG)"; \
-	$(BIN) run --config $(LOCAL_CONFIG)
+	DEMO_CARDS=$(DEMO_CARDS) bash deploy/local/demo.sh run $(BIN) $(LOCAL_CONFIG)
+
+## Drops the demo's database and the Redis keys under its prefix (nothing else: never FLUSHALL).
+reset-demo: build
+	bash deploy/local/demo.sh reset $(BIN) $(LOCAL_CONFIG)
 
 ## Runs every test (unit, integration against real PostgreSQL and Redis, deploy lint).
 ## nextest runs every test in its own process, which the metrics tests need (one global
@@ -50,8 +45,14 @@ lint-deploy:
 	bash deploy/lint.sh
 
 ## Starts a worker, scrapes /metrics, and checks that every metric the rules and dashboard use is exported.
-scrape-check: build
+## It runs the binary of the test build: right after `nextest run` that build is a no-op, so
+## `make test` builds the product once (`build` would rebuild it with other dependency features).
+scrape-check: build-tests
 	bash deploy/local/scrape-check.sh $(BIN)
+
+## The build `cargo nextest run --workspace` does (test profile, dev-dependencies), $(BIN) included.
+build-tests:
+	$(CARGO) test --workspace --no-run
 
 bench-writes: services
 	$(CARGO) bench --bench bench_writes

@@ -1,4 +1,4 @@
-//! `make bench-writes`: N unchanged card-status polls, side by side on one fresh database,
+//! `make bench-writes`: N unchanged card_status polls, side by side on one fresh database,
 //! through the new path (the real job code, `polling::poll::run_poll`) and through an emulation of
 //! the old pending-first path (pending log + audit event + resource link committed before the
 //! call, the log finalised with an UPDATE after it). Reports rows written (from
@@ -292,7 +292,7 @@ async fn main() -> anyhow::Result<()> {
             format!("{:.1}×", b / a)
         }
     };
-    println!("bench-writes: {n} unchanged card-status polls per path, concurrency {concurrency}\n");
+    println!("bench-writes: {n} unchanged card_status polls per path, concurrency {concurrency}\n");
     println!("| path | rows written | rows/poll | WAL bytes | WAL bytes/poll | polls/s |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (name, m) in [

@@ -82,8 +82,8 @@ pub enum EnqueueCommand {
         #[arg(long)]
         card_ref: String,
     },
-    /// Starts or restarts one card's card-status polling chain (also a parked one).
-    #[command(name = "card-status", alias = "card_status")]
+    /// Starts or restarts one card's card_status polling chain (also a parked one).
+    #[command(name = "card_status", alias = "card-status")]
     CardStatus {
         /// The card.
         #[arg(long)]
@@ -155,13 +155,13 @@ pub enum BudgetCommand {
     },
     /// Runtime brake: the task's jobs are deferred instead of run (`all` for every task).
     Pause {
-        /// `carddata`, `card-status` or `all`.
+        /// `carddata`, `card_status` or `all`.
         #[arg(long, value_parser = tasks_or_all)]
         task: Tasks,
     },
     /// Lifts a pause (`all` for every task).
     Resume {
-        /// `carddata`, `card-status` or `all`.
+        /// `carddata`, `card_status` or `all`.
         #[arg(long, value_parser = tasks_or_all)]
         task: Tasks,
     },
@@ -188,21 +188,25 @@ pub struct SimArgs {
     /// Probability that a card changes when it is read (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub change_rate: f64,
+    /// Before serving, load every card of the database of --config (its data and status), so
+    /// that a restarted simulator answers what the worker already recorded (`make run`).
+    #[arg(long)]
+    pub seed_from_db: bool,
 }
 
 /// The tasks a `--task T|all` argument names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tasks(pub Vec<Task>);
 
-/// Parses `--task`: a task as [`Task`]'s `ValueEnum` spells it (`carddata`, `card-status`,
-/// `card_status`), or `all`.
+/// Parses `--task`: a task as [`Task`]'s `ValueEnum` spells it (`carddata`, `card_status`, or
+/// its alias `card-status`), or `all`.
 fn tasks_or_all(raw: &str) -> Result<Tasks, String> {
     if raw == "all" {
         return Ok(Tasks(Task::ALL.to_vec()));
     }
     Task::from_str(raw, false)
         .map(|t| Tasks(vec![t]))
-        .map_err(|_| "must be carddata, card-status (card_status) or all".to_owned())
+        .map_err(|_| "must be carddata, card_status or all".to_owned())
 }
 
 #[cfg(test)]
@@ -222,6 +226,39 @@ mod tests {
         assert_eq!(tasks_or_all("carddata"), Ok(Tasks(vec![Task::Carddata])));
         assert_eq!(tasks_or_all("all"), Ok(Tasks(Task::ALL.to_vec())));
         assert!(tasks_or_all("payments").is_err());
+    }
+
+    #[test]
+    fn enqueue_accepts_both_spellings_and_its_help_shows_only_card_status() {
+        use clap::CommandFactory as _;
+        for spelling in ["card_status", "card-status"] {
+            let cli = Cli::try_parse_from(["cardworker", "enqueue", spelling, "--card-ref", "c-1"])
+                .expect(spelling);
+            assert!(
+                matches!(
+                    cli.command,
+                    Command::Enqueue(EnqueueCommand::CardStatus { ref card_ref }) if card_ref == "c-1"
+                ),
+                "{spelling}: {:?}",
+                cli.command
+            );
+        }
+        let mut cmd = Cli::command();
+        let enqueue = cmd
+            .find_subcommand_mut("enqueue")
+            .expect("enqueue")
+            .render_help()
+            .to_string();
+        assert!(enqueue.contains("card_status"), "{enqueue}");
+        assert!(!enqueue.contains("card-status"), "{enqueue}");
+        let budget_set = cmd
+            .find_subcommand_mut("budget")
+            .and_then(|b| b.find_subcommand_mut("set"))
+            .expect("budget set")
+            .render_help()
+            .to_string();
+        assert!(budget_set.contains("card_status"), "{budget_set}");
+        assert!(!budget_set.contains("card-status"), "{budget_set}");
     }
 
     #[test]

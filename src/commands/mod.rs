@@ -7,12 +7,13 @@
 //! # Layout
 //! - [`args`]: the clap definitions (spec section 2).
 //! - this module: [`execute`], [`CommandError`] and the exit status, `check-config`, `migrate`,
-//!   `run`, `maintenance`, `gateway-sim`.
+//!   `run`, `maintenance`.
 //! - [`budget`]: `budget show|set|clear|pause|resume`.
-//! - [`polling`]: `enqueue carddata|card-status`, `reconcile`, `investigate`.
+//! - [`polling`]: `enqueue carddata|card_status`, `reconcile`, `investigate`.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
 //! - [`maintenance`]: `maintenance status`.
+//! - [`sim`]: `gateway-sim` (and its seeding from the database).
 
 pub mod args;
 pub mod budget;
@@ -20,6 +21,7 @@ pub mod investigate;
 pub mod maintenance;
 pub mod payments;
 pub mod polling;
+pub mod sim;
 
 use anyhow::Context as _;
 use cardworker_jobs::{Producer, RunArchive, RunRetention};
@@ -72,11 +74,11 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             Ok(())
         }
         Command::GatewaySim(args) => {
-            telemetry::init_logging(config.telemetry.log_format);
-            run_simulator(args).await
+            telemetry::init_logging(config.telemetry.log_format, telemetry::Process::GatewaySim);
+            sim::run(&config, args).await
         }
         Command::Run => {
-            telemetry::init_logging(config.telemetry.log_format);
+            telemetry::init_logging(config.telemetry.log_format, telemetry::Process::Worker);
             app::run(config, shutdown_signal()).await?;
             Ok(())
         }
@@ -96,12 +98,13 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             let paused = matches!(cmd, MaintenanceCommand::Pause);
             crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
             println!(
-                "maintenance {}",
+                "maintenance {}{}",
                 if paused {
                     "paused: a running run stops at its next batch boundary; later runs are no-ops until `cardworker maintenance resume`"
                 } else {
                     "resumed"
-                }
+                },
+                maintenance_disabled_note(&config)
             );
             Ok(())
         }
@@ -164,30 +167,16 @@ async fn enqueue_maintenance<J: cardworker_jobs::Job>(
     Ok(())
 }
 
-async fn run_simulator(args: args::SimArgs) -> Result<(), CommandError> {
-    use crate::sim::{SimConfig, Simulator};
-    let config = SimConfig {
-        latency_ms: args.latency_ms,
-        latency_jitter_ms: args.latency_jitter_ms,
-        error_rate: args.error_rate,
-        garbage_rate: args.garbage_rate,
-        change_rate: args.change_rate,
-        ..SimConfig::default()
-    };
-    config
-        .validate()
-        .map_err(|e| CommandError::Usage(format!("{e:#}")))?;
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("binding the gateway simulator to {}", args.listen))?;
-    println!(
-        "gateway simulator listening on http://{}",
-        listener.local_addr().context("reading the bound address")?
-    );
-    Simulator::new(config)
-        .serve(listener, shutdown_signal())
-        .await?;
-    Ok(())
+/// What `maintenance pause|resume` adds while maintenance is off: the brake is recorded, but
+/// nothing runs either way.
+fn maintenance_disabled_note(config: &Config) -> &'static str {
+    if config.maintenance.enabled {
+        ""
+    } else {
+        "\nnote: maintenance.enabled is false in this configuration, so archive and retention do not run \
+         anyway (queued runs are acknowledged as no-ops); the pause is kept in Redis and applies \
+         once maintenance is enabled"
+    }
 }
 
 fn disabled_note(config: &Config) -> &'static str {

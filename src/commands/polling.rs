@@ -1,4 +1,4 @@
-//! `enqueue carddata|card-status`, `reconcile`, `investigate`.
+//! `enqueue carddata|card_status`, `reconcile`, `investigate`.
 
 use std::time::Duration;
 
@@ -29,9 +29,17 @@ pub async fn enqueue(ctx: &AppContext, task: Task, card_ref: &str) -> Result<(),
             .context("clearing the parked mark")?;
     }
     let mut conn = ctx.redis.clone();
+    // Read before the start only to say what it replaced; the start itself is atomic.
+    let replaced = chain::live_chains(&mut conn, ctx.prefix(), task, &[card_ref.to_owned()])
+        .await?
+        .pop()
+        .flatten();
     let id = chain::start(&mut conn, ctx.prefix(), task, card_ref, Duration::ZERO).await?;
     println!(
-        "{task} chain {id} started for card {card_ref}{}{}",
+        "{task} chain {id} started for card {card_ref}{}{}{}",
+        replaced
+            .map(|old| format!(" (replaced live chain {old}, which stops at its next poll)"))
+            .unwrap_or_default(),
         if was_parked {
             " (was parked; parked mark cleared)"
         } else {

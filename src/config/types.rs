@@ -17,10 +17,11 @@ use super::LIMIT_CEILING;
 
 /// A polling task: each has its own budget section, metric label and job chain.
 ///
-/// Two spellings exist (spec section 2): the label of config sections and metrics
-/// ([`Task::label`]: `carddata`, `card_status`) and the command-line name ([`Task::cli_name`]:
-/// `carddata`, `card-status`, with `card_status` accepted as a synonym). `ValueEnum` lets clap
-/// parse `--task` into a `Task` directly; its names must stay those of `cli_name` (tested).
+/// One spelling for users: `carddata` and `card_status`, in config sections, metric labels,
+/// `budget show`, `investigate`, every message and the command line's help ([`Task::label`]).
+/// The command line also accepts `card-status` (spec section 2 names it), as an alias only: no
+/// output ever prints it. `ValueEnum` lets clap parse `--task` into a `Task` directly; its names
+/// must stay those of `label` (tested).
 #[derive(
     Debug,
     Clone,
@@ -41,7 +42,7 @@ pub enum Task {
     Carddata,
     /// Polls `GET /v1/cards/{card_ref}/status` until the status is final.
     #[serde(alias = "card-status")]
-    #[value(name = "card-status", alias = "card_status")]
+    #[value(name = "card_status", alias = "card-status")]
     CardStatus,
 }
 
@@ -49,7 +50,8 @@ impl Task {
     /// Every polling task, in a fixed order.
     pub const ALL: [Task; 2] = [Task::Carddata, Task::CardStatus];
 
-    /// The name used in config sections and metric labels: `carddata` or `card_status`.
+    /// The one name users see: `carddata` or `card_status` (config sections, metric labels,
+    /// every output).
     pub const fn label(self) -> &'static str {
         match self {
             Task::Carddata => "carddata",
@@ -57,13 +59,11 @@ impl Task {
         }
     }
 
-    /// The name used on the command line: `carddata` or `card-status` (`card_status` is
-    /// accepted too when parsing).
+    /// The name a message shows for a command-line argument (`cardworker enqueue card_status`):
+    /// the same as [`Task::label`], one spelling for users. `card-status` is still accepted
+    /// when parsing, never shown.
     pub const fn cli_name(self) -> &'static str {
-        match self {
-            Task::Carddata => "carddata",
-            Task::CardStatus => "card-status",
-        }
+        self.label()
     }
 }
 
@@ -76,13 +76,13 @@ impl fmt::Display for Task {
 impl FromStr for Task {
     type Err = String;
 
-    /// Accepts `carddata`, `card-status` and its synonym `card_status`.
+    /// Accepts `carddata`, `card_status` and its alias `card-status`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "carddata" => Ok(Task::Carddata),
-            "card-status" | "card_status" => Ok(Task::CardStatus),
+            "card_status" | "card-status" => Ok(Task::CardStatus),
             other => Err(format!(
-                "unknown task {other:?}: must be carddata or card-status (card_status)"
+                "unknown task {other:?}: must be carddata or card_status"
             )),
         }
     }
@@ -488,19 +488,19 @@ mod tests {
     }
 
     #[test]
-    fn clap_shows_the_cli_name_and_the_label_stays_for_config_and_metrics() {
+    fn clap_shows_the_one_spelling_of_config_and_metrics_and_accepts_card_status_with_a_hyphen() {
         use clap::ValueEnum as _;
         for task in Task::ALL {
             let shown = task.to_possible_value().expect("no variant is skipped");
-            assert_eq!(shown.get_name(), task.cli_name(), "{task:?}");
-            // Every CLI name also parses through `FromStr`, which the budget commands use.
-            assert_eq!(task.cli_name().parse::<Task>(), Ok(task));
+            assert_eq!(shown.get_name(), task.label(), "{task:?}");
+            assert_eq!(task.cli_name(), task.label(), "{task:?}");
+            // Every name also parses through `FromStr`, which the budget commands use.
             assert_eq!(task.label().parse::<Task>(), Ok(task));
         }
-        assert_eq!(Task::CardStatus.cli_name(), "card-status");
         assert_eq!(Task::CardStatus.label(), "card_status");
         let shown = Task::CardStatus.to_possible_value().expect("shown");
-        assert!(shown.matches("card_status", false), "the synonym");
+        assert!(shown.matches("card-status", false), "the alias");
+        assert!(!shown.is_hide_set());
     }
 
     #[test]

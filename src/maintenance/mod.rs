@@ -47,7 +47,7 @@ impl<J: MaintenanceJob> RunJob for J {
         run::RUN_TIMEOUT
     }
 
-    #[tracing::instrument(skip_all, fields(job = J::JOB.label(), scheduled_for = ?self.scheduled_for()))]
+    #[tracing::instrument(skip_all, fields(job = J::JOB.label(), scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for())))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         run::run_queued(&ctx, J::JOB, self.scheduled_for()).await
     }

@@ -41,7 +41,7 @@ pub async fn run_queued(
     if !ctx.config.maintenance.enabled {
         tracing::info!(
             job = job.label(),
-            ?scheduled_for,
+            scheduled_for = %crate::telemetry::rfc3339_opt(scheduled_for),
             "maintenance run skipped: maintenance disabled"
         );
         super::count_run(job.label(), "skipped_disabled");
@@ -67,7 +67,7 @@ pub async fn run_job(ctx: &AppContext, job: JobKind) -> anyhow::Result<RunReport
             enabled = true,
             cleanup_enabled,
             result = report.result,
-            day = ?report.day,
+            day = %day_field(report.day),
             rows = %rows_field(&report),
             duration_ms = report.duration.as_millis() as u64,
             error = %format!("{e:#}"),
@@ -86,23 +86,29 @@ pub async fn run_job(ctx: &AppContext, job: JobKind) -> anyhow::Result<RunReport
         enabled = true,
         cleanup_enabled,
         result = report.result,
-        day = ?report.day,
+        day = %day_field(report.day),
         day_finished = report.day_finished,
         stopped_by_pause = report.stopped_by_pause,
         rows = %rows_field(&report),
-        days_pending = ?report.days_pending,
+        days_pending = report.days_pending,
         duration_ms = report.duration.as_millis() as u64,
         "maintenance run"
     );
     if report.stopped_by_pause {
         tracing::warn!(
             job = label,
-            day = ?report.day,
+            day = %day_field(report.day),
             "maintenance paused: run stopped at a batch boundary, day not finished; a run after \
              `cardworker maintenance resume` finishes it"
         );
     }
     Ok(report)
+}
+
+/// The run's Shanghai day for a log field: `2026-11-30`, or `none` when no day was due (never
+/// `Some(…)`).
+fn day_field(day: Option<NaiveDate>) -> String {
+    day.map_or_else(|| "none".to_owned(), |d| d.to_string())
 }
 
 /// `integration_logs:archived=10 audit_events:archived=2`, for the one log line per run.

@@ -49,7 +49,7 @@ impl RunJob for RecoverPayments {
             + Duration::from_secs(30)
     }
 
-    #[tracing::instrument(name = "job.recover_payments", skip_all, fields(scheduled_for = ?self.scheduled_for))]
+    #[tracing::instrument(name = "job.recover_payments", skip_all, fields(scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for)))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         let report = recover(&ctx, ctx.config.payments.recovery_after(), RECOVERY_BATCH).await?;
         tracing::info!(?report, "payment recovery run finished");

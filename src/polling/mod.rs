@@ -11,7 +11,7 @@
 //! - [`reconcile`]: the `RunReconcile` job (restores chains after a Redis loss; reads only).
 //!
 //! Applying an observed change is `crate::cards` (shared with channel callbacks); the commands
-//! (`enqueue carddata|card-status`, `reconcile`, `investigate`) are in `crate::commands`.
+//! (`enqueue carddata|card_status`, `reconcile`, `investigate`) are in `crate::commands`.
 
 pub mod budget_layer;
 pub mod card_status;

@@ -146,7 +146,7 @@ impl RunJob for RunReconcile {
         Duration::from_secs(600)
     }
 
-    #[tracing::instrument(name = "reconcile", skip_all, fields(scheduled_for = ?self.scheduled_for))]
+    #[tracing::instrument(name = "reconcile", skip_all, fields(scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for)))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         for task in Task::ALL {
             let done = run_once(&ctx, task).await?;

@@ -86,7 +86,7 @@ pub async fn enqueue_tick<J: Scheduled>(
         .producer
         .enqueue_once(&J::for_tick(ts), &claim, Duration::from_secs(86_400))
         .await?;
-    tracing::info!(queue = J::QUEUE, tick = ts, enqueued = added, "cron tick");
+    tracing::info!(queue = J::QUEUE, tick = %crate::telemetry::rfc3339(ts), enqueued = added, "cron tick");
     Ok(added)
 }
 

@@ -62,19 +62,35 @@ pub(crate) enum Answer {
     Json(Value),
 }
 
+/// The trouble a card read answers with, from the card's own `behaviour` and the `rolled` dice:
+/// a failing card or a rolled outage is an outage; otherwise the card's own garbage kind wins
+/// over a rolled one; `None` answers the card.
+pub(crate) fn card_disturbance(
+    behaviour: CardBehaviour,
+    rolled: Option<Disturbance>,
+) -> Option<Disturbance> {
+    match (behaviour, rolled) {
+        (CardBehaviour::Fail, _) | (_, Some(Disturbance::Error)) => Some(Disturbance::Error),
+        (CardBehaviour::Garbage(k), _) | (_, Some(Disturbance::Garbage(k))) => {
+            Some(Disturbance::Garbage(k))
+        }
+        (CardBehaviour::Normal, None) => None,
+    }
+}
+
 /// The answer to a read of `call` about `card` (as [`super::state::SimState::read_card`]
-/// returned it). A failing card or an outage answers 503; otherwise the card's own garbage
-/// kind wins over a rolled one; otherwise the card's body.
+/// returned it) under the `rolled` dice: 503, a bad body or the card's body, as
+/// [`card_disturbance`] decides.
 pub(crate) fn card_answer(
     card_ref: &str,
     call: CallKind,
     card: &SimCard,
-    disturbance: Option<Disturbance>,
+    rolled: Option<Disturbance>,
 ) -> Answer {
-    let garbage = match (card.behaviour, disturbance) {
-        (CardBehaviour::Fail, _) | (_, Some(Disturbance::Error)) => return Answer::Unavailable,
-        (CardBehaviour::Garbage(k), _) | (_, Some(Disturbance::Garbage(k))) => Some(k),
-        (CardBehaviour::Normal, None) => None,
+    let garbage = match card_disturbance(card.behaviour, rolled) {
+        Some(Disturbance::Error) => return Answer::Unavailable,
+        Some(Disturbance::Garbage(k)) => Some(k),
+        None => None,
     };
     let field = if call == CallKind::Carddata {
         "state"
@@ -247,6 +263,48 @@ mod tests {
         };
         for call in [CallKind::Carddata, CallKind::CardStatus] {
             assert_eq!(card_answer("c-1", call, &card, None), Answer::Unavailable);
+        }
+    }
+
+    #[test]
+    fn the_disturbance_of_a_card_read_is_the_cards_behaviour_first_then_the_dice() {
+        let rolled_garbage = Some(Disturbance::Garbage(GarbageKind::BadValue));
+        let own_garbage = CardBehaviour::Garbage(GarbageKind::NotJson);
+        for (behaviour, rolled, expected) in [
+            (CardBehaviour::Normal, None, None),
+            (CardBehaviour::Normal, rolled_garbage, rolled_garbage),
+            (
+                CardBehaviour::Normal,
+                Some(Disturbance::Error),
+                Some(Disturbance::Error),
+            ),
+            (CardBehaviour::Fail, None, Some(Disturbance::Error)),
+            (
+                CardBehaviour::Fail,
+                rolled_garbage,
+                Some(Disturbance::Error),
+            ),
+            (
+                own_garbage,
+                None,
+                Some(Disturbance::Garbage(GarbageKind::NotJson)),
+            ),
+            (
+                own_garbage,
+                rolled_garbage,
+                Some(Disturbance::Garbage(GarbageKind::NotJson)),
+            ),
+            (
+                own_garbage,
+                Some(Disturbance::Error),
+                Some(Disturbance::Error),
+            ),
+        ] {
+            assert_eq!(
+                card_disturbance(behaviour, rolled),
+                expected,
+                "{behaviour:?} + {rolled:?}"
+            );
         }
     }
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::answer::{card_answer, payment_garbage, Answer, Disturbance};
+use super::answer::{card_answer, card_disturbance, payment_garbage, Answer, Disturbance};
 use super::config::{PaymentBehaviour, SimConfig, SimConfigPatch};
 use super::simulator::{header_value, Simulator};
 use super::state::{RequestRecord, SimCardPatch};
@@ -82,6 +82,7 @@ async fn card_read(
     let disturbance = sim.prelude().await;
     let card =
         sim.with_state(|st| st.read_card(&card_ref, call, disturbance.is_some(), &mut rand::rng()));
+    sim.count_disturbance(call, card_disturbance(card.behaviour, disturbance));
     render(card_answer(&card_ref, call, &card, disturbance))
 }
 
@@ -130,13 +131,13 @@ async fn h_payment_submit(
         )
             .into_response();
     }
+    let disturbance =
+        disturbance.or((behaviour == PaymentBehaviour::ServerError).then_some(Disturbance::Error));
+    sim.count_disturbance(call, disturbance);
     match disturbance {
         Some(Disturbance::Error) => return unavailable(),
         Some(Disturbance::Garbage(k)) => return render(payment_garbage(k, req.payment_id)),
         None => {}
-    }
-    if behaviour == PaymentBehaviour::ServerError {
-        return unavailable();
     }
     let (result, hang) = sim.with_state(|st| st.decide_payment(&req, behaviour));
     if let Some(ms) = hang {
@@ -157,6 +158,7 @@ async fn h_payment_query(
     let Ok(id) = Uuid::parse_str(&payment_id) else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    sim.count_disturbance(call, disturbance);
     match disturbance {
         Some(Disturbance::Error) => return unavailable(),
         Some(Disturbance::Garbage(k)) => return render(payment_garbage(k, id)),
@@ -282,6 +284,11 @@ mod tests {
             .unwrap()
     }
 
+    /// GET `url` and read its JSON body as `T`.
+    async fn get_json<T: serde::de::DeserializeOwned>(c: &Client, url: String) -> T {
+        c.get(url).send().await.unwrap().json().await.unwrap()
+    }
+
     async fn status(c: &Client, url: String) -> u16 {
         c.get(url).send().await.unwrap().status().as_u16()
     }
@@ -299,6 +306,42 @@ mod tests {
             assert_eq!(status(&c, format!("{base}/v1/payments/{id}")).await, 503);
         }
         assert_eq!(status(&c, format!("{base}/healthz")).await, 200);
+        h.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn stats_count_each_injected_error_and_garbage_answer_against_its_call_kind() {
+        let (sim, h, c) = start().await;
+        let base = h.base_url();
+        sim.set_error_rate(1.0);
+        for _ in 0..3 {
+            status(&c, format!("{base}/v1/cards/c-1/data")).await;
+        }
+        let id = Uuid::new_v4();
+        submit(&c, &h, id, &id.to_string()).await;
+        status(&c, format!("{base}/v1/payments/{id}")).await;
+        sim.set_error_rate(0.0);
+        sim.garbage_card("c-2");
+        sim.fail_card("c-3");
+        for _ in 0..2 {
+            assert_eq!(status(&c, format!("{base}/v1/cards/c-2/status")).await, 200);
+        }
+        assert_eq!(status(&c, format!("{base}/v1/cards/c-3/status")).await, 503);
+        let other = Uuid::new_v4();
+        sim.set_payment_behaviour(other, PaymentBehaviour::ServerError);
+        submit(&c, &h, other, &other.to_string()).await;
+        // A healthy call counts as a call, never as trouble.
+        assert_eq!(status(&c, format!("{base}/v1/cards/c-4/status")).await, 200);
+
+        let stats: SimStats = get_json(&c, format!("{base}/sim/stats")).await;
+        let n = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied();
+        assert_eq!(n(&stats.injected_errors_total, "carddata"), Some(3));
+        assert_eq!(n(&stats.injected_errors_total, "card_status"), Some(1));
+        assert_eq!(n(&stats.injected_errors_total, "payment_submit"), Some(2));
+        assert_eq!(n(&stats.injected_errors_total, "payment_query"), Some(1));
+        assert_eq!(n(&stats.garbage_answers_total, "card_status"), Some(2));
+        assert_eq!(n(&stats.garbage_answers_total, "carddata"), None);
+        assert_eq!(n(&stats.calls_total, "card_status"), Some(4));
         h.shutdown().await.unwrap();
     }
 
@@ -360,14 +403,8 @@ mod tests {
         let rec = sim.payment_record(id).unwrap();
         assert_eq!(rec.submissions, 2);
         assert_eq!(rec.stored, Some(first.clone()));
-        let queried: PaymentResult = c
-            .get(format!("{}/v1/payments/{id}", h.base_url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let queried: PaymentResult =
+            get_json(&c, format!("{}/v1/payments/{id}", h.base_url())).await;
         assert_eq!(queried, first);
         h.shutdown().await.unwrap();
     }
@@ -450,14 +487,7 @@ mod tests {
         for call in calls {
             assert_eq!(call.await.unwrap().unwrap().as_u16(), 200);
         }
-        let stats: SimStats = c
-            .get(format!("{base}/sim/stats"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let stats: SimStats = get_json(&c, format!("{base}/sim/stats")).await;
         assert_eq!(stats.in_flight, 0);
         assert_eq!(stats.peak_in_flight, 3);
         assert_eq!(stats.peak_per_call.get("card_status"), Some(&3));

@@ -55,13 +55,24 @@ impl Simulator {
             .context("reading the listener address")?;
         tracing::info!(%addr, "gateway simulator listening");
         let app = self.router();
+        let stopping = self.clone();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown.await;
-                self.stop_sleeping();
+                tracing::info!(%addr, "gateway simulator stopping: no new connections, answering the calls in flight at once");
+                stopping.stop_sleeping();
             })
             .await
-            .with_context(|| format!("gateway simulator on {addr}"))
+            .with_context(|| format!("gateway simulator on {addr}"))?;
+        let stats = self.stats();
+        tracing::info!(
+            %addr,
+            calls = stats.calls_total.values().sum::<u64>(),
+            injected_errors = stats.injected_errors_total.values().sum::<u64>(),
+            garbage_answers = stats.garbage_answers_total.values().sum::<u64>(),
+            "gateway simulator stopped"
+        );
+        Ok(())
     }
 
     /// Binds `addr` (port 0 picks a free port) and serves in a spawned task with the default

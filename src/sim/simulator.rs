@@ -232,6 +232,13 @@ impl Simulator {
         }
     }
 
+    /// Counts an answer that carries `disturbance` (nothing for `None`) in the stats.
+    pub(crate) fn count_disturbance(&self, call: CallKind, disturbance: Option<Disturbance>) {
+        if let Some(d) = disturbance {
+            lock(&self.inner.counters).disturbed(call, d);
+        }
+    }
+
     /// Logs one request with the headers the contract names.
     pub(crate) fn record(&self, call: CallKind, path: String, headers: &HeaderMap) {
         let rec = RequestRecord {

@@ -1,22 +1,40 @@
 //! In-flight accounting: how many Gateway calls are being served now, the peaks since the last
 //! reset and the totals, overall and per call kind. Load tests read [`SimStats`] to prove that
 //! concurrency limits held.
+//!
+//! It also counts the trouble the simulator made on purpose (503s and bad 2xx bodies, from the
+//! global rates or a card's or payment's own behaviour), so that a user can hold them against
+//! the worker's `cardworker_poll_outcomes_total{outcome="persisted_failure"}`: every injected
+//! error or garbage answer to a poll is one failed or unknown poll on the worker's side.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::answer::Disturbance;
 use crate::gateway::CallKind;
 
 /// In-flight accounting (`GET /sim/stats`). Keys are call kinds (`carddata`, `card_status`,
-/// `payment_submit`, `payment_query`).
+/// `payment_submit`, `payment_query`); a kind appears once it was called (or disturbed).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SimStats {
+    /// Gateway calls being served now.
     pub in_flight: u64,
+    /// The most calls served at once since start or the last peak reset.
     pub peak_in_flight: u64,
+    /// Calls being served now, per call kind.
     pub in_flight_per_call: HashMap<String, u64>,
+    /// The peak per call kind.
     pub peak_per_call: HashMap<String, u64>,
+    /// Every call received, per call kind.
     pub calls_total: HashMap<String, u64>,
+    /// Calls answered with a simulated outage (503) on purpose, per call kind: the global
+    /// `error_rate`, a failing card, a payment set to `server_error`.
+    pub injected_errors_total: HashMap<String, u64>,
+    /// Calls answered 200 with a bad body on purpose (not JSON, a missing field, another
+    /// reference, a value outside the lists), per call kind: `garbage_rate` or a garbage card.
+    pub garbage_answers_total: HashMap<String, u64>,
 }
 
 /// The counters behind [`SimStats`], keyed by [`CallKind`].
@@ -27,6 +45,8 @@ pub(crate) struct Counters {
     per_call: HashMap<CallKind, u64>,
     peak_per_call: HashMap<CallKind, u64>,
     calls_total: HashMap<CallKind, u64>,
+    injected_errors: HashMap<CallKind, u64>,
+    garbage_answers: HashMap<CallKind, u64>,
 }
 
 impl Counters {
@@ -52,6 +72,15 @@ impl Counters {
         }
     }
 
+    /// One call of `call` was answered with `disturbance` (an outage or a bad body) on purpose.
+    pub(crate) fn disturbed(&mut self, call: CallKind, disturbance: Disturbance) {
+        let counter = match disturbance {
+            Disturbance::Error => &mut self.injected_errors,
+            Disturbance::Garbage(_) => &mut self.garbage_answers,
+        };
+        *counter.entry(call).or_insert(0) += 1;
+    }
+
     /// Sets every peak to the current in-flight count.
     pub(crate) fn reset_peaks(&mut self) {
         self.peak_in_flight = self.in_flight;
@@ -70,6 +99,8 @@ impl Counters {
             in_flight_per_call: named(&self.per_call),
             peak_per_call: named(&self.peak_per_call),
             calls_total: named(&self.calls_total),
+            injected_errors_total: named(&self.injected_errors),
+            garbage_answers_total: named(&self.garbage_answers),
         }
     }
 }
@@ -158,6 +189,31 @@ mod tests {
         let s = c.snapshot();
         assert_eq!(s.in_flight, 0);
         assert_eq!(get(&s.in_flight_per_call, CallKind::CardStatus), 0);
+    }
+
+    #[test]
+    fn injected_errors_and_garbage_answers_are_counted_apart_per_call_kind() {
+        use crate::sim::config::GarbageKind;
+        let mut c = Counters::default();
+        c.disturbed(CallKind::Carddata, Disturbance::Error);
+        c.disturbed(CallKind::Carddata, Disturbance::Error);
+        c.disturbed(
+            CallKind::Carddata,
+            Disturbance::Garbage(GarbageKind::NotJson),
+        );
+        c.disturbed(
+            CallKind::CardStatus,
+            Disturbance::Garbage(GarbageKind::BadValue),
+        );
+        c.disturbed(CallKind::PaymentSubmit, Disturbance::Error);
+        let s = c.snapshot();
+        assert_eq!(get(&s.injected_errors_total, CallKind::Carddata), 2);
+        assert_eq!(get(&s.garbage_answers_total, CallKind::Carddata), 1);
+        assert_eq!(get(&s.injected_errors_total, CallKind::CardStatus), 0);
+        assert_eq!(get(&s.garbage_answers_total, CallKind::CardStatus), 1);
+        assert_eq!(get(&s.injected_errors_total, CallKind::PaymentSubmit), 1);
+        // Disturbances are not calls: the call counters are the routes' business.
+        assert!(s.calls_total.is_empty());
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub struct Card {
     /// When the card-data chain was parked, if it is.
     #[serde(skip)]
     pub carddata_parked_at: Option<DateTime<Utc>>,
-    /// When the card-status chain was parked, if it is.
+    /// When the card_status chain was parked, if it is.
     #[serde(skip)]
     pub card_status_parked_at: Option<DateTime<Utc>>,
     /// Created.
@@ -78,6 +78,22 @@ pub async fn load<'e>(exec: impl PgExecutor<'e>, card_ref: &str) -> sqlx::Result
         .bind(card_ref)
         .fetch_optional(exec)
         .await
+}
+
+/// Up to `limit` cards with a row id above `after_id`, in id order: one page of the whole table
+/// (the local simulator seeds itself from it; reconcile has its own, narrower query).
+pub async fn page<'e>(
+    exec: impl PgExecutor<'e>,
+    after_id: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<Card>> {
+    sqlx::query_as::<_, Card>(&format!(
+        "SELECT {COLUMNS} FROM cards WHERE id > $1 ORDER BY id LIMIT $2"
+    ))
+    .bind(after_id)
+    .bind(limit)
+    .fetch_all(exec)
+    .await
 }
 
 /// The card data a change writes.

@@ -1,12 +1,17 @@
 //! Logs, metrics and the HTTP endpoint.
 //!
 //! # Layout
+//! - [`log`]: the log subscriber ([`init_logging`]): every line names the process it comes
+//!   from ([`Process`]), and [`rfc3339`] renders unix times for log fields.
 //! - [`metrics`]: every metric name (an interface; see spec section 4).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`Health`]: which workers of this process run; `/healthz` answers from it.
 
 pub mod http;
+pub mod log;
 pub mod metrics;
+
+pub use log::{init_logging, rfc3339, rfc3339_opt, Process};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -14,28 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::Context as _;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::config::{LogFormat, Task};
-
-/// Installs the global tracing subscriber (once per process; later calls are no-ops).
-pub fn init_logging(format: LogFormat) {
-    use tracing_subscriber::{fmt, EnvFilter};
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,apalis=warn,apalis_core=warn"));
-    let result = match format {
-        LogFormat::Json => fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_current_span(true)
-            .with_writer(std::io::stderr)
-            .try_init(),
-        LogFormat::Pretty => fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init(),
-    };
-    // A second init (tests start several apps in one process) keeps the first subscriber.
-    drop(result);
-}
+use crate::config::Task;
 
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 

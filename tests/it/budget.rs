@@ -382,7 +382,7 @@ async fn budget_set_refuses_an_invalid_limit_with_exit_status_2_naming_the_key()
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("'payments'"), "{err}");
     assert!(
-        err.contains("carddata") && err.contains("card-status"),
+        err.contains("carddata") && err.contains("card_status") && !err.contains("card-status"),
         "{err}"
     );
     let out = cardworker(&["budget", "pause", "--task", "nope"], &cfg);

@@ -8,11 +8,14 @@ mod plan_guard;
 
 mod budget;
 mod config_cli;
+mod demo;
 mod endpoint;
 mod gateway;
 mod intake;
 mod maintenance;
+mod messages;
 mod migrations;
 mod payments;
 mod plans;
 mod polling;
+mod sim_seed;

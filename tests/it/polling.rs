@@ -397,7 +397,7 @@ async fn a_card_that_always_fails_is_parked_and_only_enqueue_restarts_it() {
     .expect("last log");
     assert!(
         last.contains("parked after 3 consecutive failures")
-            && last.contains("cardworker enqueue card-status --card-ref c-1"),
+            && last.contains("cardworker enqueue card_status --card-ref c-1"),
         "{last}"
     );
     assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, None);

@@ -1,0 +1,96 @@
+//! What the operator commands say (issue 13): a pause of maintenance while it is off says so,
+//! a restart of a live chain names the chain it replaced, and every output spells a task the one
+//! way (`card_status`).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::harness::{redis_url, spawn_app, TestRedis};
+
+fn cardworker(args: &[&str], config: &Path) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env_remove("CARDWORKER_CONFIG")
+        .output()
+        .expect("run cardworker")
+}
+
+fn stdout(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn redis_only_config(dir: &tempfile::TempDir, prefix: &str, maintenance_enabled: bool) -> PathBuf {
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[maintenance]\nenabled = {maintenance_enabled}\n",
+            redis_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test]
+async fn maintenance_pause_and_resume_say_so_when_maintenance_is_disabled_and_only_then() {
+    let r = TestRedis::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let off = redis_only_config(&dir, &r.prefix, false);
+    for verb in ["pause", "resume"] {
+        let text = stdout(&cardworker(&["maintenance", verb], &off));
+        assert!(
+            text.contains("maintenance.enabled is false") && text.contains("do not run anyway"),
+            "{verb}: {text}"
+        );
+    }
+    let on = redis_only_config(&dir, &r.prefix, true);
+    let text = stdout(&cardworker(&["maintenance", "pause"], &on));
+    assert!(text.starts_with("maintenance paused"), "{text}");
+    assert!(!text.contains("maintenance.enabled"), "{text}");
+}
+
+/// The chain id in `card_status chain <id> started for card …`.
+fn chain_id(text: &str) -> &str {
+    text.strip_prefix("card_status chain ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no chain id in {text:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_on_a_live_chain_names_the_chain_it_replaced_and_spells_the_task_card_status() {
+    let app = spawn_app().await;
+    app.insert_card("c-1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(&path, app.ctx.config.to_toml_string().unwrap()).unwrap();
+
+    // The hyphenated spelling is accepted; the output uses the one spelling.
+    let first = stdout(&cardworker(
+        &["enqueue", "card-status", "--card-ref", "c-1"],
+        &path,
+    ));
+    assert!(!first.contains("replaced"), "{first}");
+    let first_id = chain_id(&first).to_owned();
+
+    let second = stdout(&cardworker(
+        &["enqueue", "card_status", "--card-ref", "c-1"],
+        &path,
+    ));
+    let second_id = chain_id(&second);
+    assert_ne!(second_id, first_id);
+    assert!(
+        second.contains(&format!("replaced live chain {first_id}")),
+        "{second}"
+    );
+    for text in [&first, &second] {
+        assert!(!text.contains("card-status"), "{text}");
+    }
+
+    let show = stdout(&cardworker(&["budget", "show"], &path));
+    assert!(show.contains("card_status"), "{show}");
+    assert!(!show.contains("card-status"), "{show}");
+}
