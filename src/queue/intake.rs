@@ -196,6 +196,9 @@ pub struct Feeder {
     pub interval: Duration,
     /// Trim period.
     pub trim_every: Duration,
+    /// The Redis probe's verdict: while Redis is down the feeder skips its ticks instead of
+    /// logging one failure per queue every interval.
+    pub redis: crate::telemetry::RedisStatus,
 }
 
 impl Feeder {
@@ -211,6 +214,9 @@ impl Feeder {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = feed_tick.tick() => {
+                    if !self.redis.is_up() {
+                        continue;
+                    }
                     for queue in &self.queues {
                         if let Err(e) = feed(&mut self.conn, queue).await {
                             metrics::counter!("cardworker_intake_errors_total", "op" => "feed").increment(1);
@@ -219,6 +225,9 @@ impl Feeder {
                     }
                 }
                 _ = trim_tick.tick() => {
+                    if !self.redis.is_up() {
+                        continue;
+                    }
                     trims += 1;
                     for queue in &self.queues {
                         // Worker metadata accumulates per pod start, not per job: a slow sweep.

@@ -30,6 +30,17 @@ pub trait RunJob: Job + Clone {
 
     /// Runs the job.
     fn run(self, ctx: Arc<AppContext>) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Runs after [`RunJob::run`] ended abnormally (an error, a panic or the timeout; `error`
+    /// says which), before the job is recorded as dead: the place for a job that must never
+    /// simply vanish (a polling chain) to leave its successor. Nothing by default.
+    fn after_abnormal_end(
+        self,
+        _ctx: Arc<AppContext>,
+        _error: String,
+    ) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// A job started by a cron schedule.
