@@ -282,9 +282,8 @@ pub const RETRY_SUCCESSOR_FOR: Duration = Duration::from_secs(3600);
 
 /// [`schedule`], and if Redis refuses (an outage after the job's PostgreSQL commit), keeps trying
 /// in the background with back-off until Redis answers: the successor is the chain's only future,
-/// and the chain-checked write stays safe however late it lands. Returns `Ok(true)` when written
-/// now, `Ok(false)` for a stale chain; the error only says it was handed to the background.
-#[allow(clippy::too_many_arguments)]
+/// and the chain-checked write stays safe however late it lands. Returns `false` only for a stale
+/// chain (nothing to write); `true` when written now or handed to the background.
 pub async fn schedule_or_retry(
     conn: &mut ConnectionManager,
     shutdown: &crate::shutdown::Shutdown,
@@ -293,9 +292,9 @@ pub async fn schedule_or_retry(
     card_ref: &str,
     next: &ChainState,
     delay: Duration,
-) -> anyhow::Result<bool> {
+) -> bool {
     match schedule(conn, prefix, task, card_ref, next, delay).await {
-        Ok(written) => Ok(written),
+        Ok(written) => written,
         Err(e) => {
             let (mut conn, prefix, card_ref, next) = (
                 conn.clone(),
@@ -330,7 +329,7 @@ pub async fn schedule_or_retry(
                     }
                 }
             });
-            Err(e.context("the successor is retried in the background"))
+            true
         }
     }
 }

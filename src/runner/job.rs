@@ -37,7 +37,7 @@ pub trait RunJob: Job + Clone {
     fn after_abnormal_end(
         self,
         _ctx: Arc<AppContext>,
-        _error: String,
+        _error: JobError,
     ) -> impl Future<Output = ()> + Send {
         std::future::ready(())
     }
@@ -54,7 +54,7 @@ pub trait Scheduled: RunJob {
 /// Why a job ended dead (or, for [`JobError::BudgetUnavailable`], was handed back to apalis).
 /// Every worker's service and layer ends a job with one of these, so logs and the dead set read
 /// the same whatever the job.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum JobError {
     /// The payload does not decode into its job type.
     #[error("payload does not decode: {0}")]

@@ -114,7 +114,7 @@ async fn handle<J: RunJob>(
             finished(J::QUEUE, "dead");
             // The job's own follow-up (a polling chain's successor, say), bounded by the same
             // limit so that a stuck follow-up cannot hold the worker slot.
-            let follow_up = copy.after_abnormal_end(ctx, e.to_string());
+            let follow_up = copy.after_abnormal_end(ctx, e.clone());
             if tokio::time::timeout(limit, follow_up).await.is_err() {
                 tracing::error!("the follow-up of an abnormal end timed out too");
             }
