@@ -93,6 +93,11 @@ pub struct ProcessCallback {
     /// Re-runs after a transient failure, for back-off.
     #[serde(default)]
     pub retries: u32,
+    /// Whoever enqueued it committed the delivery to cardworker's `inbound_callbacks` first
+    /// (`cardworker enqueue callback`, or the sweep of `received` callbacks): the job does not
+    /// count it again. A producer that only enqueues leaves it `false`.
+    #[serde(default)]
+    pub recorded: bool,
 }
 
 impl Job for ProcessCallback {

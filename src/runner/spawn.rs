@@ -53,7 +53,7 @@ type Middleware<L> = Stack<L, Stack<ConcurrencyLimitLayer, Identity>>;
 pub fn spawn_layered<J, L>(ctx: &Arc<AppContext>, sup: &mut Supervisor, layer: L)
 where
     J: RunJob + Send + 'static,
-    L: Layer<LifecycleService<JobService<J>>> + Clone + Send + 'static,
+    L: Layer<LifecycleService<JobService<J>>> + Clone + Send + Sync + 'static,
     L::Service: Service<Task<String>, Response = (), Error = BoxDynError> + Send + 'static,
     <L::Service as Service<Task<String>>>::Future: Send + 'static,
 {

@@ -55,7 +55,7 @@ pub fn restart_backoff(n: u32) -> Duration {
 
 /// Builds one incarnation of a worker: its (fresh, unique) apalis name and its run future.
 pub type WorkerFactory =
-    Box<dyn FnMut() -> (String, BoxFuture<'static, Result<(), WorkerError>>) + Send>;
+    Box<dyn FnMut() -> (String, BoxFuture<'static, Result<(), WorkerError>>) + Send + Sync>;
 
 /// One supervised worker: its kind (the `/healthz` and metric name) and how to start it again.
 struct Slot {
