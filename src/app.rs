@@ -80,6 +80,7 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
         prefix: ctx.prefix().to_owned(),
         status: ctx.redis_status.clone(),
         on_data_lost: workers::on_redis_data_lost(&ctx),
+        answered_before: false,
     };
     ctx.shutdown.spawn(watch.run(ctx.shutdown.stopping()));
 

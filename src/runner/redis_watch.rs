@@ -42,6 +42,9 @@ pub struct RedisWatch {
     pub status: RedisStatus,
     /// Run by the pod that re-creates a missing epoch marker.
     pub on_data_lost: OnDataLost,
+    /// Whether a probe of this process has seen Redis answer before: a marker missing at the
+    /// first probe is a first start (or a loss while no pod ran), not trouble for running workers.
+    pub answered_before: bool,
 }
 
 /// What one probe found.
@@ -73,8 +76,11 @@ impl RedisWatch {
         match answer {
             Ok(Ok(created)) => {
                 self.status.mark_up();
+                let answered_before = std::mem::replace(&mut self.answered_before, true);
                 if created {
-                    self.status.mark_data_lost();
+                    if answered_before {
+                        self.status.mark_data_lost();
+                    }
                     Probe::DataLost
                 } else {
                     Probe::Up

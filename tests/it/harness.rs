@@ -105,12 +105,20 @@ pub struct TestRedis {
 }
 
 impl TestRedis {
-    /// A new prefix on the test Redis.
+    /// A new prefix on the test Redis, as an existing deployment with its Redis intact sees it:
+    /// the epoch marker is there, so a starting worker does not take the prefix for one that lost
+    /// its data (and sweep every card into a chain).
     pub async fn new() -> Self {
         let prefix = format!("cwtest-{}", ulid::Ulid::new().to_string().to_lowercase());
-        let conn = context::connect_redis(&redis_url())
+        let mut conn = context::connect_redis(&redis_url())
             .await
             .expect("connect to redis");
+        let _: () = redis::cmd("SET")
+            .arg(cardworker::runner::redis_watch::epoch_key(&prefix))
+            .arg("test")
+            .query_async(&mut conn)
+            .await
+            .expect("set the epoch marker");
         Self { prefix, conn }
     }
 

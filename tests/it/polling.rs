@@ -440,16 +440,23 @@ async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
     let app = spawn_app_with(|_| {}).await;
     app.insert_card("c-1").await;
     let live = start_chain(&app, Task::CardStatus, "c-1", Duration::from_secs(3600)).await;
-    // A job of a replaced chain (it takes the card's intake entry, as a late duplicate would).
+    // A job of a replaced chain, written raw into the intake (the producer API would merge it
+    // into the live chain instead).
+    let stale = PollCardStatus {
+        card_ref: "c-1".into(),
+        state: ChainState {
+            chain: "01OLDCHAIN".into(),
+            failures: 0,
+            deferrals: 0,
+        },
+    };
     app.producer()
-        .enqueue(&PollCardStatus {
-            card_ref: "c-1".into(),
-            state: ChainState {
-                chain: "01OLDCHAIN".into(),
-                failures: 0,
-                deferrals: 0,
-            },
-        })
+        .enqueue_raw(
+            PollCardStatus::QUEUE,
+            "stale-c-1",
+            &serde_json::to_string(&stale).expect("json"),
+            Duration::ZERO,
+        )
         .await
         .expect("enqueue");
     wait_until(Duration::from_secs(20), "the stale job ran", || async {
