@@ -250,6 +250,19 @@ impl Supervisor {
     }
 }
 
+/// How connection-level trouble reads once apalis has turned an error into text.
+const CONNECTION_TEXTS: &[&str] = &[
+    "broken pipe",
+    "connection refused",
+    "connection reset",
+    "connection closed",
+    "connection dropped",
+    "timed out",
+    "os error",
+    "io error",
+    "ioerror",
+];
+
 /// Whether a worker's error is Redis trouble rather than a fault of the worker or its data: a
 /// connection-level Redis error (refused, dropped, timed out, I/O), or apalis-redis finding the
 /// worker's registration gone (Redis lost its data, or a peer's orphan recovery dropped it after
@@ -273,8 +286,11 @@ pub fn is_redis_trouble(error: &WorkerError) -> bool {
         if e.downcast_ref::<std::io::Error>().is_some() {
             return true;
         }
+        // apalis flattens some backend errors into text (`PollNextError: broken pipe`).
         let text = e.to_string();
-        if text.contains("worker not registered")
+        let lower = text.to_lowercase();
+        if CONNECTION_TEXTS.iter().any(|t| lower.contains(t))
+            || text.contains("worker not registered")
             || text.contains("task not executed by worker")
             || text.contains("WorkerOutOfSync")
             || text.contains("LOADING")
@@ -318,5 +334,7 @@ mod tests {
             serde_json::from_str::<String>("{").expect_err("bad json"),
         )));
         assert!(!is_redis_trouble(&corrupt));
+        let flattened = WorkerError::BackendError("PollNextError: broken pipe".into());
+        assert!(is_redis_trouble(&flattened));
     }
 }
