@@ -223,6 +223,15 @@ pub struct TestApp {
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
     let db = TestDb::new().await;
     let redis = TestRedis::new().await;
+    spawn_app_on(db, redis, tweak).await
+}
+
+/// [`spawn_app_with`] on a database and prefix the test prepared first.
+pub async fn spawn_app_on(
+    db: TestDb,
+    redis: TestRedis,
+    tweak: impl FnOnce(&mut Config),
+) -> TestApp {
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     sim.set_latency(0, 0);
     let mut config = test_config(&db, &redis, &sim_handle.base_url());

@@ -12,3 +12,4 @@ mod maintenance;
 mod migrations;
 mod payments;
 mod polling;
+mod self_healing;
