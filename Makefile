@@ -5,7 +5,7 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 SIM_LISTEN ?= 127.0.0.1:8089
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake
+.PHONY: run test test-faults services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake
 
 ## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator and one worker.
 run: services build
@@ -30,6 +30,12 @@ test: services
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
 	$(MAKE) scrape-check
+
+## The fault-injection suite alone (also part of `make test`): each test starts its own
+## redis-server or PostgreSQL cluster on a free port (needs redis-server and PostgreSQL 15's
+## initdb/pg_ctl; as root, PostgreSQL runs as the `postgres` user).
+test-faults: services
+	$(CARGO) nextest run --test faults --no-fail-fast
 
 services:
 	@bash deploy/local/services.sh
