@@ -80,9 +80,10 @@ pub async fn enqueue_callback(
             recorded: true,
         })
         .await
-        .with_context(|| {
-            format!("enqueueing the callback (it is recorded as received; the sweep of received callbacks enqueues it after payments.recovery_after_secs)")
-        })?;
+        .context(
+            "enqueueing the callback (it is recorded as received; the sweep of received \
+             callbacks enqueues it after payments.recovery_after_secs)",
+        )?;
     println!("callback {channel}/{callback_id} recorded and enqueued ({id})");
     Ok(())
 }
