@@ -176,7 +176,28 @@ struct Run<'a, J: PollTask> {
     _job: std::marker::PhantomData<J>,
 }
 
-impl<J: PollTask> Run<'_, J> {
+impl<'a, J: PollTask> Run<'a, J> {
+    /// The run of `card_ref`'s job in chain `chain` after `failures` consecutive failures.
+    fn new(
+        ctx: &'a AppContext,
+        conn: ConnectionManager,
+        card_ref: String,
+        chain: String,
+        failures: u32,
+    ) -> Self {
+        Self {
+            ctx,
+            conn,
+            card_ref,
+            state: ChainState {
+                chain,
+                failures,
+                deferrals: 0,
+            },
+            _job: std::marker::PhantomData,
+        }
+    }
+
     fn prefix(&self) -> &str {
         self.ctx.prefix()
     }
@@ -277,17 +298,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             return Ok(PollOutcome::Stale);
         }
     };
-    let mut run = Run::<J> {
-        ctx: &ctx,
-        conn,
-        card_ref,
-        state: ChainState {
-            chain: chain_id,
-            failures: seen.failures,
-            deferrals: 0,
-        },
-        _job: std::marker::PhantomData,
-    };
+    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
 
     let card = match cards::load(&ctx.pool, &run.card_ref).await {
         Ok(Some(card)) => card,
@@ -504,17 +515,7 @@ pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error
         // answers, and stays chain-checked).
         Err(_) => seen.chain.clone(),
     };
-    let mut run = Run::<J> {
-        ctx: &ctx,
-        conn,
-        card_ref,
-        state: ChainState {
-            chain: chain_id,
-            failures: seen.failures,
-            deferrals: 0,
-        },
-        _job: std::marker::PhantomData,
-    };
+    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
     if let JobError::Panicked(_) = &error {
         let now = Utc::now();
         let record = LogRecord {

@@ -273,7 +273,13 @@ pub fn is_redis_trouble(error: &WorkerError) -> bool {
     };
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
     while let Some(e) = source {
-        if let Some(redis) = e.downcast_ref::<redis::RedisError>() {
+        let redis = e.downcast_ref::<redis::RedisError>().or_else(|| {
+            match e.downcast_ref::<apalis_redis::Error>() {
+                Some(apalis_redis::Error::Database(redis)) => Some(redis),
+                _ => None,
+            }
+        });
+        if let Some(redis) = redis {
             if redis.is_io_error()
                 || redis.is_connection_dropped()
                 || redis.is_connection_refusal()
@@ -319,7 +325,7 @@ mod tests {
     fn a_refused_connection_and_a_lost_registration_are_redis_trouble_a_bad_queue_is_not() {
         let refused = redis::RedisError::from(std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,
-            "refused",
+            "Connection refused (os error 111)",
         ));
         let e = WorkerError::BackendError(Box::new(apalis_redis::Error::Database(refused)));
         assert!(is_redis_trouble(&e));

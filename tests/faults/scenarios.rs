@@ -4,7 +4,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cardworker::app;
 use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
@@ -15,7 +14,7 @@ use redis::AsyncCommands as _;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::harness::{metric_value, wait_until, TestDb};
+use crate::harness::{metric_value, start_in_process, wait_until, TestDb};
 use crate::private::{PrivatePg, PrivateRedis};
 
 /// A worker process run in the test's process, on whatever services its config names.
@@ -28,14 +27,7 @@ struct Worker {
 
 impl Worker {
     async fn start(config: Config) -> Self {
-        config.validate().expect("valid test config");
-        let ctx = AppContext::connect(config).await.expect("connect");
-        let running = app::start(ctx.clone()).await.expect("start");
-        let addr = running.addr;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let join = tokio::spawn(running.wait(async move {
-            let _ = stopped.await;
-        }));
+        let (ctx, addr, stop, join) = start_in_process(config).await;
         Self {
             ctx,
             addr,
@@ -122,6 +114,26 @@ async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
         .await
         .expect("insert cards");
     cards
+}
+
+async fn insert_payment(pool: &PgPool) -> uuid::Uuid {
+    let payment = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-000', 100, 'CNY')",
+    )
+    .bind(payment)
+    .execute(pool)
+    .await
+    .expect("payment");
+    payment
+}
+
+async fn payment_status(pool: &PgPool, payment: uuid::Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
+        .bind(payment)
+        .fetch_one(pool)
+        .await
+        .expect("status")
 }
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {
@@ -450,14 +462,7 @@ async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_e
             .await
             .expect("start chains");
     }
-    let payment = uuid::Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-000', 100, 'CNY')",
-    )
-    .bind(payment)
-    .execute(&db.pool)
-    .await
-    .expect("payment");
+    let payment = insert_payment(&db.pool).await;
     cardworker::commands::payments::enqueue_payment(&worker.ctx, payment)
         .await
         .expect("enqueue payment");
@@ -479,14 +484,7 @@ async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_e
     wait_until(
         Duration::from_secs(30),
         "the payment is unknown",
-        || async {
-            sqlx::query_scalar::<_, String>("SELECT status FROM payments WHERE payment_id = $1")
-                .bind(payment)
-                .fetch_one(&db.pool)
-                .await
-                .expect("status")
-                == "unknown"
-        },
+        || async { payment_status(&db.pool, payment).await == "unknown" },
     )
     .await;
     assert_eq!(
@@ -552,14 +550,7 @@ async fn a_worker_killed_with_sigkill_mid_payment_leaves_one_submission_settled_
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
     let (sim, sim_handle) = simulator().await;
-    let payment = uuid::Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-1', 100, 'CNY')",
-    )
-    .bind(payment)
-    .execute(&db.pool)
-    .await
-    .expect("payment");
+    let payment = insert_payment(&db.pool).await;
     sim.set_payment_behaviour(payment, PaymentBehaviour::Hang);
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("cardworker.toml");
@@ -616,14 +607,7 @@ listen = "127.0.0.1:0"
     wait_until(
         Duration::from_secs(60),
         "recovery settled the payment",
-        || async {
-            sqlx::query_scalar::<_, String>("SELECT status FROM payments WHERE payment_id = $1")
-                .bind(payment)
-                .fetch_one(&db.pool)
-                .await
-                .expect("status")
-                == "accepted"
-        },
+        || async { payment_status(&db.pool, payment).await == "accepted" },
     )
     .await;
     // Past the orphan window: the killed pod's job has come back to the survivor by now.

@@ -236,14 +236,7 @@ pub async fn spawn_app_on(
     sim.set_latency(0, 0);
     let mut config = test_config(&db, &redis, &sim_handle.base_url());
     tweak(&mut config);
-    config.validate().expect("test config is valid");
-    let ctx = AppContext::connect(config).await.expect("connect");
-    let running = app::start(ctx.clone()).await.expect("start");
-    let addr = running.addr;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let join = tokio::spawn(running.wait(async move {
-        let _ = stopped.await;
-    }));
+    let (ctx, addr, stop, join) = start_in_process(config).await;
     TestApp {
         ctx,
         addr,
@@ -254,6 +247,27 @@ pub async fn spawn_app_on(
         redis,
         db,
     }
+}
+
+/// A worker process started in the test's process on `config` (validated): its context, its
+/// endpoint, the sender that stops it and its `Running::wait`.
+pub async fn start_in_process(
+    config: Config,
+) -> (
+    Arc<AppContext>,
+    std::net::SocketAddr,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    config.validate().expect("test config is valid");
+    let ctx = AppContext::connect(config).await.expect("connect");
+    let running = app::start(ctx.clone()).await.expect("start");
+    let addr = running.addr;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let join = tokio::spawn(running.wait(async move {
+        let _ = stopped.await;
+    }));
+    (ctx, addr, stop, join)
 }
 
 /// [`spawn_app_with`] with the test defaults.

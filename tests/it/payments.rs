@@ -37,7 +37,8 @@ async fn insert_payment(pool: &PgPool, card_ref: &str) -> Uuid {
     id
 }
 
-async fn status(pool: &PgPool, id: Uuid) -> String {
+/// The payment's status.
+pub(crate) async fn status(pool: &PgPool, id: Uuid) -> String {
     sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
         .bind(id)
         .fetch_one(pool)

@@ -214,14 +214,7 @@ async fn a_payment_enqueued_and_lost_with_a_redis_flush_is_submitted_exactly_onc
     wait_until(
         Duration::from_secs(20),
         "the payment is accepted",
-        || async {
-            sqlx::query_scalar::<_, String>("SELECT status FROM payments WHERE payment_id = $1")
-                .bind(payment)
-                .fetch_one(&app.db.pool)
-                .await
-                .expect("status")
-                == "accepted"
-        },
+        || async { crate::payments::status(&app.db.pool, payment).await == "accepted" },
     )
     .await;
     wait_until(
