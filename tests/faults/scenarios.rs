@@ -718,3 +718,52 @@ async fn poison_intake_entries_go_to_the_dead_set_with_a_reason_and_no_worker_st
     }
     worker.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_back() {
+    let mut redis = PrivateRedis::start_new(true);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let shutdown = cardworker::shutdown::Shutdown::new();
+    let id = chain::start(
+        &mut conn,
+        "cw",
+        Task::CardStatus,
+        "c-1",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start");
+    redis.stop();
+    let next = cardworker_jobs::ChainState {
+        chain: id.clone(),
+        failures: 3,
+        deferrals: 0,
+    };
+    let handed = chain::schedule_or_retry(
+        &mut conn,
+        &shutdown,
+        "cw",
+        Task::CardStatus,
+        "c-1",
+        &next,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(handed, "refused now, handed to the background");
+    redis.start();
+    let payload_key = cardworker_jobs::keys::intake_payload("cw", "card_status");
+    wait_until(Duration::from_secs(30), "the successor is written", || {
+        let mut conn = conn.clone();
+        let payload_key = payload_key.clone();
+        async move {
+            let payload: Option<String> = conn.hget(&payload_key, "c-1").await.unwrap_or(None);
+            payload.is_some_and(|p| p.contains("\"failures\":3"))
+        }
+    })
+    .await;
+    let chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &["c-1".to_owned()])
+        .await
+        .expect("chains");
+    assert_eq!(chains, [Some(id)], "the same chain goes on");
+    shutdown.finish().await;
+}

@@ -285,3 +285,131 @@ async fn a_nul_byte_in_a_gateway_error_body_is_cleaned_before_it_reaches_postgre
     assert_eq!(summary, "HTTP 502 body: bad\u{FFFD}gateway");
     assert_eq!(error, "HTTP 502\u{FFFD}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_plain_successor() {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.card_status.interval_secs = 3600;
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-1").await;
+    let live = chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        Task::CardStatus,
+        "c-1",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start");
+    let job = PollCardStatus {
+        card_ref: "c-1".into(),
+        state: ChainState {
+            chain: live.clone(),
+            failures: 0,
+            deferrals: 0,
+        },
+    };
+    let waiting_payload = || async {
+        let payload: String = app
+            .redis
+            .conn
+            .clone()
+            .hget(
+                cardworker_jobs::keys::intake_payload(&app.redis.prefix, "card_status"),
+                "c-1",
+            )
+            .await
+            .expect("the successor waits in the intake");
+        serde_json::from_str::<PollCardStatus>(&payload).expect("payload")
+    };
+
+    cardworker::polling::poll::after_abnormal_end(
+        job.clone(),
+        app.ctx.clone(),
+        cardworker::runner::JobError::Panicked("boom".into()),
+    )
+    .await;
+    let next = waiting_payload().await;
+    assert_eq!(
+        (next.state.chain.as_str(), next.state.failures),
+        (live.as_str(), 1)
+    );
+    let error: String =
+        sqlx::query_scalar("SELECT error FROM integration_logs WHERE state = 'failed'")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("one failure record");
+    assert!(error.contains("panic: boom"), "{error}");
+
+    cardworker::polling::poll::after_abnormal_end(
+        next,
+        app.ctx.clone(),
+        cardworker::runner::JobError::TimedOut(Duration::from_secs(15)),
+    )
+    .await;
+    let after_timeout = waiting_payload().await;
+    assert_eq!(after_timeout.state.failures, 1, "a timeout is not counted");
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM integration_logs")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(records, 1, "a timeout writes no record");
+    assert_eq!(
+        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
+        Some(live)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_postgres_refuses_is_a_counted_failure_that_parks_instead_of_retrying_forever() {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.carddata.interval_secs = 1;
+        cfg.polling.carddata.max_consecutive_failures = 2;
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-1").await;
+    // A token with a NUL byte: valid JSON, refused by PostgreSQL's text (SQLSTATE 22021).
+    app.sim
+        .set_card_ready("c-1", "tok_\u{0}x", "4242", 12, 2030);
+    chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        Task::Carddata,
+        "c-1",
+        Duration::ZERO,
+    )
+    .await
+    .expect("start");
+    wait_until(Duration::from_secs(30), "the chain is parked", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("parked")
+            == 1
+    })
+    .await;
+    let errors: Vec<String> =
+        sqlx::query_scalar("SELECT error FROM integration_logs WHERE state = 'failed' ORDER BY id")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("failures");
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors.iter().all(|e| e.contains("could not be recorded")),
+        "{errors:?}"
+    );
+    let data_state: String = sqlx::query_scalar("SELECT data_state FROM cards")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("card");
+    assert_eq!(
+        data_state, "pending",
+        "nothing of the refused change was kept"
+    );
+    assert_eq!(chain_of(&app.ctx, Task::Carddata, "c-1").await, None);
+}
