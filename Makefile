@@ -5,7 +5,7 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 SIM_LISTEN ?= 127.0.0.1:8089
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run test test-faults services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake
+.PHONY: run test test-faults services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake bench-reconcile
 
 ## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator and one worker.
 run: services build
@@ -67,3 +67,6 @@ bench-budget: services
 
 bench-intake: services
 	$(CARGO) bench --bench bench_intake
+
+bench-reconcile: services
+	$(CARGO) bench --bench bench_reconcile
