@@ -83,6 +83,18 @@ async fn counters_when(
 ) -> Counters {
     let start = std::time::Instant::now();
     loop {
+        if alone && start.elapsed() > Duration::from_secs(5) {
+            // A closed pool's idle session can linger on a loaded machine; ending it makes it
+            // publish its counters now (a backend flushes its statistics when it exits).
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                  WHERE datname = $1 AND pid <> pg_backend_pid() AND state = 'idle'",
+            )
+            .bind(db)
+            .execute(&mut *conn)
+            .await
+            .expect("terminate idle backends");
+        }
         let gone = !alone || other_backends(conn, db).await == 0;
         let c = counters(conn).await;
         if gone && ready(&c) {
