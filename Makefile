@@ -5,7 +5,7 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 DEMO_CARDS ?= 80
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run reset-demo test services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -25,6 +25,12 @@ test: services
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
 	$(MAKE) scrape-check
+
+## The fault-injection suite alone (also part of `make test`): each test starts its own
+## redis-server or PostgreSQL cluster on a free port (needs redis-server and PostgreSQL 15's
+## initdb/pg_ctl; as root, PostgreSQL runs as the `postgres` user).
+test-faults: services
+	$(CARGO) nextest run --test faults --no-fail-fast
 
 services:
 	@bash deploy/local/services.sh
@@ -68,3 +74,6 @@ bench-intake: services
 ## PostgreSQL's, so the driving code builds in the dev profile.
 bench-plans: services
 	$(CARGO) bench --profile dev --bench bench_plans
+
+bench-reconcile: services
+	$(CARGO) bench --bench bench_reconcile

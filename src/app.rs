@@ -15,6 +15,7 @@ use futures::future::BoxFuture;
 use crate::config::Config;
 use crate::context::AppContext;
 use crate::queue::intake;
+use crate::runner::redis_watch::RedisWatch;
 use crate::runner::Supervisor;
 use crate::telemetry::{self, http};
 use crate::workers;
@@ -70,10 +71,25 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
         queues,
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
+        redis: ctx.redis_status.clone(),
     };
     ctx.shutdown.spawn(feeder.run(ctx.shutdown.stopping()));
 
-    let mut supervisor = Supervisor::new(ctx.health.clone(), ctx.shutdown.clone());
+    let watch = RedisWatch {
+        conn: ctx.redis.clone(),
+        prefix: ctx.prefix().to_owned(),
+        status: ctx.redis_status.clone(),
+        on_data_lost: workers::on_redis_data_lost(&ctx),
+        answered_before: false,
+    };
+    ctx.shutdown.spawn(watch.run(ctx.shutdown.stopping()));
+
+    let mut supervisor = Supervisor::new(
+        ctx.health.clone(),
+        ctx.shutdown.clone(),
+        ctx.redis_status.clone(),
+        ctx.config.worker.redis_outage_grace(),
+    );
     workers::spawn_workers(&ctx, &mut supervisor)?;
     Ok(Running {
         ctx,

@@ -17,7 +17,7 @@ use crate::budget::Budget;
 use crate::config::Config;
 use crate::gateway::GatewayClient;
 use crate::shutdown::Shutdown;
-use crate::telemetry::Health;
+use crate::telemetry::{Health, RedisStatus};
 
 /// Everything a job needs, shared by every worker of the process.
 pub struct AppContext {
@@ -33,6 +33,8 @@ pub struct AppContext {
     pub gateway: GatewayClient,
     /// Which workers run.
     pub health: Health,
+    /// Whether Redis answers (the probe's verdict), shared by the supervisor and the feeder.
+    pub redis_status: RedisStatus,
     /// The fleet-wide polling budget and the leases this process holds.
     pub budget: Budget,
     /// The process's shutdown signal and the tracker of every task it spawns.
@@ -57,6 +59,7 @@ impl AppContext {
             producer,
             gateway,
             health: Health::default(),
+            redis_status: RedisStatus::default(),
             budget,
             shutdown,
         }))

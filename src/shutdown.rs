@@ -69,6 +69,24 @@ impl Shutdown {
         });
     }
 
+    /// Spawns one job's run: it goes on even if the apalis worker that started it stops (a Redis
+    /// outage ends a worker's stream and drops its in-flight futures; the job must still finish,
+    /// schedule its successor and release what it holds). Cancelled when the process stops, like
+    /// a background task; the handle then yields `None`.
+    pub fn spawn_job<F>(&self, job: F) -> tokio::task::JoinHandle<Option<F::Output>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let stopping = self.stopping();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                out = job => Some(out),
+                () = stopping => None,
+            }
+        })
+    }
+
     /// Spawns a short task that must run to its end even while the process stops (a lease
     /// release, say); [`Shutdown::finish`] waits for it.
     pub fn spawn_detached<F>(&self, task: F)
@@ -141,6 +159,24 @@ mod tests {
         release.send(()).expect("the task waits");
         finish.await.expect("finish completes");
         assert!(done.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_job_outlives_the_caller_that_dropped_its_handle_and_is_cancelled_at_stop() {
+        let shutdown = Shutdown::new();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let handle = shutdown.spawn_job(async move {
+            let _ = wait.await;
+            let _ = tx.send(());
+        });
+        drop(handle);
+        go.send(()).expect("the job waits");
+        rx.await
+            .expect("the job ran to its end without anyone awaiting it");
+        let stuck = shutdown.spawn_job(std::future::pending::<()>());
+        shutdown.finish().await;
+        assert_eq!(stuck.await.expect("joined"), None);
     }
 
     #[tokio::test]

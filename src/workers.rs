@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use anyhow::Context as _;
+
 use cardworker_jobs::{
     Job, PollCardData, PollCardStatus, ProcessCallback, RecoverPayments, RunArchive, RunReconcile,
     RunRetention, SubmitPayment,
@@ -89,6 +91,27 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
         );
     }
     Ok(())
+}
+
+/// What the pod that finds Redis came back empty does (`runner::redis_watch`): one full
+/// reconcile, through the intake, so that every chain restarts within seconds and, should this
+/// pod die meanwhile, apalis hands the job to another pod.
+pub fn on_redis_data_lost(ctx: &Arc<AppContext>) -> crate::runner::redis_watch::OnDataLost {
+    let ctx = ctx.clone();
+    Arc::new(move || {
+        let ctx = ctx.clone();
+        Box::pin(async move {
+            let job = RunReconcile {
+                scheduled_for: None,
+                full: true,
+            };
+            ctx.producer
+                .enqueue(&job)
+                .await
+                .context("enqueueing a full reconcile after a Redis data loss")?;
+            Ok(())
+        })
+    })
 }
 
 /// Refreshes the fleet-wide gauges; called on every scrape of `/metrics`, so the values

@@ -20,3 +20,14 @@ pub fn intake_payload(prefix: &str, queue: &str) -> String {
 pub fn claim(prefix: &str, claim: &str) -> String {
     format!("{prefix}:claim:{claim}")
 }
+
+/// The chain hash of a polling queue (card_ref -> `chain_id|due_ms`): one live chain per card.
+pub fn chain(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:chain:{queue}")
+}
+
+/// The due index of a polling queue's chains (member: card_ref, score: the chain's next due time,
+/// unix ms on the Redis clock): reconcile reads the overdue end of it.
+pub fn chain_due(prefix: &str, queue: &str) -> String {
+    format!("{prefix}:chain:{queue}:due")
+}

@@ -8,6 +8,8 @@
 //! - [`Job`]: the small trait every payload implements (its queue as an associated const).
 //! - [`payloads`]: one struct per job.
 //! - [`keys`]: the Redis key names shared by producers and the worker.
+//! - [`chain`]: the polling chain script (shared with the worker) and how a producer's poll job
+//!   merges into a card's live chain.
 //! - [`Producer`]: `enqueue`, `enqueue_after` and `enqueue_once` into the intake.
 //!
 //! # The intake
@@ -16,12 +18,18 @@
 //! from entry id to the JSON payload. Entries with the same id replace each other, which is how a
 //! card keeps at most one pending poll per task. cardworker's feeder moves due entries into apalis
 //! only while that queue's apalis backlog is under a high-water mark.
+//!
+//! Poll jobs ([`Job::chain`] is `Some`) are the exception to "same id = replace": the card's
+//! waiting entry belongs to its live polling chain, so a producer's poll job goes through the
+//! chain script instead ([`chain::merge`]): it brings the live chain's next poll forward, or
+//! starts a chain when the card has none, and never drops the chain's own job.
 
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use serde::{de::DeserializeOwned, Serialize};
 
+pub mod chain;
 pub mod keys;
 pub mod payloads;
 
@@ -35,6 +43,12 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The intake entry id. Jobs with the same id replace each other while they wait in the
     /// intake. `None` gives every enqueue a fresh id.
     fn entry_id(&self) -> Option<String> {
+        None
+    }
+
+    /// A polling job's chain bookkeeping; `None` for every other job. A job with a chain enters
+    /// the intake through [`chain::merge`], never by replacing the entry of the card's chain.
+    fn chain(&self) -> Option<&ChainState> {
         None
     }
 }
@@ -112,13 +126,28 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
     }
 
     /// Enqueues a job, due after `delay` (measured on the Redis clock). An entry with the same
-    /// [`Job::entry_id`] that is still waiting is replaced.
+    /// [`Job::entry_id`] that is still waiting is replaced, except for a poll job, which merges
+    /// into the card's live chain ([`chain::merge`]); for a poll job the returned id is the
+    /// chain's.
     pub async fn enqueue_after<J: Job>(
         &self,
         job: &J,
         delay: Duration,
     ) -> Result<String, EnqueueError> {
         let id = job.entry_id().unwrap_or_else(fresh_id);
+        if let Some(state) = job.chain() {
+            let merged = chain::merge(
+                &mut self.conn.clone(),
+                &self.prefix,
+                J::QUEUE,
+                &id,
+                serde_json::to_value(job)?,
+                state,
+                delay,
+            )
+            .await?;
+            return Ok(merged.chain().to_owned());
+        }
         let payload = serde_json::to_string(job)?;
         self.enqueue_raw(J::QUEUE, &id, &payload, delay).await?;
         Ok(id)
@@ -132,6 +161,22 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
         claim: &str,
         claim_ttl: Duration,
     ) -> Result<bool, EnqueueError> {
+        if job.chain().is_some() {
+            // A poll job keeps the chain rules: claim first, then merge.
+            let claimed: Option<String> = redis::cmd("SET")
+                .arg(keys::claim(&self.prefix, claim))
+                .arg("1")
+                .arg("NX")
+                .arg("EX")
+                .arg(claim_ttl.as_secs().max(1))
+                .query_async(&mut self.conn.clone())
+                .await?;
+            if claimed.is_none() {
+                return Ok(false);
+            }
+            self.enqueue(job).await?;
+            return Ok(true);
+        }
         let id = job.entry_id().unwrap_or_else(|| claim.to_owned());
         let payload = serde_json::to_string(job)?;
         let added: i64 = redis::Script::new(ONCE_SCRIPT)
@@ -147,7 +192,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
     }
 
     /// Writes a raw payload into a queue's intake. For tools and tests: the payload is not
-    /// checked here, and cardworker records a payload it cannot decode as a dead job.
+    /// checked here (nor routed through a polling chain), and cardworker records a payload it
+    /// cannot decode as a dead job.
     pub async fn enqueue_raw(
         &self,
         queue: &str,

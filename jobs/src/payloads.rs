@@ -48,12 +48,18 @@ impl Job for PollCardData {
     fn entry_id(&self) -> Option<String> {
         Some(self.card_ref.clone())
     }
+    fn chain(&self) -> Option<&ChainState> {
+        Some(&self.state)
+    }
 }
 
 impl Job for PollCardStatus {
     const QUEUE: &'static str = "card_status";
     fn entry_id(&self) -> Option<String> {
         Some(self.card_ref.clone())
+    }
+    fn chain(&self) -> Option<&ChainState> {
+        Some(&self.state)
     }
 }
 
@@ -87,6 +93,11 @@ pub struct ProcessCallback {
     /// Re-runs after a transient failure, for back-off.
     #[serde(default)]
     pub retries: u32,
+    /// Whoever enqueued it committed the delivery to cardworker's `inbound_callbacks` first
+    /// (`cardworker enqueue callback`, or the sweep of `received` callbacks): the job does not
+    /// count it again. A producer that only enqueues leaves it `false`.
+    #[serde(default)]
+    pub recorded: bool,
 }
 
 impl Job for ProcessCallback {
@@ -117,12 +128,16 @@ impl Job for RunRetention {
     const QUEUE: &'static str = "retention";
 }
 
-/// One reconcile pass over `polling.reconcile_batch` cards.
+/// One reconcile pass: the overdue chains, then `polling.reconcile_batch` cards from the cursor;
+/// or, with `full`, every card (after Redis lost its data).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunReconcile {
     /// The cron tick (unix seconds) that asked for it.
     #[serde(default)]
     pub scheduled_for: Option<i64>,
+    /// Sweep every card that should be polled, not one batch (Redis came back empty).
+    #[serde(default)]
+    pub full: bool,
 }
 
 impl Job for RunReconcile {

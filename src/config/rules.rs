@@ -78,6 +78,7 @@ const RULES: &[(&str, Rule)] = &[
     ("gateway.base_url", Rule::Url(&["http", "https"])),
     ("gateway.timeout_ms", int(100, 60_000)),
     ("worker.shutdown_grace_secs", int(1, 600)),
+    ("worker.redis_outage_grace_secs", int(0, 3600)),
     ("polling.total_limit", int(1, LIMIT_HI)),
     (
         "polling.handler_timeout_secs",

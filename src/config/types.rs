@@ -193,12 +193,16 @@ impl GatewayConfig {
 pub struct WorkerConfig {
     /// Time in-flight jobs get to finish on shutdown, 1..=600 s.
     pub shutdown_grace_secs: u64,
+    /// How long a Redis outage is ridden out (workers stop fetching, restart when Redis answers)
+    /// before the process exits non-zero, 0..=3600 s; 0 exits at the first outage.
+    pub redis_outage_grace_secs: u64,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             shutdown_grace_secs: 30,
+            redis_outage_grace_secs: 60,
         }
     }
 }
@@ -207,6 +211,11 @@ impl WorkerConfig {
     /// `shutdown_grace_secs` as a [`Duration`].
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
+    }
+
+    /// `redis_outage_grace_secs` as a [`Duration`].
+    pub fn redis_outage_grace(&self) -> Duration {
+        Duration::from_secs(self.redis_outage_grace_secs)
     }
 }
 

@@ -14,6 +14,12 @@
 //! contradicts a settled payment) is committed as `failed` with the reason, and the job is
 //! acknowledged: nothing is silently dropped, and a later delivery of the same (channel, id)
 //! is processed again. A database error retries the delivery through the intake with back-off.
+//!
+//! Redis loss costs nothing: `cardworker enqueue callback` commits the delivery first
+//! ([`record_received`]: the row `received`, with its body) and only then enqueues the job (with
+//! `recorded`, so the job does not count the delivery twice). Should the job be lost with Redis,
+//! [`sweep_received`] (run with payment recovery) re-enqueues every `received` row untouched for
+//! `payments.recovery_after_secs`; applying stays idempotent on (channel, callback id).
 
 use std::str::FromStr as _;
 use std::sync::Arc;
@@ -34,6 +40,7 @@ use crate::context::AppContext;
 use crate::gateway::{redact_digits, CardStatus, PaymentStatus};
 use crate::runner::RunJob;
 use crate::storage::cards;
+use crate::storage::fault::clean;
 use crate::storage::records::{
     insert_audit, insert_outbox, insert_terminal_log, AuditRecord, LogRecord, LogState,
 };
@@ -154,16 +161,20 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
         .context("beginning the callback transaction")?;
     // A fresh row is inserted as `failed`/"processing" and always rewritten below before the
     // commit, so no other transaction ever sees that placeholder.
+    // A delivery committed by whoever enqueued it (`recorded`) is not counted again.
     let (row_id, state, inserted): (i64, String, bool) = sqlx::query_as(
         "INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)
          VALUES ($1, $2, $3, 'failed', 'processing')
          ON CONFLICT (channel, callback_id) DO UPDATE
-            SET deliveries = inbound_callbacks.deliveries + 1, last_received_at = now()
+            SET deliveries = inbound_callbacks.deliveries + $4,
+                last_received_at = CASE WHEN $4 = 0 THEN inbound_callbacks.last_received_at
+                                        ELSE now() END
          RETURNING id, state, (xmax = 0)",
     )
-    .bind(&job.channel)
-    .bind(&job.callback_id)
-    .bind(&job.body)
+    .bind(clean(&job.channel))
+    .bind(clean(&job.callback_id))
+    .bind(clean(&job.body))
+    .bind(i32::from(!job.recorded))
     .fetch_one(&mut *tx)
     .await
     .context("recording the callback delivery")?;
@@ -188,7 +199,7 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
                   WHERE id = $1",
             )
             .bind(row_id)
-            .bind(&job.body)
+            .bind(clean(&job.body))
             .bind(resource_type)
             .bind(&resource_id)
             .execute(&mut *tx)
@@ -204,8 +215,8 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
                   WHERE id = $1",
             )
             .bind(row_id)
-            .bind(&reason)
-            .bind(&job.body)
+            .bind(clean(&reason))
+            .bind(clean(&job.body))
             .bind(resource.as_ref().map(|r| r.0))
             .bind(resource.as_ref().map(|r| r.1.clone()))
             .execute(&mut *tx)
@@ -234,6 +245,99 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
     };
     tx.commit().await.context("committing the callback")?;
     Ok(delivery)
+}
+
+/// What [`record_received`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// Committed as `received` (new, or a redelivery of one not applied yet): enqueue it.
+    Recorded,
+    /// Already applied: the delivery is counted, nothing is enqueued.
+    AlreadyApplied,
+}
+
+/// The first half of `enqueue callback`: commits the delivery as `received` with its body, before
+/// anything is in Redis. A redelivery of a callback that is not applied yet is `received` again
+/// (with the new body); an applied one only counts the delivery.
+pub async fn record_received(
+    pool: &sqlx::PgPool,
+    channel: &str,
+    callback_id: &str,
+    body: &str,
+) -> sqlx::Result<Received> {
+    let state: String = sqlx::query_scalar(
+        "INSERT INTO inbound_callbacks (channel, callback_id, body, state, queued_at)
+         VALUES ($1, $2, $3, 'received', now())
+         ON CONFLICT (channel, callback_id) DO UPDATE
+            SET deliveries = inbound_callbacks.deliveries + 1,
+                last_received_at = now(),
+                body = CASE WHEN inbound_callbacks.state = 'applied' THEN inbound_callbacks.body
+                            ELSE EXCLUDED.body END,
+                state = CASE WHEN inbound_callbacks.state = 'applied' THEN 'applied'
+                             ELSE 'received' END,
+                queued_at = now()
+         RETURNING state",
+    )
+    .bind(clean(channel))
+    .bind(clean(callback_id))
+    .bind(clean(body))
+    .fetch_one(pool)
+    .await?;
+    Ok(if state == "applied" {
+        Received::AlreadyApplied
+    } else {
+        Received::Recorded
+    })
+}
+
+/// `received` callbacks re-enqueued per sweep.
+pub const SWEEP_BATCH: i64 = 200;
+
+/// Re-enqueues up to `batch` callbacks still `received` after `older_than` (their job was lost
+/// with Redis, or is stuck): oldest `queued_at` first, along `inbound_callbacks_received_idx`.
+/// Each is touched before it is enqueued, so a lost enqueue is retried by a later sweep and a
+/// working one is not repeated at once. Returns how many were re-enqueued.
+pub async fn sweep_received(
+    ctx: &AppContext,
+    older_than: Duration,
+    batch: i64,
+) -> anyhow::Result<usize> {
+    let rows: Vec<(i64, String, String, String)> = sqlx::query_as(
+        "SELECT id, channel, callback_id, body FROM inbound_callbacks
+          WHERE state = 'received' AND queued_at < now() - make_interval(secs => $1)
+          ORDER BY queued_at
+          LIMIT $2",
+    )
+    .bind(older_than.as_secs_f64())
+    .bind(batch)
+    .fetch_all(&ctx.pool)
+    .await
+    .context("finding received callbacks whose job never came")?;
+    let mut requeued = 0;
+    for (id, channel, callback_id, body) in rows {
+        let touched = sqlx::query(
+            "UPDATE inbound_callbacks SET queued_at = now() WHERE id = $1 AND state = 'received'",
+        )
+        .bind(id)
+        .execute(&ctx.pool)
+        .await
+        .context("touching a received callback")?;
+        if touched.rows_affected() == 0 {
+            continue;
+        }
+        ctx.producer
+            .enqueue(&ProcessCallback {
+                channel,
+                callback_id,
+                body,
+                retries: 0,
+                recorded: true,
+            })
+            .await
+            .context("re-enqueueing a received callback")?;
+        requeued += 1;
+    }
+    Ok(requeued)
 }
 
 /// Applies a parsed callback. `Ok(Err(reason))` is a callback that cannot be applied.

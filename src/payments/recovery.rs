@@ -1,9 +1,14 @@
 //! `RecoverPayments`: settles payments left `pending` (a worker died mid-call) or `unknown` (the
-//! Gateway may have acted) by asking the Gateway.
+//! Gateway may have acted) by asking the Gateway, and resubmits `requested` payments whose
+//! `SubmitPayment` job never came (lost with Redis); then sweeps channel callbacks left
+//! `received` the same way (`callback::sweep_received`).
 //!
-//! Work is found in the `payments` table itself (`payments_unsettled_idx`: status `pending` or
-//! `unknown`, oldest `updated_at` first), never by scanning `integration_logs`; a run takes a
-//! bounded batch and the cron (`payments.recovery_cron`, always registered) brings the next.
+//! Work is found in the `payments` table itself (`payments_unsettled_idx`: status `requested`,
+//! `pending` or `unknown`, oldest `updated_at` first, untouched for `payments.recovery_after_secs`),
+//! never by scanning `integration_logs` or Redis; a run takes a bounded batch and the cron
+//! (`payments.recovery_cron`, always registered) brings the next. A `requested` payment is asked
+//! about too before it is resubmitted: whatever its history, the Gateway's record decides, so a
+//! payment is submitted again only when the Gateway never saw it.
 //!
 //! The query `GET /v1/payments/{id}` is a read: repeating it is harmless and it moves no money,
 //! so it is recorded on the **terminal** path (one finished log row, written with its
@@ -11,9 +16,12 @@
 //! is still unsettled and the next run asks again. For each payment, one transaction writes:
 //! - an answer: the query log (`succeeded`), the payment settled from the Gateway's record, the
 //!   dead attempt's `pending` log closed (`succeeded`, "settled by recovery"), audit, outbox;
-//! - 404 (the Gateway never saw it): the query log, the dead attempt's log closed (`failed`),
-//!   and a resubmission through `SubmitPayment` — the reliable path again, pending first, and
-//!   with the same `Idempotency-Key = payment_id` (there is no other key);
+//! - 404 (the Gateway never saw it): the query log, the dead attempt's log closed (`failed`), the
+//!   payment back to `requested` (nothing is open any more), and a resubmission through
+//!   `SubmitPayment` — the reliable path again, pending first, and with the same
+//!   `Idempotency-Key = payment_id` (there is no other key). A payment never submitted gets the
+//!   job's whole retry budget; one submitted before gets one attempt per recovery period, so a
+//!   payment the Gateway keeps refusing is not hammered;
 //! - a failed or unknown query: the query log (`failed`/`unknown`) saying it is left for the
 //!   next run; the payment is moved to the back of the line.
 
@@ -32,6 +40,7 @@ use crate::context::AppContext;
 use crate::gateway::{CallResult, Outcome, PaymentQuery};
 use crate::runner::RunJob;
 use crate::runner::Scheduled;
+use crate::storage::fault::DbFault;
 use crate::storage::records::{
     insert_audit, insert_terminal_log, AuditRecord, LogRecord, LogState,
 };
@@ -51,8 +60,20 @@ impl RunJob for RecoverPayments {
 
     #[tracing::instrument(name = "job.recover_payments", skip_all, fields(scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for)))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        let report = recover(&ctx, ctx.config.payments.recovery_after(), RECOVERY_BATCH).await?;
+        let after = ctx.config.payments.recovery_after();
+        // Both halves run whatever the other did.
+        let report = recover(&ctx, after, RECOVERY_BATCH).await;
+        let swept =
+            super::callback::sweep_received(&ctx, after, super::callback::SWEEP_BATCH).await;
+        let report = report?;
         tracing::info!(?report, "payment recovery run finished");
+        let requeued = swept?;
+        if requeued > 0 {
+            tracing::warn!(
+                requeued,
+                "received callbacks whose job never came re-enqueued"
+            );
+        }
         Ok(())
     }
 }
@@ -92,7 +113,7 @@ pub async fn recover(
     // The predicate repeats the partial index's, so the scan is an index range scan.
     let due: Vec<Uuid> = sqlx::query_scalar(
         "SELECT payment_id FROM payments
-          WHERE status IN ('pending', 'unknown')
+          WHERE status IN ('requested', 'pending', 'unknown')
             AND updated_at < now() - make_interval(secs => $1)
           ORDER BY updated_at
           LIMIT $2",
@@ -108,17 +129,31 @@ pub async fn recover(
         report.examined += 1;
         let correlation_id = Uuid::new_v4();
         let result = ctx.gateway.query_payment(payment_id, correlation_id).await;
-        let step = settle_one(ctx, payment_id, correlation_id, secs, &result)
-            .await
-            .with_context(|| format!("recording the recovery of payment {payment_id}"))?;
+        let step = match settle_one(ctx, payment_id, correlation_id, secs, &result).await {
+            Ok(step) => step,
+            // A record PostgreSQL refuses would fail the same way every run: the others of the
+            // batch go on (the next run asks about this one again).
+            Err(e) if crate::storage::fault::classify_chain(&e) == DbFault::Deterministic => {
+                tracing::error!(%payment_id, error = %format!("{e:#}"), "recovery of this payment could not be recorded; the others go on");
+                report.left += 1;
+                continue;
+            }
+            Err(e) => {
+                return Err(e.context(format!("recording the recovery of payment {payment_id}")))
+            }
+        };
         match step {
             Step::Settled => report.settled += 1,
-            Step::Resubmit => {
+            Step::Resubmit { submitted_before } => {
                 // After the commit: if this enqueue is lost, the payment is still unsettled and
                 // the next run asks again.
                 let job = SubmitPayment {
                     payment_id,
-                    retries: 0,
+                    retries: if submitted_before {
+                        super::submit::MAX_RETRIES
+                    } else {
+                        0
+                    },
                 };
                 ctx.producer
                     .enqueue(&job)
@@ -135,7 +170,7 @@ pub async fn recover(
 
 enum Step {
     Settled,
-    Resubmit,
+    Resubmit { submitted_before: bool },
     Left,
     Skipped,
 }
@@ -153,7 +188,6 @@ async fn settle_one(
     };
     // Re-check under the lock: a new attempt or a callback may have moved it since the scan.
     let still_due = !payment.is_settled()
-        && payment.status != "requested"
         && (Utc::now() - payment.updated_at).num_milliseconds() as f64 >= older_than_secs * 1000.0;
 
     let (state, recovery_summary, step) = if !still_due {
@@ -178,7 +212,9 @@ async fn settle_one(
                     "the Gateway never saw this payment (404): resubmitted through the reliable \
                      path with Idempotency-Key = {payment_id}"
                 ),
-                Step::Resubmit,
+                Step::Resubmit {
+                    submitted_before: payment.submissions > 0,
+                },
             ),
             Outcome::Failed(_) | Outcome::Unknown(_) => (
                 log_state(&result.outcome),
@@ -239,7 +275,7 @@ async fn settle_one(
             )
             .await?;
         }
-        (Step::Resubmit, _) => {
+        (Step::Resubmit { .. }, _) => {
             closed = store::close_open_attempt(
                 &mut tx,
                 &payment,
@@ -248,7 +284,7 @@ async fn settle_one(
                 "resubmitted by recovery with the same Idempotency-Key".to_owned(),
             )
             .await?;
-            store::touch(&mut tx, payment_id).await?;
+            store::reopen_for_resubmission(&mut tx, payment_id).await?;
         }
         (Step::Left, _) => store::touch(&mut tx, payment_id).await?,
         _ => {}
@@ -256,7 +292,7 @@ async fn settle_one(
 
     let event_type = match step {
         Step::Settled => "payment.recovered",
-        Step::Resubmit => "payment.resubmitted",
+        Step::Resubmit { .. } => "payment.resubmitted",
         Step::Left => "payment.recovery_query_failed",
         Step::Skipped => "payment.recovery_skipped",
     };

@@ -126,12 +126,45 @@ pub async fn mark_attempt_outcome(
 pub async fn touch(conn: &mut PgConnection, payment_id: Uuid) -> sqlx::Result<()> {
     sqlx::query(
         "UPDATE payments SET updated_at = now()
-          WHERE payment_id = $1 AND status IN ('pending', 'unknown')",
+          WHERE payment_id = $1 AND status IN ('requested', 'pending', 'unknown')",
     )
     .bind(payment_id)
     .execute(conn)
     .await
     .map(|_| ())
+}
+
+/// The Gateway never saw the payment (recovery's query answered 404): nothing is open any more, so
+/// it is `requested` again (and at the back of recovery's line) for its resubmission.
+pub async fn reopen_for_resubmission(
+    conn: &mut PgConnection,
+    payment_id: Uuid,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE payments SET status = 'requested', updated_at = now()
+          WHERE payment_id = $1 AND status IN ('requested', 'pending', 'unknown')",
+    )
+    .bind(payment_id)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// `enqueue payment`'s commit before the enqueue: a `requested` payment is touched, so that
+/// recovery, which resubmits `requested` payments untouched for `payments.recovery_after_secs`,
+/// counts from now (the job just enqueued is the one expected). Returns the payment's status.
+pub async fn touch_requested<'e>(
+    exec: impl PgExecutor<'e>,
+    payment_id: Uuid,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar(
+        "UPDATE payments SET updated_at = CASE WHEN status = 'requested' THEN now() ELSE updated_at END
+          WHERE payment_id = $1
+      RETURNING status",
+    )
+    .bind(payment_id)
+    .fetch_optional(exec)
+    .await
 }
 
 /// Closes the latest attempt's log if it is still `pending` (its worker died mid-call, or is

@@ -2,7 +2,10 @@
 //!
 //! 1. One transaction locks the payment, commits the `pending` integration log (with its audit
 //!    event and link), sets the payment `pending`, counts the submission and remembers the log
-//!    as the payment's open attempt. Nothing is sent before this commit.
+//!    as the payment's open attempt. Nothing is sent before this commit. A payment already
+//!    `pending` has an open attempt (in flight, or its worker died mid-call: a killed pod's job
+//!    comes back through apalis's orphan recovery): nothing is sent, and payment recovery asks
+//!    the Gateway about it, so a crash never turns into a second submission.
 //! 2. The call, always with `Idempotency-Key = payment_id` (the client sets it from the request;
 //!    there is no other key anywhere), so a repeated submission can never pay twice.
 //! 3. One transaction finalises that log row with the payment change and the outbox event:
@@ -88,6 +91,12 @@ pub enum Submitted {
     UnknownPayment,
     /// Already accepted or rejected: nothing sent.
     AlreadySettled(String),
+    /// `pending`: an earlier attempt is open (in flight, or its worker died mid-call). Nothing
+    /// sent: whether the Gateway has it is for payment recovery to ask, never to assume.
+    AttemptOpen {
+        /// The open attempt's `pending` log.
+        log_id: Option<i64>,
+    },
     /// A database error before the pending commit: nothing sent, retry scheduled after this.
     Deferred(Duration),
     /// The Gateway answered; the payment is settled (or was settled meanwhile by another path).
@@ -131,6 +140,7 @@ pub async fn submit(ctx: &AppContext, job: &SubmitPayment) -> anyhow::Result<Sub
             return Ok(Submitted::UnknownPayment);
         }
         Begun::Settled(status) => return Ok(Submitted::AlreadySettled(status)),
+        Begun::Open(log_id) => return Ok(Submitted::AttemptOpen { log_id }),
         Begun::Started {
             payment,
             prior_status,
@@ -152,8 +162,9 @@ pub async fn submit(ctx: &AppContext, job: &SubmitPayment) -> anyhow::Result<Sub
 
     let decision = decide(&payment, &prior_status, job, &result);
     let retry_note = match decision.retry_in {
-        // Scheduled before the outcome commits: if that commit is lost, the retry still runs
-        // and finds the payment `pending`, which it treats as possibly sent (same key, safe).
+        // Scheduled before the outcome commits: if that commit is lost, the retry finds the
+        // payment `pending` (an open attempt) and sends nothing; recovery asks the Gateway and
+        // resubmits if it never saw the payment.
         Some(delay) => {
             let next = SubmitPayment {
                 payment_id: payment.payment_id,
@@ -208,6 +219,7 @@ pub async fn submit(ctx: &AppContext, job: &SubmitPayment) -> anyhow::Result<Sub
 enum Begun {
     Unknown,
     Settled(String),
+    Open(Option<i64>),
     Started {
         payment: Box<Payment>,
         prior_status: String,
@@ -223,6 +235,9 @@ async fn begin(ctx: &AppContext, payment_id: Uuid) -> Result<Begun, ReliableErro
     };
     if payment.is_settled() {
         return Ok(Begun::Settled(payment.status));
+    }
+    if payment.status == "pending" {
+        return Ok(Begun::Open(payment.attempt_log_id));
     }
     let submission = payment.submissions + 1;
     let call = PendingCall {

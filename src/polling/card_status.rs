@@ -12,7 +12,7 @@ use crate::cards::apply::{self, Applied, ChangeSource};
 use crate::config::{Config, Task};
 use crate::context::AppContext;
 use crate::gateway::{CallResult, CardStatus, GatewayClient};
-use crate::runner::RunJob;
+use crate::runner::{JobError, RunJob};
 use crate::storage::cards::Card;
 
 impl RunJob for PollCardStatus {
@@ -27,6 +27,10 @@ impl RunJob for PollCardStatus {
     #[tracing::instrument(name = "poll.card_status", skip_all, fields(card_ref = %self.card_ref, chain = %self.state.chain, failures = self.state.failures))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         poll::run_poll(self, ctx).await.map(|_| ())
+    }
+
+    async fn after_abnormal_end(self, ctx: Arc<AppContext>, error: JobError) {
+        poll::after_abnormal_end(self, ctx, error).await;
     }
 }
 

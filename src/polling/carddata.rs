@@ -11,7 +11,7 @@ use crate::cards::apply::{self, Applied, ChangeSource};
 use crate::config::{Config, Task};
 use crate::context::AppContext;
 use crate::gateway::{CallResult, CardData, GatewayClient};
-use crate::runner::RunJob;
+use crate::runner::{JobError, RunJob};
 use crate::storage::cards::Card;
 
 impl RunJob for PollCardData {
@@ -26,6 +26,10 @@ impl RunJob for PollCardData {
     #[tracing::instrument(name = "poll.carddata", skip_all, fields(card_ref = %self.card_ref, chain = %self.state.chain, failures = self.state.failures))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         poll::run_poll(self, ctx).await.map(|_| ())
+    }
+
+    async fn after_abnormal_end(self, ctx: Arc<AppContext>, error: JobError) {
+        poll::after_abnormal_end(self, ctx, error).await;
     }
 }
 

@@ -1,14 +1,24 @@
 //! Polling chains in Redis: at most one live chain per card and task.
 //!
-//! A chain is an id in `{prefix}:chain:{task}` (card_ref -> `chain_id|due_ms`). Every job carries
-//! its chain id; a job whose id is no longer the card's chain is stale and is acknowledged without
-//! calling the Gateway. Scheduling the next poll writes the card's single intake entry (entry id =
-//! card_ref) only if the job's chain is still live, atomically, so a stale job can never overwrite
-//! the entry of the chain that replaced it.
+//! A chain is an id in `{prefix}:chain:{task}` (card_ref -> `chain_id|due_ms`), with its due time
+//! also in the index `{prefix}:chain:{task}:due`. Every job carries its chain id; a job whose id
+//! is no longer the card's chain is stale and is acknowledged without calling the Gateway.
+//! Scheduling the next poll writes the card's single intake entry (entry id = card_ref) only if
+//! the job's chain is still live (or gone: the job then adopts the card), atomically, so a stale
+//! job can never overwrite the entry of the chain that replaced it. The script is
+//! `cardworker_jobs::chain::SCRIPT`, shared with the producer API, whose poll jobs merge into the
+//! live chain instead of replacing its entry.
+//!
+//! Every way out of a poll leaves one successor or a deliberate finish: the regular paths in
+//! `poll`, an abnormal end (error, panic, timeout) in `poll::after_abnormal_end`, and a successor
+//! that Redis refused after the PostgreSQL commit through [`schedule_or_retry`], which keeps
+//! trying in the background.
 //!
 //! Redis holds the schedule, not authoritative state: if it is lost, reconcile restarts every
 //! card that should be polled (parking lives in PostgreSQL), and a job that finds no chain adopts
-//! the card. The worst case is one extra poll, never a stuck card.
+//! the card. The worst case is one extra poll, never a stuck card. A chain that died without its
+//! job (its entry outlived it) is found through the due index, in time proportional to the
+//! number of overdue chains.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -20,11 +30,16 @@ use redis::Script;
 
 use crate::config::Task;
 
-static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("chain.lua")));
+static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::chain::SCRIPT));
 
 /// The chain hash of one task.
 pub fn chain_key(prefix: &str, task: Task) -> String {
-    format!("{prefix}:chain:{}", task.label())
+    keys::chain(prefix, queue_of(task))
+}
+
+/// The due index of one task's chains.
+pub fn due_key(prefix: &str, task: Task) -> String {
+    keys::chain_due(prefix, queue_of(task))
 }
 
 /// A polling job: one of the two payloads, seen through its chain.
@@ -89,13 +104,15 @@ fn invoke<'a>(
     inv.key(chain_key(prefix, task))
         .key(keys::intake(prefix, queue))
         .key(keys::intake_payload(prefix, queue))
+        .key(due_key(prefix, task))
         .arg(op)
         .arg(card_ref)
         .arg(chain);
     inv
 }
 
-fn queue_of(task: Task) -> &'static str {
+/// The queue of a polling task (its label).
+pub fn queue_of(task: Task) -> &'static str {
     match task {
         Task::Carddata => PollCardData::QUEUE,
         Task::CardStatus => PollCardStatus::QUEUE,
@@ -121,9 +138,7 @@ fn fresh_chain(card_ref: &str) -> anyhow::Result<(String, String)> {
     Ok((state.chain, job))
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+use cardworker_jobs::chain::ms;
 
 /// Starts (or restarts, replacing any live chain) the card's chain; its first poll is due after
 /// `delay`. Returns the new chain id.
@@ -165,8 +180,28 @@ pub async fn start_if_dead(
     Ok(started == 1)
 }
 
+/// Removes the card's chain if it is dead (overdue by more than `grace`): reconcile's answer to an
+/// overdue chain of a card that needs no more polling. Returns whether it removed it.
+pub async fn drop_if_dead(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    grace: Duration,
+) -> anyhow::Result<bool> {
+    let dropped: i64 = invoke(prefix, task, "drop_if_dead", card_ref, "")
+        .arg(0)
+        .arg("")
+        .arg(ms(grace))
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("dropping the dead {task} chain of {card_ref}"))?;
+    Ok(dropped == 1)
+}
+
 /// Schedules the job's successor (next poll, back-off after a failure, or a deferral) after
-/// `delay`, if the job's chain is still live. Returns false for a stale chain (nothing written).
+/// `delay`, if the job's chain is still live or gone (the job then adopts the card). Returns false
+/// for a stale chain (nothing written).
 pub async fn schedule(
     conn: &mut ConnectionManager,
     prefix: &str,
@@ -240,4 +275,91 @@ pub async fn live_chains(
         .into_iter()
         .map(|v| v.map(|s| s.split('|').next().unwrap_or_default().to_owned()))
         .collect())
+}
+
+/// How long [`schedule_or_retry`] keeps trying a successor Redis refused.
+pub const RETRY_SUCCESSOR_FOR: Duration = Duration::from_secs(3600);
+
+/// [`schedule`], and if Redis refuses (an outage after the job's PostgreSQL commit), keeps trying
+/// in the background with back-off until Redis answers: the successor is the chain's only future,
+/// and the chain-checked write stays safe however late it lands. Returns `false` only for a stale
+/// chain (nothing to write); `true` when written now or handed to the background.
+pub async fn schedule_or_retry(
+    conn: &mut ConnectionManager,
+    shutdown: &crate::shutdown::Shutdown,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    next: &ChainState,
+    delay: Duration,
+) -> bool {
+    match schedule(conn, prefix, task, card_ref, next, delay).await {
+        Ok(written) => written,
+        Err(e) => {
+            let (mut conn, prefix, card_ref, next) = (
+                conn.clone(),
+                prefix.to_owned(),
+                card_ref.to_owned(),
+                next.clone(),
+            );
+            tracing::warn!(%task, %card_ref, error = %format!("{e:#}"), "successor refused by Redis; retrying in the background");
+            shutdown.spawn(async move {
+                let backoff = crate::backoff::Backoff::new(
+                    Duration::from_millis(500),
+                    Duration::from_secs(10),
+                    crate::backoff::Jitter::Proportional(0.2),
+                );
+                let started = std::time::Instant::now();
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    tokio::time::sleep(backoff.delay(attempt)).await;
+                    match schedule(&mut conn, &prefix, task, &card_ref, &next, delay).await {
+                        Ok(written) => {
+                            tracing::info!(%task, %card_ref, attempt, written, "successor written after Redis came back");
+                            return;
+                        }
+                        Err(e) if started.elapsed() < RETRY_SUCCESSOR_FOR => {
+                            tracing::debug!(%task, %card_ref, attempt, error = %format!("{e:#}"), "successor still refused");
+                        }
+                        Err(e) => {
+                            tracing::error!(%task, %card_ref, error = %format!("{e:#}"), "successor given up; reconcile restores the chain");
+                            return;
+                        }
+                    }
+                }
+            });
+            true
+        }
+    }
+}
+
+/// Up to `limit` cards whose chain is due before `before_ms` (unix ms, Redis clock), oldest
+/// first: one range read of the due index, however many cards there are.
+pub async fn overdue(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    before_ms: u64,
+    limit: usize,
+) -> anyhow::Result<Vec<String>> {
+    redis::cmd("ZRANGEBYSCORE")
+        .arg(due_key(prefix, task))
+        .arg("-inf")
+        .arg(format!("({before_ms}"))
+        .arg("LIMIT")
+        .arg(0)
+        .arg(limit)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("reading the overdue {task} chains"))
+}
+
+/// The Redis clock, unix milliseconds (every due time is on it).
+pub async fn redis_now_ms(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .context("reading the Redis clock")?;
+    Ok(secs * 1000 + micros / 1000)
 }

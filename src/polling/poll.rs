@@ -16,8 +16,11 @@
 //!
 //! Nothing here ever writes a `pending` log or updates `integration_logs`: the terminal path is
 //! [`records::insert_terminal_log`] only. A transient infrastructure error (PostgreSQL down while
-//! recording) never loses the chain: the job schedules a retry through [`chain::schedule`] and
-//! only returns an error when even that fails.
+//! recording) never loses the chain: the job schedules a retry through [`chain::schedule`] (which
+//! keeps trying in the background while Redis refuses). A deterministic database error (the
+//! record or the change itself is refused) is recorded as a failure and counted, never retried
+//! forever ([`crate::storage::fault`]). An abnormal end (error, panic, timeout) still leaves a
+//! successor: [`after_abnormal_end`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -36,8 +39,9 @@ use crate::cards::apply::{Applied, ChangeSource};
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::gateway::{CallResult, GatewayClient, Outcome};
-use crate::runner::RunJob;
+use crate::runner::{JobError, RunJob};
 use crate::storage::cards::{self, Card};
+use crate::storage::fault::{self, DbFault};
 use crate::storage::records::{self, AuditRecord, LogRecord, LogState};
 use crate::telemetry::metrics as m;
 
@@ -172,7 +176,28 @@ struct Run<'a, J: PollTask> {
     _job: std::marker::PhantomData<J>,
 }
 
-impl<J: PollTask> Run<'_, J> {
+impl<'a, J: PollTask> Run<'a, J> {
+    /// The run of `card_ref`'s job in chain `chain` after `failures` consecutive failures.
+    fn new(
+        ctx: &'a AppContext,
+        conn: ConnectionManager,
+        card_ref: String,
+        chain: String,
+        failures: u32,
+    ) -> Self {
+        Self {
+            ctx,
+            conn,
+            card_ref,
+            state: ChainState {
+                chain,
+                failures,
+                deferrals: 0,
+            },
+            _job: std::marker::PhantomData,
+        }
+    }
+
     fn prefix(&self) -> &str {
         self.ctx.prefix()
     }
@@ -197,15 +222,18 @@ impl<J: PollTask> Run<'_, J> {
             deferrals: 0,
         };
         let prefix = self.ctx.prefix().to_owned();
-        chain::schedule(
+        // Redis refusing the successor (after a PostgreSQL commit, say) never ends the chain:
+        // the write is retried in the background until Redis answers.
+        Ok(chain::schedule_or_retry(
             &mut self.conn,
+            &self.ctx.shutdown,
             &prefix,
             J::TASK,
             &self.card_ref,
             &next,
             delay,
         )
-        .await
+        .await)
     }
 
     /// The next regular poll (failures reset).
@@ -270,22 +298,18 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             return Ok(PollOutcome::Stale);
         }
     };
-    let mut run = Run::<J> {
-        ctx: &ctx,
-        conn,
-        card_ref,
-        state: ChainState {
-            chain: chain_id,
-            failures: seen.failures,
-            deferrals: 0,
-        },
-        _job: std::marker::PhantomData,
-    };
+    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
 
     let card = match cards::load(&ctx.pool, &run.card_ref).await {
         Ok(Some(card)) => card,
         Ok(None) => {
             tracing::warn!(%task, card_ref = %run.card_ref, "poll for an unknown card acknowledged without a Gateway call; chain ended");
+            run.finish().await?;
+            return Ok(PollOutcome::UnknownCard);
+        }
+        Err(e) if fault::classify(&e) == DbFault::Deterministic => {
+            // A card_ref PostgreSQL refuses (a NUL in a hand-written payload, say) names no card.
+            tracing::warn!(%task, card_ref = %run.card_ref, error = %e, "card_ref refused by PostgreSQL; poll acknowledged without a Gateway call, chain ended");
             run.finish().await?;
             return Ok(PollOutcome::UnknownCard);
         }
@@ -368,7 +392,15 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                         run.schedule_next().await?;
                         return Ok(PollOutcome::RetryScheduled);
                     }
-                    Err(e) => return run.retry_after_infra_error(e).await,
+                    Err(e) if fault::classify_chain(&e) == DbFault::Transient => {
+                        return run.retry_after_infra_error(e).await
+                    }
+                    Err(e) => {
+                        // The same write would fail the same way forever: a failure, counted.
+                        let reason = format!("the observed change could not be recorded: {e:#}");
+                        let record = log(LogState::Failed, None, None);
+                        return record_failure(&mut run, record, reason).await;
+                    }
                 }
             }
             run.schedule_next().await?;
@@ -380,36 +412,150 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             } else {
                 LogState::Unknown
             };
-            let failures = run.state.failures + 1;
-            let max = run.max_failures();
-            let parked = failures >= max;
-            let delay = backoff(run.interval(), failures);
-            let recovery = if parked {
-                format!(
-                    "chain parked after {max} consecutive failures; restart with `cardworker enqueue {} --card-ref {}`",
-                    task.cli_name(),
-                    run.card_ref
-                )
-            } else {
-                format!(
-                    "retry in {} s (failure {failures} of {max})",
-                    delay.as_secs_f64().round().max(1.0) as u64
-                )
-            };
-            let record = log(state, Some(failure.reason.clone()), Some(recovery.clone()));
-            match persist_failure::<J>(&ctx, &record, failures, parked).await {
-                Ok(()) => {}
-                Err(e) => return run.retry_after_infra_error(e).await,
-            }
-            count(task, PERSISTED_FAILURE);
-            tracing::warn!(%task, card_ref = %run.card_ref, %correlation_id, outcome = state.as_str(), reason = %failure.reason, recovery = %recovery, "poll failed; recorded");
-            if parked {
-                run.finish().await?;
-            } else if !run.schedule(failures, delay).await? {
-                tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
-            }
-            Ok(PollOutcome::Failed { parked })
+            let record = log(state, None, None);
+            record_failure(&mut run, record, failure.reason.clone()).await
         }
+    }
+}
+
+/// Records one failed or unknown poll (`record` with its error and what happens next) and
+/// counts it: the next attempt after back-off, or the chain parked at the maximum.
+///
+/// Only a connection-level database error keeps the failure uncounted (a retry, as for any
+/// infrastructure trouble). A deterministic one (PostgreSQL refuses this record) is recorded
+/// again in a minimal form, with the refusal as its error; if even that is refused, the failure
+/// still counts: a poll is never retried forever without being counted.
+async fn record_failure<J: PollTask>(
+    run: &mut Run<'_, J>,
+    mut record: LogRecord,
+    reason: String,
+) -> anyhow::Result<PollOutcome> {
+    let ctx = run.ctx;
+    let task = J::TASK;
+    let failures = run.state.failures + 1;
+    let max = run.max_failures();
+    let mut parked = failures >= max;
+    let delay = backoff(run.interval(), failures);
+    let recovery = if parked {
+        format!(
+            "chain parked after {max} consecutive failures; restart with `cardworker enqueue {} --card-ref {}`",
+            task.cli_name(),
+            run.card_ref
+        )
+    } else {
+        format!(
+            "retry in {} s (failure {failures} of {max})",
+            delay.as_secs_f64().round().max(1.0) as u64
+        )
+    };
+    record.error = Some(reason.clone());
+    record.recovery_summary = Some(recovery.clone());
+    if let Err(e) = persist_failure::<J>(ctx, &record, failures, parked).await {
+        if fault::classify_chain(&e) == DbFault::Transient {
+            return run.retry_after_infra_error(e).await;
+        }
+        tracing::error!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "failure record refused by PostgreSQL; recording a minimal one");
+        let mut minimal = record.clone();
+        minimal.response_summary = "(not stored: PostgreSQL refused the full record)".to_owned();
+        minimal.error = Some(shorten(&format!("{reason} (record refused: {e:#})"), 2000));
+        if let Err(e) = persist_failure::<J>(ctx, &minimal, failures, parked).await {
+            if fault::classify_chain(&e) == DbFault::Transient {
+                return run.retry_after_infra_error(e).await;
+            }
+            tracing::error!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "no failure record could be written; the failure still counts");
+            if parked {
+                let mut conn = ctx.pool.acquire().await.context("parking the chain")?;
+                if let Err(e) = cards::park(&mut conn, &run.card_ref, task).await {
+                    tracing::error!(%task, card_ref = %run.card_ref, error = %e, "the chain could not be parked either; it retries");
+                    parked = false;
+                }
+            }
+        }
+    }
+    count(task, PERSISTED_FAILURE);
+    tracing::warn!(%task, card_ref = %run.card_ref, correlation_id = %record.correlation_id, outcome = record.state.as_str(), reason = %reason, recovery = %recovery, "poll failed; recorded");
+    if parked {
+        run.finish().await?;
+    } else if !run.schedule(failures, delay).await? {
+        tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
+    }
+    Ok(PollOutcome::Failed { parked })
+}
+
+/// `text` cut to at most `max` characters.
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
+/// How long an abnormal end's failure record may take: PostgreSQL is often why the poll got stuck.
+const ABNORMAL_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// After a poll ended abnormally (`runner`'s hook: an error, a panic or the handler timeout), the
+/// chain must not vanish with it:
+/// - a **panic** is a fault of the poll itself: it is recorded as a failure and counted (the
+///   chain parks at the maximum, so a poll that always panics does not spin forever);
+/// - an **error** or a **timeout** is infrastructure (Redis or PostgreSQL stalled; the Gateway
+///   call has its own, shorter timeout): the successor comes after back-off with the failure
+///   count unchanged, and nothing is recorded.
+///
+/// A stale job leaves nothing (its chain was replaced).
+pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error: JobError) {
+    let task = J::TASK;
+    let mut conn = ctx.redis.clone();
+    let card_ref = job.card_ref().to_owned();
+    let seen = job.state().clone();
+    let chain_id = match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen).await {
+        Ok(Liveness::Live) => seen.chain.clone(),
+        Ok(Liveness::Adopted(id)) => id,
+        Ok(Liveness::Stale) => return,
+        // Redis is away: schedule under the job's own chain (the write is retried until Redis
+        // answers, and stays chain-checked).
+        Err(_) => seen.chain.clone(),
+    };
+    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
+    if let JobError::Panicked(_) = &error {
+        let now = Utc::now();
+        let record = LogRecord {
+            correlation_id: Uuid::now_v7(),
+            resource_type: "card",
+            resource_id: run.card_ref.clone(),
+            scenario: J::SCENARIO,
+            state: LogState::Failed,
+            request_summary: format!("{task} poll of card {}", run.card_ref),
+            response_summary: "(the poll ended abnormally; no answer recorded)".to_owned(),
+            http_status: None,
+            error: None,
+            recovery_summary: None,
+            started_at: now,
+            finished_at: now,
+        };
+        let reason = format!("the poll ended abnormally: {error}");
+        match tokio::time::timeout(
+            ABNORMAL_RECORD_TIMEOUT,
+            record_failure(&mut run, record, reason),
+        )
+        .await
+        {
+            Ok(Ok(outcome)) => {
+                tracing::warn!(%task, card_ref = %run.card_ref, ?outcome, "abnormal end recorded; chain goes on");
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "abnormal end not recorded");
+            }
+            Err(_) => {
+                tracing::warn!(%task, card_ref = %run.card_ref, "recording the abnormal end timed out");
+            }
+        }
+    }
+    let failures = run.state.failures;
+    let delay = backoff(run.interval(), failures + 1);
+    tracing::warn!(%task, card_ref = %run.card_ref, error = %error, retry_in_ms = delay.as_millis() as u64, "poll ended abnormally; successor scheduled");
+    if let Err(e) = run.schedule(failures, delay).await {
+        tracing::error!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "no successor after an abnormal end; reconcile restores the chain");
     }
 }
 

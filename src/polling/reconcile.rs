@@ -1,13 +1,24 @@
-//! `RunReconcile`: restores the schedule after a Redis loss.
+//! `RunReconcile`: restores the schedule after a Redis loss, and restarts dead chains.
 //!
-//! Each run examines `polling.reconcile_batch` cards per task, walking the partial indexes of the
-//! cards that should be polled and are not parked (`cards_carddata_due_idx`,
-//! `cards_card_status_due_idx`) in id order from a cursor kept in Redis
-//! (`{prefix}:reconcile:cursor:{task}`), so successive runs continue where the previous one
-//! stopped and wrap around at the end. It only **reads** PostgreSQL. For every card without a
-//! live chain (none, or one overdue by more than the grace) it starts one with a small random
-//! initial delay, so that a restored fleet does not come due all at once. Parked chains are never
-//! restarted: they are not in the index.
+//! Each scheduled run does two things per task, and only **reads** PostgreSQL:
+//! 1. **Overdue chains** ([`restart_overdue`]): every chain whose next poll is overdue by more
+//!    than the grace is read from the due index (`{prefix}:chain:{task}:due`) in batches, so the
+//!    work is proportional to the number of overdue chains, not of cards; each is restarted if
+//!    its card still should be polled (one `card_ref = ANY(…)` lookup per batch), or dropped. A
+//!    chain that lost its job (a crash between two writes, say) is thus back within grace + one
+//!    reconcile period, at any number of cards.
+//! 2. **The cursor walk** ([`run_once`]): `polling.reconcile_batch` cards, walking the partial
+//!    indexes of the cards that should be polled and are not parked (`cards_carddata_due_idx`,
+//!    `cards_card_status_due_idx`) in id order from a cursor kept in Redis
+//!    (`{prefix}:reconcile:cursor:{task}`), wrapping around at the end: it finds cards that have
+//!    no chain at all (a card inserted without `enqueue`).
+//!
+//! A run with `full` (enqueued by the pod that finds Redis came back empty, see
+//! `runner::redis_watch`) sweeps every card at once ([`sweep`]).
+//!
+//! For every card without a live chain (none, or one overdue by more than the grace) it starts
+//! one with a small random initial delay, so that a restored fleet does not come due all at once.
+//! Parked chains are never restarted: they are not in the index.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,21 +81,10 @@ pub async fn pass(ctx: &AppContext, task: Task, after: i64, batch: u32) -> anyho
         .await
         .with_context(|| format!("reading the {task} cards to reconcile"))?;
     let grace = grace(&ctx.config, task);
-    let spread = ctx
-        .config
-        .polling
-        .task(task)
-        .interval()
-        .min(MAX_START_SPREAD);
     let mut conn = ctx.redis.clone();
     let mut started = 0;
     for (_, card_ref) in &rows {
-        let delay = if spread.is_zero() {
-            Duration::ZERO
-        } else {
-            let ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
-            Duration::from_millis(rand::rng().random_range(0..=ms))
-        };
+        let delay = start_delay(&ctx.config, task);
         if chain::start_if_dead(&mut conn, ctx.prefix(), task, card_ref, delay, grace).await? {
             started += 1;
         }
@@ -99,6 +99,86 @@ pub async fn pass(ctx: &AppContext, task: Task, after: i64, batch: u32) -> anyho
         started,
         next_cursor,
     })
+}
+
+/// Overdue chains read per batch of [`restart_overdue`].
+pub const OVERDUE_BATCH: usize = 500;
+/// Batches one [`restart_overdue`] call reads at most (a bound, should the index misbehave).
+const MAX_OVERDUE_BATCHES: usize = 1_000;
+
+/// What [`restart_overdue`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overdue {
+    /// Overdue chains found in the due index.
+    pub found: u64,
+    /// Restarted (their card should still be polled).
+    pub restarted: u64,
+    /// Dropped (their card needs no more polling, is parked or is gone).
+    pub dropped: u64,
+}
+
+/// Restarts (or drops) every chain of `task` overdue by more than the grace, reading only the
+/// overdue end of the due index.
+pub async fn restart_overdue(ctx: &AppContext, task: Task) -> anyhow::Result<Overdue> {
+    let mut conn = ctx.redis.clone();
+    let grace = grace(&ctx.config, task);
+    let now = chain::redis_now_ms(&mut conn).await?;
+    let before = now.saturating_sub(cardworker_jobs::chain::ms(grace));
+    let pollable_sql = match task {
+        Task::Carddata => {
+            "SELECT card_ref FROM cards
+              WHERE card_ref = ANY($1) AND data_state = 'pending' AND carddata_parked_at IS NULL"
+        }
+        Task::CardStatus => {
+            "SELECT card_ref FROM cards
+              WHERE card_ref = ANY($1) AND status NOT IN ('cancelled', 'expired')
+                AND card_status_parked_at IS NULL"
+        }
+    };
+    let mut done = Overdue::default();
+    for _ in 0..MAX_OVERDUE_BATCHES {
+        let cards = chain::overdue(&mut conn, ctx.prefix(), task, before, OVERDUE_BATCH).await?;
+        if cards.is_empty() {
+            break;
+        }
+        done.found += cards.len() as u64;
+        let pollable: std::collections::HashSet<String> = sqlx::query_scalar(pollable_sql)
+            .bind(&cards)
+            .fetch_all(&ctx.pool)
+            .await
+            .with_context(|| format!("reading the {task} cards of overdue chains"))?
+            .into_iter()
+            .collect();
+        for card_ref in &cards {
+            if pollable.contains(card_ref) {
+                let delay = start_delay(&ctx.config, task);
+                if chain::start_if_dead(&mut conn, ctx.prefix(), task, card_ref, delay, grace)
+                    .await?
+                {
+                    done.restarted += 1;
+                }
+            } else if chain::drop_if_dead(&mut conn, ctx.prefix(), task, card_ref, grace).await? {
+                done.dropped += 1;
+            }
+        }
+        if cards.len() < OVERDUE_BATCH {
+            break;
+        }
+    }
+    if done.found > 0 {
+        tracing::warn!(%task, found = done.found, restarted = done.restarted, dropped = done.dropped, "overdue chains reconciled");
+    }
+    Ok(done)
+}
+
+/// A random initial delay within min(interval, [`MAX_START_SPREAD`]).
+fn start_delay(config: &Config, task: Task) -> Duration {
+    let spread = config.polling.task(task).interval().min(MAX_START_SPREAD);
+    if spread.is_zero() {
+        return Duration::ZERO;
+    }
+    let ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rand::rng().random_range(0..=ms))
 }
 
 /// One scheduled run for one task: a batch from the Redis cursor, then the cursor moved on (or
@@ -146,9 +226,15 @@ impl RunJob for RunReconcile {
         Duration::from_secs(600)
     }
 
-    #[tracing::instrument(name = "reconcile", skip_all, fields(scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for)))]
+    #[tracing::instrument(name = "reconcile", skip_all, fields(scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for), full = self.full))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         for task in Task::ALL {
+            if self.full {
+                let (examined, started) = sweep(&ctx, task).await?;
+                tracing::warn!(%task, examined, started, "full reconcile sweep done");
+                continue;
+            }
+            restart_overdue(&ctx, task).await?;
             let done = run_once(&ctx, task).await?;
             tracing::info!(
                 %task,
@@ -167,6 +253,7 @@ impl Scheduled for RunReconcile {
     fn for_tick(timestamp: i64) -> Self {
         RunReconcile {
             scheduled_for: Some(timestamp),
+            full: false,
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct Fed {
     pub backlog: usize,
     /// Entries still in the intake (due or not).
     pub waiting: usize,
+    /// Entries moved straight to the dead set (not valid UTF-8: apalis could not decode them).
+    pub poisoned: usize,
 }
 
 /// Moves up to [`FEED_BATCH`] due entries of one queue into apalis.
@@ -51,18 +53,25 @@ pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyho
         .key(format!("{}:data", queue.apalis))
         .key(format!("{}:signal", queue.apalis))
         .key(format!("{}:meta", queue.apalis))
+        .key(format!("{}:dead", queue.apalis))
         .arg(HIGH_WATER_MARK);
     for _ in 0..FEED_BATCH {
         invocation.arg(ulid::Ulid::new().to_string());
     }
-    let (moved, backlog, waiting): (usize, usize, usize) = invocation
+    let (moved, backlog, waiting, poisoned): (usize, usize, usize, usize) = invocation
         .invoke_async(conn)
         .await
         .with_context(|| format!("feeding queue {}", queue.apalis))?;
+    if poisoned > 0 {
+        metrics::counter!(m::JOBS_FINISHED, "queue" => queue.short.clone(), "result" => "dead")
+            .increment(poisoned as u64);
+        tracing::error!(queue = %queue.short, poisoned, "intake entries that are not valid UTF-8 moved to the dead set (reason in their meta hash)");
+    }
     Ok(Fed {
         moved,
         backlog,
         waiting,
+        poisoned,
     })
 }
 
@@ -70,7 +79,7 @@ pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyho
 pub async fn feed(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<Fed> {
     loop {
         let fed = feed_once(conn, queue).await?;
-        if fed.moved < FEED_BATCH || fed.backlog >= HIGH_WATER_MARK {
+        if fed.moved + fed.poisoned < FEED_BATCH || fed.backlog >= HIGH_WATER_MARK {
             return Ok(fed);
         }
     }
@@ -196,6 +205,9 @@ pub struct Feeder {
     pub interval: Duration,
     /// Trim period.
     pub trim_every: Duration,
+    /// The Redis probe's verdict: while Redis is down the feeder skips its ticks instead of
+    /// logging one failure per queue every interval.
+    pub redis: crate::telemetry::RedisStatus,
 }
 
 impl Feeder {
@@ -211,6 +223,9 @@ impl Feeder {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = feed_tick.tick() => {
+                    if !self.redis.is_up() {
+                        continue;
+                    }
                     for queue in &self.queues {
                         if let Err(e) = feed(&mut self.conn, queue).await {
                             metrics::counter!("cardworker_intake_errors_total", "op" => "feed").increment(1);
@@ -219,6 +234,9 @@ impl Feeder {
                     }
                 }
                 _ = trim_tick.tick() => {
+                    if !self.redis.is_up() {
+                        continue;
+                    }
                     trims += 1;
                     for queue in &self.queues {
                         // Worker metadata accumulates per pod start, not per job: a slow sweep.

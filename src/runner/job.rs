@@ -30,6 +30,17 @@ pub trait RunJob: Job + Clone {
 
     /// Runs the job.
     fn run(self, ctx: Arc<AppContext>) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Runs after [`RunJob::run`] ended abnormally (an error, a panic or the timeout; `error`
+    /// says which), before the job is recorded as dead: the place for a job that must never
+    /// simply vanish (a polling chain) to leave its successor. Nothing by default.
+    fn after_abnormal_end(
+        self,
+        _ctx: Arc<AppContext>,
+        _error: JobError,
+    ) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// A job started by a cron schedule.
@@ -43,7 +54,7 @@ pub trait Scheduled: RunJob {
 /// Why a job ended dead (or, for [`JobError::BudgetUnavailable`], was handed back to apalis).
 /// Every worker's service and layer ends a job with one of these, so logs and the dead set read
 /// the same whatever the job.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum JobError {
     /// The payload does not decode into its job type.
     #[error("payload does not decode: {0}")]

@@ -12,9 +12,12 @@
 //!   place where panics and timeouts are caught.
 //! - [`spawn`]: the apalis storage of a queue, [`spawn::spawn_worker`], [`spawn::spawn_cron`] and
 //!   the cross-pod tick claim.
-//! - [`supervisor`]: [`Supervisor`], which fails the process when one worker stops.
+//! - [`supervisor`]: [`Supervisor`], which restarts workers through a Redis outage and fails the
+//!   process when one stops for any other reason or the outage outlasts the grace.
+//! - [`redis_watch`]: the Redis probe (up or down, data lost or not).
 
 pub mod job;
+pub mod redis_watch;
 pub mod service;
 pub mod spawn;
 pub mod supervisor;

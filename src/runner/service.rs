@@ -60,7 +60,25 @@ impl<J: RunJob + Send + 'static> Service<Task<String>> for JobService<J> {
             .map(ToString::to_string)
             .unwrap_or_default();
         let (raw, _) = task.take();
-        handle::<J>(raw, self.ctx.clone(), id).boxed()
+        // The job runs in a task of its own: if the worker's stream ends under it (a Redis
+        // outage), the job still finishes and schedules what comes next; only its
+        // acknowledgement is lost, and apalis's orphan recovery (or the job's own successor)
+        // covers that.
+        let run = self
+            .ctx
+            .shutdown
+            .spawn_job(handle::<J>(raw, self.ctx.clone(), id));
+        async move {
+            match run.await {
+                Ok(Some(result)) => result,
+                Ok(None) => Err(AbortError::new(JobError::Failed(
+                    "the process stopped first".into(),
+                ))
+                .into()),
+                Err(e) => Err(AbortError::new(JobError::Panicked(e.to_string())).into()),
+            }
+        }
+        .boxed()
     }
 }
 
@@ -85,7 +103,8 @@ async fn handle<J: RunJob>(
         }
     };
     let limit = J::timeout(&ctx.config);
-    match guarded(limit, job.run(ctx)).await {
+    let copy = job.clone();
+    match guarded(limit, job.run(ctx.clone())).await {
         Ok(()) => {
             finished(J::QUEUE, "succeeded");
             Ok(())
@@ -93,6 +112,12 @@ async fn handle<J: RunJob>(
         Err(e) => {
             tracing::error!(error = %e, "job ended abnormally; recorded as dead");
             finished(J::QUEUE, "dead");
+            // The job's own follow-up (a polling chain's successor, say), bounded by the same
+            // limit so that a stuck follow-up cannot hold the worker slot.
+            let follow_up = copy.after_abnormal_end(ctx, e.clone());
+            if tokio::time::timeout(limit, follow_up).await.is_err() {
+                tracing::error!("the follow-up of an abnormal end timed out too");
+            }
             Err(AbortError::new(e).into())
         }
     }

@@ -1,4 +1,5 @@
-//! Spawning workers and cron schedules under the [`Supervisor`].
+//! Spawning workers and cron schedules under the [`Supervisor`]: each is handed over as a recipe
+//! (a factory), so that the supervisor can build it again after a Redis outage.
 
 use std::str::FromStr as _;
 use std::sync::Arc;
@@ -46,22 +47,42 @@ where
 /// and `L` sits outside apalis's lifecycle (which counts attempts and maps results).
 type Middleware<L> = Stack<L, Stack<ConcurrencyLimitLayer, Identity>>;
 
-/// Starts one worker for job `J`, its service wrapped in `layer` (the polling budget, say).
+/// Starts one worker for job `J`, its service wrapped in `layer` (the polling budget, say). The
+/// supervisor keeps the recipe: after a Redis outage it builds the worker again, under a fresh
+/// name, with a clone of `layer`.
 pub fn spawn_layered<J, L>(ctx: &Arc<AppContext>, sup: &mut Supervisor, layer: L)
 where
     J: RunJob + Send + 'static,
-    L: Layer<LifecycleService<JobService<J>>> + Send + 'static,
+    L: Layer<LifecycleService<JobService<J>>> + Clone + Send + Sync + 'static,
     L::Service: Service<Task<String>, Response = (), Error = BoxDynError> + Send + 'static,
     <L::Service as Service<Task<String>>>::Future: Send + 'static,
 {
-    let concurrency = J::concurrency(&ctx.config);
-    let name = pod::worker_name(J::KIND);
-    let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
-        .backend(storage::<J>(ctx, concurrency).poll_with_interval(POLL_INTERVAL))
-        .concurrency(concurrency)
-        .layer(layer);
-    let worker = builder.build(JobService::<J>::new(ctx.clone()));
-    sup.spawn(name, J::KIND, worker.run_until(sup.stopped()).boxed());
+    let ctx = ctx.clone();
+    let shutdown = sup.shutdown().clone();
+    sup.spawn(
+        J::KIND,
+        Box::new(move || {
+            let concurrency = J::concurrency(&ctx.config);
+            let name = pod::worker_name(J::KIND);
+            let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
+                .backend(storage::<J>(&ctx, concurrency).poll_with_interval(POLL_INTERVAL))
+                .concurrency(concurrency)
+                .layer(layer.clone());
+            let worker = builder.build(JobService::<J>::new(ctx.clone()));
+            (name, worker.run_until(stopped(&shutdown)).boxed())
+        }),
+    );
+}
+
+/// A future that resolves when the drain begins, in the shape apalis's `run_until` wants.
+fn stopped(
+    shutdown: &crate::shutdown::Shutdown,
+) -> impl std::future::Future<Output = Result<(), std::io::Error>> + Send + 'static {
+    let draining = shutdown.draining();
+    async move {
+        draining.await;
+        Ok(())
+    }
 }
 
 /// Enqueues the tick's job once across every pod: the claim `{queue}:tick:{ts}` is taken by the
@@ -99,11 +120,18 @@ pub fn spawn_cron<J: Scheduled>(
 ) -> anyhow::Result<()> {
     let schedule = cron::Schedule::from_str(expression)
         .with_context(|| format!("parsing cron expression {expression:?}"))?;
-    let name = pod::worker_name(J::CRON_KIND);
-    let worker = WorkerBuilder::new(name.as_str())
-        .backend(CronScheduler::new(schedule).with_timezone(Shanghai))
-        .data(ctx.clone())
-        .build(on_tick::<J>);
-    sup.spawn(name, J::CRON_KIND, worker.run_until(sup.stopped()).boxed());
+    let ctx = ctx.clone();
+    let shutdown = sup.shutdown().clone();
+    sup.spawn(
+        J::CRON_KIND,
+        Box::new(move || {
+            let name = pod::worker_name(J::CRON_KIND);
+            let worker = WorkerBuilder::new(name.as_str())
+                .backend(CronScheduler::new(schedule.clone()).with_timezone(Shanghai))
+                .data(ctx.clone())
+                .build(on_tick::<J>);
+            (name, worker.run_until(stopped(&shutdown)).boxed())
+        }),
+    );
     Ok(())
 }

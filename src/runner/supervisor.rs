@@ -1,86 +1,193 @@
-//! [`Supervisor`]: runs the workers of one process and fails the process when one stops.
+//! [`Supervisor`]: runs the workers of one process, restarts them in process through a Redis
+//! outage, and fails the process when one stops for any other reason or the outage lasts too long.
 //!
 //! Why a supervisor of our own instead of apalis's `Monitor`: with a shutdown timeout the Monitor
 //! discards worker errors, and a failed worker stays dead while the others run on. An operator
 //! needs the opposite: if one worker stops unexpectedly, `/healthz` fails at once and the process
 //! exits non-zero so that the orchestrator restarts it. Each worker still runs through apalis's
 //! own `Worker::run_until`, so fetching stops and in-flight jobs drain on shutdown.
+//!
+//! # Riding out Redis trouble
+//! An apalis-redis worker ends its stream at the first failed fetch, heartbeat or acknowledgement,
+//! and after Redis comes back empty its next heartbeat fails ("worker not registered"). Restarting
+//! the whole process for that would re-run every in-flight job of every pod on each Sentinel
+//! failover. So a worker that ends while Redis is in trouble (the probe says down, an outage ended
+//! less than [`RECOVERY_WINDOW`] ago, or its own error is a connection-level Redis error or a lost
+//! registration) is marked `Restarting` (`/healthz` stays 200, `cardworker_worker_up` 0) and
+//! started again from its factory, under a fresh name (apalis refuses a name it saw within a
+//! heartbeat), once Redis answers and after a back-off ([`restart_backoff`]). Its in-flight jobs
+//! are not lost with the stream: the job service runs each job in a task of its own
+//! (`Shutdown::spawn_job`), which finishes on its own.
+//!
+//! Past `worker.redis_outage_grace_secs` (Redis still down, or a worker still failing) the process
+//! stops as it always did: drain, shutdown hooks, exit non-zero. A worker that ends for a reason
+//! that is not Redis trouble (a corrupt queue, say) stops the process at once.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use apalis::prelude::WorkerError;
 use futures::future::BoxFuture;
 use tokio::task::JoinSet;
 
+use crate::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
-use crate::telemetry::Health;
+use crate::telemetry::{Health, RedisStatus, WorkerState};
 
-/// How the workers of one process are started and stopped.
+/// A worker that ends this soon after an outage ended is still counted as its casualty (its
+/// heartbeat finds its registration gone a heartbeat or two after Redis returned).
+pub const RECOVERY_WINDOW: Duration = Duration::from_secs(30);
+/// A restarted worker that has run this long is healthy again: its next failure starts a new
+/// episode (fresh back-off, fresh grace).
+pub const STABLE_AFTER: Duration = Duration::from_secs(30);
+/// How often the supervisor checks how long an outage has lasted.
+const OUTAGE_CHECK: Duration = Duration::from_millis(250);
+
+/// The delay before restart number `n` (1-based) of one worker: 0.5 s doubling to 10 s, ±20 %.
+pub fn restart_backoff(n: u32) -> Duration {
+    Backoff::new(
+        Duration::from_millis(500),
+        Duration::from_secs(10),
+        Jitter::Proportional(0.2),
+    )
+    .delay(n)
+}
+
+/// Builds one incarnation of a worker: its (fresh, unique) apalis name and its run future.
+pub type WorkerFactory =
+    Box<dyn FnMut() -> (String, BoxFuture<'static, Result<(), WorkerError>>) + Send + Sync>;
+
+/// One supervised worker: its kind (the `/healthz` and metric name) and how to start it again.
+struct Slot {
+    kind: &'static str,
+    factory: WorkerFactory,
+    /// When its current run started.
+    started_at: Instant,
+    /// Restarts in the current episode of failures.
+    restarts: u32,
+    /// When the current episode of failures began (`None` while it runs healthily).
+    failing_since: Option<Instant>,
+}
+
+/// How one incarnation ended: its slot, its apalis name and its result.
+type Ended = (usize, String, Result<(), WorkerError>);
+
+/// How the workers of one process are started, restarted and stopped.
 pub struct Supervisor {
-    /// Running workers: each yields its name, kind and how it ended.
+    /// Every worker, restarted through its factory.
+    slots: Vec<Slot>,
+    /// Running incarnations.
     workers: JoinSet<Ended>,
+    /// Restarts waiting for Redis and their back-off: each yields its slot.
+    restarts: JoinSet<usize>,
     /// The process's shutdown signal: its drain phase stops every worker.
     shutdown: Shutdown,
     /// Liveness, as `/healthz` reports it.
     health: Health,
+    /// The Redis probe's verdict.
+    redis: RedisStatus,
+    /// `worker.redis_outage_grace_secs`.
+    outage_grace: Duration,
 }
 
 impl Supervisor {
-    /// A supervisor reporting into `health`, stopping its workers when `shutdown` drains.
-    pub fn new(health: Health, shutdown: Shutdown) -> Self {
+    /// A supervisor reporting into `health`, stopping its workers when `shutdown` drains, riding
+    /// out Redis outages of up to `outage_grace` as `redis` reports them.
+    pub fn new(
+        health: Health,
+        shutdown: Shutdown,
+        redis: RedisStatus,
+        outage_grace: Duration,
+    ) -> Self {
         Self {
+            slots: Vec::new(),
             workers: JoinSet::new(),
+            restarts: JoinSet::new(),
             shutdown,
             health,
+            redis,
+            outage_grace,
         }
     }
 
-    /// A future that resolves when the drain begins, in the shape apalis's `run_until` wants.
-    pub fn stopped(&self) -> impl Future<Output = Result<(), std::io::Error>> + Send + 'static {
-        let draining = self.shutdown.draining();
-        async move {
-            draining.await;
-            Ok(())
-        }
+    /// The process's shutdown signal (what a worker's `run_until` waits for).
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
     }
 
-    /// Starts one worker, given its run future.
-    pub fn spawn(
-        &mut self,
-        name: String,
-        kind: &'static str,
-        run: BoxFuture<'static, Result<(), WorkerError>>,
-    ) {
-        self.health.set(&name, kind, true);
-        tracing::info!(worker = %name, kind, "worker started");
-        self.workers.spawn(async move { (name, kind, run.await) });
+    /// Starts one worker of `kind`, and keeps `factory` to start it again after a Redis outage.
+    pub fn spawn(&mut self, kind: &'static str, factory: WorkerFactory) {
+        self.slots.push(Slot {
+            kind,
+            factory,
+            started_at: Instant::now(),
+            restarts: 0,
+            failing_since: None,
+        });
+        self.start(self.slots.len() - 1);
     }
 
-    /// Waits until `shutdown` resolves or a worker stops on its own. Returns the first worker that
-    /// stopped unexpectedly, if any, after stopping the others within `grace`.
+    fn start(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        let (name, run) = (slot.factory)();
+        slot.started_at = Instant::now();
+        self.health
+            .set_state(slot.kind, slot.kind, WorkerState::Running);
+        tracing::info!(worker = %name, kind = slot.kind, restarts = slot.restarts, "worker started");
+        self.workers
+            .spawn(async move { (index, name.clone(), run.await) });
+    }
+
+    /// Waits until `shutdown` resolves, or a worker stops for good, or a Redis outage outlasts
+    /// the grace. Returns why the process must fail, if it must, after stopping every worker
+    /// within `grace`.
     pub async fn supervise(
         mut self,
         shutdown: impl Future<Output = ()>,
         grace: Duration,
     ) -> Option<String> {
-        let mut failed = None;
-        tokio::select! {
-            () = shutdown => tracing::info!("shutdown requested; draining in-flight jobs"),
-            ended = self.workers.join_next() => {
-                if let Some(Ok((name, kind, _))) = &ended {
-                    self.health.set(name, kind, false);
+        tokio::pin!(shutdown);
+        let mut check = tokio::time::interval(OUTAGE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let failed = loop {
+            tokio::select! {
+                () = &mut shutdown => {
+                    tracing::info!("shutdown requested; draining in-flight jobs");
+                    break None;
                 }
-                let what = describe(ended);
-                tracing::error!(worker = %what, "a worker stopped unexpectedly; stopping the process");
-                failed = Some(what);
+                ended = self.workers.join_next() => {
+                    if let Some(why) = self.on_ended(ended) {
+                        break Some(why);
+                    }
+                }
+                Some(restart) = self.restarts.join_next() => {
+                    if let Ok(index) = restart {
+                        self.start(index);
+                    }
+                }
+                _ = check.tick() => {
+                    if let Some(down) = self.redis.down_for() {
+                        if down > self.outage_grace {
+                            break Some(format!(
+                                "Redis unreachable for {} s, longer than worker.redis_outage_grace_secs = {}",
+                                down.as_secs(),
+                                self.outage_grace.as_secs()
+                            ));
+                        }
+                    }
+                }
             }
+        };
+        if let Some(why) = &failed {
+            tracing::error!(reason = %why, "stopping the process");
         }
+        self.restarts.abort_all();
         self.shutdown.begin();
         let drain = async {
             while let Some(ended) = self.workers.join_next().await {
-                if let Ok((name, kind, result)) = &ended {
-                    self.health.set(name, kind, false);
+                if let Ok((index, name, result)) = &ended {
+                    let kind = self.slots[*index].kind;
+                    self.health.set_state(kind, kind, WorkerState::Stopped);
                     if let Err(e) = result {
                         tracing::warn!(worker = %name, error = %e, "worker ended with an error during shutdown");
                     }
@@ -93,16 +200,147 @@ impl Supervisor {
         }
         failed
     }
+
+    /// One incarnation ended before the drain: schedules its restart, or says why the process must
+    /// stop.
+    fn on_ended(&mut self, ended: Option<Result<Ended, tokio::task::JoinError>>) -> Option<String> {
+        let (index, name, result) = match ended {
+            Some(Ok(ended)) => ended,
+            Some(Err(e)) => return Some(format!("worker task failed: {e}")),
+            None => return Some("no workers registered".to_owned()),
+        };
+        let redis_trouble = self.redis.troubled_within(RECOVERY_WINDOW)
+            || result.as_ref().is_err_and(is_redis_trouble);
+        let what = match &result {
+            Ok(()) => format!("{name} (returned)"),
+            Err(e) => format!("{name}: {e}"),
+        };
+        let slot = &mut self.slots[index];
+        if !redis_trouble || self.outage_grace.is_zero() {
+            self.health
+                .set_state(slot.kind, slot.kind, WorkerState::Stopped);
+            tracing::error!(worker = %what, "a worker stopped unexpectedly; stopping the process");
+            return Some(what);
+        }
+        if slot.started_at.elapsed() >= STABLE_AFTER {
+            slot.failing_since = None;
+            slot.restarts = 0;
+        }
+        let since = *slot.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() > self.outage_grace {
+            self.health
+                .set_state(slot.kind, slot.kind, WorkerState::Stopped);
+            return Some(format!(
+                "{what}; still failing after worker.redis_outage_grace_secs = {} s",
+                self.outage_grace.as_secs()
+            ));
+        }
+        slot.restarts += 1;
+        let delay = restart_backoff(slot.restarts);
+        self.health
+            .set_state(slot.kind, slot.kind, WorkerState::Restarting);
+        tracing::warn!(worker = %what, restart = slot.restarts, delay_ms = delay.as_millis() as u64, "worker stopped by Redis trouble; restarting it once Redis answers");
+        let redis = self.redis.clone();
+        self.restarts.spawn(async move {
+            tokio::time::sleep(delay).await;
+            redis.wait_up().await;
+            index
+        });
+        None
+    }
 }
 
-/// How one worker ended: its name, kind and result.
-type Ended = (String, &'static str, Result<(), WorkerError>);
+/// How connection-level trouble reads once apalis has turned an error into text.
+const CONNECTION_TEXTS: &[&str] = &[
+    "broken pipe",
+    "connection refused",
+    "connection reset",
+    "connection closed",
+    "connection dropped",
+    "timed out",
+    "os error",
+    "io error",
+    "ioerror",
+];
 
-fn describe(ended: Option<Result<Ended, tokio::task::JoinError>>) -> String {
-    match ended {
-        Some(Ok((name, _, Ok(())))) => format!("{name} (returned)"),
-        Some(Ok((name, _, Err(e)))) => format!("{name}: {e}"),
-        Some(Err(e)) => format!("worker task failed: {e}"),
-        None => "no workers registered".to_owned(),
+/// Whether a worker's error is Redis trouble rather than a fault of the worker or its data: a
+/// connection-level Redis error (refused, dropped, timed out, I/O), or apalis-redis finding the
+/// worker's registration gone (Redis lost its data, or a peer's orphan recovery dropped it after
+/// an outage).
+pub fn is_redis_trouble(error: &WorkerError) -> bool {
+    let WorkerError::BackendError(inner) = error else {
+        return matches!(error, WorkerError::IoError(_));
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+    while let Some(e) = source {
+        let redis = e.downcast_ref::<redis::RedisError>().or_else(|| {
+            match e.downcast_ref::<apalis_redis::Error>() {
+                Some(apalis_redis::Error::Database(redis)) => Some(redis),
+                _ => None,
+            }
+        });
+        if let Some(redis) = redis {
+            if redis.is_io_error()
+                || redis.is_connection_dropped()
+                || redis.is_connection_refusal()
+                || redis.is_timeout()
+                || redis.is_unrecoverable_error()
+            {
+                return true;
+            }
+        }
+        if e.downcast_ref::<std::io::Error>().is_some() {
+            return true;
+        }
+        // apalis flattens some backend errors into text (`PollNextError: broken pipe`).
+        let text = e.to_string();
+        let lower = text.to_lowercase();
+        if CONNECTION_TEXTS.iter().any(|t| lower.contains(t))
+            || text.contains("worker not registered")
+            || text.contains("task not executed by worker")
+            || text.contains("WorkerOutOfSync")
+            || text.contains("LOADING")
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_back_off_from_half_a_second_to_ten_seconds() {
+        for _ in 0..100 {
+            let first = restart_backoff(1);
+            assert!(first >= Duration::from_millis(400) && first <= Duration::from_millis(600));
+            assert!(restart_backoff(30) <= Duration::from_secs(10));
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_and_a_lost_registration_are_redis_trouble_a_bad_queue_is_not() {
+        let refused = redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        ));
+        let e = WorkerError::BackendError(Box::new(apalis_redis::Error::Database(refused)));
+        assert!(is_redis_trouble(&e));
+        let lost = redis::RedisError::from((
+            redis::ErrorKind::Extension,
+            "script error",
+            "Heartbeat failed: worker not registered".to_owned(),
+        ));
+        let e = WorkerError::BackendError(Box::new(apalis_redis::Error::Database(lost)));
+        assert!(is_redis_trouble(&e));
+        let corrupt = WorkerError::BackendError(Box::new(apalis_redis::Error::Json(
+            serde_json::from_str::<String>("{").expect_err("bad json"),
+        )));
+        assert!(!is_redis_trouble(&corrupt));
+        let flattened = WorkerError::BackendError("PollNextError: broken pipe".into());
+        assert!(is_redis_trouble(&flattened));
     }
 }

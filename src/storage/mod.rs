@@ -5,10 +5,12 @@
 //! - [`cards`]: the `cards` table, with optimistic version checks.
 //! - [`records`]: the audit writer, the terminal record path (changes and failures only) and the
 //!   outbox writer.
+//! - [`fault`]: transient or deterministic database errors, and text PostgreSQL refuses (NUL).
 //! - [`reliable`]: the reliable path for money-moving calls (pending before the call, finalised
 //!   with the domain change and an outbox event).
 
 pub mod cards;
+pub mod fault;
 pub mod records;
 pub mod reliable;
 

@@ -6,11 +6,16 @@
 //!   found a change, a failure or an unknown answer. Polling never writes a `pending` row.
 //! - the **reliable** path (`storage::reliable`, for money-moving calls): a `pending` row
 //!   committed before the call, finalised after it.
+//!
+//! Every text and JSON value goes through `fault::clean` first: PostgreSQL refuses NUL, and a
+//! Gateway body may carry one.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
+
+use super::fault::{clean, clean_json, clean_opt};
 
 /// A finished external interaction, as the integration log keeps it.
 #[derive(Debug, Clone)]
@@ -100,14 +105,14 @@ pub async fn insert_terminal_log(conn: &mut PgConnection, log: &LogRecord) -> sq
     )
     .bind(log.correlation_id)
     .bind(log.resource_type)
-    .bind(&log.resource_id)
+    .bind(clean(&log.resource_id))
     .bind(log.scenario)
     .bind(log.state.as_str())
-    .bind(&log.request_summary)
-    .bind(&log.response_summary)
+    .bind(clean(&log.request_summary))
+    .bind(clean(&log.response_summary))
     .bind(log.http_status.map(i32::from))
-    .bind(&log.error)
-    .bind(&log.recovery_summary)
+    .bind(clean_opt(log.error.as_deref()))
+    .bind(clean_opt(log.recovery_summary.as_deref()))
     .bind(log.started_at)
     .bind(log.finished_at)
     .bind(duration_ms)
@@ -160,8 +165,8 @@ pub(super) async fn insert_audit_row(
     .bind(row.event_type)
     .bind(row.correlation_id)
     .bind(row.integration_log_id)
-    .bind(row.summary)
-    .bind(row.details)
+    .bind(clean(row.summary))
+    .bind(clean_json(row.details).as_ref())
     .fetch_one(&mut *conn)
     .await?;
     sqlx::query(
@@ -170,7 +175,7 @@ pub(super) async fn insert_audit_row(
     )
     .bind(event_id)
     .bind(row.resource_type)
-    .bind(row.resource_id)
+    .bind(clean(row.resource_id))
     .execute(&mut *conn)
     .await?;
     Ok(event_id)
@@ -197,9 +202,9 @@ pub async fn insert_outbox(
          VALUES ($1, $2, $3, $4) RETURNING id",
     )
     .bind(aggregate_type)
-    .bind(aggregate_id)
+    .bind(clean(aggregate_id))
     .bind(event_type)
-    .bind(payload)
+    .bind(clean_json(payload).as_ref())
     .fetch_one(conn)
     .await
 }

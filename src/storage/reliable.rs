@@ -28,6 +28,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::fault::{clean, clean_opt};
 use super::records::{
     duration_ms, insert_audit, insert_audit_row, insert_outbox, AuditRecord, AuditRow, LogState,
 };
@@ -215,9 +216,9 @@ pub async fn begin_in(
     )
     .bind(call.correlation_id)
     .bind(call.resource_type)
-    .bind(&call.resource_id)
+    .bind(clean(&call.resource_id))
     .bind(call.scenario)
-    .bind(&call.request_summary)
+    .bind(clean(&call.request_summary))
     .bind(started_at)
     .fetch_one(&mut *conn)
     .await?;
@@ -284,10 +285,10 @@ impl Pending {
         )
         .bind(self.log_id)
         .bind(finish.state.as_str())
-        .bind(&finish.response_summary)
+        .bind(clean(&finish.response_summary))
         .bind(finish.http_status.map(i32::from))
-        .bind(&finish.error)
-        .bind(&finish.recovery_summary)
+        .bind(clean_opt(finish.error.as_deref()))
+        .bind(clean_opt(finish.recovery_summary.as_deref()))
         .bind(finished_at)
         .bind(duration_ms)
         .execute(&mut *conn)

@@ -15,6 +15,8 @@ pub const GATEWAY_REQUEST_DURATION: &str = "cardworker_gateway_request_duration_
 pub const QUEUE_DEPTH: &str = "cardworker_queue_depth";
 /// Gauge: `worker` kind; 1 while that worker runs in this process.
 pub const WORKER_UP: &str = "cardworker_worker_up";
+/// Gauge: 1 while this process's Redis probe gets answers, 0 during an outage.
+pub const REDIS_UP: &str = "cardworker_redis_up";
 /// Gauge: 0 or 1.
 pub const MAINTENANCE_ENABLED: &str = "cardworker_maintenance_enabled";
 /// Counter: `job`, `result`.

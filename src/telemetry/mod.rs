@@ -6,6 +6,7 @@
 //! - [`metrics`]: every metric name (an interface; see spec section 4).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`Health`]: which workers of this process run; `/healthz` answers from it.
+//! - [`RedisStatus`]: whether Redis answers (the probe's verdict, `cardworker_redis_up`).
 
 pub mod http;
 pub mod log;
@@ -49,46 +50,177 @@ pub fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
     }
 }
 
+/// Where one worker of this process stands, as `/healthz` and `cardworker_worker_up` see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Fetching and running jobs.
+    Running,
+    /// Stopped by a Redis outage and restarted by the supervisor once Redis answers: not
+    /// fetching (`cardworker_worker_up` 0), but the process is healthy (`/healthz` 200) while the
+    /// outage is within `worker.redis_outage_grace_secs`.
+    Restarting,
+    /// Stopped for good: the process is unhealthy and about to exit non-zero.
+    Stopped,
+}
+
 /// Which workers of this process are running. `/healthz` fails as soon as one of them stopped
-/// unexpectedly, and the process then exits non-zero so that the orchestrator restarts it.
+/// for good, and the process then exits non-zero so that the orchestrator restarts it; a worker
+/// the supervisor is restarting after a Redis outage keeps the process healthy.
 #[derive(Clone, Default)]
 pub struct Health {
-    /// Worker name -> running.
-    workers: Arc<Mutex<BTreeMap<String, bool>>>,
+    /// Worker name -> state.
+    workers: Arc<Mutex<BTreeMap<String, WorkerState>>>,
 }
 
 impl Health {
-    /// Marks a worker as running (or not) and mirrors it in `cardworker_worker_up{worker=kind}`.
+    /// Marks a worker as running (or stopped) and mirrors it in `cardworker_worker_up{worker=kind}`.
     pub fn set(&self, name: &str, kind: &str, running: bool) {
+        let state = if running {
+            WorkerState::Running
+        } else {
+            WorkerState::Stopped
+        };
+        self.set_state(name, kind, state);
+    }
+
+    /// Records a worker's state and mirrors it in `cardworker_worker_up{worker=kind}` (1 only
+    /// while it runs).
+    pub fn set_state(&self, name: &str, kind: &str, state: WorkerState) {
         if let Ok(mut workers) = self.workers.lock() {
-            workers.insert(name.to_owned(), running);
+            workers.insert(name.to_owned(), state);
         }
-        ::metrics::gauge!(metrics::WORKER_UP, "worker" => kind.to_owned()).set(if running {
+        let up = if state == WorkerState::Running {
             1.0
         } else {
             0.0
-        });
+        };
+        ::metrics::gauge!(metrics::WORKER_UP, "worker" => kind.to_owned()).set(up);
     }
 
-    /// The workers that are not running.
+    /// The workers that stopped for good.
     pub fn stopped(&self) -> Vec<String> {
         self.workers
             .lock()
             .map(|w| {
                 w.iter()
-                    .filter(|(_, up)| !**up)
+                    .filter(|(_, state)| **state == WorkerState::Stopped)
                     .map(|(n, _)| n.clone())
                     .collect()
             })
             .unwrap_or_else(|_| vec!["<health state poisoned>".into()])
     }
 
-    /// Whether at least one worker is registered and all of them run.
+    /// Whether at least one worker is registered and none stopped for good.
     pub fn healthy(&self) -> bool {
         self.workers
             .lock()
-            .map(|w| !w.is_empty() && w.values().all(|up| *up))
+            .map(|w| !w.is_empty() && w.values().all(|s| *s != WorkerState::Stopped))
             .unwrap_or(false)
+    }
+}
+
+/// What this process knows about Redis: up, or down since when. Written by the Redis probe
+/// (`runner::redis_watch`), read by the supervisor (restart or give up), the feeder (quiet while
+/// down) and mirrored in `cardworker_redis_up`. It holds no connection: it is the shared verdict,
+/// so that every part of the process rides out one outage the same way.
+#[derive(Clone)]
+pub struct RedisStatus {
+    /// `true` while Redis answers; watchers wake on every change.
+    up: Arc<tokio::sync::watch::Sender<bool>>,
+    /// When the current outage began and when the last one ended.
+    times: Arc<Mutex<OutageTimes>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct OutageTimes {
+    down_since: Option<std::time::Instant>,
+    recovered_at: Option<std::time::Instant>,
+}
+
+impl Default for RedisStatus {
+    fn default() -> Self {
+        let (up, _) = tokio::sync::watch::channel(true);
+        Self {
+            up: Arc::new(up),
+            times: Arc::default(),
+        }
+    }
+}
+
+impl RedisStatus {
+    /// Redis answered: ends an outage if one was going on. Returns whether one ended.
+    pub fn mark_up(&self) -> bool {
+        ::metrics::gauge!(metrics::REDIS_UP).set(1.0);
+        let ended = self.up.send_if_modified(|up| !std::mem::replace(up, true));
+        if ended {
+            if let Ok(mut t) = self.times.lock() {
+                let lasted = t.down_since.take().map(|s| s.elapsed());
+                t.recovered_at = Some(std::time::Instant::now());
+                tracing::warn!(
+                    outage_ms = lasted.map_or(0, |d| d.as_millis() as u64),
+                    "Redis answers again; workers resume"
+                );
+            }
+        }
+        ended
+    }
+
+    /// Redis did not answer: begins an outage unless one is going on. Returns whether one began.
+    pub fn mark_down(&self, why: &str) -> bool {
+        ::metrics::gauge!(metrics::REDIS_UP).set(0.0);
+        let began = self.up.send_if_modified(|up| std::mem::replace(up, false));
+        if began {
+            if let Ok(mut t) = self.times.lock() {
+                t.down_since = Some(std::time::Instant::now());
+            }
+            tracing::error!(error = %why, "Redis does not answer; riding out the outage");
+        }
+        began
+    }
+
+    /// Redis answered but had lost its data (the probe found its epoch marker gone): counted like
+    /// the end of an outage, since workers then find their registrations gone.
+    pub fn mark_data_lost(&self) {
+        if let Ok(mut t) = self.times.lock() {
+            t.recovered_at = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Whether Redis answered at the last probe.
+    pub fn is_up(&self) -> bool {
+        *self.up.borrow()
+    }
+
+    /// How long the current outage has lasted (`None` while Redis is up).
+    pub fn down_for(&self) -> Option<std::time::Duration> {
+        self.times
+            .lock()
+            .ok()
+            .and_then(|t| t.down_since.map(|s| s.elapsed()))
+    }
+
+    /// Whether an outage is going on or ended less than `window` ago.
+    pub fn troubled_within(&self, window: std::time::Duration) -> bool {
+        !self.is_up()
+            || self
+                .times
+                .lock()
+                .ok()
+                .and_then(|t| t.recovered_at)
+                .is_some_and(|at| at.elapsed() < window)
+    }
+
+    /// Resolves once Redis is up (at once if it is).
+    pub async fn wait_up(&self) {
+        let mut rx = self.up.subscribe();
+        // `wait_for` only fails when the sender is gone, which `self` keeps alive.
+        let _ = rx.wait_for(|up| *up).await;
+    }
+
+    /// Resolves at the next change of the verdict.
+    pub async fn changed(&self) {
+        let mut rx = self.up.subscribe();
+        let _ = rx.changed().await;
     }
 }
 
@@ -99,6 +231,7 @@ impl Health {
 /// calls them all).
 pub fn register_series() {
     use ::metrics::gauge;
+    gauge!(metrics::REDIS_UP).set(1.0);
     let scopes = Task::ALL.map(Task::label);
     for scope in ["total"].into_iter().chain(scopes) {
         let _ = gauge!(metrics::POLL_TOKENS_IN_USE, "scope" => scope);

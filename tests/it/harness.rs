@@ -121,12 +121,20 @@ pub struct TestRedis {
 }
 
 impl TestRedis {
-    /// A new prefix on the test Redis.
+    /// A new prefix on the test Redis, as an existing deployment with its Redis intact sees it:
+    /// the epoch marker is there, so a starting worker does not take the prefix for one that lost
+    /// its data (and sweep every card into a chain).
     pub async fn new() -> Self {
         let prefix = format!("cwtest-{}", ulid::Ulid::new().to_string().to_lowercase());
-        let conn = context::connect_redis(&redis_url())
+        let mut conn = context::connect_redis(&redis_url())
             .await
             .expect("connect to redis");
+        let _: () = redis::cmd("SET")
+            .arg(cardworker::runner::redis_watch::epoch_key(&prefix))
+            .arg("test")
+            .query_async(&mut conn)
+            .await
+            .expect("set the epoch marker");
         Self { prefix, conn }
     }
 
@@ -237,18 +245,20 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
 pub async fn spawn_app_on(admin: &str, tweak: impl FnOnce(&mut Config)) -> TestApp {
     let db = TestDb::new_on(admin).await;
     let redis = TestRedis::new().await;
+    spawn_app_prepared(db, redis, tweak).await
+}
+
+/// [`spawn_app_with`] on a database and prefix the test prepared first.
+pub async fn spawn_app_prepared(
+    db: TestDb,
+    redis: TestRedis,
+    tweak: impl FnOnce(&mut Config),
+) -> TestApp {
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     sim.set_latency(0, 0);
     let mut config = test_config(&db, &redis, &sim_handle.base_url());
     tweak(&mut config);
-    config.validate().expect("test config is valid");
-    let ctx = AppContext::connect(config).await.expect("connect");
-    let running = app::start(ctx.clone()).await.expect("start");
-    let addr = running.addr;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let join = tokio::spawn(running.wait(async move {
-        let _ = stopped.await;
-    }));
+    let (ctx, addr, stop, join) = start_in_process(config).await;
     TestApp {
         ctx,
         addr,
@@ -259,6 +269,27 @@ pub async fn spawn_app_on(admin: &str, tweak: impl FnOnce(&mut Config)) -> TestA
         redis,
         db,
     }
+}
+
+/// A worker process started in the test's process on `config` (validated): its context, its
+/// endpoint, the sender that stops it and its `Running::wait`.
+pub async fn start_in_process(
+    config: Config,
+) -> (
+    Arc<AppContext>,
+    std::net::SocketAddr,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    config.validate().expect("test config is valid");
+    let ctx = AppContext::connect(config).await.expect("connect");
+    let running = app::start(ctx.clone()).await.expect("start");
+    let addr = running.addr;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let join = tokio::spawn(running.wait(async move {
+        let _ = stopped.await;
+    }));
+    (ctx, addr, stop, join)
 }
 
 /// [`spawn_app_with`] with the test defaults.

@@ -302,33 +302,31 @@ async fn metadata_of_workers_apalis_dropped_is_swept_and_live_ones_are_kept() {
 async fn jobs_with_the_same_entry_id_replace_each_other_in_the_intake_and_once_claims_dedupe() {
     let redis = crate::harness::TestRedis::new().await;
     let producer = cardworker_jobs::Producer::new(redis.conn.clone(), redis.prefix.clone());
-    let poll = |failures| cardworker_jobs::PollCardData {
-        card_ref: "c-1".into(),
-        state: cardworker_jobs::ChainState {
-            failures,
-            ..Default::default()
-        },
+    let payment_id = uuid::Uuid::new_v4();
+    let submit = |retries| cardworker_jobs::SubmitPayment {
+        payment_id,
+        retries,
     };
     producer
-        .enqueue_after(&poll(1), Duration::from_secs(60))
+        .enqueue_after(&submit(1), Duration::from_secs(60))
         .await
         .expect("first");
     producer
-        .enqueue_after(&poll(2), Duration::from_secs(60))
+        .enqueue_after(&submit(2), Duration::from_secs(60))
         .await
         .expect("second");
     let mut conn = redis.conn.clone();
-    let intake = cardworker_jobs::keys::intake(&redis.prefix, "carddata");
+    let intake = cardworker_jobs::keys::intake(&redis.prefix, "payment");
     assert_eq!(conn.zcard::<_, usize>(&intake).await.expect("zcard"), 1);
     let payload: String = conn
         .hget(
-            cardworker_jobs::keys::intake_payload(&redis.prefix, "carddata"),
-            "c-1",
+            cardworker_jobs::keys::intake_payload(&redis.prefix, "payment"),
+            payment_id.to_string(),
         )
         .await
         .expect("hget");
     assert!(
-        payload.contains("\"failures\":2"),
+        payload.contains("\"retries\":2"),
         "the later job won: {payload}"
     );
 

@@ -18,4 +18,5 @@ mod migrations;
 mod payments;
 mod plans;
 mod polling;
+mod self_healing;
 mod sim_seed;

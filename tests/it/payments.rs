@@ -37,7 +37,8 @@ async fn insert_payment(pool: &PgPool, card_ref: &str) -> Uuid {
     id
 }
 
-async fn status(pool: &PgPool, id: Uuid) -> String {
+/// The payment's status.
+pub(crate) async fn status(pool: &PgPool, id: Uuid) -> String {
     sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
         .bind(id)
         .fetch_one(pool)
@@ -331,6 +332,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
         gateway: GatewayClient::new(&format!("http://127.0.0.1:{port}"), Duration::from_secs(2))
             .expect("client"),
         health: Default::default(),
+        redis_status: Default::default(),
         budget: app.ctx.budget.clone(),
         shutdown: app.ctx.shutdown.clone(),
     };
@@ -386,6 +388,7 @@ fn card_callback(id: &str, card_ref: &str, status: &str) -> ProcessCallback {
         callback_id: id.to_owned(),
         body: format!(r#"{{"type":"card.status","card_ref":"{card_ref}","status":"{status}"}}"#),
         retries: 0,
+        recorded: false,
     }
 }
 
@@ -539,6 +542,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
             callback_id: id.to_owned(),
             body: body.to_owned(),
             retries: 0,
+            recorded: false,
         };
         let got = callback::process(&app.ctx, &job).await.expect("delivery");
         assert!(
@@ -560,6 +564,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
             r#"{{"type":"payment.result","payment_id":"{pid}","status":"accepted","channel_ref":"ch_9"}}"#
         ),
         retries: 0,
+        recorded: false,
     };
     assert_eq!(
         callback::process(&app.ctx, &pay).await.expect("pay"),

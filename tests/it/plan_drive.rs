@@ -439,6 +439,7 @@ impl Driver<'_> {
             callback_id: format!("{}-{id}", self.tag),
             body,
             retries: 0,
+            recorded: false,
         }
     }
 

@@ -1,0 +1,11 @@
+//! The fault-injection suite (`make test-faults`; `make test` runs it too). Every fault is
+//! injected into a service of the test's own ([`private`]: a redis-server or a PostgreSQL
+//! cluster on a free port, removed afterwards) or into the Gateway (a blackhole, or the
+//! simulator), never into the shared services. Each test asserts what the issue promises for its
+//! fault: no process exit (where the grace allows), no lost chain, no duplicate record, no double
+//! submission.
+
+#[path = "../it/harness.rs"]
+mod harness;
+mod private;
+mod scenarios;

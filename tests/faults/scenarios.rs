@@ -1,0 +1,769 @@
+//! One test per fault.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cardworker::config::{Config, Task};
+use cardworker::context::{self, AppContext};
+use cardworker::gateway::CardStatus;
+use cardworker::polling::{chain, reconcile};
+use cardworker::sim::{PaymentBehaviour, SimHandle, Simulator};
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands as _;
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use crate::harness::{metric_value, start_in_process, wait_until, TestDb};
+use crate::private::{PrivatePg, PrivateRedis};
+
+/// A worker process run in the test's process, on whatever services its config names.
+struct Worker {
+    ctx: Arc<AppContext>,
+    addr: std::net::SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Worker {
+    async fn start(config: Config) -> Self {
+        let (ctx, addr, stop, join) = start_in_process(config).await;
+        Self {
+            ctx,
+            addr,
+            stop: Some(stop),
+            join: Some(join),
+        }
+    }
+
+    /// Whether `run` has returned on its own.
+    fn exited(&self) -> bool {
+        self.join.as_ref().is_none_or(|j| j.is_finished())
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let resp = reqwest::Client::new()
+            .get(format!("http://{}{path}", self.addr))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .expect("endpoint answers");
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap_or_default())
+    }
+
+    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let (_, text) = self.get("/metrics").await;
+        metric_value(&text, name, labels)
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.join.take().expect("running").await.expect("joined")
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            join.abort();
+        }
+    }
+}
+
+async fn simulator() -> (Simulator, SimHandle) {
+    let (_, sim, handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    sim.set_latency(0, 0);
+    (sim, handle)
+}
+
+/// The test config on `db`, the private Redis `redis` (prefix "cw") and the Gateway `gateway`.
+fn config_on(db_url: &str, redis: &PrivateRedis, gateway: &str, grace: u64) -> Config {
+    let mut config = Config::default();
+    config.database.url = db_url.to_owned().into();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.gateway.base_url = gateway.to_owned().into();
+    config.gateway.timeout_ms = 2_000;
+    config.polling.handler_timeout_secs = 4;
+    config.polling.lease_ttl_secs = 10;
+    config.polling.total_limit = 16;
+    config.polling.carddata.limit = 8;
+    config.polling.card_status.limit = 8;
+    config.polling.carddata.interval_secs = 2;
+    config.polling.card_status.interval_secs = 2;
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.worker.shutdown_grace_secs = 10;
+    config.worker.redis_outage_grace_secs = grace;
+    // Never during a test: recovery and reconcile are called or asserted explicitly.
+    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    config
+}
+
+async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
+    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
+        .bind(&cards)
+        .execute(pool)
+        .await
+        .expect("insert cards");
+    cards
+}
+
+async fn insert_payment(pool: &PgPool) -> uuid::Uuid {
+    let payment = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-000', 100, 'CNY')",
+    )
+    .bind(payment)
+    .execute(pool)
+    .await
+    .expect("payment");
+    payment
+}
+
+async fn payment_status(pool: &PgPool, payment: uuid::Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
+        .bind(payment)
+        .fetch_one(pool)
+        .await
+        .expect("status")
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+/// The card_status polls per card this hour (and the last), as the unchanged-poll aggregate in
+/// Redis counts them.
+async fn polls_per_card(conn: &mut ConnectionManager, task: Task) -> BTreeMap<String, i64> {
+    let now = chrono::Utc::now();
+    let mut out = BTreeMap::new();
+    for at in [now - chrono::Duration::hours(1), now] {
+        let key = cardworker::polling::poll::unchanged_key(
+            "cw",
+            task,
+            &cardworker::polling::poll::hour_bucket(at),
+        );
+        let counts: BTreeMap<String, i64> = conn.hgetall(&key).await.unwrap_or_default();
+        for (card, n) in counts {
+            if card != cardworker::polling::poll::UNCHANGED_TOTAL_FIELD {
+                *out.entry(card).or_insert(0) += n;
+            }
+        }
+    }
+    out
+}
+
+/// Every card has exactly one live chain per task, whose next job waits in the intake, is in
+/// apalis or runs, and whose due time is in the due index.
+async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
+    for task in Task::ALL {
+        let chains = chain::live_chains(conn, "cw", task, cards)
+            .await
+            .expect("chains");
+        let missing: Vec<&String> = cards
+            .iter()
+            .zip(&chains)
+            .filter(|(_, c)| c.is_none())
+            .map(|(card, _)| card)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{task}: cards without a chain: {missing:?}"
+        );
+        let indexed: usize = conn.zcard(chain::due_key("cw", task)).await.expect("zcard");
+        assert_eq!(
+            indexed,
+            cards.len(),
+            "{task}: every chain is in the due index"
+        );
+        let waiting: usize = conn
+            .zcard(cardworker_jobs::keys::intake("cw", chain::queue_of(task)))
+            .await
+            .expect("zcard");
+        assert!(
+            waiting <= cards.len(),
+            "{task}: at most one waiting poll per card"
+        );
+    }
+}
+
+/// Shared by both Redis faults: 100 cards polling, Redis stopped for `outage`, back empty or
+/// with its data; the worker must ride it out and every card must be polled again.
+async fn redis_outage(persistent: bool, outage: Duration) {
+    let db = TestDb::new().await;
+    let mut redis = PrivateRedis::start_new(persistent);
+    let (sim, sim_handle) = simulator().await;
+    let config = config_on(&db.url, &redis, &sim_handle.base_url(), 60);
+    let cards = insert_cards(&db.pool, 100).await;
+    let worker = Worker::start(config).await;
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    for task in Task::ALL {
+        reconcile::sweep(&worker.ctx, task)
+            .await
+            .expect("start chains");
+    }
+    wait_until(Duration::from_secs(60), "every card polled", || {
+        let mut conn = conn.clone();
+        async move { polls_per_card(&mut conn, Task::CardStatus).await.len() == 100 }
+    })
+    .await;
+    let before_chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
+        .await
+        .expect("chains");
+    let before = polls_per_card(&mut conn, Task::CardStatus).await;
+
+    redis.stop();
+    let down_at = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        "the probe reports Redis down",
+        || async { worker.metric("cardworker_redis_up", &[]).await == 0.0 },
+    )
+    .await;
+    while down_at.elapsed() < outage {
+        assert!(!worker.exited(), "the worker rides out the outage");
+        assert_eq!(worker.get("/healthz").await.0, 200, "/healthz stays 200");
+        assert_eq!(worker.get("/readyz").await.0, 503, "/readyz fails");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    redis.start();
+    let back_at = Instant::now();
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+
+    // Every card polled again within 45 s of Redis returning.
+    wait_until(Duration::from_secs(45), "every card polled again", || {
+        let mut conn = conn.clone();
+        let before = before.clone();
+        async move {
+            let now = polls_per_card(&mut conn, Task::CardStatus).await;
+            if persistent {
+                before
+                    .iter()
+                    .all(|(card, n)| now.get(card).copied().unwrap_or(0) > *n)
+            } else {
+                now.len() == 100
+            }
+        }
+    })
+    .await;
+    let healed = back_at.elapsed();
+    assert!(!worker.exited(), "no process exit");
+    wait_until(Duration::from_secs(10), "redis_up back to 1", || async {
+        worker.metric("cardworker_redis_up", &[]).await == 1.0
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(30),
+        "every worker runs again",
+        || async {
+            worker
+                .metric("cardworker_worker_up", &[("worker", "carddata")])
+                .await
+                == 1.0
+                && worker
+                    .metric("cardworker_worker_up", &[("worker", "card_status")])
+                    .await
+                    == 1.0
+                && worker
+                    .metric("cardworker_worker_up", &[("worker", "payment")])
+                    .await
+                    == 1.0
+        },
+    )
+    .await;
+    assert_one_chain_each(&mut conn, &cards).await;
+    if persistent {
+        // Redis kept its data: the same chains go on (none was restarted, none forked).
+        let after = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
+            .await
+            .expect("chains");
+        assert_eq!(before_chains, after);
+    }
+    // Nothing changed at the Gateway and nothing failed: no record at all.
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM integration_logs").await,
+        0
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_events").await,
+        0
+    );
+    eprintln!("redis outage {outage:?} (persistent: {persistent}): every card polled again {healed:?} after Redis returned");
+    worker.stop().await.expect("a clean stop after the outage");
+    drop(sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_for_ten_seconds_and_back_empty_is_ridden_out_and_every_card_polled_again() {
+    redis_outage(false, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_with_its_data_is_ridden_out_and_the_same_chains_go_on() {
+    redis_outage(true, Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_longer_than_the_grace_still_stops_the_process_non_zero() {
+    let db = TestDb::new().await;
+    let mut redis = PrivateRedis::start_new(false);
+    let (_sim, sim_handle) = simulator().await;
+    let mut worker = Worker::start(config_on(&db.url, &redis, &sim_handle.base_url(), 2)).await;
+    redis.stop();
+    let join = worker.join.take().expect("running");
+    let ended = tokio::time::timeout(Duration::from_secs(30), join)
+        .await
+        .expect("the process stops once the grace is over")
+        .expect("joined");
+    let err = ended.expect_err("non-zero");
+    assert!(
+        format!("{err:#}").contains("redis_outage_grace_secs"),
+        "the error names the grace: {err:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change_once() {
+    let mut pg = PrivatePg::start_new();
+    let admin = PgPool::connect(&pg.url("postgres")).await.expect("admin");
+    sqlx::query("CREATE DATABASE cw")
+        .execute(&admin)
+        .await
+        .expect("create db");
+    admin.close().await;
+    let pool = PgPool::connect(&pg.url("cw")).await.expect("pool");
+    cardworker::storage::migrate(&pool).await.expect("migrate");
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    let mut config = config_on(&pg.url("cw"), &redis, &sim_handle.base_url(), 60);
+    config.polling.carddata.interval_secs = 1;
+    config.polling.card_status.interval_secs = 1;
+    let cards = insert_cards(&pool, 20).await;
+    for card in &cards {
+        sim.set_card_ready(card, "tok_x", "4242", 12, 2030);
+    }
+    let worker = Worker::start(config).await;
+    for task in Task::ALL {
+        reconcile::sweep(&worker.ctx, task)
+            .await
+            .expect("start chains");
+    }
+    wait_until(Duration::from_secs(60), "card data recorded", || async {
+        count(
+            &pool,
+            "SELECT count(*) FROM cards WHERE data_state = 'ready'",
+        )
+        .await
+            == 20
+    })
+    .await;
+    pool.close().await;
+
+    pg.stop();
+    for card in &cards {
+        sim.set_card_status(card, CardStatus::Active);
+    }
+    let down_at = Instant::now();
+    while down_at.elapsed() < Duration::from_secs(20) {
+        assert!(!worker.exited(), "no exit while PostgreSQL is down");
+        assert_eq!(worker.get("/healthz").await.0, 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pg.start();
+    let pool = PgPool::connect(&pg.url("cw")).await.expect("pool");
+    wait_until(Duration::from_secs(60), "every change recorded", || async {
+        count(&pool, "SELECT count(*) FROM cards WHERE status = 'active'").await == 20
+    })
+    .await;
+    // Settle: a duplicate would come from a poll still in flight.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!worker.exited());
+    for (what, sql) in [
+        (
+            "status change logs",
+            "SELECT count(*) FROM integration_logs WHERE scenario = 'card_status_poll' AND state = 'succeeded'",
+        ),
+        (
+            "status outbox events",
+            "SELECT count(*) FROM outbox_events WHERE event_type = 'card.status_changed'",
+        ),
+        (
+            "data outbox events",
+            "SELECT count(*) FROM outbox_events WHERE event_type = 'card.data_ready'",
+        ),
+        (
+            "card versions (data + status)",
+            "SELECT sum(version)::bigint / 2 FROM cards",
+        ),
+    ] {
+        assert_eq!(count(&pool, sql).await, 20, "{what}: each change recorded once");
+    }
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
+        .await
+        .expect("chains");
+    assert!(chains.iter().all(Option::is_some), "no status chain lost");
+    worker.stop().await.expect("clean stop");
+    pool.close().await;
+}
+
+/// A Gateway that accepts connections and never answers; counts the requests it read.
+async fn blackhole() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = log.clone();
+            held.push(tokio::spawn(async move {
+                use tokio::io::AsyncReadExt as _;
+                let mut buf = vec![0u8; 4096];
+                if let Ok(n) = socket.read(&mut buf).await {
+                    let line = String::from_utf8_lossy(&buf[..n])
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned();
+                    log.lock().expect("log").push(line);
+                }
+                // Never answer; hold the connection until the client gives up.
+                let _ = socket.read(&mut buf).await;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }));
+        }
+    });
+    (format!("http://{addr}"), seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_every_token() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (gateway, seen) = blackhole().await;
+    let mut config = config_on(&db.url, &redis, &gateway, 60);
+    // A leaked token would stay for the whole test.
+    config.polling.lease_ttl_secs = 300;
+    let cards = insert_cards(&db.pool, 4).await;
+    let worker = Worker::start(config).await;
+    for task in Task::ALL {
+        reconcile::sweep(&worker.ctx, task)
+            .await
+            .expect("start chains");
+    }
+    let payment = insert_payment(&db.pool).await;
+    cardworker::commands::payments::enqueue_payment(&worker.ctx, payment)
+        .await
+        .expect("enqueue payment");
+
+    wait_until(
+        Duration::from_secs(60),
+        "two failed polls per chain",
+        || async {
+            count(
+                &db.pool,
+                "SELECT count(*) FROM (SELECT 1 FROM integration_logs WHERE resource_type = 'card'
+               AND state = 'failed' GROUP BY resource_id, scenario HAVING count(*) >= 2) t",
+            )
+            .await
+                == 8
+        },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(30),
+        "the payment is unknown",
+        || async { payment_status(&db.pool, payment).await == "unknown" },
+    )
+    .await;
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM integration_logs WHERE resource_type = 'payment' AND state = 'unknown'",
+        )
+        .await,
+        1
+    );
+    // Between attempts (back-off) no token is held: each timed-out call returned its tokens.
+    wait_until(Duration::from_secs(30), "every token returned", || async {
+        let in_use = worker.ctx.budget.in_use().await.expect("in use");
+        in_use.values().all(|n| *n == 0)
+    })
+    .await;
+    let posts = seen
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|l| l.starts_with("POST /v1/payments"))
+        .count();
+    assert_eq!(posts, 1, "one submission, never repeated by the worker");
+    assert!(!worker.exited());
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    assert_one_chain_each(&mut conn, &cards).await;
+    worker.stop().await.expect("clean stop");
+}
+
+/// A `cardworker run` child process.
+struct Child {
+    child: std::process::Child,
+}
+
+impl Child {
+    fn run(config_file: &std::path::Path, pod: &str) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+            .args(["run", "--config"])
+            .arg(config_file)
+            .env("CARDWORKER_POD_NAME", pod)
+            .env_remove("CARDWORKER_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start cardworker run");
+        Self { child }
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_sigkill_mid_payment_leaves_one_submission_settled_by_recovery() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    let payment = insert_payment(&db.pool).await;
+    sim.set_payment_behaviour(payment, PaymentBehaviour::Hang);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"[database]
+url = "{db}"
+[redis]
+url = "{redis}"
+key_prefix = "cw"
+[gateway]
+base_url = "{gw}"
+timeout_ms = 20000
+[worker]
+shutdown_grace_secs = 5
+[polling]
+handler_timeout_secs = 25
+lease_ttl_secs = 30
+reconcile_cron = "0 0 0 1 1 *"
+[payments]
+recovery_after_secs = 10
+recovery_cron = "* * * * * *"
+[telemetry]
+listen = "127.0.0.1:0"
+"#,
+            db = db.url,
+            redis = redis.url(),
+            gw = sim_handle.base_url()
+        ),
+    )
+    .expect("config");
+    let mut first = Child::run(&file, "pod-a");
+    let ctx = {
+        let mut config = Config::load(Some(&file)).expect("config");
+        config.telemetry.listen = "127.0.0.1:0".to_owned();
+        AppContext::connect(config).await.expect("connect")
+    };
+    cardworker::commands::payments::enqueue_payment(&ctx, payment)
+        .await
+        .expect("enqueue");
+    wait_until(
+        Duration::from_secs(30),
+        "the Gateway has the submission",
+        || async { sim.submissions(payment) == 1 },
+    )
+    .await;
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &first.child.id().to_string()])
+        .status();
+    let _ = first.child.wait();
+
+    let mut second = Child::run(&file, "pod-b");
+    wait_until(
+        Duration::from_secs(60),
+        "recovery settled the payment",
+        || async { payment_status(&db.pool, payment).await == "accepted" },
+    )
+    .await;
+    // Past the orphan window: the killed pod's job has come back to the survivor by now.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert!(second.running(), "the survivor runs on");
+    assert_eq!(sim.submissions(payment), 1, "no double submission");
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM outbox_events WHERE event_type = 'payment.accepted'"
+        )
+        .await,
+        1,
+        "one settlement"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM integration_logs WHERE state = 'pending'"
+        )
+        .await,
+        0,
+        "the killed attempt's log is closed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_intake_entries_go_to_the_dead_set_with_a_reason_and_no_worker_stops() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (_sim, sim_handle) = simulator().await;
+    let worker = Worker::start(config_on(&db.url, &redis, &sim_handle.base_url(), 60)).await;
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let poison: [(&str, &[u8]); 6] = [
+        ("carddata", b"{\"card_ref\":\"c-\xff\"}"),
+        ("card_status", b"not json at all"),
+        ("payment", b"{\"unknown\":\"shape\"}"),
+        ("callback", b"\xc3\x28 broken"),
+        ("archive", b"[1,2,3]"),
+        ("reconcile", b"\xed\xa0\x80"),
+    ];
+    for (queue, payload) in poison {
+        let _: () = redis::pipe()
+            .hset(
+                cardworker_jobs::keys::intake_payload("cw", queue),
+                "poison",
+                payload,
+            )
+            .ignore()
+            .zadd(cardworker_jobs::keys::intake("cw", queue), "poison", 0)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .expect("write poison");
+    }
+    // A good job behind them.
+    worker
+        .ctx
+        .producer
+        .enqueue(&cardworker_jobs::RunArchive::default())
+        .await
+        .expect("good job");
+    for (queue, _) in poison {
+        let dead_key = format!("{}:dead", cardworker_jobs::keys::queue("cw", queue));
+        wait_until(Duration::from_secs(30), queue, || {
+            let mut conn = conn.clone();
+            let dead_key = dead_key.clone();
+            async move { conn.scard::<_, usize>(&dead_key).await.unwrap_or(0) == 1 }
+        })
+        .await;
+        let ids: BTreeSet<String> = conn.smembers(&dead_key).await.expect("dead");
+        let id = ids.into_iter().next().expect("one dead job");
+        let meta = format!("{}:meta:{id}", cardworker_jobs::keys::queue("cw", queue));
+        let result: Option<String> = conn.hget(&meta, "result").await.expect("meta");
+        let result = result.unwrap_or_default();
+        assert!(
+            result.contains("UTF-8") || result.contains("decode"),
+            "{queue}: the reason is kept: {result}"
+        );
+    }
+    wait_until(Duration::from_secs(30), "the good job ran", || async {
+        worker
+            .metric(
+                "cardworker_jobs_finished_total",
+                &[("queue", "archive"), ("result", "succeeded")],
+            )
+            .await
+            >= 1.0
+    })
+    .await;
+    assert!(!worker.exited());
+    assert_eq!(worker.get("/healthz").await.0, 200);
+    for kind in [
+        "carddata",
+        "card_status",
+        "payment",
+        "callback",
+        "archive",
+        "reconcile",
+    ] {
+        assert_eq!(
+            worker
+                .metric("cardworker_worker_up", &[("worker", kind)])
+                .await,
+            1.0,
+            "{kind} runs"
+        );
+    }
+    worker.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_back() {
+    let mut redis = PrivateRedis::start_new(true);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let shutdown = cardworker::shutdown::Shutdown::new();
+    let id = chain::start(
+        &mut conn,
+        "cw",
+        Task::CardStatus,
+        "c-1",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start");
+    redis.stop();
+    let next = cardworker_jobs::ChainState {
+        chain: id.clone(),
+        failures: 3,
+        deferrals: 0,
+    };
+    let handed = chain::schedule_or_retry(
+        &mut conn,
+        &shutdown,
+        "cw",
+        Task::CardStatus,
+        "c-1",
+        &next,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(handed, "refused now, handed to the background");
+    redis.start();
+    let payload_key = cardworker_jobs::keys::intake_payload("cw", "card_status");
+    wait_until(Duration::from_secs(30), "the successor is written", || {
+        let mut conn = conn.clone();
+        let payload_key = payload_key.clone();
+        async move {
+            let payload: Option<String> = conn.hget(&payload_key, "c-1").await.unwrap_or(None);
+            payload.is_some_and(|p| p.contains("\"failures\":3"))
+        }
+    })
+    .await;
+    let chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &["c-1".to_owned()])
+        .await
+        .expect("chains");
+    assert_eq!(chains, [Some(id)], "the same chain goes on");
+    shutdown.finish().await;
+}

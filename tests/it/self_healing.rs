@@ -1,0 +1,415 @@
+//! Self-healing (issue 11) on the shared services, within one test prefix: producer poll jobs
+//! merge into live chains, reconcile finds overdue chains through the due index, money queued
+//! before a Redis loss is recovered from PostgreSQL, and text PostgreSQL refuses is cleaned.
+
+use std::time::Duration;
+
+use cardworker::config::Task;
+use cardworker::context::AppContext;
+use cardworker::payments::{callback, recovery};
+use cardworker::polling::{chain, reconcile};
+use cardworker::storage::records::{self, LogRecord, LogState};
+use cardworker_jobs::{ChainState, PollCardStatus};
+use redis::AsyncCommands as _;
+use uuid::Uuid;
+
+use crate::harness::{
+    spawn_app_prepared, spawn_app_with, test_config, wait_until, TestApp, TestDb, TestRedis,
+};
+
+fn calls(app: &TestApp, call: &str) -> u64 {
+    app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
+}
+
+async fn chain_of(ctx: &AppContext, task: Task, card_ref: &str) -> Option<String> {
+    chain::live_chains(
+        &mut ctx.redis.clone(),
+        ctx.prefix(),
+        task,
+        &[card_ref.to_owned()],
+    )
+    .await
+    .expect("chains")
+    .pop()
+    .flatten()
+}
+
+/// Deletes every key of the prefix: what a Redis flush does to one deployment (never FLUSHALL
+/// on the shared Redis).
+async fn flush_prefix(redis: &TestRedis) {
+    let mut conn = redis.conn.clone();
+    for key in redis.keys().await {
+        let _: () = conn.del(&key).await.expect("del");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_live_chain_that_keeps_polling(
+) {
+    let app = spawn_app_with(|cfg| cfg.polling.card_status.interval_secs = 1).await;
+    app.insert_card("c-1").await;
+    let live = chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        Task::CardStatus,
+        "c-1",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start");
+    // The documented producer API, with no chain (the bug: it overwrote the chain's entry).
+    let id = app
+        .producer()
+        .enqueue(&PollCardStatus {
+            card_ref: "c-1".into(),
+            state: ChainState::default(),
+        })
+        .await
+        .expect("enqueue");
+    assert_eq!(id, live, "the job merged into the live chain");
+    wait_until(Duration::from_secs(20), "polled now and again", || async {
+        calls(&app, "card_status") >= 3
+    })
+    .await;
+    assert_eq!(
+        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
+        Some(live)
+    );
+    let waiting: usize = app
+        .redis
+        .conn
+        .clone()
+        .zcard(cardworker_jobs::keys::intake(
+            &app.redis.prefix,
+            "card_status",
+        ))
+        .await
+        .expect("zcard");
+    assert!(waiting <= 1, "one waiting poll at most");
+
+    // Without a live chain, the producer's job starts one.
+    app.insert_card("c-2").await;
+    let started = app
+        .producer()
+        .enqueue(&PollCardStatus {
+            card_ref: "c-2".into(),
+            state: ChainState::default(),
+        })
+        .await
+        .expect("enqueue");
+    assert_eq!(
+        chain_of(&app.ctx, Task::CardStatus, "c-2").await,
+        Some(started)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_restarts_a_chain_that_lost_its_job_from_the_due_index_and_drops_one_of_a_parked_card(
+) {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.card_status.interval_secs = 1;
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-dead").await;
+    app.insert_card("c-parked").await;
+    sqlx::query("UPDATE cards SET card_status_parked_at = now() WHERE card_ref = 'c-parked'")
+        .execute(&app.db.pool)
+        .await
+        .expect("park");
+    // Two chains whose job vanished an hour ago: an entry in the chain hash and the index only.
+    let mut conn = app.redis.conn.clone();
+    let hour_ago = chain::redis_now_ms(&mut conn).await.expect("now") - 3_600_000;
+    for card in ["c-dead", "c-parked"] {
+        let _: () = conn
+            .hset(
+                chain::chain_key(&app.redis.prefix, Task::CardStatus),
+                card,
+                format!("01DEADCHAIN|{hour_ago}"),
+            )
+            .await
+            .expect("hset");
+        let _: () = conn
+            .zadd(
+                chain::due_key(&app.redis.prefix, Task::CardStatus),
+                card,
+                hour_ago,
+            )
+            .await
+            .expect("zadd");
+    }
+    let done = reconcile::restart_overdue(&app.ctx, Task::CardStatus)
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        done,
+        reconcile::Overdue {
+            found: 2,
+            restarted: 1,
+            dropped: 1
+        }
+    );
+    assert_eq!(chain_of(&app.ctx, Task::CardStatus, "c-parked").await, None);
+    let restarted = chain_of(&app.ctx, Task::CardStatus, "c-dead").await;
+    assert!(restarted.is_some() && restarted.as_deref() != Some("01DEADCHAIN"));
+    wait_until(
+        Duration::from_secs(20),
+        "the restarted chain polls",
+        || async { calls(&app, "card_status") >= 1 },
+    )
+    .await;
+    // Nothing is overdue any more: a second run finds nothing.
+    let again = reconcile::restart_overdue(&app.ctx, Task::CardStatus)
+        .await
+        .expect("reconcile");
+    assert_eq!(again.found, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_enqueued_and_lost_with_a_redis_flush_is_submitted_exactly_once_by_recovery() {
+    // Enqueued while no worker runs, then the deployment's Redis keys are flushed.
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    let config = test_config(&db, &redis, "http://127.0.0.1:9");
+    let ctx = AppContext::connect(config).await.expect("connect");
+    let payment = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-1', 100, 'CNY')",
+    )
+    .bind(payment)
+    .execute(&db.pool)
+    .await
+    .expect("payment");
+    cardworker::commands::payments::enqueue_payment(&ctx, payment)
+        .await
+        .expect("enqueue");
+    let callback_body = r#"{"type":"payment.result","payment_id":"00000000-0000-0000-0000-000000000000","status":"accepted","channel_ref":"x"}"#;
+    assert_eq!(
+        callback::record_received(&db.pool, "visa", "cb-lost", callback_body)
+            .await
+            .expect("record"),
+        callback::Received::Recorded
+    );
+    flush_prefix(&redis).await;
+    drop(ctx);
+
+    // A worker comes up on the empty Redis; recovery finds the payment in PostgreSQL.
+    let app = spawn_app_prepared(db, redis, |_| {}).await;
+    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour'")
+        .execute(&app.db.pool)
+        .await
+        .expect("age");
+    sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
+        .execute(&app.db.pool)
+        .await
+        .expect("age");
+    let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
+        .await
+        .expect("recovery");
+    assert_eq!(report.resubmitted, 1);
+    let swept = callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
+        .await
+        .expect("sweep");
+    assert_eq!(swept, 1);
+    wait_until(
+        Duration::from_secs(20),
+        "the payment is accepted",
+        || async { crate::payments::status(&app.db.pool, payment).await == "accepted" },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(20),
+        "the callback is processed",
+        || async {
+            sqlx::query_scalar::<_, String>(
+                "SELECT state FROM inbound_callbacks WHERE callback_id = 'cb-lost'",
+            )
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("state")
+                != "received"
+        },
+    )
+    .await;
+    // Idempotent: a second recovery and sweep do nothing more.
+    recovery::recover(&app.ctx, Duration::ZERO, 50)
+        .await
+        .expect("recovery");
+    assert_eq!(
+        callback::sweep_received(&app.ctx, Duration::ZERO, 50)
+            .await
+            .expect("sweep"),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(app.sim.submissions(payment), 1, "submitted exactly once");
+    let deliveries: i32 = sqlx::query_scalar(
+        "SELECT deliveries FROM inbound_callbacks WHERE callback_id = 'cb-lost'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("deliveries");
+    assert_eq!(deliveries, 1, "the sweep does not count a delivery");
+}
+
+#[tokio::test]
+async fn a_nul_byte_in_a_gateway_error_body_is_cleaned_before_it_reaches_postgres() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let now = chrono::Utc::now();
+    let id = records::insert_terminal_log(
+        &mut conn,
+        &LogRecord {
+            correlation_id: Uuid::now_v7(),
+            resource_type: "card",
+            resource_id: "c-1".into(),
+            scenario: "card_status_poll",
+            state: LogState::Failed,
+            request_summary: "GET".into(),
+            response_summary: "HTTP 502 body: bad\0gateway".into(),
+            http_status: Some(502),
+            error: Some("HTTP 502\0".into()),
+            recovery_summary: None,
+            started_at: now,
+            finished_at: now,
+        },
+    )
+    .await
+    .expect("a NUL byte is not a reason to lose the record");
+    let (summary, error): (String, String) =
+        sqlx::query_as("SELECT response_summary, error FROM integration_logs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .expect("row");
+    assert_eq!(summary, "HTTP 502 body: bad\u{FFFD}gateway");
+    assert_eq!(error, "HTTP 502\u{FFFD}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_plain_successor() {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.card_status.interval_secs = 3600;
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-1").await;
+    let live = chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        Task::CardStatus,
+        "c-1",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start");
+    let job = PollCardStatus {
+        card_ref: "c-1".into(),
+        state: ChainState {
+            chain: live.clone(),
+            failures: 0,
+            deferrals: 0,
+        },
+    };
+    let waiting_payload = || async {
+        let payload: String = app
+            .redis
+            .conn
+            .clone()
+            .hget(
+                cardworker_jobs::keys::intake_payload(&app.redis.prefix, "card_status"),
+                "c-1",
+            )
+            .await
+            .expect("the successor waits in the intake");
+        serde_json::from_str::<PollCardStatus>(&payload).expect("payload")
+    };
+
+    cardworker::polling::poll::after_abnormal_end(
+        job.clone(),
+        app.ctx.clone(),
+        cardworker::runner::JobError::Panicked("boom".into()),
+    )
+    .await;
+    let next = waiting_payload().await;
+    assert_eq!(
+        (next.state.chain.as_str(), next.state.failures),
+        (live.as_str(), 1)
+    );
+    let error: String =
+        sqlx::query_scalar("SELECT error FROM integration_logs WHERE state = 'failed'")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("one failure record");
+    assert!(error.contains("panic: boom"), "{error}");
+
+    cardworker::polling::poll::after_abnormal_end(
+        next,
+        app.ctx.clone(),
+        cardworker::runner::JobError::TimedOut(Duration::from_secs(15)),
+    )
+    .await;
+    let after_timeout = waiting_payload().await;
+    assert_eq!(after_timeout.state.failures, 1, "a timeout is not counted");
+    let records: i64 = sqlx::query_scalar("SELECT count(*) FROM integration_logs")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(records, 1, "a timeout writes no record");
+    assert_eq!(
+        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
+        Some(live)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_postgres_refuses_is_a_counted_failure_that_parks_instead_of_retrying_forever() {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.carddata.interval_secs = 1;
+        cfg.polling.carddata.max_consecutive_failures = 2;
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-1").await;
+    // A token with a NUL byte: valid JSON, refused by PostgreSQL's text (SQLSTATE 22021).
+    app.sim
+        .set_card_ready("c-1", "tok_\u{0}x", "4242", 12, 2030);
+    chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        Task::Carddata,
+        "c-1",
+        Duration::ZERO,
+    )
+    .await
+    .expect("start");
+    wait_until(Duration::from_secs(30), "the chain is parked", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("parked")
+            == 1
+    })
+    .await;
+    let errors: Vec<String> =
+        sqlx::query_scalar("SELECT error FROM integration_logs WHERE state = 'failed' ORDER BY id")
+            .fetch_all(&app.db.pool)
+            .await
+            .expect("failures");
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors.iter().all(|e| e.contains("could not be recorded")),
+        "{errors:?}"
+    );
+    let data_state: String = sqlx::query_scalar("SELECT data_state FROM cards")
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("card");
+    assert_eq!(
+        data_state, "pending",
+        "nothing of the refused change was kept"
+    );
+    assert_eq!(chain_of(&app.ctx, Task::Carddata, "c-1").await, None);
+}
