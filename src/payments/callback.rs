@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use cardworker_jobs::ProcessCallback;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgConnection;
@@ -302,8 +302,8 @@ pub async fn sweep_received(
     older_than: Duration,
     batch: i64,
 ) -> anyhow::Result<usize> {
-    let rows: Vec<(i64, String, String, String)> = sqlx::query_as(
-        "SELECT id, channel, callback_id, body FROM inbound_callbacks
+    let rows: Vec<(i64, String, String, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT id, channel, callback_id, body, queued_at FROM inbound_callbacks
           WHERE state = 'received' AND queued_at < now() - make_interval(secs => $1)
           ORDER BY queued_at
           LIMIT $2",
@@ -314,11 +314,16 @@ pub async fn sweep_received(
     .await
     .context("finding received callbacks whose job never came")?;
     let mut requeued = 0;
-    for (id, channel, callback_id, body) in rows {
+    for (id, channel, callback_id, body, queued_at) in rows {
+        // Compare-and-set on the `queued_at` just read: of two pods sweeping at once, one
+        // re-enqueues. The condition on `queued_at` also keeps the plan on an index key (the
+        // row id, or the partial index's leading column), never a walk of the partial index.
         let touched = sqlx::query(
-            "UPDATE inbound_callbacks SET queued_at = now() WHERE id = $1 AND state = 'received'",
+            "UPDATE inbound_callbacks SET queued_at = now()
+              WHERE id = $1 AND state = 'received' AND queued_at = $2",
         )
         .bind(id)
+        .bind(queued_at)
         .execute(&ctx.pool)
         .await
         .context("touching a received callback")?;

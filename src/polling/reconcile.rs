@@ -33,6 +33,7 @@ use crate::config::{Config, Task};
 use crate::context::AppContext;
 use crate::runner::RunJob;
 use crate::runner::Scheduled;
+use crate::storage::cards;
 
 /// Longest random initial delay of a chain started by reconcile.
 pub const MAX_START_SPREAD: Duration = Duration::from_secs(60);
@@ -124,32 +125,21 @@ pub async fn restart_overdue(ctx: &AppContext, task: Task) -> anyhow::Result<Ove
     let grace = grace(&ctx.config, task);
     let now = chain::redis_now_ms(&mut conn).await?;
     let before = now.saturating_sub(cardworker_jobs::chain::ms(grace));
-    let pollable_sql = match task {
-        Task::Carddata => {
-            "SELECT card_ref FROM cards
-              WHERE card_ref = ANY($1) AND data_state = 'pending' AND carddata_parked_at IS NULL"
-        }
-        Task::CardStatus => {
-            "SELECT card_ref FROM cards
-              WHERE card_ref = ANY($1) AND status NOT IN ('cancelled', 'expired')
-                AND card_status_parked_at IS NULL"
-        }
-    };
     let mut done = Overdue::default();
     for _ in 0..MAX_OVERDUE_BATCHES {
-        let cards = chain::overdue(&mut conn, ctx.prefix(), task, before, OVERDUE_BATCH).await?;
-        if cards.is_empty() {
+        let found = chain::overdue(&mut conn, ctx.prefix(), task, before, OVERDUE_BATCH).await?;
+        if found.is_empty() {
             break;
         }
-        done.found += cards.len() as u64;
-        let pollable: std::collections::HashSet<String> = sqlx::query_scalar(pollable_sql)
-            .bind(&cards)
-            .fetch_all(&ctx.pool)
+        done.found += found.len() as u64;
+        let pollable: std::collections::HashSet<String> = cards::load_many(&ctx.pool, &found)
             .await
             .with_context(|| format!("reading the {task} cards of overdue chains"))?
             .into_iter()
+            .filter(|card| card.is_pollable(task))
+            .map(|card| card.card_ref)
             .collect();
-        for card_ref in &cards {
+        for card_ref in &found {
             if pollable.contains(card_ref) {
                 let delay = start_delay(&ctx.config, task);
                 if chain::start_if_dead(&mut conn, ctx.prefix(), task, card_ref, delay, grace)
@@ -161,7 +151,7 @@ pub async fn restart_overdue(ctx: &AppContext, task: Task) -> anyhow::Result<Ove
                 done.dropped += 1;
             }
         }
-        if cards.len() < OVERDUE_BATCH {
+        if found.len() < OVERDUE_BATCH {
             break;
         }
     }

@@ -80,6 +80,22 @@ pub async fn load<'e>(exec: impl PgExecutor<'e>, card_ref: &str) -> sqlx::Result
         .await
 }
 
+/// The cards of `card_refs` that exist, by the unique index on `card_ref` (one lookup per
+/// batch of overdue chains in reconcile). Deciding which of them should be polled is
+/// [`Card::is_pollable`]'s job, in Rust: putting that predicate into the query would let a
+/// generic plan walk a partial index of every pollable card instead.
+pub async fn load_many<'e>(
+    exec: impl PgExecutor<'e>,
+    card_refs: &[String],
+) -> sqlx::Result<Vec<Card>> {
+    sqlx::query_as::<_, Card>(&format!(
+        "SELECT {COLUMNS} FROM cards WHERE card_ref = ANY($1)"
+    ))
+    .bind(card_refs)
+    .fetch_all(exec)
+    .await
+}
+
 /// Up to `limit` cards with a row id above `after_id`, in id order: one page of the whole table
 /// (the local simulator seeds itself from it; reconcile has its own, narrower query).
 pub async fn page<'e>(

@@ -74,6 +74,7 @@ const fn s(source: &'static str, what: &'static str, sql: Sql) -> Statement {
 pub const COVERAGE: &[Statement] = &[
     // storage
     s("src/storage/cards.rs", "load a card", Sql::Contains(&["FROM cards WHERE card_ref = $1"])),
+    s("src/storage/cards.rs", "load the cards of overdue chains", Sql::Contains(&["FROM cards WHERE card_ref = ANY($1)"])),
     s("src/storage/cards.rs", "apply card data", Sql::Contains(&["UPDATE cards SET data_state = 'ready'"])),
     s("src/storage/cards.rs", "apply a status", Sql::Contains(&["UPDATE cards SET status = $3"])),
     s("src/storage/cards.rs", "park a carddata chain", Sql::Contains(&["UPDATE cards SET carddata_parked_at = now() WHERE card_ref = $1"])),
@@ -97,10 +98,15 @@ pub const COVERAGE: &[Statement] = &[
     s("src/payments/store.rs", "lock a payment", Sql::Contains(&["FROM payments WHERE payment_id = $1 FOR UPDATE"])),
     s("src/payments/store.rs", "settle a payment", Sql::Contains(&["UPDATE payments SET status = $2, channel_ref = $3"])),
     s("src/payments/store.rs", "mark an attempt's outcome", Sql::Contains(&["UPDATE payments SET status = $3, updated_at = now() WHERE payment_id = $1 AND attempt_log_id = $2"])),
-    s("src/payments/store.rs", "move a payment to the back of recovery's line", Sql::Contains(&["UPDATE payments SET updated_at = now() WHERE payment_id = $1"])),
+    s("src/payments/store.rs", "move a payment to the back of recovery's line", Sql::Contains(&["UPDATE payments SET updated_at = now() WHERE payment_id = $1 AND status IN"])),
+    s("src/payments/store.rs", "reopen a payment the Gateway never saw", Sql::Contains(&["UPDATE payments SET status = 'requested', updated_at = now()"])),
+    s("src/payments/store.rs", "touch a requested payment before it is enqueued", Sql::Contains(&["UPDATE payments SET updated_at = CASE WHEN status = 'requested'"])),
     s("src/payments/submit.rs", "begin a submission", Sql::Contains(&["UPDATE payments SET status = 'pending', submissions = submissions + 1"])),
-    s("src/payments/recovery.rs", "find unsettled payments", Sql::Contains(&["SELECT payment_id FROM payments WHERE status IN ('pending', 'unknown')"])),
-    s("src/payments/callback.rs", "record a delivery", Sql::Contains(&["INSERT INTO inbound_callbacks (channel"])),
+    s("src/payments/recovery.rs", "find unsettled payments", Sql::Contains(&["SELECT payment_id FROM payments WHERE status IN ('requested', 'pending', 'unknown')"])),
+    s("src/payments/callback.rs", "record a delivery", Sql::Contains(&["INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)"])),
+    s("src/payments/callback.rs", "record a received callback before it is enqueued", Sql::Contains(&["INSERT INTO inbound_callbacks (channel, callback_id, body, state, queued_at)"])),
+    s("src/payments/callback.rs", "find received callbacks nobody processed", Sql::Contains(&["WHERE state = 'received' AND queued_at < now()"])),
+    s("src/payments/callback.rs", "touch a received callback before it is enqueued again", Sql::Contains(&["UPDATE inbound_callbacks SET queued_at = now() WHERE id = $1 AND state = 'received' AND queued_at = $2"])),
     s("src/payments/callback.rs", "mark a callback applied", Sql::Contains(&["UPDATE inbound_callbacks SET state = 'applied'"])),
     s("src/payments/callback.rs", "mark a callback failed", Sql::Contains(&["UPDATE inbound_callbacks SET state = 'failed'"])),
     s("src/payments/callback.rs", "link a change's audit event to its log", Sql::Contains(&["UPDATE audit_events SET integration_log_id = $2 WHERE id = $1"])),
@@ -197,6 +203,7 @@ pub async fn drive(app: &TestApp, tag: &str, scale: Scale) {
     let poll_card = d.polls().await;
     d.failures_parking_and_unpark().await;
     let payment = d.payments().await;
+    d.recovery_leftovers().await;
     d.callbacks(&poll_card).await;
     d.maintenance().await;
     d.investigate(&poll_card).await;
@@ -431,6 +438,57 @@ impl Driver<'_> {
         })
         .await;
         self.insert_payment(&card, "requested").await
+    }
+
+    /// What recovery does besides settling: a payment whose query the Gateway cannot answer goes
+    /// to the back of the line, and a `received` callback whose job was lost is enqueued again.
+    async fn recovery_leftovers(&self) {
+        let card = format!("{}-poll", self.tag);
+        let left = self.insert_payment(&card, "unknown").await;
+        sqlx::query(
+            "UPDATE payments SET updated_at = '2000-01-01T00:00:00Z' WHERE payment_id = $1",
+        )
+        .bind(left)
+        .execute(self.pool())
+        .await
+        .expect("age the payment");
+        let swept = format!("{}-swept", self.tag);
+        sqlx::query(
+            "INSERT INTO inbound_callbacks (channel, callback_id, body, state, queued_at)
+             VALUES ('visa', $1, $2, 'received', '2000-01-01T00:00:00Z')",
+        )
+        .bind(&swept)
+        // About a card nobody has: processing it records a failure, which is enough here.
+        .bind(format!(
+            r#"{{"type":"card.status","card_ref":"{}-nobody","status":"frozen"}}"#,
+            self.tag
+        ))
+        .execute(self.pool())
+        .await
+        .expect("a received callback");
+        self.app.sim.set_error_rate(1.0);
+        let report = recovery::recover(self.ctx(), Duration::from_secs(300), 1)
+            .await
+            .expect("recovery");
+        self.app.sim.set_error_rate(0.0);
+        assert_eq!(report.left, 1, "{report:?}");
+        assert_eq!(self.payment_status(left).await, "unknown");
+        // The sweep runs with the recovery job.
+        let swept_jobs = callback::sweep_received(self.ctx(), Duration::from_secs(300), 10)
+            .await
+            .expect("sweep");
+        assert!(swept_jobs >= 1, "{swept_jobs}");
+        wait_until(LIMIT, "the swept callback is processed", || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM inbound_callbacks
+                                 WHERE callback_id = $1 AND state <> 'received')",
+            )
+            .bind(&swept)
+            .fetch_one(self.pool())
+            .await
+            .expect("callback state")
+        })
+        .await;
     }
 
     fn callback(&self, id: &str, body: String) -> ProcessCallback {
@@ -671,6 +729,25 @@ impl Driver<'_> {
     /// `reconcile_batch`, as the scheduled reconcile runs it (the chains it starts poll once
     /// each, in the background: more executions of the poll statements at volume).
     async fn reconcile(&self) {
+        // Overdue chains (the due index): one card of each task made overdue by hand, so the
+        // lookup of their cards runs.
+        let mut conn = self.ctx().redis.clone();
+        for task in Task::ALL {
+            let _: i64 = redis::cmd("ZADD")
+                .arg(cardworker::polling::chain::due_key(
+                    self.ctx().prefix(),
+                    task,
+                ))
+                .arg(0)
+                .arg(format!("{}-overdue", self.tag))
+                .query_async(&mut conn)
+                .await
+                .expect("an overdue chain");
+            let overdue = reconcile::restart_overdue(self.ctx(), task)
+                .await
+                .expect("restart overdue chains");
+            assert!(overdue.found >= 1, "{task}: {overdue:?}");
+        }
         match self.scale {
             Scale::Small => self.cli(&["reconcile", "--format", "json"]).await,
             Scale::Production => {
