@@ -47,12 +47,15 @@ pub fn register_metrics(ctx: &AppContext) {
 pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Result<()> {
     let config = ctx.config.clone();
 
-    // Polling: both workers run under the fleet-wide budget (both tokens or no handler). The
-    // worker concurrency is only the per-process ceiling; the budget is the fleet-wide limit.
+    // Polling: both workers run under the fleet-wide budget (both tokens and a closed Gateway
+    // circuit, or no handler). The worker concurrency is only the per-process ceiling; the
+    // budget is the fleet-wide limit.
     let budget = || ctx.budget.clone();
-    let data_layer = PollingBudgetLayer::<PollCardData>::new(budget(), &config.polling);
+    let data_layer = PollingBudgetLayer::<PollCardData>::new(budget(), &config.polling)
+        .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
     spawn_layered::<PollCardData, _>(ctx, sup, data_layer);
-    let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling);
+    let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling)
+        .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
     spawn_layered::<PollCardStatus, _>(ctx, sup, status_layer);
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker::<RunReconcile>(ctx, sup);

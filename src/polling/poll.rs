@@ -2,8 +2,14 @@
 //!
 //! 1. Check the chain in Redis: a stale job is acknowledged without a Gateway call; a job whose
 //!    card had no chain adopts it.
-//! 2. Load the card (a read). Unknown, parked or no longer pollable: acknowledge, no call.
-//! 3. Correlation id (UUID v7) in memory, call the Gateway, classify.
+//! 2. Load the card (a read). Unknown or no longer pollable: acknowledge, no call. Parked: the
+//!    chain waits for its retry (`polling.<task>.parked_retry_secs` after parking); the job due
+//!    then is the retry, one poll: a valid answer un-parks the card (one `poll.unparked` record),
+//!    a failure leaves it parked until the next retry.
+//! 3. Correlation id (UUID v7) in memory, call the Gateway, classify, and report the outcome to
+//!    the Gateway circuit ([`super::circuit::report`]; the budget layer counts it fleet-wide).
+//!    A poll that is a probe of a half-open circuit and fails records nothing and does not
+//!    advance the card's failures: the failure is the Gateway's, and the circuit re-opens.
 //! 4. By outcome:
 //!    - valid and unchanged: **no PostgreSQL write at all**; count `skipped_unchanged`, bump the
 //!      hourly Redis aggregate, schedule the next poll after the jittered interval;
@@ -12,7 +18,7 @@
 //!    - failed or unknown: one transaction with the terminal `failed`/`unknown` log (error and
 //!      what happens next) and its audit event + link; count `persisted_failure`; the next attempt
 //!      comes after a capped, jittered exponential back-off, or the chain is parked in PostgreSQL
-//!      (same transaction) after `max_consecutive_failures`.
+//!      (same transaction) after `max_consecutive_failures` and its retry is scheduled.
 //!
 //! Nothing here ever writes a `pending` log or updates `integration_logs`: the terminal path is
 //! [`records::insert_terminal_log`] only. A transient infrastructure error (PostgreSQL down while
@@ -31,6 +37,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::chain::{self, Liveness, PollJob};
+use super::circuit;
 use crate::backoff::{self as backoff_rule, Backoff, Jitter};
 use crate::cards::apply::{Applied, ChangeSource};
 use crate::config::Task;
@@ -104,6 +111,11 @@ pub enum PollOutcome {
     },
     /// Recording failed for an infrastructure reason; a retry was scheduled.
     RetryScheduled,
+    /// A probe of a half-open circuit failed: nothing recorded, failures unchanged, retry
+    /// scheduled.
+    ProbeFailed,
+    /// A parked chain's job came before its retry was due: rescheduled for the retry, no call.
+    ParkedWaiting,
 }
 
 /// The Redis hash of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
@@ -187,6 +199,10 @@ impl<J: PollTask> Run<'_, J> {
             .polling
             .task(J::TASK)
             .max_consecutive_failures
+    }
+
+    fn parked_retry(&self) -> Duration {
+        self.ctx.config.polling.task(J::TASK).parked_retry()
     }
 
     /// Schedules the chain's next job after `delay` with `failures`.
@@ -295,8 +311,23 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 .await
         }
     };
-    if !card.is_pollable(task) {
-        tracing::info!(%task, card_ref = %run.card_ref, parked = card.parked_at(task).is_some(), "card needs no poll; chain ended");
+    // A parked chain stays scheduled for its retry; the job due then is that retry.
+    let parked_retry = match card.parked_at(task) {
+        Some(parked_at) if card.wants_polling(task) => {
+            let due = parked_at
+                + chrono::Duration::from_std(run.parked_retry()).unwrap_or(chrono::Duration::MAX);
+            let early = (due - Utc::now()).to_std().unwrap_or_default();
+            if !early.is_zero() {
+                let failures = run.state.failures;
+                run.schedule(failures, early).await?;
+                return Ok(PollOutcome::ParkedWaiting);
+            }
+            true
+        }
+        _ => false,
+    };
+    if !parked_retry && !card.is_pollable(task) {
+        tracing::info!(%task, card_ref = %run.card_ref, "card needs no poll; chain ended");
         run.finish().await?;
         return Ok(PollOutcome::NotPolled);
     }
@@ -305,6 +336,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
     let started_at = Utc::now();
     let result = J::call(&ctx.gateway, &run.card_ref, correlation_id).await;
     let finished_at = Utc::now();
+    circuit::report(result.outcome.is_valid());
     let log = |state: LogState, error: Option<String>, recovery: Option<String>| LogRecord {
         correlation_id,
         resource_type: "card",
@@ -322,6 +354,12 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
 
     match &result.outcome {
         Outcome::Valid(obs) => {
+            if parked_retry {
+                if let Err(e) = persist_unpark::<J>(&ctx, &run.card_ref, correlation_id).await {
+                    return run.retry_after_infra_error(e).await;
+                }
+                tracing::info!(%task, card_ref = %run.card_ref, %correlation_id, "parked chain's retry got a valid answer; card un-parked, polling resumes");
+            }
             let mut card = card;
             // One re-decision after a version conflict (a callback changed the card meanwhile).
             for attempt in 0..2 {
@@ -374,19 +412,43 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             run.schedule_next().await?;
             Ok(PollOutcome::RetryScheduled)
         }
+        Outcome::Failed(failure) | Outcome::Unknown(failure) if circuit::is_probe() => {
+            // The Gateway is still failing: the circuit re-opens; this card is not to blame.
+            let failures = run.state.failures;
+            let delay = backoff(run.interval(), failures + 1);
+            tracing::info!(%task, card_ref = %run.card_ref, reason = %failure.reason, retry_in_ms = delay.as_millis() as u64, "circuit probe failed; nothing recorded, failures unchanged");
+            run.schedule(failures, delay).await?;
+            Ok(PollOutcome::ProbeFailed)
+        }
         Outcome::Failed(failure) | Outcome::Unknown(failure) => {
             let state = if result.outcome.is_failed() {
                 LogState::Failed
             } else {
                 LogState::Unknown
             };
-            let failures = run.state.failures + 1;
             let max = run.max_failures();
+            // A parked chain's retry that fails leaves it parked (one poll per retry).
+            let failures = if parked_retry {
+                run.state.failures.max(max)
+            } else {
+                run.state.failures + 1
+            };
             let parked = failures >= max;
-            let delay = backoff(run.interval(), failures);
+            let delay = if parked {
+                run.parked_retry()
+            } else {
+                backoff(run.interval(), failures)
+            };
             let recovery = if parked {
                 format!(
-                    "chain parked after {max} consecutive failures; restart with `cardworker enqueue {} --card-ref {}`",
+                    "{}; retried automatically in {} s (polling.{}.parked_retry_secs); restart now with `cardworker unpark --task {} --card-ref {}`",
+                    if parked_retry {
+                        "the parked chain's retry failed, it stays parked".to_owned()
+                    } else {
+                        format!("chain parked after {max} consecutive failures")
+                    },
+                    delay.as_secs(),
+                    task.label(),
                     task.cli_name(),
                     run.card_ref
                 )
@@ -397,15 +459,19 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 )
             };
             let record = log(state, Some(failure.reason.clone()), Some(recovery.clone()));
-            match persist_failure::<J>(&ctx, &record, failures, parked).await {
+            let park = match (parked, parked_retry) {
+                (false, _) => Park::No,
+                (true, false) => Park::Now,
+                (true, true) => Park::Again,
+            };
+            match persist_failure::<J>(&ctx, &record, failures, park).await {
                 Ok(()) => {}
                 Err(e) => return run.retry_after_infra_error(e).await,
             }
             count(task, PERSISTED_FAILURE);
             tracing::warn!(%task, card_ref = %run.card_ref, %correlation_id, outcome = state.as_str(), reason = %failure.reason, recovery = %recovery, "poll failed; recorded");
-            if parked {
-                run.finish().await?;
-            } else if !run.schedule(failures, delay).await? {
+            // A parked chain stays scheduled: its next job is the retry.
+            if !run.schedule(failures, delay).await? {
                 tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
             }
             Ok(PollOutcome::Failed { parked })
@@ -464,13 +530,61 @@ async fn persist_change<J: PollTask>(
     Ok(applied)
 }
 
+/// What a recorded failure does to the chain's parked mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Park {
+    /// Not parked.
+    No,
+    /// This failure parks the chain (`poll.parked`).
+    Now,
+    /// A parked chain's retry failed: the mark is renewed (the next retry counts from now).
+    Again,
+}
+
+/// The un-parking transaction of a parked chain's successful retry: the parked mark cleared and
+/// one `poll.unparked` audit event.
+async fn persist_unpark<J: PollTask>(
+    ctx: &AppContext,
+    card_ref: &str,
+    correlation_id: Uuid,
+) -> anyhow::Result<()> {
+    let task = J::TASK;
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("starting the un-parking transaction")?;
+    cards::unpark(&mut *tx, card_ref, task)
+        .await
+        .context("clearing the parked mark")?;
+    records::insert_audit(
+        &mut tx,
+        &AuditRecord {
+            event_type: "poll.unparked",
+            correlation_id: Some(correlation_id),
+            summary: format!(
+                "{task} chain of card {card_ref} un-parked: its retry got a valid answer"
+            ),
+            details: serde_json::json!({ "task": task.label(), "by": "parked_retry" }),
+            resource_type: "card",
+            resource_id: card_ref.to_owned(),
+        },
+        None,
+    )
+    .await
+    .context("writing the un-parking audit event")?;
+    tx.commit().await.context("committing the un-parking")?;
+    Ok(())
+}
+
 /// The failure transaction: terminal `failed`/`unknown` log with its audit event and link, and,
-/// when this failure parks the chain, the parked mark and a `poll.parked` audit event.
+/// when this failure parks the chain, the parked mark and a `poll.parked` audit event (a failed
+/// retry of a parked chain renews the mark only).
 async fn persist_failure<J: PollTask>(
     ctx: &AppContext,
     record: &LogRecord,
     failures: u32,
-    parked: bool,
+    park: Park,
 ) -> anyhow::Result<()> {
     let task = J::TASK;
     let mut tx = ctx
@@ -512,10 +626,12 @@ async fn persist_failure<J: PollTask>(
     )
     .await
     .context("writing the failure's audit event")?;
-    if parked {
+    if park != Park::No {
         cards::park(&mut tx, &record.resource_id, task)
             .await
             .context("parking the chain")?;
+    }
+    if park == Park::Now {
         records::insert_audit(
             &mut tx,
             &AuditRecord {
@@ -523,8 +639,10 @@ async fn persist_failure<J: PollTask>(
                 correlation_id: Some(record.correlation_id),
                 summary: format!(
                     "{task} chain of card {} parked after {failures} consecutive failures; \
-                     restart with `cardworker enqueue {} --card-ref {}`",
+                     retried automatically after polling.{}.parked_retry_secs, or restart with \
+                     `cardworker unpark --task {} --card-ref {}`",
                     record.resource_id,
+                    task.label(),
                     task.cli_name(),
                     record.resource_id
                 ),
