@@ -57,6 +57,8 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling)
         .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
     spawn_layered::<PollCardStatus, _>(ctx, sup, status_layer);
+    ctx.shutdown
+        .spawn(crate::polling::measure_parked_chains(ctx.clone()));
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker::<RunReconcile>(ctx, sup);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;

@@ -23,10 +23,18 @@ pub mod circuit;
 pub mod poll;
 pub mod reconcile;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::budget::circuit::{CIRCUIT_OPEN_REASON, TRANSITION_LABELS};
 use crate::budget::ShortReason;
 use crate::config::Task;
+use crate::context::AppContext;
+use crate::storage::cards;
 use crate::telemetry::metrics as m;
+
+/// How often each process counts the parked chains for `cardworker_parked_chains`.
+pub const PARKED_GAUGE_EVERY: Duration = Duration::from_secs(60);
 
 /// The `reason` label of a deferral because Redis did not answer the acquire (the other reasons
 /// are [`ShortReason`]'s).
@@ -49,9 +57,29 @@ pub fn register_metrics() {
                 .increment(0);
         }
         metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label()).set(0.0);
+        metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(0.0);
         for to in TRANSITION_LABELS {
             metrics::counter!(m::GATEWAY_CIRCUIT_TRANSITIONS, "task" => task.label(), "to" => to)
                 .increment(0);
         }
+    }
+}
+
+/// Publishes `cardworker_parked_chains{task}` now and every [`PARKED_GAUGE_EVERY`]: two counts
+/// on the partial indexes of parked cards (index-only, proportional to the parked cards, not to
+/// the table). Runs until the process stops.
+pub async fn measure_parked_chains(ctx: Arc<AppContext>) {
+    loop {
+        match cards::count_parked(&ctx.pool).await {
+            Ok((carddata, card_status)) => {
+                for (task, n) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
+                    metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(n as f64);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot count the parked chains for cardworker_parked_chains")
+            }
+        }
+        tokio::time::sleep(PARKED_GAUGE_EVERY).await;
     }
 }
