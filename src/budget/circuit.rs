@@ -217,7 +217,12 @@ impl CircuitView {
 
     /// Reads a circuit from its hash (flat field/value list), its window entries and Redis's
     /// `now` (ms), counting the window entries younger than `window_ms`.
-    pub(super) fn from_raw(flat: &[String], window: &[String], now_ms: i64, window_ms: i64) -> Self {
+    pub(super) fn from_raw(
+        flat: &[String],
+        window: &[String],
+        now_ms: i64,
+        window_ms: i64,
+    ) -> Self {
         let field = |name: &str| {
             flat.chunks_exact(2)
                 .find(|kv| kv[0] == name)
@@ -252,7 +257,9 @@ impl CircuitView {
             } else {
                 None
             },
-            reopens: num("reopens").and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+            reopens: num("reopens")
+                .and_then(|n| u64::try_from(n).ok())
+                .unwrap_or(0),
             window: view,
         }
     }
@@ -307,7 +314,10 @@ mod tests {
             Transition::parse("reopened", &[20_000]).map(Transition::to),
             Some("open")
         );
-        assert_eq!(Transition::parse("half_open", &[]), Some(Transition::HalfOpen));
+        assert_eq!(
+            Transition::parse("half_open", &[]),
+            Some(Transition::HalfOpen)
+        );
         assert_eq!(Transition::parse("", &[]), None);
     }
 
@@ -320,7 +330,13 @@ mod tests {
         let window = strings(&["9000f", "8500f", "8000s", "100f"]);
         let v = CircuitView::from_raw(&flat, &window, 9_500, 5_000);
         assert_eq!(v.state, CircuitState::Open);
-        assert_eq!(v.window, WindowView { calls: 3, failures: 2 });
+        assert_eq!(
+            v.window,
+            WindowView {
+                calls: 3,
+                failures: 2
+            }
+        );
         assert_eq!(v.cooldown_secs, Some(10));
         assert_eq!(v.reopens, 1);
         assert_eq!(v.probes_from.map(|t| t.timestamp_millis()), Some(11_000));

@@ -55,9 +55,8 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 
 /// The one script: the circuit's functions, then the budget's operations.
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!("{}\n{}", circuit::LUA, include_str!("budget.lua")))
-});
+static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{}\n{}", circuit::LUA, include_str!("budget.lua"))));
 
 /// The total lease set.
 pub fn total_key(prefix: &str) -> String {
@@ -395,7 +394,9 @@ impl Budget {
             held.remove(lease_id);
         }
         self.released.notify_waiters();
-        let existed = raw.first().is_some_and(|v| matches!(v, redis::Value::Int(1)));
+        let existed = raw
+            .first()
+            .is_some_and(|v| matches!(v, redis::Value::Int(1)));
         let name = match raw.get(1) {
             Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(redis::Value::SimpleString(s)) => s.clone(),

@@ -207,8 +207,7 @@ where
         Err(e) => {
             tracing::warn!(task = J::TASK.label(), error = %format!("{e:#}"), "polling budget unavailable; failing closed (no Gateway call)");
             deferred(J::TASK.label(), super::BUDGET_UNAVAILABLE);
-            defer::<J, S::Response>(&shared, task, super::BUDGET_UNAVAILABLE, Duration::ZERO)
-                .await
+            defer::<J, S::Response>(&shared, task, super::BUDGET_UNAVAILABLE, Duration::ZERO).await
         }
     }
 }

@@ -144,6 +144,48 @@ pub async fn on_transition(pool: Option<&PgPool>, task: Task, transition: Transi
     }
 }
 
+/// Writes the transition event of a circuit an operator forced open or closed
+/// (`cardworker circuit open|close`), when that changed its state: an outage begins or ends then
+/// too, and its record should read the same whoever made it.
+pub async fn on_forced(
+    pool: &PgPool,
+    task: Task,
+    open: bool,
+    outage_ms: u64,
+) -> anyhow::Result<()> {
+    let record = if open {
+        AuditRecord {
+            event_type: OPENED_EVENT,
+            correlation_id: None,
+            summary: format!(
+                "{task} Gateway circuit forced open by an operator; polls are deferred without a \
+                 Gateway call"
+            ),
+            details: serde_json::json!({ "task": task.label(), "forced": true }),
+            resource_type: "task",
+            resource_id: task.label().to_owned(),
+        }
+    } else {
+        let secs = outage_ms as f64 / 1000.0;
+        AuditRecord {
+            event_type: CLOSED_EVENT,
+            correlation_id: None,
+            summary: format!(
+                "{task} Gateway circuit forced closed by an operator after {secs:.0} s; polling \
+                 resumes"
+            ),
+            details: serde_json::json!({
+                "task": task.label(),
+                "forced": true,
+                "duration_ms": outage_ms,
+            }),
+            resource_type: "task",
+            resource_id: task.label().to_owned(),
+        }
+    };
+    write(pool, &record).await
+}
+
 async fn write(pool: &PgPool, record: &AuditRecord) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await.context("connecting to PostgreSQL")?;
     records::insert_audit(&mut conn, record, None)

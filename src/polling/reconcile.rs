@@ -23,9 +23,9 @@ use redis::AsyncCommands as _;
 use super::chain;
 use crate::config::{Config, Task};
 use crate::context::AppContext;
-use crate::storage::cards;
 use crate::runner::RunJob;
 use crate::runner::Scheduled;
+use crate::storage::cards;
 
 /// Longest random initial delay of a chain started by reconcile.
 pub const MAX_START_SPREAD: Duration = Duration::from_secs(60);
