@@ -162,6 +162,7 @@ mod tests {
             },
             status: CardStatus::Active,
             behaviour: CardBehaviour::Normal,
+            latency_ms: None,
         }
     }
 

@@ -17,6 +17,10 @@ pub struct SimStats {
     pub in_flight_per_call: HashMap<String, u64>,
     pub peak_per_call: HashMap<String, u64>,
     pub calls_total: HashMap<String, u64>,
+    /// The most calls of one kind about one card ever in flight at once (2 or more: that card
+    /// was polled twice at once).
+    #[serde(default)]
+    pub peak_same_card: u64,
 }
 
 /// The counters behind [`SimStats`], keyed by [`CallKind`].
@@ -27,6 +31,9 @@ pub(crate) struct Counters {
     per_call: HashMap<CallKind, u64>,
     peak_per_call: HashMap<CallKind, u64>,
     calls_total: HashMap<CallKind, u64>,
+    /// Calls in flight per (call kind, card).
+    per_card: HashMap<(CallKind, String), u64>,
+    peak_same_card: u64,
 }
 
 impl Counters {
@@ -52,10 +59,29 @@ impl Counters {
         }
     }
 
+    /// One call of `call` about `card_ref` starts (on top of [`Counters::enter`]).
+    pub(crate) fn enter_card(&mut self, call: CallKind, card_ref: &str) {
+        let n = self.per_card.entry((call, card_ref.to_owned())).or_insert(0);
+        *n += 1;
+        self.peak_same_card = self.peak_same_card.max(*n);
+    }
+
+    /// One call of `call` about `card_ref` is done.
+    pub(crate) fn exit_card(&mut self, call: CallKind, card_ref: &str) {
+        let key = (call, card_ref.to_owned());
+        if let Some(n) = self.per_card.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_card.remove(&key);
+            }
+        }
+    }
+
     /// Sets every peak to the current in-flight count.
     pub(crate) fn reset_peaks(&mut self) {
         self.peak_in_flight = self.in_flight;
         self.peak_per_call = self.per_call.clone();
+        self.peak_same_card = self.per_card.values().copied().max().unwrap_or(0);
     }
 
     pub(crate) fn snapshot(&self) -> SimStats {
@@ -70,6 +96,7 @@ impl Counters {
             in_flight_per_call: named(&self.per_call),
             peak_per_call: named(&self.peak_per_call),
             calls_total: named(&self.calls_total),
+            peak_same_card: self.peak_same_card,
         }
     }
 }
@@ -80,6 +107,21 @@ mod tests {
 
     fn get(m: &HashMap<String, u64>, call: CallKind) -> u64 {
         m.get(call.as_str()).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn the_same_card_peak_counts_concurrent_calls_about_one_card_only() {
+        let mut c = Counters::default();
+        c.enter_card(CallKind::CardStatus, "c-1");
+        c.enter_card(CallKind::CardStatus, "c-2");
+        c.enter_card(CallKind::Carddata, "c-1");
+        assert_eq!(c.snapshot().peak_same_card, 1);
+        c.enter_card(CallKind::CardStatus, "c-1");
+        assert_eq!(c.snapshot().peak_same_card, 2);
+        c.exit_card(CallKind::CardStatus, "c-1");
+        c.exit_card(CallKind::CardStatus, "c-1");
+        c.reset_peaks();
+        assert_eq!(c.snapshot().peak_same_card, 1);
     }
 
     #[test]
