@@ -4,6 +4,7 @@
 mod harness;
 
 mod budget;
+mod circuit;
 mod config_cli;
 mod endpoint;
 mod gateway;
