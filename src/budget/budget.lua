@@ -18,7 +18,7 @@
 --            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends}
 -- release: ARGV[2..] lease ids; removes each from every set. Returns how many leases existed.
 -- finish:  ARGV[2] task index  ARGV[3] lease id  ARGV[4] outcome 'ok'|'fail'|'none'
---          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg
+--          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg  ARGV[7] the card
 --   releases the lease and counts the outcome; returns {existed 1|0, transition, details...}
 --   (see circuit_record).
 -- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
@@ -103,7 +103,7 @@ elseif op == 'finish' then
   local existed = 0
   if a + b > 0 then existed = 1 end
   local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], now, circuit_cfg(ARGV[6]),
-    ARGV[4], tonumber(ARGV[5]))
+    ARGV[4], tonumber(ARGV[5]), ARGV[7])
   table.insert(answer, 1, existed)
   return answer
 elseif op == 'circuit_force' then

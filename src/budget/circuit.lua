@@ -10,18 +10,18 @@
 --     round), probe_until (ms: when admitted probes that never reported stop holding a slot),
 --     forced ('1' while an operator forced it open), open_calls / open_fails (the window when it
 --     opened), reopens (failed probe rounds in this outage).
---   window list: the latest outcomes, newest first, each '<ms>f' or '<ms>s', at most
---     cfg.calls of them. While the window holds no failure, successes are not pushed (nothing
+--   window list: the latest outcomes, newest first, each 'f<ms>:<card_ref>' (a failure, with its
+--     card) or 's<ms>' (a success), at most cfg.calls of them. While the window holds no failure, successes are not pushed (nothing
 --     to dilute): a healthy fleet pays one HMGET per acquire and one per release.
 -- All times are Redis TIME in ms (the caller passes `now`).
 
--- cfg: 'enabled,calls,window_ms,min_calls,percent,cooldown_ms,max_cooldown_ms,probes'
+-- cfg: 'enabled,calls,window_ms,min_calls,min_cards,percent,cooldown_ms,max_cooldown_ms,probes'
 local function circuit_cfg(packed)
   local v = {}
   for n in string.gmatch(packed, '[^,]+') do v[#v + 1] = tonumber(n) end
   return {
-    enabled = v[1] == 1, calls = v[2], window_ms = v[3], min_calls = v[4], percent = v[5],
-    cooldown_ms = v[6], max_cooldown_ms = v[7], probes = v[8],
+    enabled = v[1] == 1, calls = v[2], window_ms = v[3], min_calls = v[4], min_cards = v[5],
+    percent = v[6], cooldown_ms = v[7], max_cooldown_ms = v[8], probes = v[9],
   }
 end
 
@@ -63,13 +63,14 @@ local function circuit_take_probe(hash, now, ttl_ms)
   redis.call('HSET', hash, 'probe_until', now + ttl_ms)
 end
 
--- Counts the outcome of one poll ('ok' | 'fail' | 'none' = no Gateway call) and moves the
--- circuit. round > 0: the poll was a probe of that half-open round. Returns a transition:
+-- Counts the outcome of one poll ('ok' | 'fail' | 'none' = no Gateway call) about `card` and
+-- moves the circuit. round > 0: the poll was a probe of that half-open round. Returns a
+-- transition:
 --   {''} nothing changed state
 --   {'opened', counted calls, failed calls}
 --   {'reopened', new cool-down ms}
 --   {'closed', outage duration ms, failed probe rounds, calls when opened, failures when opened}
-local function circuit_record(hash, list, now, cfg, outcome, round)
+local function circuit_record(hash, list, now, cfg, outcome, round, card)
   local st = redis.call('HMGET', hash, 'state', 'fails', 'round', 'cooldown', 'since', 'forced',
     'reopens', 'open_calls', 'open_fails')
   local state = st[1] or 'closed'
@@ -102,13 +103,15 @@ local function circuit_record(hash, list, now, cfg, outcome, round)
   local fails = tonumber(st[2]) or 0
   if outcome == 'ok' and fails == 0 then return {''} end
   local failed_now = outcome == 'fail'
-  local len = redis.call('LPUSH', list, now .. (failed_now and 'f' or 's'))
+  local entry = 's' .. now
+  if failed_now then entry = 'f' .. now .. ':' .. card end
+  local len = redis.call('LPUSH', list, entry)
   local before = fails
   if len == 1 then fails = 0 end
   if failed_now then fails = fails + 1 end
   if len > cfg.calls then
     local old = redis.call('RPOP', list)
-    if old and string.sub(old, -1) == 'f' then fails = fails - 1 end
+    if old and string.sub(old, 1, 1) == 'f' then fails = fails - 1 end
   end
   if fails < 0 then fails = 0 end
   -- The failures in the list are a cheap necessary condition; the time-bounded count decides.
@@ -118,16 +121,24 @@ local function circuit_record(hash, list, now, cfg, outcome, round)
     return {''}
   end
   local oldest = now - cfg.window_ms
-  local recent, failed, all_failed = 0, 0, 0
+  local recent, failed, all_failed, cards, distinct = 0, 0, 0, {}, 0
   for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    local is_f = string.sub(e, -1) == 'f'
+    local is_f = string.sub(e, 1, 1) == 'f'
     if is_f then all_failed = all_failed + 1 end
-    if (tonumber(string.sub(e, 1, -2)) or 0) >= oldest then
+    if (tonumber(string.match(e, '^.(%d+)')) or 0) >= oldest then
       recent = recent + 1
-      if is_f then failed = failed + 1 end
+      if is_f then
+        failed = failed + 1
+        local c = string.match(e, ':(.*)$') or ''
+        if not cards[c] then
+          cards[c] = true
+          distinct = distinct + 1
+        end
+      end
     end
   end
-  if recent < cfg.min_calls or failed * 100 < cfg.percent * recent then
+  if recent < cfg.min_calls or failed * 100 < cfg.percent * recent
+      or distinct < cfg.min_cards then
     -- Re-counted from the list itself, so a drifted counter heals here.
     redis.call('HSET', hash, 'fails', all_failed)
     return {''}

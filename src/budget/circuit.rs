@@ -45,11 +45,12 @@ pub fn window_key(prefix: &str, task: Task) -> String {
 /// `[polling.circuit]` as the script reads it (one packed argument).
 pub(super) fn packed(c: &CircuitConfig) -> String {
     format!(
-        "{},{},{},{},{},{},{},{}",
+        "{},{},{},{},{},{},{},{},{}",
         u8::from(c.enabled),
         c.window_calls,
         c.window_secs.saturating_mul(1000),
         c.min_calls,
+        c.min_failing_cards,
         c.failure_percent,
         c.cooldown_secs.saturating_mul(1000),
         c.max_cooldown_secs.saturating_mul(1000),
@@ -235,7 +236,9 @@ impl CircuitView {
         let open = state != CircuitState::Closed;
         let mut view = WindowView::default();
         for e in window {
-            let (ts, kind) = e.split_at(e.len().saturating_sub(1));
+            // `f<ms>:<card_ref>` or `s<ms>`.
+            let (kind, rest) = e.split_at(e.len().min(1));
+            let ts = rest.split(':').next().unwrap_or_default();
             if ts.parse::<i64>().is_ok_and(|ts| ts >= now_ms - window_ms) {
                 view.calls += 1;
                 if kind == "f" {
@@ -288,7 +291,7 @@ mod tests {
     fn the_packed_config_is_in_the_order_the_script_reads() {
         assert_eq!(
             packed(&CircuitConfig::default()),
-            "1,40,60000,20,50,10000,120000,2"
+            "1,20,60000,10,3,50,10000,120000,2"
         );
         let off = CircuitConfig {
             enabled: false,
@@ -327,7 +330,7 @@ mod tests {
             "state", "open", "since", "1000", "until", "11000", "cooldown", "10000", "reopens",
             "1", "fails", "3",
         ]);
-        let window = strings(&["9000f", "8500f", "8000s", "100f"]);
+        let window = strings(&["f9000:c-1", "f8500:c-2", "s8000", "f100:c-1"]);
         let v = CircuitView::from_raw(&flat, &window, 9_500, 5_000);
         assert_eq!(v.state, CircuitState::Open);
         assert_eq!(

@@ -369,8 +369,8 @@ impl Budget {
         Ok(Acquired::Short { reason })
     }
 
-    /// Releases one lease and counts its poll's outcome in the task's circuit, in one call: the
-    /// breaker's bookkeeping rides on the release. `probe_round` is
+    /// Releases one lease and counts its poll's outcome (about `card_ref`) in the task's circuit,
+    /// in one call: the breaker's bookkeeping rides on the release. `probe_round` is
     /// [`Acquired::probe_round`] of the acquire. Idempotent for the lease; a transition is
     /// reported (and counted) by exactly the call that made it.
     pub async fn finish(
@@ -379,6 +379,7 @@ impl Budget {
         lease_id: &str,
         report: CallReport,
         probe_round: u64,
+        card_ref: &str,
     ) -> anyhow::Result<Finished> {
         let raw: Vec<redis::Value> = self
             .invocation("finish")
@@ -387,6 +388,7 @@ impl Budget {
             .arg(report.lua())
             .arg(probe_round)
             .arg(&*self.circuit)
+            .arg(card_ref)
             .invoke_async(&mut self.conn.clone())
             .await
             .with_context(|| format!("releasing {task} polling tokens"))?;

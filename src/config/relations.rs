@@ -135,6 +135,30 @@ pub(super) fn check_relations(
             ),
         );
     }
+    if ok(&[
+        "polling.circuit.min_failing_cards",
+        "polling.circuit.min_calls",
+    ]) && c.min_failing_cards > c.min_calls
+    {
+        let key = "polling.circuit.min_failing_cards";
+        let allowed = format!(
+            "must be at most polling.circuit.min_calls ({})",
+            c.min_calls
+        );
+        problems.push(
+            Problem::new(
+                key,
+                c.min_failing_cards.to_string(),
+                sources.of(key),
+                allowed,
+            )
+            .checked_against(
+                "polling.circuit.min_calls",
+                c.min_calls,
+                sources.of("polling.circuit.min_calls"),
+            ),
+        );
+    }
     problems
 }
 #[cfg(test)]
@@ -202,6 +226,14 @@ mod tests {
         );
         assert_eq!(p.related[0].key, "polling.circuit.window_calls");
         from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 10").expect("valid");
+        let p = problem_for(
+            from_str("[polling.circuit]\nmin_calls = 4\nmin_failing_cards = 5"),
+            "polling.circuit.min_failing_cards",
+        );
+        assert!(
+            p.allowed.contains("at most polling.circuit.min_calls (4)"),
+            "{p}"
+        );
     }
 
     #[test]
@@ -231,6 +263,10 @@ mod tests {
                 "polling.circuit.window_secs",
             ),
             ("polling.circuit.min_calls = 0", "polling.circuit.min_calls"),
+            (
+                "polling.circuit.min_failing_cards = 0",
+                "polling.circuit.min_failing_cards",
+            ),
             (
                 "polling.circuit.failure_percent = 101",
                 "polling.circuit.failure_percent",

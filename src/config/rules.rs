@@ -115,6 +115,10 @@ const RULES: &[(&str, Rule)] = &[
         "polling.circuit.min_calls",
         int_note(1, 10_000, ", and at most polling.circuit.window_calls"),
     ),
+    (
+        "polling.circuit.min_failing_cards",
+        int_note(1, 10_000, ", and at most polling.circuit.min_calls"),
+    ),
     ("polling.circuit.failure_percent", int(1, 100)),
     ("polling.circuit.cooldown_secs", int(1, 3600)),
     (

@@ -336,7 +336,9 @@ impl TaskConfig {
 ///
 /// The window is the last `window_calls` Gateway outcomes of the task, fleet-wide, of which only
 /// those younger than `window_secs` count. The circuit opens when at least `min_calls` of them
-/// count and at least `failure_percent` % of those failed (failed, unknown or timed out). After
+/// count, at least `failure_percent` % of those failed (failed, unknown or timed out), and the
+/// failures are about at least `min_failing_cards` distinct cards (a few bad cards are parked,
+/// they never open the circuit). After
 /// `cooldown_secs` it lets `half_open_probes` polls through: a success closes it, a failure
 /// opens it again with twice the cool-down, up to `max_cooldown_secs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,6 +352,8 @@ pub struct CircuitConfig {
     pub window_secs: u64,
     /// Fewer counted outcomes never open the circuit, 1..=10000 and at most `window_calls`.
     pub min_calls: u32,
+    /// Failures about fewer distinct cards never open it, 1..=10000 and at most `min_calls`.
+    pub min_failing_cards: u32,
     /// The share of failed outcomes that opens it, 1..=100 (percent).
     pub failure_percent: u32,
     /// The first cool-down before probes are let through, 1..=3600 s.
@@ -364,9 +368,10 @@ impl Default for CircuitConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            window_calls: 40,
+            window_calls: 20,
             window_secs: 60,
-            min_calls: 20,
+            min_calls: 10,
+            min_failing_cards: 3,
             failure_percent: 50,
             cooldown_secs: 10,
             max_cooldown_secs: 120,

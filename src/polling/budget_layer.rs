@@ -46,10 +46,10 @@ use sqlx::PgPool;
 use tower::{Layer, Service};
 
 use super::chain::{self, Liveness, PollJob};
-use super::circuit;
+use super::circuit::{self, Reported};
 use crate::backoff::{Backoff, Jitter};
 use crate::budget::circuit::CIRCUIT_OPEN_REASON;
-use crate::budget::{Acquired, Budget, CallReport, ShortReason};
+use crate::budget::{Acquired, Budget, ShortReason};
 use crate::config::{PollingConfig, Task as PollTask};
 use crate::runner::JobError;
 use crate::shutdown::Shutdown;
@@ -278,11 +278,15 @@ struct LeaseGuard {
 impl LeaseGuard {
     /// Releases the lease and counts the poll's outcome in the circuit (one call). Returns the
     /// circuit transition it made, if any.
-    async fn finish(mut self, report: CallReport) -> Option<crate::budget::Transition> {
+    async fn finish(mut self, reported: Reported) -> Option<crate::budget::Transition> {
         let held = self.held.take()?;
-        let call = self
-            .budget
-            .finish(held.task, &held.lease, report, held.probe_round);
+        let call = self.budget.finish(
+            held.task,
+            &held.lease,
+            reported.report,
+            held.probe_round,
+            &reported.card_ref,
+        );
         match tokio::time::timeout(REDIS_CALL_TIMEOUT, call).await {
             Ok(Ok(finished)) => finished.transition,
             Ok(Err(e)) => {

@@ -13,8 +13,7 @@
 //!   a failed probe round), and logs every transition at warn level.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use sqlx::PgPool;
@@ -32,8 +31,17 @@ pub const CLOSED_EVENT: &str = "gateway.circuit_closed";
 struct RunSlot {
     /// The poll is a probe of a half-open circuit.
     probe: bool,
-    /// 0 no call, 1 ok, 2 failed.
-    report: AtomicU8,
+    /// The classified outcome of its Gateway call (valid or not) and the card; `None`: no call.
+    report: Mutex<Option<(bool, String)>>,
+}
+
+/// What a poll reported, for the lease release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reported {
+    /// What the Gateway call showed.
+    pub report: CallReport,
+    /// The card it was about (empty without a call).
+    pub card_ref: String,
 }
 
 tokio::task_local! {
@@ -43,24 +51,37 @@ tokio::task_local! {
 /// Runs one poll (the budget layer's inner service) with its report slot; returns its output and
 /// what it reported ([`CallReport::NoCall`] when it made no Gateway call or was cut off before
 /// classifying one).
-pub async fn scoped<F: Future>(probe: bool, poll: F) -> (F::Output, CallReport) {
+pub async fn scoped<F: Future>(probe: bool, poll: F) -> (F::Output, Reported) {
     let slot = Arc::new(RunSlot {
         probe,
-        report: AtomicU8::new(0),
+        report: Mutex::new(None),
     });
     let out = RUN.scope(slot.clone(), poll).await;
-    let report = match slot.report.load(Ordering::Relaxed) {
-        1 => CallReport::Ok,
-        2 => CallReport::Failed,
-        _ => CallReport::NoCall,
+    let reported = match slot.report.lock().ok().and_then(|mut r| r.take()) {
+        Some((true, card_ref)) => Reported {
+            report: CallReport::Ok,
+            card_ref,
+        },
+        Some((false, card_ref)) => Reported {
+            report: CallReport::Failed,
+            card_ref,
+        },
+        None => Reported {
+            report: CallReport::NoCall,
+            card_ref: String::new(),
+        },
     };
-    (out, report)
+    (out, reported)
 }
 
-/// Reports the classified outcome of this poll's Gateway call (a no-op outside [`scoped`], as
-/// in a poll run directly by a test).
-pub fn report(ok: bool) {
-    let _ = RUN.try_with(|slot| slot.report.store(if ok { 1 } else { 2 }, Ordering::Relaxed));
+/// Reports the classified outcome of this poll's Gateway call about `card_ref` (valid or not; a
+/// no-op outside [`scoped`], as in a poll run directly by a test).
+pub fn report(card_ref: &str, valid: bool) {
+    let _ = RUN.try_with(|slot| {
+        if let Ok(mut r) = slot.report.lock() {
+            *r = Some((valid, card_ref.to_owned()));
+        }
+    });
 }
 
 /// Whether this poll is a probe of a half-open circuit.
@@ -201,30 +222,36 @@ mod tests {
     #[tokio::test]
     async fn a_poll_that_reports_nothing_counts_as_no_call() {
         let ((), r) = scoped(false, async {}).await;
-        assert_eq!(r, CallReport::NoCall);
+        assert_eq!(r.report, CallReport::NoCall);
     }
 
     #[tokio::test]
     async fn the_last_report_of_a_poll_is_what_the_layer_sees() {
         let ((), r) = scoped(false, async {
-            report(false);
+            report("c-1", false);
             tokio::task::yield_now().await;
-            report(true);
+            report("c-1", true);
         })
         .await;
-        assert_eq!(r, CallReport::Ok);
+        assert_eq!(
+            r,
+            Reported {
+                report: CallReport::Ok,
+                card_ref: "c-1".to_owned()
+            }
+        );
         let (probe, r) = scoped(true, async {
-            report(false);
+            report("c-2", false);
             is_probe()
         })
         .await;
         assert!(probe);
-        assert_eq!(r, CallReport::Failed);
+        assert_eq!(r.report, CallReport::Failed);
     }
 
     #[tokio::test]
     async fn outside_a_scope_reporting_is_a_no_op_and_no_poll_is_a_probe() {
-        report(true);
+        report("c-1", true);
         assert!(!is_probe());
     }
 }

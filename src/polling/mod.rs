@@ -65,21 +65,27 @@ pub fn register_metrics() {
     }
 }
 
-/// Publishes `cardworker_parked_chains{task}` now and every [`PARKED_GAUGE_EVERY`]: two counts
-/// on the partial indexes of parked cards (index-only, proportional to the parked cards, not to
-/// the table). Runs until the process stops.
+/// Publishes `cardworker_parked_chains{task}` now and every [`PARKED_GAUGE_EVERY`] until the
+/// process stops.
 pub async fn measure_parked_chains(ctx: Arc<AppContext>) {
     loop {
-        match cards::count_parked(&ctx.pool).await {
-            Ok((carddata, card_status)) => {
-                for (task, n) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
-                    metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(n as f64);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot count the parked chains for cardworker_parked_chains")
+        publish_parked_chains(&ctx).await;
+        tokio::time::sleep(PARKED_GAUGE_EVERY).await;
+    }
+}
+
+/// Counts the parked chains per task and publishes `cardworker_parked_chains{task}`: two counts
+/// on the partial indexes of parked cards (index-only, proportional to the parked cards, not to
+/// the table).
+pub async fn publish_parked_chains(ctx: &AppContext) {
+    match cards::count_parked(&ctx.pool).await {
+        Ok((carddata, card_status)) => {
+            for (task, n) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
+                metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(n as f64);
             }
         }
-        tokio::time::sleep(PARKED_GAUGE_EVERY).await;
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count the parked chains for cardworker_parked_chains")
+        }
     }
 }

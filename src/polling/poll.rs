@@ -336,7 +336,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
     let started_at = Utc::now();
     let result = J::call(&ctx.gateway, &run.card_ref, correlation_id).await;
     let finished_at = Utc::now();
-    circuit::report(result.outcome.is_valid());
+    circuit::report(&run.card_ref, result.outcome.is_valid());
     let log = |state: LogState, error: Option<String>, recovery: Option<String>| LogRecord {
         correlation_id,
         resource_type: "card",

@@ -21,15 +21,27 @@ fn config(redis: &TestRedis) -> Config {
     c
 }
 
-/// One poll: acquire, then release with `report`. Returns the acquire's answer and the
-/// transition the release made.
+/// One poll of a card among many: acquire, then release with `report`. Returns the acquire's
+/// answer and the transition the release made.
 async fn poll(b: &Budget, task: Task, report: CallReport) -> (Acquired, Option<Transition>) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    poll_card(b, task, report, &format!("c-{n}")).await
+}
+
+/// One poll of `card_ref`.
+async fn poll_card(
+    b: &Budget,
+    task: Task,
+    report: CallReport,
+    card_ref: &str,
+) -> (Acquired, Option<Transition>) {
     let lease = b.new_lease_id();
     let got = b.acquire(task, &lease).await.expect("acquire");
     match got {
         Acquired::Acquired | Acquired::Probe { .. } => {
             let done = b
-                .finish(task, &lease, report, got.probe_round())
+                .finish(task, &lease, report, got.probe_round(), card_ref)
                 .await
                 .expect("finish");
             assert!(done.existed);
@@ -40,11 +52,13 @@ async fn poll(b: &Budget, task: Task, report: CallReport) -> (Acquired, Option<T
 }
 
 async fn state(b: &Budget, task: Task) -> CircuitState {
-    b.show().await.expect("show").tasks[task.label()].circuit.state
+    b.show().await.expect("show").tasks[task.label()]
+        .circuit
+        .state
 }
 
 #[tokio::test]
-async fn a_full_outage_opens_the_circuit_at_the_twentieth_failure_and_then_admits_nothing() {
+async fn a_full_outage_opens_the_circuit_at_the_tenth_failure_and_then_admits_nothing() {
     let r = TestRedis::new().await;
     let b = Budget::new(r.conn.clone(), &config(&r));
     // A healthy history first: 100 successes (none of them pushed into the window, since it
@@ -52,7 +66,7 @@ async fn a_full_outage_opens_the_circuit_at_the_twentieth_failure_and_then_admit
     for _ in 0..100 {
         assert_eq!(poll(&b, Task::Carddata, CallReport::Ok).await.1, None);
     }
-    for i in 1..=19 {
+    for i in 1..=9 {
         let (got, t) = poll(&b, Task::Carddata, CallReport::Failed).await;
         assert_eq!((got, t), (Acquired::Acquired, None), "failure {i}");
     }
@@ -60,8 +74,8 @@ async fn a_full_outage_opens_the_circuit_at_the_twentieth_failure_and_then_admit
     assert_eq!(
         t,
         Some(Transition::Opened {
-            calls: 20,
-            failures: 20
+            calls: 10,
+            failures: 10
         })
     );
     let (got, _) = poll(&b, Task::Carddata, CallReport::Failed).await;
@@ -78,9 +92,12 @@ async fn a_full_outage_opens_the_circuit_at_the_twentieth_failure_and_then_admit
     let c = &view.tasks["carddata"].circuit;
     assert_eq!(c.state, CircuitState::Open);
     assert!(c.since.is_some() && c.probes_from.is_some());
-    assert_eq!(c.window.failures, 20);
+    assert_eq!(c.window.failures, 10);
     assert_eq!(c.gauge(), 1.0);
-    assert_eq!(view.tasks["card_status"].circuit.state, CircuitState::Closed);
+    assert_eq!(
+        view.tasks["card_status"].circuit.state,
+        CircuitState::Closed
+    );
 }
 
 #[tokio::test]
@@ -97,10 +114,24 @@ async fn a_few_bad_cards_among_healthy_ones_never_open_the_circuit() {
     // Nor do failures alone that are fewer than min_calls (no other traffic at all).
     let r2 = TestRedis::new().await;
     let b2 = Budget::new(r2.conn.clone(), &config(&r2));
-    for _ in 0..19 {
+    for _ in 0..9 {
         poll(&b2, Task::CardStatus, CallReport::Failed).await;
     }
     assert_eq!(state(&b2, Task::CardStatus).await, CircuitState::Closed);
+    // Nor do two bad cards failing over and over with no other traffic: the failures are about
+    // fewer than min_failing_cards distinct cards.
+    let r3 = TestRedis::new().await;
+    let b3 = Budget::new(r3.conn.clone(), &config(&r3));
+    for _ in 0..50 {
+        for bad in ["bad-1", "bad-2"] {
+            let (_, t) = poll_card(&b3, Task::CardStatus, CallReport::Failed, bad).await;
+            assert_eq!(t, None);
+        }
+    }
+    assert_eq!(state(&b3, Task::CardStatus).await, CircuitState::Closed);
+    // A third failing card opens it.
+    let (_, t) = poll_card(&b3, Task::CardStatus, CallReport::Failed, "bad-3").await;
+    assert!(matches!(t, Some(Transition::Opened { .. })), "{t:?}");
 }
 
 #[tokio::test]
@@ -109,23 +140,23 @@ async fn failures_older_than_the_window_do_not_count() {
     let mut c = config(&r);
     c.polling.circuit.window_secs = 1;
     let b = Budget::new(r.conn.clone(), &c);
-    for _ in 0..15 {
+    for _ in 0..8 {
         poll(&b, Task::Carddata, CallReport::Failed).await;
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    // 15 old failures + 10 new ones: only the 10 count, fewer than min_calls.
-    for _ in 0..10 {
+    // 8 old failures + 8 new ones: only the 8 count, fewer than min_calls.
+    for _ in 0..8 {
         assert_eq!(poll(&b, Task::Carddata, CallReport::Failed).await.1, None);
     }
     assert_eq!(state(&b, Task::Carddata).await, CircuitState::Closed);
-    for _ in 0..10 {
+    for _ in 0..2 {
         poll(&b, Task::Carddata, CallReport::Failed).await;
     }
     assert_eq!(state(&b, Task::Carddata).await, CircuitState::Open);
 }
 
 async fn open(b: &Budget, task: Task) {
-    for _ in 0..20 {
+    for _ in 0..10 {
         poll(b, task, CallReport::Failed).await;
     }
     assert_eq!(state(b, task).await, CircuitState::Open);
@@ -163,21 +194,21 @@ async fn after_the_cool_down_only_the_probes_go_through_and_a_success_closes_the
     ));
     // A probe that made no call frees its slot; a valid answer closes the circuit.
     let none = b
-        .finish(Task::Carddata, &second, CallReport::NoCall, round)
+        .finish(Task::Carddata, &second, CallReport::NoCall, round, "")
         .await
         .unwrap();
     assert_eq!(none.transition, None);
     let (third, _) = probe(&b, Task::Carddata).await;
     let done = b
-        .finish(Task::Carddata, &first, CallReport::Ok, round)
+        .finish(Task::Carddata, &first, CallReport::Ok, round, "c-p1")
         .await
         .unwrap();
     assert!(
         matches!(
             done.transition,
             Some(Transition::Closed {
-                open_calls: 20,
-                open_failures: 20,
+                open_calls: 10,
+                open_failures: 10,
                 reopens: 0,
                 ..
             })
@@ -186,7 +217,7 @@ async fn after_the_cool_down_only_the_probes_go_through_and_a_success_closes_the
     );
     // A late verdict of the same round changes nothing; polls flow again.
     let late = b
-        .finish(Task::Carddata, &third, CallReport::Failed, round)
+        .finish(Task::Carddata, &third, CallReport::Failed, round, "c-p3")
         .await
         .unwrap();
     assert_eq!(late.transition, None);
@@ -196,7 +227,10 @@ async fn after_the_cool_down_only_the_probes_go_through_and_a_success_closes_the
         Acquired::Acquired
     );
     let view = b.show().await.unwrap();
-    assert_eq!(view.tasks["carddata"].circuit.window.calls, 0, "window cleared");
+    assert_eq!(
+        view.tasks["carddata"].circuit.window.calls, 0,
+        "window cleared"
+    );
 }
 
 #[tokio::test]
@@ -208,7 +242,7 @@ async fn a_failed_probe_reopens_the_circuit_with_a_doubled_cool_down_up_to_the_c
     for _ in 0..3 {
         let (lease, round) = probe(&b, Task::CardStatus).await;
         let done = b
-            .finish(Task::CardStatus, &lease, CallReport::Failed, round)
+            .finish(Task::CardStatus, &lease, CallReport::Failed, round, "c-p")
             .await
             .unwrap();
         match done.transition {
@@ -219,7 +253,10 @@ async fn a_failed_probe_reopens_the_circuit_with_a_doubled_cool_down_up_to_the_c
     assert_eq!(cooldowns, [2000, 4000, 4000]);
     let view = b.show().await.unwrap();
     let c = &view.tasks["card_status"].circuit;
-    assert_eq!((c.state, c.reopens, c.cooldown_secs), (CircuitState::Open, 3, Some(4)));
+    assert_eq!(
+        (c.state, c.reopens, c.cooldown_secs),
+        (CircuitState::Open, 3, Some(4))
+    );
 }
 
 #[tokio::test]
@@ -248,7 +285,7 @@ async fn a_probe_that_never_reports_frees_its_slot_after_a_lease() {
         .unwrap();
     let (next, round) = probe(&b, Task::Carddata).await;
     let done = b
-        .finish(Task::Carddata, &next, CallReport::Ok, round)
+        .finish(Task::Carddata, &next, CallReport::Ok, round, "c-p")
         .await
         .unwrap();
     assert!(matches!(done.transition, Some(Transition::Closed { .. })));
@@ -329,7 +366,10 @@ async fn an_operator_forces_a_circuit_open_and_closed_and_each_action_is_on_reco
     assert!(text.contains("open (forced by an operator)"), "{text}");
 
     let out = ok(&["circuit", "close", "--task", "card_status"]);
-    assert!(out.contains("forced closed (was open, forced open)"), "{out}");
+    assert!(
+        out.contains("forced closed (was open, forced open)"),
+        "{out}"
+    );
     assert_eq!(
         b.acquire(Task::CardStatus, &lease).await.unwrap(),
         Acquired::Acquired
@@ -356,7 +396,12 @@ async fn an_operator_forces_a_circuit_open_and_closed_and_each_action_is_on_reco
                 "card_status"
             ),
             ("gateway.circuit_opened", "cardworker", None, "card_status"),
-            ("operator.circuit_close", "operator:alice", None, "card_status"),
+            (
+                "operator.circuit_close",
+                "operator:alice",
+                None,
+                "card_status"
+            ),
             ("gateway.circuit_closed", "cardworker", None, "card_status"),
         ]
     );

@@ -11,5 +11,6 @@ mod gateway;
 mod intake;
 mod maintenance;
 mod migrations;
+mod outage;
 mod payments;
 mod polling;
