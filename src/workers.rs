@@ -116,3 +116,46 @@ pub async fn on_shutdown(ctx: &AppContext) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::runner::spawn::{orphan_window, ORPHAN_MARGIN};
+    use crate::runner::RunJob;
+
+    fn window_covers<J: RunJob>(config: &crate::config::Config) {
+        let timeout = J::timeout(config);
+        assert!(
+            orphan_window(timeout) >= timeout + ORPHAN_MARGIN,
+            "{}: timeout {timeout:?}, window {:?}",
+            J::QUEUE,
+            orphan_window(timeout)
+        );
+    }
+
+    /// No configuration can make a queue's orphan window shorter than its jobs: the window is
+    /// derived from the same timeout the job service enforces.
+    #[test]
+    fn every_queue_s_orphan_window_outlasts_its_longest_job_under_any_config() {
+        let mut longest = crate::config::Config::default();
+        longest.gateway.timeout_ms = 60_000;
+        longest.polling.handler_timeout_secs = 3595;
+        longest.polling.lease_ttl_secs = 3600;
+        for config in [crate::config::Config::default(), longest] {
+            window_covers::<PollCardData>(&config);
+            window_covers::<PollCardStatus>(&config);
+            window_covers::<SubmitPayment>(&config);
+            window_covers::<ProcessCallback>(&config);
+            window_covers::<RecoverPayments>(&config);
+            window_covers::<RunArchive>(&config);
+            window_covers::<RunRetention>(&config);
+            window_covers::<RunReconcile>(&config);
+        }
+        assert_eq!(
+            orphan_window(PollCardData::timeout(&crate::config::Config::default())),
+            Duration::from_secs(25)
+        );
+    }
+}

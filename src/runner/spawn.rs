@@ -195,3 +195,36 @@ pub fn spawn_cron<J: Scheduled>(
     sup.spawn(name, J::CRON_KIND, worker.run_until(sup.stopped()).boxed());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_orphan_window_covers_the_job_timeout_plus_the_margin_and_never_goes_under_three_beats() {
+        assert_eq!(missed_heartbeats(Duration::from_secs(1)), 3);
+        assert_eq!(
+            orphan_window(Duration::from_secs(1)),
+            Duration::from_secs(15)
+        );
+        // Polls with the default handler timeout: 15 + 10 s.
+        assert_eq!(
+            orphan_window(Duration::from_secs(15)),
+            Duration::from_secs(25)
+        );
+        // The slow scenario of issue 10: handler 27 s.
+        assert_eq!(
+            orphan_window(Duration::from_secs(27)),
+            Duration::from_secs(40)
+        );
+        for secs in [0, 1, 4, 5, 6, 29, 30, 31, 299, 3595, 3600, 86_400] {
+            let timeout = Duration::from_millis(secs * 1000 + 1);
+            let window = orphan_window(timeout);
+            assert!(window >= timeout + ORPHAN_MARGIN, "{timeout:?}: {window:?}");
+            assert!(
+                window < timeout + ORPHAN_MARGIN + HEARTBEAT,
+                "{timeout:?}: {window:?}"
+            );
+        }
+    }
+}

@@ -14,3 +14,4 @@ mod migrations;
 mod outage;
 mod payments;
 mod polling;
+mod slow;

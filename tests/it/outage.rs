@@ -224,7 +224,7 @@ async fn one_card_failing_alone_among_40_healthy_ones_parks_after_its_failures_a
     .fetch_all(&app.db.pool)
     .await
     .unwrap();
-    assert_eq!(parked, [bad.clone()]);
+    assert_eq!(parked, [bad]);
     // The healthy cards keep being polled, and no circuit opened.
     let before = calls(&app, "card_status");
     wait_until(Duration::from_secs(10), "healthy polls go on", || async {
