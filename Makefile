@@ -5,7 +5,7 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 SIM_LISTEN ?= 127.0.0.1:8089
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake
+.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake bench-outage bench-slowdown
 
 ## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator and one worker.
 run: services build
@@ -61,3 +61,13 @@ bench-budget: services
 
 bench-intake: services
 	$(CARGO) bench --bench bench_intake
+
+## Gateway outages of 60 s and 10 min at 1,000 cards: records written, chains parked, time to
+## resume (CARDWORKER_BIN=path runs another build, e.g. main's, for the "before" numbers).
+bench-outage: services
+	BENCH_SCENARIO=outage $(CARGO) bench --profile dev --bench bench_faults
+
+## Two workers for 100 s while a quarter of the cards answer after 20 s: workers alive, no card
+## polled twice at once.
+bench-slowdown: services
+	BENCH_SCENARIO=slowdown $(CARGO) bench --profile dev --bench bench_faults
