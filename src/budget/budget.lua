@@ -19,8 +19,8 @@
 -- release: ARGV[2..] lease ids; removes each from every set. Returns how many leases existed.
 -- finish:  ARGV[2] task index  ARGV[3] lease id  ARGV[4] outcome 'ok'|'fail'|'none'
 --          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg  ARGV[7] the card
---   releases the lease and counts the outcome; returns {existed 1|0, transition, details...}
---   (see circuit_record).
+--   releases the lease and counts the outcome; returns {existed 1|0, transition name ('' for
+--   none), {its numbers}} (see circuit_record).
 -- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
 --          [task, raw, ...], paused [task, ...], carddata circuit flat, card_status circuit flat,
 --          carddata window, card_status window, now ms}; counts only unexpired leases.
@@ -104,8 +104,9 @@ elseif op == 'finish' then
   if a + b > 0 then existed = 1 end
   local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], now, circuit_cfg(ARGV[6]),
     ARGV[4], tonumber(ARGV[5]), ARGV[7])
-  table.insert(answer, 1, existed)
-  return answer
+  local numbers = {}
+  for i = 2, #answer do numbers[#numbers + 1] = answer[i] end
+  return {existed, answer[1], numbers}
 elseif op == 'circuit_force' then
   local index = tonumber(ARGV[2])
   return circuit_force(KEYS[index + 4], KEYS[index + 6], now, ARGV[3])

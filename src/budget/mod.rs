@@ -381,7 +381,7 @@ impl Budget {
         probe_round: u64,
         card_ref: &str,
     ) -> anyhow::Result<Finished> {
-        let raw: Vec<redis::Value> = self
+        let (existed, name, numbers): (i64, String, Vec<u64>) = self
             .invocation("finish")
             .arg(Self::task_index(task))
             .arg(lease_id)
@@ -396,28 +396,12 @@ impl Budget {
             held.remove(lease_id);
         }
         self.released.notify_waiters();
-        let existed = raw
-            .first()
-            .is_some_and(|v| matches!(v, redis::Value::Int(1)));
-        let name = match raw.get(1) {
-            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(redis::Value::SimpleString(s)) => s.clone(),
-            _ => String::new(),
-        };
-        let numbers: Vec<u64> = raw
-            .iter()
-            .skip(2)
-            .map(|v| match v {
-                redis::Value::Int(n) => u64::try_from(*n).unwrap_or(0),
-                _ => 0,
-            })
-            .collect();
         let transition = Transition::parse(&name, &numbers);
         if let Some(t) = transition {
             t.count(task);
         }
         Ok(Finished {
-            existed,
+            existed: existed == 1,
             transition,
         })
     }
