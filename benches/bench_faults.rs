@@ -19,8 +19,7 @@
 //! its defaults for the rest). `CARDWORKER_BENCH_PG_ADMIN` and `CARDWORKER_BENCH_REDIS` as for
 //! the other benches.
 
-use std::io::BufRead as _;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -28,7 +27,7 @@ use cardworker::config::Task;
 use cardworker::gateway::CardStatus;
 use cardworker::polling::chain;
 use cardworker::sim::Simulator;
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::PgPool;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
@@ -61,18 +60,7 @@ impl Stage {
         );
         let redis_url = env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0");
         let id = ulid::Ulid::new().to_string().to_lowercase();
-        let db = format!("cw_bench_{id}");
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .context("connecting as admin")?;
-        sqlx::query(&format!("CREATE DATABASE {db}"))
-            .execute(&mut admin)
-            .await?;
-        admin.close().await?;
-        let db_url = match admin_url.rfind('/') {
-            Some(i) => format!("{}/{db}", &admin_url[..i]),
-            None => anyhow::bail!("admin URL has no database part"),
-        };
+        let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
         let redis = cardworker::context::connect_redis(&redis_url).await?;
         let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
         let sim_url = sim_handle.base_url();
@@ -160,86 +148,33 @@ impl Stage {
         for chunk in keys.chunks(500) {
             let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
         }
-        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
-            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db))
-                .execute(&mut admin)
-                .await;
-        }
+        support::drop_database(&self.admin_url, &self.db).await;
     }
 }
 
-/// A `cardworker run` child; its log lines are kept for the report.
-struct Worker {
-    child: Child,
-    metrics: String,
-    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+#[path = "../tests/it/process.rs"]
+mod process;
+#[path = "support.rs"]
+mod support;
+
+use process::Worker;
+
+/// The sum of the samples of `name` whose labels contain `label`, or `None` when there is none
+/// (an older build may not export it).
+async fn metric(worker: &Worker, name: &str, label: &str) -> Option<f64> {
+    let text = worker.metrics().await;
+    let samples: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
 }
 
-impl Worker {
-    fn spawn(config: &std::path::Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(binary())
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn,cardworker=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("spawning cardworker run")?;
-        let stderr = child.stderr.take().context("stderr")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let keep = log.clone();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if let Some(rest) = line.split("metrics at http://").nth(1) {
-                    if let (Some(addr), Some(tx)) = (rest.split("/metrics").next(), tx.take()) {
-                        let _ = tx.send(addr.to_owned());
-                    }
-                }
-                if line.contains("\"WARN\"") || line.contains("\"ERROR\"") {
-                    if let Ok(mut l) = keep.lock() {
-                        l.push(line);
-                    }
-                }
-            }
-        });
-        let metrics = rx
-            .recv_timeout(Duration::from_secs(60))
-            .context("cardworker run did not log its metrics address")?;
-        Ok(Self {
-            child,
-            metrics,
-            log,
-        })
-    }
-
-    async fn metric(&self, name: &str, label: &str) -> Option<f64> {
-        let text = reqwest::get(format!("http://{}/metrics", self.metrics))
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        let lines: Vec<f64> = text
-            .lines()
-            .filter(|l| l.starts_with(name) && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect();
-        (!lines.is_empty()).then(|| lines.iter().sum())
-    }
-
-    fn stop(mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
-    }
+/// SIGTERM, then waits for the exit.
+fn stop(mut worker: Worker) {
+    worker.terminate();
+    let _ = worker.child.wait();
 }
 
 async fn wait_for(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> Option<Duration> {
@@ -269,7 +204,7 @@ async fn outage_run(
     ))?;
     let refs: Vec<String> = (0..cards).map(|i| format!("b-{i:05}")).collect();
     stage.insert_cards(&refs).await?;
-    let worker = Worker::spawn(&path)?;
+    let worker = Worker::spawn(&binary(), &path)?;
     stage
         .start_chains(&refs, &Task::ALL, Duration::from_secs(interval))
         .await?;
@@ -288,9 +223,12 @@ async fn outage_run(
     let mut open_seen = false;
     while began.elapsed() < outage {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        if worker
-            .metric("cardworker_gateway_circuit_open", "task=\"carddata\"")
-            .await
+        if metric(
+            &worker,
+            "cardworker_gateway_circuit_open",
+            "task=\"carddata\"",
+        )
+        .await
             == Some(1.0)
         {
             open_seen = true;
@@ -338,7 +276,7 @@ async fn outage_run(
         outage.as_secs(),
         if open_seen { "yes" } else { "no" },
     );
-    worker.stop();
+    stop(worker);
     stage.drop_all().await;
     Ok(())
 }
@@ -391,7 +329,10 @@ async fn slowdown() -> anyhow::Result<()> {
     for card in refs.iter().step_by(4) {
         stage.sim.set_card_latency(card, Some(20_000));
     }
-    let workers = [Worker::spawn(&path)?, Worker::spawn(&path)?];
+    let workers = [
+        Worker::spawn(&binary(), &path)?,
+        Worker::spawn(&binary(), &path)?,
+    ];
     stage
         .start_chains(&refs, &Task::ALL, Duration::from_secs(interval))
         .await?;
@@ -402,12 +343,7 @@ async fn slowdown() -> anyhow::Result<()> {
         for (i, w) in workers.iter_mut().enumerate() {
             if let Some(worker) = w {
                 if let Ok(Some(status)) = worker.child.try_wait() {
-                    let last = worker
-                        .log
-                        .lock()
-                        .ok()
-                        .and_then(|l| l.iter().rev().find(|l| l.contains("ERROR")).cloned())
-                        .unwrap_or_default();
+                    let last = worker.last_error().unwrap_or_default();
                     exited[i] = Some((started.elapsed(), format!("{status}; {last}")));
                     *w = None;
                 }
@@ -440,7 +376,7 @@ async fn slowdown() -> anyhow::Result<()> {
         stats.calls_total
     );
     for w in workers.into_iter().flatten() {
-        w.stop();
+        stop(w);
     }
     stage.drop_all().await;
     Ok(())

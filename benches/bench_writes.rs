@@ -25,6 +25,9 @@ use futures::StreamExt as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
+#[path = "support.rs"]
+mod support;
+
 const TABLES: &[&str] = &[
     "cards",
     "integration_logs",
@@ -141,17 +144,7 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
     );
     let redis_url = env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0");
     let id = ulid::Ulid::new().to_string().to_lowercase();
-    let db = format!("cw_bench_{id}");
-    let mut admin = PgConnection::connect(&admin_url)
-        .await
-        .context("connecting as admin")?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await?;
-    let db_url = match admin_url.rfind('/') {
-        Some(i) => format!("{}/{db}", &admin_url[..i]),
-        None => anyhow::bail!("admin URL has no database part"),
-    };
+    let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
     sim.set_latency(0, 0);
 
@@ -271,9 +264,7 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
             let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
         }
     }
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await;
+    support::drop_database(&admin_url, &db).await;
     result
 }
 

@@ -309,28 +309,20 @@ pub async fn investigate(
     .await
     .context("reading the card's callbacks")?;
 
-    let manual_facts: Vec<FactView> = sqlx::query_as(
-        "SELECT e.created_at AS at, e.id, e.event_type, e.actor, e.details->>'reason' AS reason,
-                e.summary, r.resource_type, r.resource_id
-           FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
-          WHERE r.resource_type = 'card' AND r.resource_id = $1
-            AND e.event_type LIKE 'operator.%'
-          ORDER BY r.created_at DESC LIMIT $2",
+    let manual_facts = facts(
+        pool,
+        "r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'",
+        Some(card_ref),
+        LIMIT,
     )
-    .bind(card_ref)
-    .bind(LIMIT)
-    .fetch_all(pool)
     .await
     .context("reading the card's manual facts")?;
-    let fleet_facts: Vec<FactView> = sqlx::query_as(
-        "SELECT e.created_at AS at, e.id, e.event_type, e.actor, e.details->>'reason' AS reason,
-                e.summary, r.resource_type, r.resource_id
-           FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
-          WHERE r.resource_type IN ('task', 'maintenance')
-          ORDER BY r.created_at DESC LIMIT $1",
+    let fleet_facts = facts(
+        pool,
+        "r.resource_type IN ('task', 'maintenance') AND $1::text IS NULL",
+        None,
+        FLEET_FACTS,
     )
-    .bind(FLEET_FACTS)
-    .fetch_all(pool)
     .await
     .context("reading the fleet's polling facts")?;
 
@@ -346,6 +338,27 @@ pub async fn investigate(
         note: "unchanged polls are counted, not recorded: a successful poll that changed nothing \
                writes no database row; only hourly counts are kept in Redis for 2 days",
     })
+}
+
+/// Audit events as facts, newest first: those whose resource link matches `filter` (which may
+/// use `$1`, bound to `card_ref`), at most `limit`.
+async fn facts(
+    pool: &sqlx::PgPool,
+    filter: &str,
+    card_ref: Option<&str>,
+    limit: i64,
+) -> sqlx::Result<Vec<FactView>> {
+    sqlx::query_as(&format!(
+        "SELECT e.created_at AS at, e.id, e.event_type, e.actor, e.details->>'reason' AS reason,
+                e.summary, r.resource_type, r.resource_id
+           FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+          WHERE {filter}
+          ORDER BY r.created_at DESC LIMIT $2"
+    ))
+    .bind(card_ref)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
 }
 
 /// The unchanged-poll counts of the last [`UNCHANGED_HOURS`] hours, per task, in one pipeline.

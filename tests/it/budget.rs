@@ -527,7 +527,7 @@ mod fleet {
     use cardworker::sim::{SimHandle, Simulator};
 
     use crate::harness::{
-        metric_value, redis_url, spawn_worker, wait_until, TestDb, TestRedis, Worker,
+        metric_value, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis, Worker,
     };
 
     pub struct Fleet {
@@ -547,21 +547,12 @@ mod fleet {
         let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
         sim.set_latency(latency_ms, 0);
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fleet.toml");
-        std::fs::write(
-            &path,
-            format!(
-                r#"[database]
-url = "{db}"
-max_connections = 4
-
-[redis]
-url = "{redis}"
-key_prefix = "{prefix}"
-
-[gateway]
-base_url = "{gateway}"
-timeout_ms = 1000
+        let path = worker_config_file(
+            &dir,
+            (&db, 4),
+            &redis,
+            &sim_handle.base_url(),
+            r#"timeout_ms = 1000
 
 [worker]
 shutdown_grace_secs = 10
@@ -580,18 +571,8 @@ interval_secs = 3600
 [polling.card_status]
 limit = 3
 interval_secs = 3600
-
-[telemetry]
-listen = "127.0.0.1:0"
-log_format = "json"
 "#,
-                db = db.url,
-                redis = redis_url(),
-                prefix = redis.prefix,
-                gateway = sim_handle.base_url(),
-            ),
-        )
-        .unwrap();
+        );
         for i in 0..cards {
             for r in [format!("d-{i:04}"), format!("s-{i:04}")] {
                 sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")

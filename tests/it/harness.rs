@@ -7,9 +7,6 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::io::BufRead as _;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -342,71 +339,36 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 // ---- `cardworker run` as a child process ----
 
-/// One `cardworker run` child process and the address of its metrics endpoint.
-pub struct Worker {
-    pub child: Child,
-    pub metrics: String,
-}
+pub use crate::process::Worker;
 
-impl Worker {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub async fn metrics(&self) -> String {
-        match reqwest::get(format!("http://{}/metrics", self.metrics)).await {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        }
-    }
-
-    pub fn terminate(&self) {
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid().to_string())
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `cardworker run --config CONFIG` as a child process and waits until it logs its
-/// metrics address.
+/// Starts this build's `cardworker run --config CONFIG` as a child process and waits until it
+/// logs its metrics address.
 pub fn spawn_worker(config: &std::path::Path) -> Worker {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cardworker"))
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "info,apalis=warn,apalis_core=warn,sqlx=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cardworker run");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    // Reads the log until the endpoint's address shows, then keeps draining it.
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if let Some(rest) = line.split("metrics at http://").nth(1) {
-                if let (Some(addr), Some(tx)) = (rest.split("/metrics").next(), tx.take()) {
-                    let _ = tx.send(addr.to_owned());
-                }
-            }
-        }
-    });
-    let metrics = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("cardworker run logs its metrics address");
-    Worker { child, metrics }
+    Worker::spawn(env!("CARGO_BIN_EXE_cardworker"), config).expect("spawn cardworker run")
+}
+
+/// Writes a worker's config file into `dir`: the test database (a pool of `connections`) and
+/// prefix, the Gateway at `gateway`, a metrics endpoint on port 0, JSON logs, and `body` (the
+/// rest of `[gateway]`, then the test's other sections).
+pub fn worker_config_file(
+    dir: &tempfile::TempDir,
+    (db, connections): (&TestDb, u32),
+    redis: &TestRedis,
+    gateway: &str,
+    body: &str,
+) -> std::path::PathBuf {
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nurl = \"{}\"\nmax_connections = {connections}\n\n[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\n\n\
+             [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n\n\
+             [gateway]\nbase_url = \"{gateway}\"\n{body}",
+            db.url,
+            redis_url(),
+            redis.prefix
+        ),
+    )
+    .expect("write the worker config");
+    path
 }

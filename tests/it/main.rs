@@ -2,6 +2,7 @@
 //! own database and key prefix. Only the Gateway is simulated (by cardworker's own simulator).
 
 mod harness;
+mod process;
 
 mod budget;
 mod circuit;

@@ -265,12 +265,29 @@ async fn one_card_failing_alone_among_40_healthy_ones_parks_after_its_failures_a
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_chain_comes_back_by_itself_after_parked_retry_secs_once_its_card_answers() {
+/// Cards whose card-status chain is parked.
+async fn parked(app: &TestApp) -> i64 {
+    scalar(
+        app,
+        "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL",
+    )
+    .await
+}
+
+async fn wait_parked(app: &TestApp, n: i64, limit: Duration) {
+    wait_until(limit, &format!("{n} card-status chains parked"), || async {
+        parked(app).await == n
+    })
+    .await;
+}
+
+/// A worker polling card status every second, parking after 2 failures and retrying after
+/// `retry_secs`, and card c-1 failing with its chain started.
+async fn one_failing_card(retry_secs: u64) -> TestApp {
     let app = spawn_app_with(|cfg| {
         cfg.polling.card_status.interval_secs = 1;
         cfg.polling.card_status.max_consecutive_failures = 2;
-        cfg.polling.card_status.parked_retry_secs = 3;
+        cfg.polling.card_status.parked_retry_secs = retry_secs;
     })
     .await;
     app.insert_card("c-1").await;
@@ -284,33 +301,19 @@ async fn a_parked_chain_comes_back_by_itself_after_parked_retry_secs_once_its_ca
     )
     .await
     .unwrap();
-    wait_until(Duration::from_secs(20), "parked", || async {
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL",
-        )
-        .await
-            == 1
-    })
-    .await;
+    app
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_chain_comes_back_by_itself_after_parked_retry_secs_once_its_card_answers() {
+    let app = one_failing_card(3).await;
+    wait_parked(&app, 1, Duration::from_secs(20)).await;
     let parked_at = Instant::now();
     let logs = scalar(&app, "SELECT count(*) FROM integration_logs").await;
     assert_eq!(logs, 2);
     app.sim.heal_card("c-1");
     let calls_parked = calls(&app, "card_status");
-    wait_until(
-        Duration::from_secs(20),
-        "un-parked by its retry",
-        || async {
-            scalar(
-                &app,
-                "SELECT count(*) FROM cards WHERE card_status_parked_at IS NULL",
-            )
-            .await
-                == 1
-        },
-    )
-    .await;
+    wait_parked(&app, 0, Duration::from_secs(20)).await;
     let waited = parked_at.elapsed();
     assert!(
         waited >= Duration::from_millis(2500),
@@ -338,23 +341,7 @@ async fn a_parked_chain_comes_back_by_itself_after_parked_retry_secs_once_its_ca
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_chains_failed_retry_leaves_it_parked_with_one_failure_record() {
-    let app = spawn_app_with(|cfg| {
-        cfg.polling.card_status.interval_secs = 1;
-        cfg.polling.card_status.max_consecutive_failures = 2;
-        cfg.polling.card_status.parked_retry_secs = 2;
-    })
-    .await;
-    app.insert_card("c-1").await;
-    app.sim.fail_card("c-1");
-    chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::CardStatus,
-        "c-1",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
+    let app = one_failing_card(2).await;
     wait_until(Duration::from_secs(30), "two retries failed", || async {
         calls(&app, "card_status") >= 4
     })
@@ -375,14 +362,7 @@ async fn a_parked_chains_failed_retry_leaves_it_parked_with_one_failure_record()
         .await,
         1
     );
-    assert_eq!(
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL"
-        )
-        .await,
-        1
-    );
+    assert_eq!(parked(&app).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,15 +390,7 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
         .await
         .unwrap();
     }
-    wait_until(Duration::from_secs(20), "four parked", || async {
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL",
-        )
-        .await
-            == 4
-    })
-    .await;
+    wait_parked(&app, 4, Duration::from_secs(20)).await;
     cardworker::polling::publish_parked_chains(&app.ctx).await;
     assert_eq!(
         metric(&app, "cardworker_parked_chains", &[("task", "card_status")]).await,
@@ -483,14 +455,7 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
     assert_eq!(json["restarted"], 0, "{json}");
     assert_eq!(json["audit_event_id"], serde_json::Value::Null);
 
-    assert_eq!(
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL"
-        )
-        .await,
-        0
-    );
+    assert_eq!(parked(&app).await, 0);
     // Two unpark actions on record (the single card, then --all linked to its three cards).
     let events: Vec<(String, Option<String>, i64)> = sqlx::query_as(
         "SELECT e.event_type, e.details->>'reason', count(r.id)

@@ -15,7 +15,7 @@ use cardworker::polling::chain;
 use cardworker::runner::spawn::{orphan_window, HEARTBEAT};
 use cardworker::sim::Simulator;
 
-use crate::harness::{redis_url, spawn_worker, wait_until, TestDb, TestRedis};
+use crate::harness::{spawn_worker, wait_until, worker_config_file, TestDb, TestRedis};
 
 const SLOW_MS: u64 = 20_000;
 const RUN_FOR: Duration = Duration::from_secs(35);
@@ -31,21 +31,12 @@ async fn two_workers_whose_slots_all_hold_20_s_polls_stay_alive_and_never_poll_a
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     sim.set_latency(5, 0);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("slow.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"[database]
-url = "{db}"
-max_connections = 8
-
-[redis]
-url = "{redis}"
-key_prefix = "{prefix}"
-
-[gateway]
-base_url = "{gateway}"
-timeout_ms = 25000
+    let path = worker_config_file(
+        &dir,
+        (&db, 8),
+        &redis,
+        &sim_handle.base_url(),
+        r#"timeout_ms = 25000
 
 [worker]
 shutdown_grace_secs = 5
@@ -64,18 +55,8 @@ interval_secs = 2
 [polling.card_status]
 limit = 4
 interval_secs = 2
-
-[telemetry]
-listen = "127.0.0.1:0"
-log_format = "json"
 "#,
-            db = db.url,
-            redis = redis_url(),
-            prefix = redis.prefix,
-            gateway = sim_handle.base_url(),
-        ),
-    )
-    .unwrap();
+    );
     // c-00 answers at once, c-01..c-07 after 20 s.
     for i in 0..8 {
         let card = format!("c-{i:02}");
