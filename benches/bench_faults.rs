@@ -29,9 +29,7 @@ use cardworker::polling::chain;
 use cardworker::sim::Simulator;
 use sqlx::PgPool;
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
+use support::env_or;
 
 fn binary() -> String {
     std::env::var("CARDWORKER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cardworker").to_owned())
@@ -54,11 +52,7 @@ struct Stage {
 
 impl Stage {
     async fn new() -> anyhow::Result<Self> {
-        let admin_url = env_or(
-            "CARDWORKER_BENCH_PG_ADMIN",
-            "postgres://root@127.0.0.1:5432/postgres",
-        );
-        let redis_url = env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0");
+        let (admin_url, redis_url) = (support::admin_url(), support::redis_url());
         let id = ulid::Ulid::new().to_string().to_lowercase();
         let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
         let redis = cardworker::context::connect_redis(&redis_url).await?;

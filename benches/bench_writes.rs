@@ -36,9 +36,7 @@ const TABLES: &[&str] = &[
     "outbox_events",
 ];
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
+use support::env_or;
 
 /// Rows written (ins + upd + del) over the measured tables, once every other backend is gone.
 async fn rows_written(stats: &mut PgConnection, db: &str) -> anyhow::Result<i64> {
@@ -138,11 +136,7 @@ async fn old_poll(pool: &PgPool, ctx: &AppContext, card_ref: &str) -> anyhow::Re
 }
 
 async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measured)> {
-    let admin_url = env_or(
-        "CARDWORKER_BENCH_PG_ADMIN",
-        "postgres://root@127.0.0.1:5432/postgres",
-    );
-    let redis_url = env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0");
+    let (admin_url, redis_url) = (support::admin_url(), support::redis_url());
     let id = ulid::Ulid::new().to_string().to_lowercase();
     let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;

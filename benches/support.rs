@@ -5,6 +5,24 @@
 use anyhow::Context as _;
 use sqlx::{Connection as _, PgConnection};
 
+/// Env var `name`, else `default`.
+pub fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// The admin URL the benches create their databases with (`CARDWORKER_BENCH_PG_ADMIN`).
+pub fn admin_url() -> String {
+    env_or(
+        "CARDWORKER_BENCH_PG_ADMIN",
+        "postgres://root@127.0.0.1:5432/postgres",
+    )
+}
+
+/// The Redis of the benches (`CARDWORKER_BENCH_REDIS`).
+pub fn redis_url() -> String {
+    env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+}
+
 /// Creates database `name` through `admin_url` and returns its name and URL.
 pub async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<(String, String)> {
     let mut admin = PgConnection::connect(admin_url)
