@@ -5,7 +5,7 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 DEMO_CARDS ?= 80
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-outage bench-slowdown
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -77,3 +77,12 @@ bench-plans: services
 
 bench-reconcile: services
 	$(CARGO) bench --bench bench_reconcile
+## Gateway outages of 60 s and 10 min at 1,000 cards: records written, chains parked, time to
+## resume (CARDWORKER_BIN=path runs another build, e.g. main's, for the "before" numbers).
+bench-outage: services
+	BENCH_SCENARIO=outage $(CARGO) bench --profile dev --bench bench_faults
+
+## Two workers for 100 s while a quarter of the cards answer after 20 s: workers alive, no card
+## polled twice at once.
+bench-slowdown: services
+	BENCH_SCENARIO=slowdown $(CARGO) bench --profile dev --bench bench_faults

@@ -37,6 +37,8 @@ mod pg_cluster;
 mod plan_drive;
 #[path = "../tests/it/plan_guard.rs"]
 mod plan_guard;
+#[path = "../tests/it/process.rs"]
+mod process;
 
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -25,6 +25,9 @@ use futures::StreamExt as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
+#[path = "support.rs"]
+mod support;
+
 const TABLES: &[&str] = &[
     "cards",
     "integration_logs",
@@ -33,9 +36,7 @@ const TABLES: &[&str] = &[
     "outbox_events",
 ];
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
+use support::env_or;
 
 /// Rows written (ins + upd + del) over the measured tables, once every other backend is gone.
 async fn rows_written(stats: &mut PgConnection, db: &str) -> anyhow::Result<i64> {
@@ -135,23 +136,9 @@ async fn old_poll(pool: &PgPool, ctx: &AppContext, card_ref: &str) -> anyhow::Re
 }
 
 async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measured)> {
-    let admin_url = env_or(
-        "CARDWORKER_BENCH_PG_ADMIN",
-        "postgres://root@127.0.0.1:5432/postgres",
-    );
-    let redis_url = env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0");
+    let (admin_url, redis_url) = (support::admin_url(), support::redis_url());
     let id = ulid::Ulid::new().to_string().to_lowercase();
-    let db = format!("cw_bench_{id}");
-    let mut admin = PgConnection::connect(&admin_url)
-        .await
-        .context("connecting as admin")?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await?;
-    let db_url = match admin_url.rfind('/') {
-        Some(i) => format!("{}/{db}", &admin_url[..i]),
-        None => anyhow::bail!("admin URL has no database part"),
-    };
+    let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
     sim.set_latency(0, 0);
 
@@ -271,9 +258,7 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
             let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
         }
     }
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await;
+    support::drop_database(&admin_url, &db).await;
     result
 }
 

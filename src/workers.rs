@@ -49,13 +49,18 @@ pub fn register_metrics(ctx: &AppContext) {
 pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Result<()> {
     let config = ctx.config.clone();
 
-    // Polling: both workers run under the fleet-wide budget (both tokens or no handler). The
-    // worker concurrency is only the per-process ceiling; the budget is the fleet-wide limit.
+    // Polling: both workers run under the fleet-wide budget (both tokens and a closed Gateway
+    // circuit, or no handler). The worker concurrency is only the per-process ceiling; the
+    // budget is the fleet-wide limit.
     let budget = || ctx.budget.clone();
-    let data_layer = PollingBudgetLayer::<PollCardData>::new(budget(), &config.polling);
+    let data_layer = PollingBudgetLayer::<PollCardData>::new(budget(), &config.polling)
+        .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
     spawn_layered::<PollCardData, _>(ctx, sup, data_layer);
-    let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling);
+    let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling)
+        .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
     spawn_layered::<PollCardStatus, _>(ctx, sup, status_layer);
+    ctx.shutdown
+        .spawn(crate::polling::measure_parked_chains(ctx.clone()));
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker::<RunReconcile>(ctx, sup);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
@@ -132,5 +137,48 @@ pub async fn on_shutdown(ctx: &AppContext) {
         Err(e) => {
             tracing::warn!(held, error = %format!("{e:#}"), "cannot release polling leases; they expire with their lease")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::runner::spawn::{orphan_window, ORPHAN_MARGIN};
+    use crate::runner::RunJob;
+
+    fn window_covers<J: RunJob>(config: &crate::config::Config) {
+        let timeout = J::timeout(config);
+        assert!(
+            orphan_window(timeout) >= timeout + ORPHAN_MARGIN,
+            "{}: timeout {timeout:?}, window {:?}",
+            J::QUEUE,
+            orphan_window(timeout)
+        );
+    }
+
+    /// No configuration can make a queue's orphan window shorter than its jobs: the window is
+    /// derived from the same timeout the job service enforces.
+    #[test]
+    fn every_queue_s_orphan_window_outlasts_its_longest_job_under_any_config() {
+        let mut longest = crate::config::Config::default();
+        longest.gateway.timeout_ms = 60_000;
+        longest.polling.handler_timeout_secs = 3595;
+        longest.polling.lease_ttl_secs = 3600;
+        for config in [crate::config::Config::default(), longest] {
+            window_covers::<PollCardData>(&config);
+            window_covers::<PollCardStatus>(&config);
+            window_covers::<SubmitPayment>(&config);
+            window_covers::<ProcessCallback>(&config);
+            window_covers::<RecoverPayments>(&config);
+            window_covers::<RunArchive>(&config);
+            window_covers::<RunRetention>(&config);
+            window_covers::<RunReconcile>(&config);
+        }
+        assert_eq!(
+            orphan_window(PollCardData::timeout(&crate::config::Config::default())),
+            Duration::from_secs(25)
+        );
     }
 }

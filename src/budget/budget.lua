@@ -1,18 +1,30 @@
 -- The polling budget: leases in sorted sets scored by expiry (unix ms on the REDIS clock).
 -- Every key shares the hash tag {budget}, so the script stays valid on Redis Cluster.
+-- circuit.lua is prepended to this text (budget/circuit.rs): acquire also asks the task's
+-- circuit, and finish also counts the poll's outcome in it.
 --
 -- KEYS[1] total lease zset   KEYS[2] carddata lease zset   KEYS[3] card_status lease zset
 -- KEYS[4] overrides hash (task -> limit)   KEYS[5] paused set (task labels)
--- ARGV[1] op: acquire | release | show
+-- KEYS[6] carddata circuit hash   KEYS[7] card_status circuit hash
+-- KEYS[8] carddata circuit window list   KEYS[9] card_status circuit window list
+-- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
+-- ARGV[1] op: acquire | release | finish | show | circuit_force
 --
 -- acquire: ARGV[2] task index (2 = carddata, 3 = card_status, i.e. its KEYS index)
 --          ARGV[3] task label  ARGV[4] lease id  ARGV[5] total limit  ARGV[6] config task limit
---          ARGV[7] limit ceiling  ARGV[8] lease ttl ms
---   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused', effective task limit,
---            invalid override as stored ('' when none or valid)}
+--          ARGV[7] limit ceiling  ARGV[8] lease ttl ms  ARGV[9] circuit cfg (circuit_cfg)
+--   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused'|'circuit_open', effective task
+--            limit, invalid override as stored ('' when none or valid), probe round (0: not a
+--            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends}
 -- release: ARGV[2..] lease ids; removes each from every set. Returns how many leases existed.
+-- finish:  ARGV[2] task index  ARGV[3] lease id  ARGV[4] outcome 'ok'|'fail'|'none'
+--          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg  ARGV[7] the card
+--   releases the lease and counts the outcome; returns {existed 1|0, transition name ('' for
+--   none), {its numbers}} (see circuit_record).
 -- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
---          [task, raw, ...], paused [task, ...]}; counts only unexpired leases.
+--          [task, raw, ...], paused [task, ...], carddata circuit flat, card_status circuit flat,
+--          carddata window, card_status window, now ms}; counts only unexpired leases.
+-- circuit_force: ARGV[2] task index  ARGV[3] 'open'|'close'; returns circuit_force's answer.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
@@ -32,7 +44,9 @@ if op == 'acquire' then
   local total_limit = tonumber(ARGV[5])
   local task_limit = tonumber(ARGV[6])
   local ceiling = tonumber(ARGV[7])
-  local expiry = now + tonumber(ARGV[8])
+  local ttl = tonumber(ARGV[8])
+  local expiry = now + ttl
+  local circuit = KEYS[tonumber(ARGV[2]) + 4]
 
   -- TTL repair: a crashed worker's leases stop counting once they expire, in both sets.
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -48,21 +62,30 @@ if op == 'acquire' then
   if task_limit > total_limit then task_limit = total_limit end
 
   if redis.call('SISMEMBER', KEYS[5], task) == 1 then
-    return {0, 'paused', task_limit, invalid}
+    return {0, 'paused', task_limit, invalid, 0, '', 0}
+  end
+  local verdict, detail, transition = circuit_admit(circuit, now, circuit_cfg(ARGV[9]))
+  if verdict == 'open' then
+    return {0, 'circuit_open', task_limit, invalid, 0, transition, detail}
   end
   -- The same lease again (a retry after a lost reply): it is already held, refresh it.
   if redis.call('ZSCORE', KEYS[1], lease) and redis.call('ZSCORE', task_key, lease) then
     redis.call('ZADD', KEYS[1], expiry, lease)
     redis.call('ZADD', task_key, expiry, lease)
-    return {1, 'ok', task_limit, invalid}
+    return {1, 'ok', task_limit, invalid, 0, transition, 0}
   end
   local total_short = redis.call('ZCARD', KEYS[1]) >= total_limit
   local task_short = redis.call('ZCARD', task_key) >= task_limit
-  if total_short then return {0, 'total', task_limit, invalid} end
-  if task_short then return {0, 'task', task_limit, invalid} end
+  if total_short then return {0, 'total', task_limit, invalid, 0, transition, 0} end
+  if task_short then return {0, 'task', task_limit, invalid, 0, transition, 0} end
+  local round = 0
+  if verdict == 'probe' then
+    circuit_take_probe(circuit, now, ttl)
+    round = detail
+  end
   redis.call('ZADD', KEYS[1], expiry, lease)
   redis.call('ZADD', task_key, expiry, lease)
-  return {1, 'ok', task_limit, invalid}
+  return {1, 'ok', task_limit, invalid, round, transition, 0}
 elseif op == 'release' then
   local existed = 0
   for i = 2, #ARGV do
@@ -72,6 +95,21 @@ elseif op == 'release' then
     if a + b + c > 0 then existed = existed + 1 end
   end
   return existed
+elseif op == 'finish' then
+  local index = tonumber(ARGV[2])
+  local lease = ARGV[3]
+  local a = redis.call('ZREM', KEYS[1], lease)
+  local b = redis.call('ZREM', KEYS[index], lease)
+  local existed = 0
+  if a + b > 0 then existed = 1 end
+  local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], now, circuit_cfg(ARGV[6]),
+    ARGV[4], tonumber(ARGV[5]), ARGV[7])
+  local numbers = {}
+  for i = 2, #answer do numbers[#numbers + 1] = answer[i] end
+  return {existed, answer[1], numbers}
+elseif op == 'circuit_force' then
+  local index = tonumber(ARGV[2])
+  return circuit_force(KEYS[index + 4], KEYS[index + 6], now, ARGV[3])
 elseif op == 'show' then
   local live = '(' .. now
   return {
@@ -80,6 +118,11 @@ elseif op == 'show' then
     redis.call('ZCOUNT', KEYS[3], live, '+inf'),
     redis.call('HGETALL', KEYS[4]),
     redis.call('SMEMBERS', KEYS[5]),
+    redis.call('HGETALL', KEYS[6]),
+    redis.call('HGETALL', KEYS[7]),
+    redis.call('LRANGE', KEYS[8], 0, -1),
+    redis.call('LRANGE', KEYS[9], 0, -1),
+    now,
   }
 end
 return redis.error_reply('unknown budget op ' .. tostring(op))

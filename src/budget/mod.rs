@@ -18,17 +18,25 @@
 //! - `{prefix}:{budget}:overrides`: HASH task label -> limit (`budget set` / `budget clear`);
 //! - `{prefix}:{budget}:paused`: SET of paused task labels (`budget pause` / `budget resume`).
 //!
-//! Redis holds the overrides and pauses only: if Redis is lost, limits revert to config (see
-//! docs/BUDGET.md), so the config values are the conservative ones.
+//! - `{prefix}:{budget}:circuit:{task}` and `…:circuit:{task}:window`: the task's Gateway circuit
+//!   breaker ([`circuit`]).
+//!
+//! Redis holds the overrides, pauses and circuits only: if Redis is lost, limits revert to config
+//! (see docs/BUDGET.md), so the config values are the conservative ones, and circuits close.
 //!
 //! # Layout
-//! - `budget.lua`: the one script (`acquire`, `release`, `show`).
-//! - this module: [`Budget`], the Rust API over it (leases, overrides, pauses), and the leases
-//!   this process holds.
+//! - `budget.lua`: the one script (`acquire`, `release`, `finish`, `show`, `circuit_force`), with
+//!   `circuit.lua` prepended to it.
+//! - [`circuit`]: the fleet-wide Gateway circuit breaker of each task, admitted by the same call
+//!   as the tokens (an open circuit is one more reason not to admit a poll).
+//! - this module: [`Budget`], the Rust API over it (leases, overrides, pauses, circuits), and the
+//!   leases this process holds.
 //!
-//! This module knows leases only. The tower layer that takes them around every polling job, and
-//! defers a job through its chain when a token is short, lives with polling
-//! (`polling::budget_layer`); the operator commands live in `commands::budget`.
+//! This module knows admission only: leases and circuits. The tower layer that takes them around
+//! every polling job, and defers a job through its chain when it is not admitted, lives with
+//! polling (`polling::budget_layer`); the operator commands live in `commands::budget`.
+
+pub mod circuit;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,11 +48,15 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use serde::Serialize;
 
+pub use circuit::{CallReport, CircuitState, CircuitView, Forced, Transition};
+
 use crate::config::{Config, Task, LIMIT_CEILING};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("budget.lua")));
+/// The one script: the circuit's functions, then the budget's operations.
+static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{}\n{}", circuit::LUA, include_str!("budget.lua"))));
 
 /// The total lease set.
 pub fn total_key(prefix: &str) -> String {
@@ -98,11 +110,42 @@ impl ShortReason {
 pub enum Acquired {
     /// Both tokens are held under the lease id.
     Acquired,
+    /// Both tokens are held, and the poll is a probe of a half-open circuit (round `round`): its
+    /// outcome decides whether the circuit closes ([`Budget::finish`]).
+    Probe {
+        /// The half-open round it probes for.
+        round: u64,
+    },
     /// Nothing was taken.
     Short {
         /// Which budget was short.
         reason: ShortReason,
     },
+    /// Nothing was taken: the task's Gateway circuit is open.
+    CircuitOpen {
+        /// Until the cool-down ends (zero when unknown: forced open, or every probe slot taken).
+        retry_in: Duration,
+    },
+}
+
+impl Acquired {
+    /// The half-open round when the poll is a probe, else 0.
+    pub fn probe_round(self) -> u64 {
+        match self {
+            Acquired::Probe { round } => round,
+            _ => 0,
+        }
+    }
+}
+
+/// What releasing a lease with its poll's outcome ([`Budget::finish`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    /// Whether the lease still existed.
+    pub existed: bool,
+    /// The circuit transition this outcome made, if any (already counted in
+    /// `cardworker_gateway_circuit_transitions_total`).
+    pub transition: Option<Transition>,
 }
 
 /// The budget of one task as `budget show` reports it.
@@ -122,6 +165,8 @@ pub struct TaskView {
     pub paused: bool,
     /// Unexpired leases, fleet-wide.
     pub in_use: u64,
+    /// The task's Gateway circuit breaker.
+    pub circuit: CircuitView,
 }
 
 /// The total budget as `budget show` reports it.
@@ -154,6 +199,10 @@ pub struct Budget {
     carddata_limit: u32,
     card_status_limit: u32,
     lease_ttl: Duration,
+    /// `[polling.circuit]`, packed as the script reads it.
+    circuit: Arc<str>,
+    /// `polling.circuit.window_secs` in ms, for [`Budget::show`]'s window counts.
+    circuit_window_ms: i64,
     /// Lease ids this process holds right now (acquired, not yet released).
     held: Arc<Mutex<HashSet<String>>>,
     /// Wakes local waiters when this process releases a token (cross-process waiters poll).
@@ -181,6 +230,9 @@ impl Budget {
             carddata_limit: p.carddata.limit,
             card_status_limit: p.card_status.limit,
             lease_ttl: p.lease_ttl(),
+            circuit: Arc::from(circuit::packed(&p.circuit)),
+            circuit_window_ms: i64::try_from(p.circuit.window_secs.saturating_mul(1000))
+                .unwrap_or(i64::MAX),
             held: Arc::default(),
             released: Arc::default(),
             last_invalid_warning: Arc::default(),
@@ -251,47 +303,130 @@ impl Budget {
             .key(task_key(&self.prefix, Task::CardStatus))
             .key(overrides_key(&self.prefix))
             .key(paused_key(&self.prefix))
+            .key(circuit::circuit_key(&self.prefix, Task::Carddata))
+            .key(circuit::circuit_key(&self.prefix, Task::CardStatus))
+            .key(circuit::window_key(&self.prefix, Task::Carddata))
+            .key(circuit::window_key(&self.prefix, Task::CardStatus))
             .arg(op);
         inv
     }
 
-    /// Takes a total token and a `task` token under `lease_id`, both or neither, in one script
-    /// call. The expiry is computed by the script from Redis `TIME`: no timestamp of this
-    /// process's clock is passed.
-    pub async fn acquire(&self, task: Task, lease_id: &str) -> anyhow::Result<Acquired> {
-        let task_index = match task {
+    fn task_index(task: Task) -> u8 {
+        match task {
             Task::Carddata => 2,
             Task::CardStatus => 3,
-        };
+        }
+    }
+
+    /// Takes a total token and a `task` token under `lease_id`, both or neither, in one script
+    /// call, if the task's circuit admits the poll (closed, or half-open with a probe slot free).
+    /// The expiry is computed by the script from Redis `TIME`: no timestamp of this process's
+    /// clock is passed.
+    pub async fn acquire(&self, task: Task, lease_id: &str) -> anyhow::Result<Acquired> {
         let ttl_ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
-        let (granted, reason, _limit, invalid): (i64, String, i64, String) = self
+        type Raw = (i64, String, i64, String, u64, String, u64);
+        let (granted, reason, _limit, invalid, round, transition, wait_ms): Raw = self
             .invocation("acquire")
-            .arg(task_index)
+            .arg(Self::task_index(task))
             .arg(task.label())
             .arg(lease_id)
             .arg(self.total_limit)
             .arg(self.config_limit(task))
             .arg(LIMIT_CEILING)
             .arg(ttl_ms)
+            .arg(&*self.circuit)
             .invoke_async(&mut self.conn.clone())
             .await
             .with_context(|| format!("acquiring {task} polling tokens"))?;
         if !invalid.is_empty() {
             self.warn_invalid_override(task, &invalid);
         }
+        if let Some(t) = Transition::parse(&transition, &[]) {
+            t.count(task);
+            tracing::info!(%task, "Gateway circuit half-open: the cool-down is over, probe polls go through");
+        }
         if granted == 1 {
             if let Ok(mut held) = self.held.lock() {
                 held.insert(lease_id.to_owned());
             }
-            return Ok(Acquired::Acquired);
+            return Ok(if round > 0 {
+                Acquired::Probe { round }
+            } else {
+                Acquired::Acquired
+            });
         }
         let reason = match reason.as_str() {
             "total" => ShortReason::Total,
             "task" => ShortReason::Task,
             "paused" => ShortReason::Paused,
+            "circuit_open" => {
+                return Ok(Acquired::CircuitOpen {
+                    retry_in: Duration::from_millis(wait_ms),
+                })
+            }
             other => anyhow::bail!("the budget script answered an unknown reason {other:?}"),
         };
         Ok(Acquired::Short { reason })
+    }
+
+    /// Releases one lease and counts its poll's outcome (about `card_ref`) in the task's circuit,
+    /// in one call: the breaker's bookkeeping rides on the release. `probe_round` is
+    /// [`Acquired::probe_round`] of the acquire. Idempotent for the lease; a transition is
+    /// reported (and counted) by exactly the call that made it.
+    pub async fn finish(
+        &self,
+        task: Task,
+        lease_id: &str,
+        report: CallReport,
+        probe_round: u64,
+        card_ref: &str,
+    ) -> anyhow::Result<Finished> {
+        let (existed, name, numbers): (i64, String, Vec<u64>) = self
+            .invocation("finish")
+            .arg(Self::task_index(task))
+            .arg(lease_id)
+            .arg(report.lua())
+            .arg(probe_round)
+            .arg(&*self.circuit)
+            .arg(card_ref)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .with_context(|| format!("releasing {task} polling tokens"))?;
+        if let Ok(mut held) = self.held.lock() {
+            held.remove(lease_id);
+        }
+        self.released.notify_waiters();
+        let transition = Transition::parse(&name, &numbers);
+        if let Some(t) = transition {
+            t.count(task);
+        }
+        Ok(Finished {
+            existed: existed == 1,
+            transition,
+        })
+    }
+
+    /// Forces the task's circuit open (it stays open, without probes, until forced closed) or
+    /// closed (window cleared). Returns what it found.
+    pub async fn force_circuit(&self, task: Task, open: bool) -> anyhow::Result<Forced> {
+        let (before, outage_ms, was_forced): (String, u64, String) = self
+            .invocation("circuit_force")
+            .arg(Self::task_index(task))
+            .arg(if open { "open" } else { "close" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .with_context(|| format!("forcing the {task} circuit"))?;
+        let before = CircuitState::parse(&before);
+        let after = if open { "open" } else { "closed" };
+        if before.label() != after {
+            metrics::counter!(m::GATEWAY_CIRCUIT_TRANSITIONS, "task" => task.label(), "to" => after)
+                .increment(1);
+        }
+        Ok(Forced {
+            before,
+            was_forced: was_forced == "1",
+            outage_ms,
+        })
     }
 
     fn warn_invalid_override(&self, task: Task, raw: &str) {
@@ -372,10 +507,32 @@ impl Budget {
         Ok(out)
     }
 
-    /// Limits, overrides, pauses and tokens in use, in one script call.
+    /// Limits, overrides, pauses, tokens in use and circuits, in one script call.
     pub async fn show(&self) -> anyhow::Result<BudgetView> {
-        type Raw = (u64, u64, u64, Vec<String>, Vec<String>);
-        let (total, carddata, card_status, overrides, paused): Raw = self
+        type Raw = (
+            u64,
+            u64,
+            u64,
+            Vec<String>,
+            Vec<String>,
+            Vec<String>,
+            Vec<String>,
+            Vec<String>,
+            Vec<String>,
+            i64,
+        );
+        let (
+            total,
+            carddata,
+            card_status,
+            overrides,
+            paused,
+            data_circuit,
+            status_circuit,
+            data_window,
+            status_window,
+            now_ms,
+        ): Raw = self
             .invocation("show")
             .invoke_async(&mut self.conn.clone())
             .await
@@ -385,7 +542,10 @@ impl Budget {
             .map(|kv| (kv[0].clone(), kv[1].clone()))
             .collect();
         let mut tasks = BTreeMap::new();
-        for (task, in_use) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
+        for (task, in_use, circuit, window) in [
+            (Task::Carddata, carddata, data_circuit, data_window),
+            (Task::CardStatus, card_status, status_circuit, status_window),
+        ] {
             let config_limit = self.config_limit(task);
             let raw = overrides.get(task.label());
             let valid = raw.and_then(|r| crate::config::parse_limit(r).ok());
@@ -402,6 +562,12 @@ impl Budget {
                     invalid_override: invalid,
                     paused: paused.iter().any(|p| p == task.label()),
                     in_use,
+                    circuit: CircuitView::from_raw(
+                        &circuit,
+                        &window,
+                        now_ms,
+                        self.circuit_window_ms,
+                    ),
                 },
             );
         }
@@ -462,7 +628,8 @@ impl Budget {
         Ok(())
     }
 
-    /// Publishes `cardworker_poll_tokens_in_use{scope}` and `cardworker_poll_limit{scope}`.
+    /// Publishes `cardworker_poll_tokens_in_use{scope}`, `cardworker_poll_limit{scope}` and
+    /// `cardworker_gateway_circuit_open{task}`.
     pub async fn refresh_gauges(&self) {
         match self.show().await {
             Ok(view) => {
@@ -475,6 +642,8 @@ impl Budget {
                             .set(t.in_use as f64);
                         metrics::gauge!(m::POLL_LIMIT, "scope" => task.label())
                             .set(f64::from(t.limit));
+                        metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label())
+                            .set(t.circuit.gauge());
                     }
                 }
             }

@@ -6,7 +6,8 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use chrono::{DateTime, Utc};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::Task;
 
@@ -60,6 +61,11 @@ pub enum Command {
     /// Polling budgets: show, override, pause.
     #[command(subcommand)]
     Budget(BudgetCommand),
+    /// Forces a task's Gateway circuit breaker open or closed, fleet-wide.
+    #[command(subcommand)]
+    Circuit(CircuitCommand),
+    /// Restarts parked polling chains (bulk, batched, idempotent).
+    Unpark(UnparkArgs),
     /// Shows what is on record for one card.
     Investigate {
         /// The card.
@@ -81,6 +87,9 @@ pub enum EnqueueCommand {
         /// The card.
         #[arg(long)]
         card_ref: String,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Starts or restarts one card's card_status polling chain (also a parked one).
     #[command(name = "card_status", alias = "card-status")]
@@ -88,6 +97,9 @@ pub enum EnqueueCommand {
         /// The card.
         #[arg(long)]
         card_ref: String,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Submits one payment row through the reliable path.
     Payment {
@@ -117,9 +129,17 @@ pub enum EnqueueCommand {
 #[derive(Debug, Subcommand)]
 pub enum MaintenanceCommand {
     /// Stops a running run at its next batch boundary; later runs are no-ops until resumed.
-    Pause,
+    Pause {
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Lifts the pause.
-    Resume,
+    Resume {
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Shows the switch, the brake, and per job the last day processed and the backlog (due
     /// days, measured now by bounded index probes; also while maintenance is off).
     Status {
@@ -146,25 +166,94 @@ pub enum BudgetCommand {
         /// An integer in 1..=256, at most the total limit.
         #[arg(long, allow_hyphen_values = true)]
         limit: String,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Clears a runtime per-task limit override.
     Clear {
         /// The task.
         #[arg(long, value_enum)]
         task: Task,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Runtime brake: the task's jobs are deferred instead of run (`all` for every task).
     Pause {
         /// `carddata`, `card_status` or `all`.
         #[arg(long, value_parser = tasks_or_all)]
         task: Tasks,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Lifts a pause (`all` for every task).
     Resume {
         /// `carddata`, `card_status` or `all`.
         #[arg(long, value_parser = tasks_or_all)]
         task: Tasks,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
     },
+}
+
+/// `cardworker circuit …`
+#[derive(Debug, Subcommand)]
+pub enum CircuitCommand {
+    /// Forces the task's circuit open: its polls are deferred without a Gateway call, with no
+    /// probes, until `circuit close`.
+    Open {
+        /// The task.
+        #[arg(long, value_enum)]
+        task: Task,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Forces the task's circuit closed (its window cleared): polls call the Gateway again.
+    Close {
+        /// The task.
+        #[arg(long, value_enum)]
+        task: Task,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+/// `cardworker unpark --task T (--card-ref R | --all | --parked-before TS)`
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["card_ref", "all", "parked_before"])))]
+pub struct UnparkArgs {
+    /// The task whose parked chains restart.
+    #[arg(long, value_enum)]
+    pub task: Task,
+    /// One card.
+    #[arg(long)]
+    pub card_ref: Option<String>,
+    /// Every parked chain of the task.
+    #[arg(long)]
+    pub all: bool,
+    /// The chains parked before this instant (RFC 3339, e.g. 2026-12-01T08:00:00Z).
+    #[arg(long, value_parser = timestamp)]
+    pub parked_before: Option<DateTime<Utc>>,
+    /// Why, for the audit event.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// Parses an RFC 3339 timestamp (`--parked-before`).
+fn timestamp(raw: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            format!("{raw:?} is not an RFC 3339 timestamp such as 2026-12-01T08:00:00Z ({e})")
+        })
 }
 
 /// `cardworker gateway-sim …`
@@ -237,7 +326,7 @@ mod tests {
             assert!(
                 matches!(
                     cli.command,
-                    Command::Enqueue(EnqueueCommand::CardStatus { ref card_ref }) if card_ref == "c-1"
+                    Command::Enqueue(EnqueueCommand::CardStatus { ref card_ref, .. }) if card_ref == "c-1"
                 ),
                 "{spelling}: {:?}",
                 cli.command
@@ -259,6 +348,60 @@ mod tests {
             .to_string();
         assert!(budget_set.contains("card_status"), "{budget_set}");
         assert!(!budget_set.contains("card-status"), "{budget_set}");
+    }
+
+    #[test]
+    fn unpark_takes_exactly_one_selector() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(
+                ["cardworker", "unpark", "--task", "carddata"]
+                    .iter()
+                    .chain(args),
+            )
+        };
+        for ok in [
+            &["--all"][..],
+            &["--card-ref", "c-1"],
+            &[
+                "--parked-before",
+                "2026-12-01T08:00:00+08:00",
+                "--reason",
+                "x",
+            ],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &[][..],
+            &["--all", "--card-ref", "c-1"],
+            &["--parked-before", "yesterday"],
+        ] {
+            let e = parse(bad).expect_err("refused");
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn every_operator_action_accepts_a_reason() {
+        for args in [
+            &["budget", "set", "--task", "carddata", "--limit", "2"][..],
+            &["budget", "clear", "--task", "carddata"],
+            &["budget", "pause", "--task", "all"],
+            &["budget", "resume", "--task", "card-status"],
+            &["maintenance", "pause"],
+            &["maintenance", "resume"],
+            &["enqueue", "carddata", "--card-ref", "c-1"],
+            &["enqueue", "card-status", "--card-ref", "c-1"],
+            &["circuit", "open", "--task", "carddata"],
+            &["circuit", "close", "--task", "card_status"],
+            &["unpark", "--task", "carddata", "--all"],
+        ] {
+            let line = ["cardworker"]
+                .iter()
+                .chain(args)
+                .chain(&["--reason", "incident 42"]);
+            assert!(Cli::try_parse_from(line).is_ok(), "{args:?}");
+        }
     }
 
     #[test]

@@ -1,23 +1,26 @@
-//! `cardworker budget show|set|clear|pause|resume`.
+//! `cardworker budget show|set|clear|pause|resume` and `cardworker circuit open|close`.
 //!
 //! Arguments are validated before Redis is contacted, so that a bad limit or task is always a
-//! usage error (exit status 2) naming the key, the value and what is allowed.
+//! usage error (exit status 2) naming the key, the value and what is allowed. Every action that
+//! changes polling is recorded as an `operator.<action>` audit event (see [`super::operator`]).
 
 use anyhow::Context as _;
+use serde_json::json;
 
-use super::args::{BudgetCommand, Format};
+use super::args::{BudgetCommand, CircuitCommand, Format};
+use super::operator::{self, Action as Recorded};
 use super::CommandError;
-use crate::budget::{Budget, BudgetView};
+use crate::budget::{Budget, BudgetView, CircuitState, CircuitView};
 use crate::config::{parse_limit, Config, Task};
 
-/// A validated `budget` subcommand.
+/// A validated `budget` subcommand (with its `--reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Show(Format),
-    Set(Task, u32),
-    Clear(Task),
-    Pause(Vec<Task>),
-    Resume(Vec<Task>),
+    Set(Task, u32, Option<String>),
+    Clear(Task, Option<String>),
+    Pause(Vec<Task>, Option<String>),
+    Resume(Vec<Task>, Option<String>),
 }
 
 /// Validates a runtime override exactly like the config: an integer in 1..=256, at most
@@ -37,12 +40,14 @@ pub fn validate_override(config: &Config, task: Task, raw: &str) -> Result<u32, 
 fn validate(config: &Config, cmd: BudgetCommand) -> Result<Action, CommandError> {
     Ok(match cmd {
         BudgetCommand::Show { format } => Action::Show(format),
-        BudgetCommand::Set { task, limit } => {
-            Action::Set(task, validate_override(config, task, &limit)?)
-        }
-        BudgetCommand::Clear { task } => Action::Clear(task),
-        BudgetCommand::Pause { task } => Action::Pause(task.0),
-        BudgetCommand::Resume { task } => Action::Resume(task.0),
+        BudgetCommand::Set {
+            task,
+            limit,
+            reason,
+        } => Action::Set(task, validate_override(config, task, &limit)?, reason),
+        BudgetCommand::Clear { task, reason } => Action::Clear(task, reason),
+        BudgetCommand::Pause { task, reason } => Action::Pause(task.0, reason),
+        BudgetCommand::Resume { task, reason } => Action::Resume(task.0, reason),
     })
 }
 
@@ -52,6 +57,10 @@ fn labels(tasks: &[Task]) -> String {
         .map(|t| t.label())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn task_ids(tasks: &[Task]) -> Vec<String> {
+    tasks.iter().map(|t| t.label().to_owned()).collect()
 }
 
 /// Runs one `budget` subcommand.
@@ -70,45 +79,154 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
                 Format::Text => print!("{}", render(&view)),
             }
         }
-        Action::Set(task, limit) => {
+        Action::Set(task, limit, reason) => {
             budget.set_override(task, limit).await?;
             println!(
                 "{task} limit overridden: {limit} (config {}); every worker applies it at its next acquire",
                 budget.config_limit(task)
             );
+            let recorded = Recorded::new(
+                "budget_set",
+                "task",
+                task_ids(&[task]),
+                format!("{task} budget limit overridden to {limit}"),
+                reason,
+            )
+            .with_details(json!({"task": task.label(), "limit": limit, "config_limit": budget.config_limit(task)}));
+            operator::record_applied_to(&config.database, &recorded).await;
         }
-        Action::Clear(task) => {
+        Action::Clear(task, reason) => {
             let had = budget.clear_override(task).await?;
             println!(
                 "{task} override {}; the config limit {} applies",
                 if had { "cleared" } else { "was not set" },
                 budget.config_limit(task)
             );
+            let recorded = Recorded::new(
+                "budget_clear",
+                "task",
+                task_ids(&[task]),
+                format!("{task} budget override cleared"),
+                reason,
+            )
+            .with_details(json!({"task": task.label(), "had_override": had}));
+            operator::record_applied_to(&config.database, &recorded).await;
         }
-        Action::Pause(tasks) => {
+        Action::Pause(tasks, reason) => {
             budget.pause(&tasks).await?;
             println!(
                 "paused: {}; their jobs are deferred (running polls finish) until `cardworker budget resume`",
                 labels(&tasks)
             );
+            let recorded = Recorded::new(
+                "budget_pause",
+                "task",
+                task_ids(&tasks),
+                format!("polling paused: {}", labels(&tasks)),
+                reason,
+            )
+            .with_details(json!({"tasks": task_ids(&tasks)}));
+            operator::record_applied_to(&config.database, &recorded).await;
         }
-        Action::Resume(tasks) => {
+        Action::Resume(tasks, reason) => {
             budget.resume(&tasks).await?;
             println!("resumed: {}", labels(&tasks));
+            let recorded = Recorded::new(
+                "budget_resume",
+                "task",
+                task_ids(&tasks),
+                format!("polling resumed: {}", labels(&tasks)),
+                reason,
+            )
+            .with_details(json!({"tasks": task_ids(&tasks)}));
+            operator::record_applied_to(&config.database, &recorded).await;
         }
     }
+    Ok(())
+}
+
+/// `cardworker circuit open|close --task T [--reason TEXT]`: forces the task's Gateway circuit,
+/// fleet-wide, and records it (`operator.circuit_open` / `operator.circuit_close`). Forcing a
+/// circuit that changes its state also writes the transition's own event
+/// (`gateway.circuit_opened` / `gateway.circuit_closed`), as an opening or closing by itself
+/// would.
+pub async fn circuit(config: &Config, cmd: CircuitCommand) -> Result<(), CommandError> {
+    let (task, open, reason) = match cmd {
+        CircuitCommand::Open { task, reason } => (task, true, reason),
+        CircuitCommand::Close { task, reason } => (task, false, reason),
+    };
+    let redis = crate::context::connect_redis(config.redis.url.expose()).await?;
+    let budget = Budget::new(redis, config);
+    let found = budget.force_circuit(task, open).await?;
+    let changed = (found.before == CircuitState::Closed) == open;
+    if open {
+        println!(
+            "{task} Gateway circuit forced open (was {}): its polls are deferred without a \
+             Gateway call, with no probes, until `cardworker circuit close --task {}`",
+            found.before.label(),
+            task.cli_name()
+        );
+    } else {
+        println!(
+            "{task} Gateway circuit forced closed (was {}{}): its polls call the Gateway again",
+            found.before.label(),
+            if found.was_forced {
+                ", forced open"
+            } else {
+                ""
+            }
+        );
+    }
+    let recorded = Recorded::new(
+        if open {
+            "circuit_open"
+        } else {
+            "circuit_close"
+        },
+        "task",
+        task_ids(&[task]),
+        format!(
+            "{task} Gateway circuit forced {} (was {})",
+            if open { "open" } else { "closed" },
+            found.before.label()
+        ),
+        reason,
+    )
+    .with_details(json!({
+        "task": task.label(),
+        "before": found.before.label(),
+        "was_forced": found.was_forced,
+        "outage_ms": found.outage_ms,
+    }));
+    let pool = match crate::storage::connect(&config.database).await {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!(
+                "warning: the circuit was forced, but its audit events could not be written: {e:#}"
+            );
+            return Ok(());
+        }
+    };
+    operator::record_applied(&pool, &recorded).await;
+    if changed {
+        if let Err(e) = crate::polling::circuit::on_forced(&pool, task, open, found.outage_ms).await
+        {
+            eprintln!("warning: the circuit was forced, but its transition event could not be written: {e:#}");
+        }
+    }
+    pool.close().await;
     Ok(())
 }
 
 /// The text form of `budget show`.
 pub fn render(view: &BudgetView) -> String {
     let mut out = format!(
-        "{:<12} {:>6} {:>6} {:>8} {:>8}  {}\n",
-        "scope", "in_use", "limit", "config", "override", "paused"
+        "{:<12} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
+        "scope", "in_use", "limit", "config", "override", "paused", "circuit"
     );
     out.push_str(&format!(
-        "{:<12} {:>6} {:>6} {:>8} {:>8}  {}\n",
-        "total", view.total.in_use, view.total.limit, view.total.limit, "-", "-"
+        "{:<12} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
+        "total", view.total.in_use, view.total.limit, view.total.limit, "-", "-", "-"
     ));
     for (name, t) in &view.tasks {
         let over = match (&t.override_limit, &t.invalid_override) {
@@ -117,16 +235,47 @@ pub fn render(view: &BudgetView) -> String {
             (None, None) => "-".to_owned(),
         };
         out.push_str(&format!(
-            "{:<12} {:>6} {:>6} {:>8} {:>8}  {}\n",
+            "{:<12} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
             name,
             t.in_use,
             t.limit,
             t.config_limit,
             over,
-            if t.paused { "yes" } else { "no" }
+            if t.paused { "yes" } else { "no" },
+            render_circuit(&t.circuit)
         ));
     }
     out
+}
+
+/// One circuit in `budget show`'s text form.
+fn render_circuit(c: &CircuitView) -> String {
+    let window = format!(
+        "window {} calls, {} failed",
+        c.window.calls, c.window.failures
+    );
+    match c.state {
+        CircuitState::Closed => format!("closed ({window})"),
+        state => {
+            let mut s = state.label().to_owned();
+            if c.forced {
+                s.push_str(" (forced by an operator)");
+            }
+            if let Some(since) = c.since {
+                s.push_str(&format!(" since {}", since.format("%Y-%m-%dT%H:%M:%SZ")));
+            }
+            if let Some(at) = c.probes_from {
+                s.push_str(&format!(", probes from {}", at.format("%H:%M:%SZ")));
+            }
+            if let Some(cd) = c.cooldown_secs {
+                s.push_str(&format!(", cool-down {cd} s"));
+            }
+            if c.reopens > 0 {
+                s.push_str(&format!(", {} failed probe rounds", c.reopens));
+            }
+            s
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! What is on record for one card (`cardworker investigate`): its state, its timeline of changes
 //! and failures (integration logs and audit events, online and archived, newest first), its
-//! chains, its payments and callbacks, and the unchanged-poll counts kept in Redis.
+//! chains, its payments and callbacks, the unchanged-poll counts kept in Redis, its manual facts
+//! (the operator actions on the card: `operator.*` events with who and why) and the latest
+//! fleet-wide polling facts (circuit openings and closings, budget and maintenance actions).
 //!
 //! Unchanged polls are counted, not recorded: they appear only as hourly counts.
 
@@ -54,6 +56,11 @@ pub struct Investigation {
     pub payments: Vec<PaymentView>,
     /// Callbacks about the card or its payments, newest first.
     pub callbacks: Vec<CallbackView>,
+    /// Operator actions on this card (`operator.*` audit events), newest first.
+    pub manual_facts: Vec<FactView>,
+    /// The latest fleet-wide polling facts (circuit transitions, operator actions on tasks and
+    /// maintenance), newest first: what else was going on.
+    pub fleet_facts: Vec<FactView>,
     /// Says plainly how unchanged polls are kept.
     pub note: &'static str,
 }
@@ -132,6 +139,26 @@ pub struct CallbackView {
     pub last_received_at: DateTime<Utc>,
     pub applied_at: Option<DateTime<Utc>>,
 }
+
+/// One audit event that is a fact about polling rather than about a poll.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct FactView {
+    pub at: DateTime<Utc>,
+    pub id: i64,
+    /// `operator.unpark`, `gateway.circuit_opened`, …
+    pub event_type: String,
+    /// `operator:<user>` for an operator action, else `cardworker`.
+    pub actor: String,
+    /// `--reason`, when the operator gave one.
+    pub reason: Option<String>,
+    pub summary: String,
+    /// The resource it is linked to here (the card, a task, `maintenance`).
+    pub resource_type: String,
+    pub resource_id: String,
+}
+
+/// How many fleet-wide facts are shown.
+pub const FLEET_FACTS: i64 = 10;
 
 /// What investigating a card can run into.
 #[derive(Debug, thiserror::Error)]
@@ -291,6 +318,23 @@ pub async fn investigate(
         .await
         .context("reading the card's callbacks")?;
 
+    let manual_facts = facts(
+        pool,
+        "r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'",
+        Some(card_ref),
+        LIMIT,
+    )
+    .await
+    .context("reading the card's manual facts")?;
+    let fleet_facts = facts(
+        pool,
+        "r.resource_type IN ('task', 'maintenance') AND $1::text IS NULL",
+        None,
+        FLEET_FACTS,
+    )
+    .await
+    .context("reading the fleet's polling facts")?;
+
     Ok(Investigation {
         card,
         chains,
@@ -298,9 +342,32 @@ pub async fn investigate(
         unchanged_polls,
         payments,
         callbacks,
+        manual_facts,
+        fleet_facts,
         note: "unchanged polls are counted, not recorded: a successful poll that changed nothing \
                writes no database row; only hourly counts are kept in Redis for 2 days",
     })
+}
+
+/// Audit events as facts, newest first: those whose resource link matches `filter` (which may
+/// use `$1`, bound to `card_ref`), at most `limit`.
+async fn facts(
+    pool: &sqlx::PgPool,
+    filter: &str,
+    card_ref: Option<&str>,
+    limit: i64,
+) -> sqlx::Result<Vec<FactView>> {
+    sqlx::query_as(&format!(
+        "SELECT e.created_at AS at, e.id, e.event_type, e.actor, e.details->>'reason' AS reason,
+                e.summary, r.resource_type, r.resource_id
+           FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+          WHERE {filter}
+          ORDER BY r.created_at DESC LIMIT $2"
+    ))
+    .bind(card_ref)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
 }
 
 /// The unchanged-poll counts of the last [`UNCHANGED_HOURS`] hours, per task, in one pipeline.
@@ -383,7 +450,7 @@ pub fn render_text(inv: &Investigation) -> String {
                 .unwrap_or_default(),
             ch.parked_at
                 .map(|p| format!(
-                    " since {p}; restart with `cardworker enqueue {} --card-ref {}`",
+                    " since {p}; retried automatically, or restart now with `cardworker unpark --task {} --card-ref {}`",
                     ch.task.parse().map(Task::cli_name).unwrap_or(ch.task),
                     c.card_ref
                 ))
@@ -449,6 +516,28 @@ pub fn render_text(inv: &Investigation) -> String {
         );
         for (hour, n) in u.card_by_hour.iter().take(6) {
             let _ = writeln!(s, "      hour {hour} UTC: {n}");
+        }
+    }
+    for (title, facts) in [
+        (
+            "manual facts (operator actions on this card)",
+            &inv.manual_facts,
+        ),
+        (
+            "fleet facts (latest circuit transitions and operator actions on polling)",
+            &inv.fleet_facts,
+        ),
+    ] {
+        let _ = writeln!(s, "\n{title}");
+        if facts.is_empty() {
+            let _ = writeln!(s, "  (none)");
+        }
+        for f in facts {
+            let _ = writeln!(
+                s,
+                "  {} audit #{} {} by {} on {}:{}: {}",
+                f.at, f.id, f.event_type, f.actor, f.resource_type, f.resource_id, f.summary
+            );
         }
     }
     let _ = writeln!(s, "\npayments");

@@ -7,9 +7,10 @@
 //! # Layout
 //! - [`args`]: the clap definitions (spec section 2).
 //! - this module: [`execute`], [`CommandError`] and the exit status, `check-config`, `migrate`,
-//!   `run`, `maintenance`.
-//! - [`budget`]: `budget show|set|clear|pause|resume`.
-//! - [`polling`]: `enqueue carddata|card_status`, `reconcile`, `investigate`.
+//!   `run`, `maintenance`, `gateway-sim`.
+//! - [`budget`]: `budget show|set|clear|pause|resume`, `circuit open|close`.
+//! - [`polling`]: `enqueue carddata|card_status`, `unpark`, `reconcile`, `investigate`.
+//! - [`operator`]: the `operator.<action>` audit event every action that changes polling writes.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
 //! - [`maintenance`]: `maintenance status`.
@@ -19,6 +20,7 @@ pub mod args;
 pub mod budget;
 pub mod investigate;
 pub mod maintenance;
+pub mod operator;
 pub mod payments;
 pub mod polling;
 pub mod sim;
@@ -31,6 +33,7 @@ use args::{Command, EnqueueCommand, Format, MaintenanceCommand};
 
 use crate::config::{Config, ConfigError, Task};
 use crate::context::{connect_redis, AppContext};
+use crate::storage::cards::ParkedSelector;
 use crate::{app, telemetry};
 
 /// Why a command failed, as the exit status needs it.
@@ -89,13 +92,31 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             Ok(())
         }
         Command::Budget(cmd) => budget::execute(&config, cmd).await,
-        Command::Maintenance(MaintenanceCommand::Status { format }) => {
+        Command::Circuit(cmd) => budget::circuit(&config, cmd).await,
+        Command::Unpark(args) => {
+            let which = match (args.card_ref, args.all, args.parked_before) {
+                (Some(r), _, _) => ParkedSelector::CardRef(r),
+                (None, true, _) => ParkedSelector::All,
+                (None, false, Some(ts)) => ParkedSelector::ParkedBefore(ts),
+                (None, false, None) => {
+                    return Err(CommandError::Usage(
+                        "unpark needs one of --card-ref, --all, --parked-before".to_owned(),
+                    ))
+                }
+            };
             let ctx = AppContext::connect(config).await?;
-            maintenance::status(&ctx, format).await
+            polling::unpark_command(&ctx, args.task, which, args.reason, args.format).await
         }
         Command::Maintenance(cmd) => {
+            let (paused, reason) = match cmd {
+                MaintenanceCommand::Pause { reason } => (true, reason),
+                MaintenanceCommand::Resume { reason } => (false, reason),
+                MaintenanceCommand::Status { format } => {
+                    let ctx = AppContext::connect(config).await?;
+                    return maintenance::status(&ctx, format).await;
+                }
+            };
             let mut redis = connect_redis(config.redis.url.expose()).await?;
-            let paused = matches!(cmd, MaintenanceCommand::Pause);
             crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
             println!(
                 "maintenance {}{}",
@@ -106,6 +127,21 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
                 },
                 maintenance_disabled_note(&config)
             );
+            let recorded = operator::Action::new(
+                if paused {
+                    "maintenance_pause"
+                } else {
+                    "maintenance_resume"
+                },
+                "maintenance",
+                vec!["maintenance".to_owned()],
+                format!(
+                    "maintenance {} by an operator",
+                    if paused { "paused" } else { "resumed" }
+                ),
+                reason,
+            );
+            operator::record_applied_to(&config.database, &recorded).await;
             Ok(())
         }
         Command::Enqueue(cmd) => enqueue(config, cmd).await,
@@ -129,13 +165,13 @@ async fn enqueue(config: Config, cmd: EnqueueCommand) -> Result<(), CommandError
         EnqueueCommand::Retention => {
             enqueue_maintenance(&config, &RunRetention::default(), "retention").await
         }
-        EnqueueCommand::Carddata { card_ref } => {
+        EnqueueCommand::Carddata { card_ref, reason } => {
             let ctx = AppContext::connect(config).await?;
-            polling::enqueue(&ctx, Task::Carddata, &card_ref).await
+            polling::enqueue(&ctx, Task::Carddata, &card_ref, reason).await
         }
-        EnqueueCommand::CardStatus { card_ref } => {
+        EnqueueCommand::CardStatus { card_ref, reason } => {
             let ctx = AppContext::connect(config).await?;
-            polling::enqueue(&ctx, Task::CardStatus, &card_ref).await
+            polling::enqueue(&ctx, Task::CardStatus, &card_ref, reason).await
         }
         EnqueueCommand::Payment { payment_id } => {
             let ctx = AppContext::connect(config).await?;

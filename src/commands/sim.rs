@@ -112,6 +112,7 @@ pub fn patch_of(card: &Card) -> Result<SimCardPatch, String> {
         data: Some(data),
         status: Some(status),
         behaviour: None,
+        latency_ms: None,
     })
 }
 
@@ -161,6 +162,7 @@ mod tests {
                     data: Some(CardData::Pending),
                     status: Some(status),
                     behaviour: None,
+                    latency_ms: None,
                 }
             );
         }

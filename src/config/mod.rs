@@ -69,8 +69,8 @@ pub use rules::parse_limit;
 pub use secret::SecretUrl;
 pub use source::Source;
 pub use types::{
-    Config, DatabaseConfig, GatewayConfig, LogFormat, MaintenanceConfig, PaymentsConfig,
-    PollingConfig, RedisConfig, Task, TaskConfig, TelemetryConfig, WorkerConfig,
+    CircuitConfig, Config, DatabaseConfig, GatewayConfig, LogFormat, MaintenanceConfig,
+    PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig, TelemetryConfig, WorkerConfig,
 };
 
 /// Hard ceiling for every polling limit (`total_limit`, a task's `limit`, a runtime override).

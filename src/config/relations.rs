@@ -1,8 +1,9 @@
 //! The relations between keys, checked on the deserialized [`Config`] once every value has
 //! passed its own rule: a task's limit against `polling.total_limit`, the handler timeout against
 //! the gateway timeout, the lease against the handler timeout, the defer cap against the first
-//! delay. Each is what keeps a token lease from expiring under a running poll, or a budget from
-//! promising more than the total.
+//! delay, the circuit's minimum against its window and its cool-down cap against the first
+//! cool-down. Each is what keeps a token lease from expiring under a running poll, a budget from
+//! promising more than the total, or a circuit from being unable to open.
 
 use std::collections::BTreeSet;
 
@@ -90,25 +91,73 @@ pub(super) fn check_relations(
         );
     }
 
-    if ok(&["polling.defer_max_delay_secs", "polling.defer_delay_secs"])
-        && p.defer_max_delay_secs < p.defer_delay_secs
+    for (key, value, other, other_value, hi) in [
+        (
+            "polling.defer_max_delay_secs",
+            p.defer_max_delay_secs,
+            "polling.defer_delay_secs",
+            p.defer_delay_secs,
+            600,
+        ),
+        (
+            "polling.circuit.max_cooldown_secs",
+            p.circuit.max_cooldown_secs,
+            "polling.circuit.cooldown_secs",
+            p.circuit.cooldown_secs,
+            3600,
+        ),
+    ] {
+        if ok(&[key, other]) && value < other_value {
+            let allowed = format!("must be at least {other} ({other_value}) and at most {hi}");
+            problems.push(
+                Problem::new(key, value.to_string(), sources.of(key), allowed).checked_against(
+                    other,
+                    other_value,
+                    sources.of(other),
+                ),
+            );
+        }
+    }
+
+    let c = &p.circuit;
+    if ok(&["polling.circuit.min_calls", "polling.circuit.window_calls"])
+        && c.min_calls > c.window_calls
     {
-        let key = "polling.defer_max_delay_secs";
+        let key = "polling.circuit.min_calls";
         let allowed = format!(
-            "must be at least polling.defer_delay_secs ({}) and at most 600",
-            p.defer_delay_secs
+            "must be at most polling.circuit.window_calls ({}): the window could never hold \
+             enough calls to open the circuit",
+            c.window_calls
+        );
+        problems.push(
+            Problem::new(key, c.min_calls.to_string(), sources.of(key), allowed).checked_against(
+                "polling.circuit.window_calls",
+                c.window_calls,
+                sources.of("polling.circuit.window_calls"),
+            ),
+        );
+    }
+    if ok(&[
+        "polling.circuit.min_failing_cards",
+        "polling.circuit.min_calls",
+    ]) && c.min_failing_cards > c.min_calls
+    {
+        let key = "polling.circuit.min_failing_cards";
+        let allowed = format!(
+            "must be at most polling.circuit.min_calls ({})",
+            c.min_calls
         );
         problems.push(
             Problem::new(
                 key,
-                p.defer_max_delay_secs.to_string(),
+                c.min_failing_cards.to_string(),
                 sources.of(key),
                 allowed,
             )
             .checked_against(
-                "polling.defer_delay_secs",
-                p.defer_delay_secs,
-                sources.of("polling.defer_delay_secs"),
+                "polling.circuit.min_calls",
+                c.min_calls,
+                sources.of("polling.circuit.min_calls"),
             ),
         );
     }
@@ -180,6 +229,107 @@ mod tests {
             from_str("polling.lease_ttl_secs = 3601"),
             "polling.lease_ttl_secs",
         );
+    }
+
+    #[test]
+    fn circuit_min_calls_above_the_window_is_refused_naming_both_keys() {
+        let p = problem_for(
+            from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 11"),
+            "polling.circuit.min_calls",
+        );
+        assert_eq!(p.value, "11");
+        assert!(
+            p.allowed
+                .contains("at most polling.circuit.window_calls (10)"),
+            "{p}"
+        );
+        assert_eq!(p.related[0].key, "polling.circuit.window_calls");
+        from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 10").expect("valid");
+        let p = problem_for(
+            from_str("[polling.circuit]\nmin_calls = 4\nmin_failing_cards = 5"),
+            "polling.circuit.min_failing_cards",
+        );
+        assert!(
+            p.allowed.contains("at most polling.circuit.min_calls (4)"),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn circuit_max_cooldown_below_the_cooldown_is_refused() {
+        let p = problem_for(
+            from_str("polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 20"),
+            "polling.circuit.max_cooldown_secs",
+        );
+        assert!(
+            p.allowed
+                .contains("at least polling.circuit.cooldown_secs (30)"),
+            "{p}"
+        );
+        from_str("polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 30")
+            .expect("valid");
+    }
+
+    #[test]
+    fn circuit_and_parked_retry_keys_are_range_checked_naming_the_key() {
+        for (text, key) in [
+            (
+                "polling.circuit.window_calls = 1",
+                "polling.circuit.window_calls",
+            ),
+            (
+                "polling.circuit.window_secs = 0",
+                "polling.circuit.window_secs",
+            ),
+            ("polling.circuit.min_calls = 0", "polling.circuit.min_calls"),
+            (
+                "polling.circuit.min_failing_cards = 0",
+                "polling.circuit.min_failing_cards",
+            ),
+            (
+                "polling.circuit.failure_percent = 101",
+                "polling.circuit.failure_percent",
+            ),
+            (
+                "polling.circuit.failure_percent = 0",
+                "polling.circuit.failure_percent",
+            ),
+            (
+                "polling.circuit.cooldown_secs = 0",
+                "polling.circuit.cooldown_secs",
+            ),
+            (
+                "polling.circuit.max_cooldown_secs = 3601",
+                "polling.circuit.max_cooldown_secs",
+            ),
+            (
+                "polling.circuit.half_open_probes = 0",
+                "polling.circuit.half_open_probes",
+            ),
+            (
+                "polling.circuit.enabled = \"yes\"",
+                "polling.circuit.enabled",
+            ),
+            (
+                "polling.carddata.parked_retry_secs = 0",
+                "polling.carddata.parked_retry_secs",
+            ),
+            (
+                "polling.card_status.parked_retry_secs = 2592001",
+                "polling.card_status.parked_retry_secs",
+            ),
+            ("polling.circuit.nope = 1", "polling.circuit.nope"),
+        ] {
+            let p = problem_for(from_str(text), key);
+            assert!(p.to_string().starts_with(key), "{text}: {p}");
+        }
+        let c = from_str(
+            "polling.carddata.parked_retry_secs = 1\n[polling.circuit]\nenabled = false\n\
+             failure_percent = 100\nhalf_open_probes = 100",
+        )
+        .expect("valid");
+        assert_eq!(c.polling.carddata.parked_retry_secs, 1);
+        assert!(!c.polling.circuit.enabled);
     }
 
     #[test]

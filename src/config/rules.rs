@@ -68,6 +68,7 @@ const LIMIT_HI: i64 = LIMIT_CEILING as i64;
 const TASK_LIMIT: Rule = int_note(1, LIMIT_HI, ", and at most polling.total_limit");
 const INTERVAL: Rule = int(1, 86_400);
 const MAX_FAILURES: Rule = int(1, 1000);
+const PARKED_RETRY: Rule = int(1, 2_592_000);
 
 /// Every leaf key of the configuration and how it is checked.
 const RULES: &[(&str, Rule)] = &[
@@ -105,6 +106,26 @@ const RULES: &[(&str, Rule)] = &[
     ("polling.card_status.limit", TASK_LIMIT),
     ("polling.card_status.interval_secs", INTERVAL),
     ("polling.card_status.max_consecutive_failures", MAX_FAILURES),
+    ("polling.carddata.parked_retry_secs", PARKED_RETRY),
+    ("polling.card_status.parked_retry_secs", PARKED_RETRY),
+    ("polling.circuit.enabled", Rule::Bool),
+    ("polling.circuit.window_calls", int(2, 10_000)),
+    ("polling.circuit.window_secs", int(1, 3600)),
+    (
+        "polling.circuit.min_calls",
+        int_note(1, 10_000, ", and at most polling.circuit.window_calls"),
+    ),
+    (
+        "polling.circuit.min_failing_cards",
+        int_note(1, 10_000, ", and at most polling.circuit.min_calls"),
+    ),
+    ("polling.circuit.failure_percent", int(1, 100)),
+    ("polling.circuit.cooldown_secs", int(1, 3600)),
+    (
+        "polling.circuit.max_cooldown_secs",
+        int_note(1, 3600, ", and at least polling.circuit.cooldown_secs"),
+    ),
+    ("polling.circuit.half_open_probes", int(1, 100)),
     ("payments.concurrency", int(1, 256)),
     ("payments.recovery_after_secs", int(10, 86_400)),
     ("payments.recovery_cron", Rule::Cron),

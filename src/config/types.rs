@@ -241,6 +241,8 @@ pub struct PollingConfig {
     pub carddata: TaskConfig,
     /// `[polling.card_status]`
     pub card_status: TaskConfig,
+    /// `[polling.circuit]`: the fleet-wide Gateway circuit breaker (one per task).
+    pub circuit: CircuitConfig,
 }
 
 impl Default for PollingConfig {
@@ -261,6 +263,7 @@ impl Default for PollingConfig {
                 interval_secs: 300,
                 ..TaskConfig::default()
             },
+            circuit: CircuitConfig::default(),
         }
     }
 }
@@ -306,6 +309,9 @@ pub struct TaskConfig {
     pub interval_secs: u64,
     /// Consecutive failed polls after which the chain is parked, 1..=1000.
     pub max_consecutive_failures: u32,
+    /// A parked chain is probed again (one poll) this long after it was parked,
+    /// 1..=2592000 s; a success un-parks it.
+    pub parked_retry_secs: u64,
 }
 
 impl Default for TaskConfig {
@@ -314,6 +320,7 @@ impl Default for TaskConfig {
             limit: 4,
             interval_secs: 30,
             max_consecutive_failures: 10,
+            parked_retry_secs: 21_600,
         }
     }
 }
@@ -322,6 +329,77 @@ impl TaskConfig {
     /// `interval_secs` as a [`Duration`].
     pub fn interval(&self) -> Duration {
         Duration::from_secs(self.interval_secs)
+    }
+
+    /// `parked_retry_secs` as a [`Duration`].
+    pub fn parked_retry(&self) -> Duration {
+        Duration::from_secs(self.parked_retry_secs)
+    }
+}
+
+/// `[polling.circuit]`: when the Gateway fails broadly, every pod stops calling it for a polling
+/// task (the state is in Redis, shared by the fleet); see `budget::circuit`.
+///
+/// The window is the last `window_calls` Gateway outcomes of the task, fleet-wide, of which only
+/// those younger than `window_secs` count. The circuit opens when at least `min_calls` of them
+/// count, at least `failure_percent` % of those failed (failed, unknown or timed out), and the
+/// failures are about at least `min_failing_cards` distinct cards (a few bad cards are parked,
+/// they never open the circuit). After
+/// `cooldown_secs` it lets `half_open_probes` polls through: a success closes it, a failure
+/// opens it again with twice the cool-down, up to `max_cooldown_secs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CircuitConfig {
+    /// Whether the breaker opens by itself (an operator can force it either way regardless).
+    pub enabled: bool,
+    /// How many of the latest outcomes the window holds, 2..=10000.
+    pub window_calls: u32,
+    /// Outcomes older than this do not count, 1..=3600 s.
+    pub window_secs: u64,
+    /// Fewer counted outcomes never open the circuit, 1..=10000 and at most `window_calls`.
+    pub min_calls: u32,
+    /// Failures about fewer distinct cards never open it, 1..=10000 and at most `min_calls`.
+    pub min_failing_cards: u32,
+    /// The share of failed outcomes that opens it, 1..=100 (percent).
+    pub failure_percent: u32,
+    /// The first cool-down before probes are let through, 1..=3600 s.
+    pub cooldown_secs: u64,
+    /// The cool-down doubles after each failed probe, up to this; `>= cooldown_secs`, `<= 3600`.
+    pub max_cooldown_secs: u64,
+    /// Probe polls let through when the cool-down is over, 1..=100.
+    pub half_open_probes: u32,
+}
+
+impl Default for CircuitConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window_calls: 20,
+            window_secs: 60,
+            min_calls: 10,
+            min_failing_cards: 3,
+            failure_percent: 50,
+            cooldown_secs: 10,
+            max_cooldown_secs: 120,
+            half_open_probes: 2,
+        }
+    }
+}
+
+impl CircuitConfig {
+    /// `cooldown_secs` as a [`Duration`].
+    pub fn cooldown(&self) -> Duration {
+        Duration::from_secs(self.cooldown_secs)
+    }
+
+    /// `max_cooldown_secs` as a [`Duration`].
+    pub fn max_cooldown(&self) -> Duration {
+        Duration::from_secs(self.max_cooldown_secs)
+    }
+
+    /// `window_secs` as a [`Duration`].
+    pub fn window(&self) -> Duration {
+        Duration::from_secs(self.window_secs)
     }
 }
 

@@ -25,6 +25,13 @@
 //!    duplicate of the deferred one);
 //! 3. `cardworker_poll_deferred_total{task, reason}` is counted.
 //!
+//! The same call asks the task's Gateway circuit (`budget::circuit`): while it is open the job
+//! is deferred the same way (reason `gateway_circuit_open`, after the rest of the cool-down), so
+//! an outage costs no Gateway call, no PostgreSQL write, no failure and no attempt. The poll runs
+//! inside [`super::circuit::scoped`], and the outcome it reports is handed to the lease release,
+//! which counts it in the circuit's window in the same script call; the one process whose call
+//! opened or closed the circuit writes its audit event ([`super::circuit::on_transition`]).
+//!
 //! Redis unreachable at acquire: fail closed (no Gateway call), count `budget_unavailable`, and
 //! make sure the job comes back: see [`PollingBudgetService`]'s `unavailable`.
 
@@ -35,13 +42,17 @@ use std::time::{Duration, Instant};
 use apalis::prelude::{AbortError, BoxDynError, Status, Task};
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
+use sqlx::PgPool;
 use tower::{Layer, Service};
 
 use super::chain::{self, Liveness, PollJob};
+use super::circuit::{self, Reported};
 use crate::backoff::{Backoff, Jitter};
+use crate::budget::circuit::CIRCUIT_OPEN_REASON;
 use crate::budget::{Acquired, Budget, ShortReason};
 use crate::config::{PollingConfig, Task as PollTask};
 use crate::runner::JobError;
+use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 
 /// How long a job may wait for a token before it is deferred.
@@ -54,12 +65,16 @@ const MAX_RETRY_STEP: Duration = Duration::from_millis(80);
 pub const REDIS_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the layer shares between its services: the budget (whose connection and prefix the
-/// chain writes use too) and the deferral back-off of `[polling]`.
+/// chain writes use too), the deferral back-off of `[polling]`, and where circuit transitions
+/// are recorded.
 #[derive(Clone)]
 struct Shared {
     budget: Budget,
     /// `polling.defer_delay_secs` (at least 1 s) doubling up to `polling.defer_max_delay_secs`.
     defer: Backoff,
+    /// PostgreSQL for the circuit's audit events, and the tracker of the tasks writing them
+    /// (`None`: transitions are only logged, as in the budget benchmark).
+    records: Option<(PgPool, Shutdown)>,
 }
 
 /// Wraps one polling worker (job type `J`): both tokens or no handler.
@@ -84,9 +99,17 @@ impl<J: PollJob> PollingBudgetLayer<J> {
             shared: Shared {
                 budget,
                 defer: defer_backoff(polling.defer_delay(), polling.defer_max_delay()),
+                records: None,
             },
             job: PhantomData,
         }
+    }
+
+    /// This layer writing the circuit's audit events into `pool`, from tasks tracked by
+    /// `shutdown`.
+    pub fn recording_into(mut self, pool: PgPool, shutdown: Shutdown) -> Self {
+        self.shared.records = Some((pool, shutdown));
+        self
     }
 }
 
@@ -165,15 +188,26 @@ where
 {
     let lease = shared.budget.new_lease_id();
     match acquire_with_wait(&shared.budget, J::TASK, &lease).await {
-        Ok(Acquired::Acquired) => run_holding(&mut inner, &shared.budget, lease, task).await,
+        Ok(granted @ (Acquired::Acquired | Acquired::Probe { .. })) => {
+            let held = Held {
+                task: J::TASK,
+                lease,
+                probe_round: granted.probe_round(),
+            };
+            run_holding(&mut inner, &shared, held, task).await
+        }
         Ok(Acquired::Short { reason }) => {
             deferred(J::TASK.label(), reason.label());
-            defer::<J, S::Response>(&shared, task, Some(reason)).await
+            defer::<J, S::Response>(&shared, task, reason.label(), Duration::ZERO).await
+        }
+        Ok(Acquired::CircuitOpen { retry_in }) => {
+            deferred(J::TASK.label(), CIRCUIT_OPEN_REASON);
+            defer::<J, S::Response>(&shared, task, CIRCUIT_OPEN_REASON, retry_in).await
         }
         Err(e) => {
             tracing::warn!(task = J::TASK.label(), error = %format!("{e:#}"), "polling budget unavailable; failing closed (no Gateway call)");
             deferred(J::TASK.label(), super::BUDGET_UNAVAILABLE);
-            defer::<J, S::Response>(&shared, task, None).await
+            defer::<J, S::Response>(&shared, task, super::BUDGET_UNAVAILABLE, Duration::ZERO).await
         }
     }
 }
@@ -225,26 +259,43 @@ async fn acquire_with_wait(
     }
 }
 
-/// Releases its lease when dropped without [`LeaseGuard::release`] (the job's future was
+/// A granted lease: whose it is and whether its poll probes a half-open circuit.
+struct Held {
+    task: PollTask,
+    lease: String,
+    /// The half-open round it probes for (0: not a probe).
+    probe_round: u64,
+}
+
+/// Releases its lease when dropped without [`LeaseGuard::finish`] (the job's future was
 /// cancelled, for example when shutdown's grace period ran out); shutdown also releases every
 /// lease still held.
 struct LeaseGuard {
     budget: Budget,
-    lease: Option<String>,
+    held: Option<Held>,
 }
 
 impl LeaseGuard {
-    async fn release(mut self) {
-        if let Some(lease) = self.lease.take() {
-            let ids = [lease];
-            match tokio::time::timeout(REDIS_CALL_TIMEOUT, self.budget.release(&ids)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(lease = %ids[0], error = %format!("{e:#}"), "cannot release polling tokens; they expire with their lease")
-                }
-                Err(_) => {
-                    tracing::warn!(lease = %ids[0], "releasing polling tokens timed out; they expire with their lease")
-                }
+    /// Releases the lease and counts the poll's outcome in the circuit (one call). Returns the
+    /// circuit transition it made, if any.
+    async fn finish(mut self, reported: Reported) -> Option<crate::budget::Transition> {
+        let held = self.held.take()?;
+        let call = self.budget.finish(
+            held.task,
+            &held.lease,
+            reported.report,
+            held.probe_round,
+            &reported.card_ref,
+        );
+        match tokio::time::timeout(REDIS_CALL_TIMEOUT, call).await {
+            Ok(Ok(finished)) => finished.transition,
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %held.lease, error = %format!("{e:#}"), "cannot release polling tokens; they expire with their lease");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(lease = %held.lease, "releasing polling tokens timed out; they expire with their lease");
+                None
             }
         }
     }
@@ -252,31 +303,45 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            self.budget.release_in_background(lease);
+        if let Some(held) = self.held.take() {
+            self.budget.release_in_background(held.lease);
         }
     }
 }
 
-/// Runs the inner service while both tokens are held, then releases them. The inner service
-/// always returns (the job service catches panics and applies the handler timeout); if this
-/// future is dropped instead, the guard releases in the background.
+/// Runs the inner service while both tokens are held, then releases them with the outcome the
+/// poll reported. The inner service always returns (the job service catches panics and applies
+/// the handler timeout); if this future is dropped instead, the guard releases in the
+/// background.
 async fn run_holding<S>(
     inner: &mut S,
-    budget: &Budget,
-    lease: String,
+    shared: &Shared,
+    held: Held,
     task: Task<String>,
 ) -> Result<S::Response, BoxDynError>
 where
     S: Service<Task<String>>,
     S::Error: Into<BoxDynError>,
 {
+    let probe = held.probe_round > 0;
+    let which = held.task;
     let guard = LeaseGuard {
-        budget: budget.clone(),
-        lease: Some(lease),
+        budget: shared.budget.clone(),
+        held: Some(held),
     };
-    let result = inner.call(task).await.map_err(Into::into);
-    guard.release().await;
+    let (result, report) = circuit::scoped(probe, inner.call(task)).await;
+    let result = result.map_err(Into::into);
+    if let Some(transition) = guard.finish(report).await {
+        match &shared.records {
+            Some((pool, shutdown)) => {
+                let pool = pool.clone();
+                shutdown.spawn_detached(async move {
+                    circuit::on_transition(Some(&pool), which, transition).await;
+                });
+            }
+            None => circuit::on_transition(None, which, transition).await,
+        }
+    }
     result
 }
 
@@ -292,9 +357,10 @@ fn decode<J: PollJob>(
     })
 }
 
-/// Re-enqueues the job with `deferrals + 1` through its chain. `Ok(false)`: the chain was
-/// replaced meanwhile, so nothing was written (the stale job just ends).
-async fn reschedule<J: PollJob>(shared: &Shared, job: &J) -> anyhow::Result<bool> {
+/// Re-enqueues the job with `deferrals + 1` through its chain, after `wait` (the rest of a
+/// circuit's cool-down) plus the deferral back-off. `Ok(false)`: the chain was replaced
+/// meanwhile, so nothing was written (the stale job just ends).
+async fn reschedule<J: PollJob>(shared: &Shared, job: &J, wait: Duration) -> anyhow::Result<bool> {
     let mut conn = shared.budget.conn();
     let prefix = shared.budget.prefix();
     let mut next = job.state().clone();
@@ -308,7 +374,7 @@ async fn reschedule<J: PollJob>(shared: &Shared, job: &J) -> anyhow::Result<bool
             Liveness::Stale => return Ok(false),
         }
     }
-    let delay = shared.defer.delay(next.deferrals);
+    let delay = wait + shared.defer.delay(next.deferrals);
     let written = chain::schedule(&mut conn, prefix, J::TASK, job.card_ref(), &next, delay).await?;
     tracing::debug!(
         card_ref = job.card_ref(),
@@ -320,22 +386,24 @@ async fn reschedule<J: PollJob>(shared: &Shared, job: &J) -> anyhow::Result<bool
     Ok(written)
 }
 
-/// Defers the job: re-enqueues it through its chain and acknowledges this run. `reason` is the
-/// short budget, or `None` when Redis did not answer the acquire (Redis may be back already for
+/// Defers the job: re-enqueues it through its chain (after `wait` plus the deferral back-off)
+/// and acknowledges this run. `reason` is the deferral's label: a short budget, an open circuit,
+/// or `budget_unavailable` when Redis did not answer the acquire (Redis may be back already for
 /// the re-enqueue; if not, see [`keep_for_apalis`]).
 async fn defer<J: PollJob, R: Default>(
     shared: &Shared,
     task: Task<String>,
-    reason: Option<ShortReason>,
+    reason: &'static str,
+    wait: Duration,
 ) -> Result<R, BoxDynError> {
     let (raw, ctx) = task.take();
     let job: J = decode(&raw, &ctx)?;
-    match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(shared, &job)).await {
+    match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(shared, &job, wait)).await {
         Ok(Ok(written)) => {
             if !written {
                 tracing::debug!(
                     card_ref = job.card_ref(),
-                    reason = reason.map_or(super::BUDGET_UNAVAILABLE, ShortReason::label),
+                    reason,
                     "deferred job's chain was replaced; dropped"
                 );
             }

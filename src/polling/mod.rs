@@ -6,8 +6,10 @@
 //! - [`poll`]: the flow of one poll, shared by both tasks ([`poll::PollTask`]).
 //! - [`carddata`]: the `PollCardData` job.
 //! - [`card_status`]: the `PollCardStatus` job.
-//! - [`budget_layer`]: the tower layer around both polling workers: both budget tokens or no
-//!   handler, deferral through the chain.
+//! - [`budget_layer`]: the tower layer around both polling workers: both budget tokens and a
+//!   closed Gateway circuit or no handler, deferral through the chain.
+//! - [`circuit`]: what the fleet-wide Gateway circuit breaker means for a poll (its outcome
+//!   report, probes, the one audit event per opening and per closing).
 //! - [`reconcile`]: the `RunReconcile` job (restores chains after a Redis loss; reads only).
 //!
 //! Applying an observed change is `crate::cards` (shared with channel callbacks); the commands
@@ -17,18 +19,29 @@ pub mod budget_layer;
 pub mod card_status;
 pub mod carddata;
 pub mod chain;
+pub mod circuit;
 pub mod poll;
 pub mod reconcile;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::budget::circuit::{CIRCUIT_OPEN_REASON, TRANSITION_LABELS};
 use crate::budget::ShortReason;
 use crate::config::Task;
+use crate::context::AppContext;
+use crate::storage::cards;
 use crate::telemetry::metrics as m;
+
+/// How often each process counts the parked chains for `cardworker_parked_chains`.
+pub const PARKED_GAUGE_EVERY: Duration = Duration::from_secs(60);
 
 /// The `reason` label of a deferral because Redis did not answer the acquire (the other reasons
 /// are [`ShortReason`]'s).
 pub const BUDGET_UNAVAILABLE: &str = "budget_unavailable";
 
-/// Registers the polling series at zero: every outcome and every deferral reason of each task.
+/// Registers the polling series at zero: every outcome and every deferral reason of each task,
+/// and each task's circuit gauge and transitions.
 pub fn register_metrics() {
     for task in Task::ALL {
         for outcome in poll::OUTCOMES {
@@ -36,9 +49,43 @@ pub fn register_metrics() {
                 .increment(0);
         }
         let reasons = ShortReason::ALL.map(ShortReason::label);
-        for reason in reasons.into_iter().chain([BUDGET_UNAVAILABLE]) {
+        for reason in reasons
+            .into_iter()
+            .chain([CIRCUIT_OPEN_REASON, BUDGET_UNAVAILABLE])
+        {
             metrics::counter!(m::POLL_DEFERRED, "task" => task.label(), "reason" => reason)
                 .increment(0);
+        }
+        metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label()).set(0.0);
+        metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(0.0);
+        for to in TRANSITION_LABELS {
+            metrics::counter!(m::GATEWAY_CIRCUIT_TRANSITIONS, "task" => task.label(), "to" => to)
+                .increment(0);
+        }
+    }
+}
+
+/// Publishes `cardworker_parked_chains{task}` now and every [`PARKED_GAUGE_EVERY`] until the
+/// process stops.
+pub async fn measure_parked_chains(ctx: Arc<AppContext>) {
+    loop {
+        publish_parked_chains(&ctx).await;
+        tokio::time::sleep(PARKED_GAUGE_EVERY).await;
+    }
+}
+
+/// Counts the parked chains per task and publishes `cardworker_parked_chains{task}`: two counts
+/// on the partial indexes of parked cards (index-only, proportional to the parked cards, not to
+/// the table).
+pub async fn publish_parked_chains(ctx: &AppContext) {
+    match cards::count_parked(&ctx.pool).await {
+        Ok((carddata, card_status)) => {
+            for (task, n) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
+                metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(n as f64);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count the parked chains for cardworker_parked_chains")
         }
     }
 }

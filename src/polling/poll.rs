@@ -2,8 +2,14 @@
 //!
 //! 1. Check the chain in Redis: a stale job is acknowledged without a Gateway call; a job whose
 //!    card had no chain adopts it.
-//! 2. Load the card (a read). Unknown, parked or no longer pollable: acknowledge, no call.
-//! 3. Correlation id (UUID v7) in memory, call the Gateway, classify.
+//! 2. Load the card (a read). Unknown or no longer pollable: acknowledge, no call. Parked: the
+//!    chain waits for its retry (`polling.<task>.parked_retry_secs` after parking); the job due
+//!    then is the retry, one poll: a valid answer un-parks the card (one `poll.unparked` record),
+//!    a failure leaves it parked until the next retry.
+//! 3. Correlation id (UUID v7) in memory, call the Gateway, classify, and report the outcome to
+//!    the Gateway circuit ([`super::circuit::report`]; the budget layer counts it fleet-wide).
+//!    A poll that is a probe of a half-open circuit and fails records nothing and does not
+//!    advance the card's failures: the failure is the Gateway's, and the circuit re-opens.
 //! 4. By outcome:
 //!    - valid and unchanged: **no PostgreSQL write at all**; count `skipped_unchanged`, bump the
 //!      hourly Redis aggregate, schedule the next poll after the jittered interval;
@@ -12,7 +18,7 @@
 //!    - failed or unknown: one transaction with the terminal `failed`/`unknown` log (error and
 //!      what happens next) and its audit event + link; count `persisted_failure`; the next attempt
 //!      comes after a capped, jittered exponential back-off, or the chain is parked in PostgreSQL
-//!      (same transaction) after `max_consecutive_failures`.
+//!      (same transaction) after `max_consecutive_failures` and its retry is scheduled.
 //!
 //! Nothing here ever writes a `pending` log or updates `integration_logs`: the terminal path is
 //! [`records::insert_terminal_log`] only. A transient infrastructure error (PostgreSQL down while
@@ -34,6 +40,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::chain::{self, Liveness, PollJob};
+use super::circuit;
 use crate::backoff::{self as backoff_rule, Backoff, Jitter};
 use crate::cards::apply::{Applied, ChangeSource};
 use crate::config::Task;
@@ -108,6 +115,11 @@ pub enum PollOutcome {
     },
     /// Recording failed for an infrastructure reason; a retry was scheduled.
     RetryScheduled,
+    /// A probe of a half-open circuit failed: nothing recorded, failures unchanged, retry
+    /// scheduled.
+    ProbeFailed,
+    /// A parked chain's job came before its retry was due: rescheduled for the retry, no call.
+    ParkedWaiting,
 }
 
 /// The Redis hash of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
@@ -212,6 +224,10 @@ impl<'a, J: PollTask> Run<'a, J> {
             .polling
             .task(J::TASK)
             .max_consecutive_failures
+    }
+
+    fn parked_retry(&self) -> Duration {
+        self.ctx.config.polling.task(J::TASK).parked_retry()
     }
 
     /// Schedules the chain's next job after `delay` with `failures`.
@@ -319,8 +335,23 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 .await
         }
     };
-    if !card.is_pollable(task) {
-        tracing::info!(%task, card_ref = %run.card_ref, parked = card.parked_at(task).is_some(), "card needs no poll; chain ended");
+    // A parked chain stays scheduled for its retry; the job due then is that retry.
+    let parked_retry = match card.parked_at(task) {
+        Some(parked_at) if card.wants_polling(task) => {
+            let due = parked_at
+                + chrono::Duration::from_std(run.parked_retry()).unwrap_or(chrono::Duration::MAX);
+            let early = (due - Utc::now()).to_std().unwrap_or_default();
+            if !early.is_zero() {
+                let failures = run.state.failures;
+                run.schedule(failures, early).await?;
+                return Ok(PollOutcome::ParkedWaiting);
+            }
+            true
+        }
+        _ => false,
+    };
+    if !parked_retry && !card.is_pollable(task) {
+        tracing::info!(%task, card_ref = %run.card_ref, "card needs no poll; chain ended");
         run.finish().await?;
         return Ok(PollOutcome::NotPolled);
     }
@@ -329,6 +360,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
     let started_at = Utc::now();
     let result = J::call(&ctx.gateway, &run.card_ref, correlation_id).await;
     let finished_at = Utc::now();
+    circuit::report(&run.card_ref, result.outcome.is_valid());
     let log = |state: LogState, error: Option<String>, recovery: Option<String>| LogRecord {
         correlation_id,
         resource_type: "card",
@@ -346,6 +378,12 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
 
     match &result.outcome {
         Outcome::Valid(obs) => {
+            if parked_retry {
+                if let Err(e) = persist_unpark::<J>(&ctx, &run.card_ref, correlation_id).await {
+                    return run.retry_after_infra_error(e).await;
+                }
+                tracing::info!(%task, card_ref = %run.card_ref, %correlation_id, "parked chain's retry got a valid answer; card un-parked, polling resumes");
+            }
             let mut card = card;
             // One re-decision after a version conflict (a callback changed the card meanwhile).
             for attempt in 0..2 {
@@ -399,12 +437,20 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                         // The same write would fail the same way forever: a failure, counted.
                         let reason = format!("the observed change could not be recorded: {e:#}");
                         let record = log(LogState::Failed, None, None);
-                        return record_failure(&mut run, record, reason).await;
+                        return record_failure(&mut run, record, reason, parked_retry).await;
                     }
                 }
             }
             run.schedule_next().await?;
             Ok(PollOutcome::RetryScheduled)
+        }
+        Outcome::Failed(failure) | Outcome::Unknown(failure) if circuit::is_probe() => {
+            // The Gateway is still failing: the circuit re-opens; this card is not to blame.
+            let failures = run.state.failures;
+            let delay = backoff(run.interval(), failures + 1);
+            tracing::info!(%task, card_ref = %run.card_ref, reason = %failure.reason, retry_in_ms = delay.as_millis() as u64, "circuit probe failed; nothing recorded, failures unchanged");
+            run.schedule(failures, delay).await?;
+            Ok(PollOutcome::ProbeFailed)
         }
         Outcome::Failed(failure) | Outcome::Unknown(failure) => {
             let state = if result.outcome.is_failed() {
@@ -413,7 +459,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 LogState::Unknown
             };
             let record = log(state, None, None);
-            record_failure(&mut run, record, failure.reason.clone()).await
+            record_failure(&mut run, record, failure.reason.clone(), parked_retry).await
         }
     }
 }
@@ -429,28 +475,49 @@ async fn record_failure<J: PollTask>(
     run: &mut Run<'_, J>,
     mut record: LogRecord,
     reason: String,
+    parked_retry: bool,
 ) -> anyhow::Result<PollOutcome> {
     let ctx = run.ctx;
     let task = J::TASK;
-    let failures = run.state.failures + 1;
     let max = run.max_failures();
-    let mut parked = failures >= max;
-    let delay = backoff(run.interval(), failures);
-    let recovery = if parked {
-        format!(
-            "chain parked after {max} consecutive failures; restart with `cardworker enqueue {} --card-ref {}`",
-            task.cli_name(),
-            run.card_ref
-        )
+    // A parked chain's retry that fails leaves it parked (one poll per retry).
+    let failures = if parked_retry {
+        run.state.failures.max(max)
     } else {
+        run.state.failures + 1
+    };
+    let mut park = match (failures >= max, parked_retry) {
+        (false, _) => Park::No,
+        (true, false) => Park::Now,
+        (true, true) => Park::Again,
+    };
+    let delay = if park == Park::No {
+        backoff(run.interval(), failures)
+    } else {
+        run.parked_retry()
+    };
+    let recovery = if park == Park::No {
         format!(
             "retry in {} s (failure {failures} of {max})",
             delay.as_secs_f64().round().max(1.0) as u64
         )
+    } else {
+        format!(
+            "{}; retried automatically in {} s (polling.{}.parked_retry_secs); restart now with `cardworker unpark --task {} --card-ref {}`",
+            if parked_retry {
+                "the parked chain's retry failed, it stays parked".to_owned()
+            } else {
+                format!("chain parked after {max} consecutive failures")
+            },
+            delay.as_secs(),
+            task.label(),
+            task.cli_name(),
+            run.card_ref
+        )
     };
     record.error = Some(reason.clone());
     record.recovery_summary = Some(recovery.clone());
-    if let Err(e) = persist_failure::<J>(ctx, &record, failures, parked).await {
+    if let Err(e) = persist_failure::<J>(ctx, &record, failures, park).await {
         if fault::classify_chain(&e) == DbFault::Transient {
             return run.retry_after_infra_error(e).await;
         }
@@ -458,28 +525,34 @@ async fn record_failure<J: PollTask>(
         let mut minimal = record.clone();
         minimal.response_summary = "(not stored: PostgreSQL refused the full record)".to_owned();
         minimal.error = Some(shorten(&format!("{reason} (record refused: {e:#})"), 2000));
-        if let Err(e) = persist_failure::<J>(ctx, &minimal, failures, parked).await {
+        if let Err(e) = persist_failure::<J>(ctx, &minimal, failures, park).await {
             if fault::classify_chain(&e) == DbFault::Transient {
                 return run.retry_after_infra_error(e).await;
             }
             tracing::error!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "no failure record could be written; the failure still counts");
-            if parked {
+            if park != Park::No {
                 let mut conn = ctx.pool.acquire().await.context("parking the chain")?;
                 if let Err(e) = cards::park(&mut conn, &run.card_ref, task).await {
                     tracing::error!(%task, card_ref = %run.card_ref, error = %e, "the chain could not be parked either; it retries");
-                    parked = false;
+                    park = Park::No;
                 }
             }
         }
     }
     count(task, PERSISTED_FAILURE);
     tracing::warn!(%task, card_ref = %run.card_ref, correlation_id = %record.correlation_id, outcome = record.state.as_str(), reason = %reason, recovery = %recovery, "poll failed; recorded");
-    if parked {
-        run.finish().await?;
-    } else if !run.schedule(failures, delay).await? {
+    // A parked chain stays scheduled: its next job is the retry.
+    let delay = if park == Park::No {
+        backoff(run.interval(), failures)
+    } else {
+        delay
+    };
+    if !run.schedule(failures, delay).await? {
         tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
     }
-    Ok(PollOutcome::Failed { parked })
+    Ok(PollOutcome::Failed {
+        parked: park != Park::No,
+    })
 }
 
 /// `text` cut to at most `max` characters.
@@ -535,7 +608,9 @@ pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error
         let reason = format!("the poll ended abnormally: {error}");
         match tokio::time::timeout(
             ABNORMAL_RECORD_TIMEOUT,
-            record_failure(&mut run, record, reason),
+            // Not a parked chain's retry as far as this end knows: a panic counts as one more
+            // failure (a parked card's panicking retry is parked again).
+            record_failure(&mut run, record, reason, false),
         )
         .await
         {
@@ -610,13 +685,61 @@ async fn persist_change<J: PollTask>(
     Ok(applied)
 }
 
+/// What a recorded failure does to the chain's parked mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Park {
+    /// Not parked.
+    No,
+    /// This failure parks the chain (`poll.parked`).
+    Now,
+    /// A parked chain's retry failed: the mark is renewed (the next retry counts from now).
+    Again,
+}
+
+/// The un-parking transaction of a parked chain's successful retry: the parked mark cleared and
+/// one `poll.unparked` audit event.
+async fn persist_unpark<J: PollTask>(
+    ctx: &AppContext,
+    card_ref: &str,
+    correlation_id: Uuid,
+) -> anyhow::Result<()> {
+    let task = J::TASK;
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("starting the un-parking transaction")?;
+    cards::unpark(&mut *tx, card_ref, task)
+        .await
+        .context("clearing the parked mark")?;
+    records::insert_audit(
+        &mut tx,
+        &AuditRecord {
+            event_type: "poll.unparked",
+            correlation_id: Some(correlation_id),
+            summary: format!(
+                "{task} chain of card {card_ref} un-parked: its retry got a valid answer"
+            ),
+            details: serde_json::json!({ "task": task.label(), "by": "parked_retry" }),
+            resource_type: "card",
+            resource_id: card_ref.to_owned(),
+        },
+        None,
+    )
+    .await
+    .context("writing the un-parking audit event")?;
+    tx.commit().await.context("committing the un-parking")?;
+    Ok(())
+}
+
 /// The failure transaction: terminal `failed`/`unknown` log with its audit event and link, and,
-/// when this failure parks the chain, the parked mark and a `poll.parked` audit event.
+/// when this failure parks the chain, the parked mark and a `poll.parked` audit event (a failed
+/// retry of a parked chain renews the mark only).
 async fn persist_failure<J: PollTask>(
     ctx: &AppContext,
     record: &LogRecord,
     failures: u32,
-    parked: bool,
+    park: Park,
 ) -> anyhow::Result<()> {
     let task = J::TASK;
     let mut tx = ctx
@@ -658,10 +781,12 @@ async fn persist_failure<J: PollTask>(
     )
     .await
     .context("writing the failure's audit event")?;
-    if parked {
+    if park != Park::No {
         cards::park(&mut tx, &record.resource_id, task)
             .await
             .context("parking the chain")?;
+    }
+    if park == Park::Now {
         records::insert_audit(
             &mut tx,
             &AuditRecord {
@@ -669,8 +794,10 @@ async fn persist_failure<J: PollTask>(
                 correlation_id: Some(record.correlation_id),
                 summary: format!(
                     "{task} chain of card {} parked after {failures} consecutive failures; \
-                     restart with `cardworker enqueue {} --card-ref {}`",
+                     retried automatically after polling.{}.parked_retry_secs, or restart with \
+                     `cardworker unpark --task {} --card-ref {}`",
                     record.resource_id,
+                    task.label(),
                     task.cli_name(),
                     record.resource_id
                 ),

@@ -18,7 +18,10 @@
 //!
 //! For every card without a live chain (none, or one overdue by more than the grace) it starts
 //! one with a small random initial delay, so that a restored fleet does not come due all at once.
-//! Parked chains are never restarted: they are not in the index.
+//! Parked chains are not in those indexes; a parked chain stays scheduled for its retry
+//! (`poll`), and the scheduled run also restarts the parked chains whose retry is overdue by more
+//! than the grace (their chain was lost with Redis), so that a Redis loss never leaves a parked
+//! card without its retry. The `cardworker reconcile` sweep leaves parked chains alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,14 +85,8 @@ pub async fn pass(ctx: &AppContext, task: Task, after: i64, batch: u32) -> anyho
         .await
         .with_context(|| format!("reading the {task} cards to reconcile"))?;
     let grace = grace(&ctx.config, task);
-    let mut conn = ctx.redis.clone();
-    let mut started = 0;
-    for (_, card_ref) in &rows {
-        let delay = start_delay(&ctx.config, task);
-        if chain::start_if_dead(&mut conn, ctx.prefix(), task, card_ref, delay, grace).await? {
-            started += 1;
-        }
-    }
+    let refs: Vec<&str> = rows.iter().map(|(_, r)| r.as_str()).collect();
+    let started = start_dead(ctx, task, &refs, grace).await?;
     let next_cursor = if rows.len() < batch as usize {
         None
     } else {
@@ -171,6 +168,44 @@ fn start_delay(config: &Config, task: Task) -> Duration {
     Duration::from_millis(rand::rng().random_range(0..=ms))
 }
 
+/// Starts a chain for each card of `card_refs` that has no live chain (none, or one overdue by
+/// more than `grace`), with a random initial delay over min(interval, [`MAX_START_SPREAD`]).
+/// Returns how many it started.
+async fn start_dead(
+    ctx: &AppContext,
+    task: Task,
+    card_refs: &[&str],
+    grace: Duration,
+) -> anyhow::Result<u64> {
+    let mut conn = ctx.redis.clone();
+    let mut started = 0;
+    for card_ref in card_refs {
+        let delay = start_delay(&ctx.config, task);
+        if chain::start_if_dead(&mut conn, ctx.prefix(), task, card_ref, delay, grace).await? {
+            started += 1;
+        }
+    }
+    Ok(started)
+}
+
+/// Restarts up to `polling.reconcile_batch` parked chains of `task` whose retry is overdue by
+/// more than the grace (parked longer ago than `parked_retry_secs` + grace and without a live
+/// chain: Redis lost it). Their first job is the retry. Returns how many it started.
+pub async fn restart_overdue_parked(ctx: &AppContext, task: Task) -> anyhow::Result<u64> {
+    let grace = grace(&ctx.config, task);
+    let overdue = ctx.config.polling.task(task).parked_retry() + grace;
+    let refs = cards::overdue_parked(
+        &ctx.pool,
+        task,
+        overdue,
+        i64::from(ctx.config.polling.reconcile_batch),
+    )
+    .await
+    .with_context(|| format!("reading the {task} parked chains whose retry is overdue"))?;
+    let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+    start_dead(ctx, task, &refs, grace).await
+}
+
 /// One scheduled run for one task: a batch from the Redis cursor, then the cursor moved on (or
 /// back to the start after the last card).
 pub async fn run_once(ctx: &AppContext, task: Task) -> anyhow::Result<Pass> {
@@ -226,10 +261,12 @@ impl RunJob for RunReconcile {
             }
             restart_overdue(&ctx, task).await?;
             let done = run_once(&ctx, task).await?;
+            let parked = restart_overdue_parked(&ctx, task).await?;
             tracing::info!(
                 %task,
                 examined = done.examined,
                 started = done.started,
+                parked_retries_restarted = parked,
                 wrapped = done.next_cursor.is_none(),
                 "reconcile batch done"
             );

@@ -1,5 +1,25 @@
 //! Spawning workers and cron schedules under the [`Supervisor`]: each is handed over as a recipe
 //! (a factory), so that the supervisor can build it again after a Redis outage.
+//!
+//! # A worker is never declared dead while its jobs run within their timeouts
+//! apalis-redis writes a worker's heartbeat only when the worker's stream is polled in its
+//! ready state; while every slot holds a long job (and fetched jobs wait in its buffer) the
+//! heartbeat stops, a peer's heartbeat finds it older than the orphan window, re-queues the
+//! worker's in-flight jobs (a second run of each) and drops the worker, whose own next heartbeat
+//! then fails (`worker not registered`) and stops the process. Two defences, both always on:
+//! - **a heartbeat of our own** ([`keep_heartbeat`]): a task beside each worker refreshes the
+//!   worker's score every [`HEARTBEAT`], whatever its slots are doing, for as long as the worker
+//!   runs. It only refreshes a worker that is still registered (`ZADD XX`): one that a peer has
+//!   already declared dead stays dead, as apalis expects.
+//! - **an orphan window that follows the job's timeout** ([`missed_heartbeats`]): each queue's
+//!   window is at least its job's timeout plus two heartbeats, so that even apalis's own
+//!   heartbeat alone (which may pause for as long as one job holds the last slot) never lets the
+//!   window pass under a job that runs within its timeout. It is derived from the same
+//!   `RunJob::timeout` the job service enforces, at start-up, so no configuration can make the
+//!   window shorter than a job.
+//!
+//! The price: the jobs of a pod that really died come back after that window (25 s for polls
+//! with the default `handler_timeout_secs = 15`) instead of 15 s.
 
 use std::str::FromStr as _;
 use std::sync::Arc;
@@ -11,9 +31,10 @@ use apalis::prelude::*;
 use apalis_core::worker::lifecycle::LifecycleService;
 use apalis_cron::{CronScheduler, Tick};
 use apalis_redis::RedisStorage;
-use cardworker_jobs::Job;
 use chrono_tz::{Asia::Shanghai, Tz};
 use futures::FutureExt as _;
+use redis::aio::ConnectionManager;
+use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
 
@@ -24,15 +45,65 @@ use crate::pod;
 /// How often an idle worker asks apalis for work (apalis otherwise waits for a heartbeat).
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
-/// The apalis storage of one job's queue, on the shared connection.
-pub fn storage<J: Job>(ctx: &AppContext, batch: usize) -> RedisStorage<String> {
+/// How often a worker's heartbeat is written (by apalis, and by [`keep_heartbeat`]).
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The fewest missed heartbeats after which a worker counts as dead (apalis's default is 10).
+pub const MIN_MISSED_HEARTBEATS: usize = 3;
+/// What the orphan window adds to a job's timeout: the job service's acknowledgement and, for
+/// polls, the budget layer's acquire and release (each bounded by a 2 s Redis timeout).
+pub const ORPHAN_MARGIN: Duration = Duration::from_secs(10);
+
+/// Missed heartbeats after which a peer re-queues a worker's in-flight jobs, for a queue whose
+/// jobs run at most `job_timeout`: the window (`HEARTBEAT` × this) is at least
+/// `job_timeout + ORPHAN_MARGIN`, and never under [`MIN_MISSED_HEARTBEATS`].
+pub fn missed_heartbeats(job_timeout: Duration) -> usize {
+    let needed = (job_timeout + ORPHAN_MARGIN).as_millis();
+    let beat = HEARTBEAT.as_millis();
+    let n = usize::try_from(needed.div_ceil(beat)).unwrap_or(usize::MAX);
+    n.max(MIN_MISSED_HEARTBEATS)
+}
+
+/// The orphan window of a queue whose jobs run at most `job_timeout`.
+pub fn orphan_window(job_timeout: Duration) -> Duration {
+    let n = u32::try_from(missed_heartbeats(job_timeout)).unwrap_or(u32::MAX);
+    HEARTBEAT.saturating_mul(n)
+}
+
+/// The apalis storage of job `J`'s queue, on the shared connection, with the orphan window of
+/// `J`'s timeout under `ctx`'s configuration.
+pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String> {
     let config = apalis_redis::Config::default()
         .queue(cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE))
         .batch_size(batch.max(1))
-        .heartbeat_interval(Duration::from_secs(5))
-        // Orphaned jobs of a crashed pod come back after 3 missed heartbeats, not apalis's 10.
-        .missed_heartbeats(3);
+        .heartbeat_interval(HEARTBEAT)
+        .missed_heartbeats(missed_heartbeats(J::timeout(&ctx.config)));
     RedisStorage::new(ctx.redis.clone()).with_config(config)
+}
+
+/// Refreshes worker `name`'s heartbeat in `workers_set` every [`HEARTBEAT`], independently of
+/// its slots, until the returned future is dropped. Only a worker still registered is
+/// refreshed (`ZADD XX`), with apalis's own score (unix seconds of this process's clock).
+pub async fn keep_heartbeat(mut conn: ConnectionManager, workers_set: String, name: String) {
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let refreshed: redis::RedisResult<i64> = redis::cmd("ZADD")
+            .arg(&workers_set)
+            .arg("XX")
+            .arg("CH")
+            .arg(now)
+            .arg(&name)
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = refreshed {
+            tracing::debug!(worker = %name, error = %e, "worker heartbeat not refreshed; apalis's own heartbeat and the orphan window remain");
+        }
+    }
 }
 
 /// Starts one worker for job `J` with no layer of its own.
@@ -64,12 +135,30 @@ where
         Box::new(move || {
             let concurrency = J::concurrency(&ctx.config);
             let name = pod::worker_name(J::KIND);
+            let storage = storage::<J>(&ctx, concurrency);
+            let workers_set = storage.get_config().workers_set();
             let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
-                .backend(storage::<J>(&ctx, concurrency).poll_with_interval(POLL_INTERVAL))
+                .backend(storage.poll_with_interval(POLL_INTERVAL))
                 .concurrency(concurrency)
                 .layer(layer.clone());
             let worker = builder.build(JobService::<J>::new(ctx.clone()));
-            (name, worker.run_until(stopped(&shutdown)).boxed())
+            // The heartbeat of our own runs beside the worker, on its own task, until the
+            // worker ends (this build of it: a rebuilt worker gets a keeper of its own).
+            let ended = CancellationToken::new();
+            let keeper = keep_heartbeat(ctx.redis.clone(), workers_set, name.clone());
+            let worker_ended = ended.clone();
+            shutdown.spawn(async move {
+                tokio::select! {
+                    () = worker_ended.cancelled() => {}
+                    () = keeper => {}
+                }
+            });
+            let stopped = stopped(&shutdown);
+            let run = async move {
+                let _ended = ended.drop_guard();
+                worker.run_until(stopped).await
+            };
+            (name, run.boxed())
         }),
     );
 }
@@ -134,4 +223,37 @@ pub fn spawn_cron<J: Scheduled>(
         }),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_orphan_window_covers_the_job_timeout_plus_the_margin_and_never_goes_under_three_beats() {
+        assert_eq!(missed_heartbeats(Duration::from_secs(1)), 3);
+        assert_eq!(
+            orphan_window(Duration::from_secs(1)),
+            Duration::from_secs(15)
+        );
+        // Polls with the default handler timeout: 15 + 10 s.
+        assert_eq!(
+            orphan_window(Duration::from_secs(15)),
+            Duration::from_secs(25)
+        );
+        // The slow scenario of issue 10: handler 27 s.
+        assert_eq!(
+            orphan_window(Duration::from_secs(27)),
+            Duration::from_secs(40)
+        );
+        for secs in [0, 1, 4, 5, 6, 29, 30, 31, 299, 3595, 3600, 86_400] {
+            let timeout = Duration::from_millis(secs * 1000 + 1);
+            let window = orphan_window(timeout);
+            assert!(window >= timeout + ORPHAN_MARGIN, "{timeout:?}: {window:?}");
+            assert!(
+                window < timeout + ORPHAN_MARGIN + HEARTBEAT,
+                "{timeout:?}: {window:?}"
+            );
+        }
+    }
 }

@@ -178,6 +178,7 @@ mod tests {
             },
             status: CardStatus::Active,
             behaviour: CardBehaviour::Normal,
+            latency_ms: None,
         }
     }
 

@@ -72,14 +72,14 @@ async fn card_read(
     card_ref: String,
     headers: HeaderMap,
 ) -> Response {
-    let _guard = sim.in_flight(call);
+    let _guard = sim.in_flight_card(call, &card_ref);
     let suffix = if call == CallKind::Carddata {
         "data"
     } else {
         "status"
     };
     sim.record(call, format!("/v1/cards/{card_ref}/{suffix}"), &headers);
-    let disturbance = sim.prelude().await;
+    let disturbance = sim.prelude_with(sim.card_latency(&card_ref)).await;
     let card =
         sim.with_state(|st| st.read_card(&card_ref, call, disturbance.is_some(), &mut rand::rng()));
     sim.count_disturbance(call, card_disturbance(card.behaviour, disturbance));

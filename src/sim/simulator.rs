@@ -36,15 +36,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Counts one call in flight from creation to drop.
+/// Counts one call in flight from creation to drop (and, for a card call, per card).
 pub(crate) struct InFlight {
     inner: Arc<Inner>,
     call: CallKind,
+    card_ref: Option<String>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.inner.counters).exit(self.call);
+        let mut counters = lock(&self.inner.counters);
+        counters.exit(self.call);
+        if let Some(card_ref) = &self.card_ref {
+            counters.exit_card(self.call, card_ref);
+        }
     }
 }
 
@@ -151,6 +156,12 @@ impl Simulator {
         self.with_card(card_ref, |c| c.behaviour = behaviour);
     }
 
+    /// This card answers after `latency_ms` instead of the global latency (`None`: the global
+    /// latency again).
+    pub fn set_card_latency(&self, card_ref: &str, latency_ms: Option<u64>) {
+        self.with_card(card_ref, |c| c.latency_ms = latency_ms);
+    }
+
     /// Every call about this card answers 503.
     pub fn fail_card(&self, card_ref: &str) {
         self.set_card_behaviour(card_ref, CardBehaviour::Fail);
@@ -229,6 +240,19 @@ impl Simulator {
         InFlight {
             inner: Arc::clone(&self.inner),
             call,
+            card_ref: None,
+        }
+    }
+
+    /// Counts one card call of `call` about `card_ref` in flight until the guard drops.
+    pub(crate) fn in_flight_card(&self, call: CallKind, card_ref: &str) -> InFlight {
+        let mut counters = lock(&self.inner.counters);
+        counters.enter(call);
+        counters.enter_card(call, card_ref);
+        InFlight {
+            inner: Arc::clone(&self.inner),
+            call,
+            card_ref: Some(card_ref.to_owned()),
         }
     }
 
@@ -268,9 +292,22 @@ impl Simulator {
 
     /// Latency, then the global error / garbage dice. `None` means answer normally.
     pub(crate) async fn prelude(&self) -> Option<Disturbance> {
+        self.prelude_with(None).await
+    }
+
+    /// [`Simulator::prelude`] with `latency_ms` (a card's own) instead of the global latency.
+    pub(crate) async fn prelude_with(&self, latency_ms: Option<u64>) -> Option<Disturbance> {
         let roll = answer::roll(&self.config(), &mut rand::rng());
-        self.sleep(roll.delay_ms).await;
+        self.sleep(latency_ms.unwrap_or(roll.delay_ms)).await;
         roll.disturbance
+    }
+
+    /// The card's own latency, if it has one (without creating the card).
+    pub(crate) fn card_latency(&self, card_ref: &str) -> Option<u64> {
+        lock(&self.inner.state)
+            .cards
+            .get(card_ref)
+            .and_then(|c| c.latency_ms)
     }
 
     /// Cuts every pending and future sleep short (the server is shutting down).

@@ -26,6 +26,9 @@ pub struct SimCard {
     pub data: CardData,
     pub status: CardStatus,
     pub behaviour: CardBehaviour,
+    /// This card's latency in ms, instead of the global `latency_ms` and jitter (a slow card).
+    #[serde(default)]
+    pub latency_ms: Option<u64>,
 }
 
 impl Default for SimCard {
@@ -34,6 +37,7 @@ impl Default for SimCard {
             data: CardData::Pending,
             status: CardStatus::Inactive,
             behaviour: CardBehaviour::Normal,
+            latency_ms: None,
         }
     }
 }
@@ -45,6 +49,8 @@ pub struct SimCardPatch {
     pub data: Option<CardData>,
     pub status: Option<CardStatus>,
     pub behaviour: Option<CardBehaviour>,
+    /// Sets the card's own latency (ms).
+    pub latency_ms: Option<u64>,
 }
 
 /// What the simulator saw of one payment id.
@@ -103,6 +109,9 @@ impl SimState {
         }
         if let Some(b) = patch.behaviour {
             card.behaviour = b;
+        }
+        if let Some(ms) = patch.latency_ms {
+            card.latency_ms = Some(ms);
         }
         card.clone()
     }

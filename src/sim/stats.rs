@@ -35,6 +35,10 @@ pub struct SimStats {
     /// Calls answered 200 with a bad body on purpose (not JSON, a missing field, another
     /// reference, a value outside the lists), per call kind: `garbage_rate` or a garbage card.
     pub garbage_answers_total: HashMap<String, u64>,
+    /// The most calls of one kind about one card ever in flight at once (2 or more: that card
+    /// was polled twice at once).
+    #[serde(default)]
+    pub peak_same_card: u64,
 }
 
 /// The counters behind [`SimStats`], keyed by [`CallKind`].
@@ -47,6 +51,9 @@ pub(crate) struct Counters {
     calls_total: HashMap<CallKind, u64>,
     injected_errors: HashMap<CallKind, u64>,
     garbage_answers: HashMap<CallKind, u64>,
+    /// Calls in flight per (call kind, card).
+    per_card: HashMap<(CallKind, String), u64>,
+    peak_same_card: u64,
 }
 
 impl Counters {
@@ -81,10 +88,32 @@ impl Counters {
         *counter.entry(call).or_insert(0) += 1;
     }
 
+    /// One call of `call` about `card_ref` starts (on top of [`Counters::enter`]).
+    pub(crate) fn enter_card(&mut self, call: CallKind, card_ref: &str) {
+        let n = self
+            .per_card
+            .entry((call, card_ref.to_owned()))
+            .or_insert(0);
+        *n += 1;
+        self.peak_same_card = self.peak_same_card.max(*n);
+    }
+
+    /// One call of `call` about `card_ref` is done.
+    pub(crate) fn exit_card(&mut self, call: CallKind, card_ref: &str) {
+        let key = (call, card_ref.to_owned());
+        if let Some(n) = self.per_card.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_card.remove(&key);
+            }
+        }
+    }
+
     /// Sets every peak to the current in-flight count.
     pub(crate) fn reset_peaks(&mut self) {
         self.peak_in_flight = self.in_flight;
         self.peak_per_call = self.per_call.clone();
+        self.peak_same_card = self.per_card.values().copied().max().unwrap_or(0);
     }
 
     pub(crate) fn snapshot(&self) -> SimStats {
@@ -101,6 +130,7 @@ impl Counters {
             calls_total: named(&self.calls_total),
             injected_errors_total: named(&self.injected_errors),
             garbage_answers_total: named(&self.garbage_answers),
+            peak_same_card: self.peak_same_card,
         }
     }
 }
@@ -111,6 +141,21 @@ mod tests {
 
     fn get(m: &HashMap<String, u64>, call: CallKind) -> u64 {
         m.get(call.as_str()).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn the_same_card_peak_counts_concurrent_calls_about_one_card_only() {
+        let mut c = Counters::default();
+        c.enter_card(CallKind::CardStatus, "c-1");
+        c.enter_card(CallKind::CardStatus, "c-2");
+        c.enter_card(CallKind::Carddata, "c-1");
+        assert_eq!(c.snapshot().peak_same_card, 1);
+        c.enter_card(CallKind::CardStatus, "c-1");
+        assert_eq!(c.snapshot().peak_same_card, 2);
+        c.exit_card(CallKind::CardStatus, "c-1");
+        c.exit_card(CallKind::CardStatus, "c-1");
+        c.reset_peaks();
+        assert_eq!(c.snapshot().peak_same_card, 1);
     }
 
     #[test]

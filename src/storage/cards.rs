@@ -169,7 +169,8 @@ pub async fn set_status(
     .await
 }
 
-/// Marks the task's chain as parked (survives a Redis loss; only `enqueue` clears it).
+/// Marks the task's chain as parked (survives a Redis loss). Its retry (one poll after
+/// `polling.<task>.parked_retry_secs`), `enqueue` and `unpark` clear it.
 pub async fn park(conn: &mut PgConnection, card_ref: &str, task: Task) -> sqlx::Result<()> {
     let column = parked_column(task);
     sqlx::query(&format!(
@@ -181,7 +182,8 @@ pub async fn park(conn: &mut PgConnection, card_ref: &str, task: Task) -> sqlx::
     .map(|_| ())
 }
 
-/// Clears the task's parked mark (explicit `cardworker enqueue`). Returns whether the card exists.
+/// Clears the task's parked mark (a successful retry, `cardworker enqueue`). Returns whether the
+/// card exists.
 pub async fn unpark<'e>(
     exec: impl PgExecutor<'e>,
     card_ref: &str,
@@ -195,6 +197,96 @@ pub async fn unpark<'e>(
     .execute(exec)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Which parked chains an operator un-parks (`cardworker unpark`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParkedSelector {
+    /// One card.
+    CardRef(String),
+    /// Every parked chain of the task.
+    All,
+    /// The chains parked before this instant.
+    ParkedBefore(DateTime<Utc>),
+}
+
+/// Clears the parked mark of up to `limit` parked chains of `task` that `which` selects, oldest
+/// parked first, in the caller's transaction; returns their card refs. Rows another transaction
+/// holds are skipped (a concurrent `unpark` takes them), so repeated batches make progress and
+/// a second run finds nothing.
+pub async fn unpark_batch(
+    conn: &mut PgConnection,
+    task: Task,
+    which: &ParkedSelector,
+    limit: i64,
+) -> sqlx::Result<Vec<String>> {
+    let column = parked_column(task);
+    let (filter, bound) = match which {
+        ParkedSelector::CardRef(r) => ("card_ref = $2", Bound::Text(r.clone())),
+        ParkedSelector::All => ("true", Bound::None),
+        // The bound is exclusive: "parked before".
+        ParkedSelector::ParkedBefore(ts) => ("{column} < $2", Bound::At(*ts)),
+    };
+    let sql = format!(
+        "UPDATE cards SET {column} = NULL
+          WHERE id IN (SELECT id FROM cards
+                        WHERE {column} IS NOT NULL AND {filter}
+                        ORDER BY {column}, id LIMIT $1
+                        FOR UPDATE SKIP LOCKED)
+      RETURNING card_ref",
+        filter = filter.replace("{column}", column)
+    );
+    let query = sqlx::query_scalar(&sql).bind(limit);
+    match bound {
+        Bound::Text(r) => query.bind(r).fetch_all(conn).await,
+        Bound::At(ts) => query.bind(ts).fetch_all(conn).await,
+        Bound::None => query.fetch_all(conn).await,
+    }
+}
+
+/// The second parameter of [`unpark_batch`]'s statement, if it has one.
+enum Bound {
+    Text(String),
+    At(DateTime<Utc>),
+    None,
+}
+
+/// Parked chains per task, counted on the partial indexes of parked cards (for
+/// `cardworker_parked_chains`).
+pub async fn count_parked<'e>(exec: impl PgExecutor<'e>) -> sqlx::Result<(i64, i64)> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL),
+                (SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL)",
+    )
+    .fetch_one(exec)
+    .await
+}
+
+/// Up to `limit` cards whose `task` chain was parked longer ago than `older_than` and that still
+/// want polling, oldest parked first: parked chains whose retry is overdue (reconcile restarts
+/// those whose chain Redis lost).
+pub async fn overdue_parked<'e>(
+    exec: impl PgExecutor<'e>,
+    task: Task,
+    older_than: std::time::Duration,
+    limit: i64,
+) -> sqlx::Result<Vec<String>> {
+    let column = parked_column(task);
+    let wants = match task {
+        Task::Carddata => "data_state = 'pending'",
+        Task::CardStatus => "status NOT IN ('cancelled', 'expired')",
+    };
+    let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+    sqlx::query_scalar(&format!(
+        "SELECT card_ref FROM cards
+          WHERE {column} IS NOT NULL AND {column} < now() - $1 * interval '1 millisecond'
+            AND {wants}
+          ORDER BY {column} LIMIT $2"
+    ))
+    .bind(ms as f64)
+    .bind(limit)
+    .fetch_all(exec)
+    .await
 }
 
 fn parked_column(task: Task) -> &'static str {

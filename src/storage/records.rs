@@ -181,6 +181,66 @@ pub(super) async fn insert_audit_row(
     Ok(event_id)
 }
 
+/// An operator's action that changed polling (spec section 6: `operator.<action>`), as its one
+/// audit event records it.
+#[derive(Debug, Clone)]
+pub struct OperatorEvent {
+    /// The action: `unpark`, `enqueue`, `budget_set`, `circuit_open`, … (event type
+    /// `operator.<action>`).
+    pub action: &'static str,
+    /// Who: `operator:<user>` (`audit_events.actor`).
+    pub actor: String,
+    /// Human-readable, naming the reason when there is one.
+    pub summary: String,
+    /// Structured details (`reason`, the action's arguments, what it found).
+    pub details: Value,
+    /// `card`, `task` or `maintenance`.
+    pub resource_type: &'static str,
+    /// The resources it acted on (more can be linked later with [`link_resources`]).
+    pub resource_ids: Vec<String>,
+}
+
+/// Writes one operator event and its resource links. Returns the event id.
+pub async fn insert_operator_event(
+    conn: &mut PgConnection,
+    event: &OperatorEvent,
+) -> sqlx::Result<i64> {
+    let event_id: i64 = sqlx::query_scalar(
+        "INSERT INTO audit_events (event_type, actor, summary, details)
+         VALUES ($1, $2, $3, $4) RETURNING id",
+    )
+    .bind(format!("operator.{}", event.action))
+    .bind(&event.actor)
+    .bind(&event.summary)
+    .bind(&event.details)
+    .fetch_one(&mut *conn)
+    .await?;
+    link_resources(conn, event_id, event.resource_type, &event.resource_ids).await?;
+    Ok(event_id)
+}
+
+/// Links more resources to an audit event (one statement). Returns how many links it wrote.
+pub async fn link_resources(
+    conn: &mut PgConnection,
+    event_id: i64,
+    resource_type: &str,
+    resource_ids: &[String],
+) -> sqlx::Result<u64> {
+    if resource_ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(
+        "INSERT INTO audit_resources (audit_event_id, resource_type, resource_id)
+         SELECT $1, $2, unnest($3::text[])",
+    )
+    .bind(event_id)
+    .bind(resource_type)
+    .bind(resource_ids)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// `integration_logs.duration_ms` of a call from `started_at` to `finished_at` (never negative,
 /// saturating at the column's range).
 pub(super) fn duration_ms(started_at: DateTime<Utc>, finished_at: DateTime<Utc>) -> i32 {

@@ -3,7 +3,8 @@
 
 /// Counter: `task`, `outcome` = `skipped_unchanged` | `persisted_change` | `persisted_failure`.
 pub const POLL_OUTCOMES: &str = "cardworker_poll_outcomes_total";
-/// Counter: `task`, `reason` = `total` | `task` | `paused` | `budget_unavailable`.
+/// Counter: `task`, `reason` = `total` | `task` | `paused` | `gateway_circuit_open` |
+/// `budget_unavailable`.
 pub const POLL_DEFERRED: &str = "cardworker_poll_deferred_total";
 /// Gauge: `scope` = `total` | `carddata` | `card_status`; fleet-wide, read from Redis.
 pub const POLL_TOKENS_IN_USE: &str = "cardworker_poll_tokens_in_use";
@@ -29,6 +30,15 @@ pub const MAINTENANCE_DAYS_PENDING: &str = "cardworker_maintenance_days_pending"
 pub const MAINTENANCE_RUN_DURATION: &str = "cardworker_maintenance_run_duration_seconds";
 /// Counter: `job`, `table`, `action` = `archived` | `deleted` | `expired_kept`.
 pub const MAINTENANCE_ROWS: &str = "cardworker_maintenance_rows_total";
+/// Gauge: `task`; 1 while the task's Gateway circuit is open or half-open, 0 closed
+/// (fleet-wide, read from Redis; aggregate with max).
+pub const GATEWAY_CIRCUIT_OPEN: &str = "cardworker_gateway_circuit_open";
+/// Counter: `task`, `to` = `open` | `half_open` | `closed`; counted by the process whose call
+/// made the transition, so the sum over the fleet is the fleet's count.
+pub const GATEWAY_CIRCUIT_TRANSITIONS: &str = "cardworker_gateway_circuit_transitions_total";
+/// Gauge: `task`; parked chains (cards whose chain of that task is parked), fleet-wide, counted
+/// in PostgreSQL (aggregate with max).
+pub const PARKED_CHAINS: &str = "cardworker_parked_chains";
 /// Counter: `queue`, `result` = `succeeded` | `retried` | `dead`; jobs finished by this process.
 pub const JOBS_FINISHED: &str = "cardworker_jobs_finished_total";
 

@@ -8,4 +8,6 @@
 #[path = "../it/harness.rs"]
 mod harness;
 mod private;
+#[path = "../it/process.rs"]
+mod process;
 mod scenarios;

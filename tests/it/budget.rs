@@ -7,7 +7,7 @@ use cardworker::config::{Config, Task};
 use redis::aio::ConnectionManager;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
-use crate::harness::{redis_url, TestRedis};
+use crate::harness::{redis_url, TestDb, TestRedis};
 
 const SHORT_TOTAL: Acquired = Acquired::Short {
     reason: ShortReason::Total,
@@ -332,12 +332,22 @@ async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time(
 
 // ---- CLI ----
 
-fn write_config(dir: &tempfile::TempDir, prefix: &str, extra: &str) -> std::path::PathBuf {
+/// A config file on the test prefix (and, for the commands that record operator events, the
+/// test database: never the shared default one).
+fn write_config(
+    dir: &tempfile::TempDir,
+    prefix: &str,
+    db: Option<&TestDb>,
+    extra: &str,
+) -> std::path::PathBuf {
     let path = dir.path().join("cardworker.toml");
+    let database = db.map_or(String::new(), |db| {
+        format!("[database]\nurl = \"{}\"\n\n", db.url)
+    });
     std::fs::write(
         &path,
         format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[polling]\ntotal_limit = 8\n{extra}\n[polling.carddata]\nlimit = 4\n\n[polling.card_status]\nlimit = 3\n",
+            "{database}[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[polling]\ntotal_limit = 8\n{extra}\n[polling.carddata]\nlimit = 4\n\n[polling.card_status]\nlimit = 3\n",
             redis_url()
         ),
     )
@@ -358,7 +368,7 @@ fn cardworker(args: &[&str], config: &std::path::Path) -> std::process::Output {
 async fn budget_set_refuses_an_invalid_limit_with_exit_status_2_naming_the_key() {
     let r = TestRedis::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(&dir, &r.prefix, "");
+    let cfg = write_config(&dir, &r.prefix, None, "");
     for bad in ["0", "-1", "3.5", "abc", "inf", "100000", "9"] {
         let out = cardworker(
             &["budget", "set", "--task", "carddata", "--limit", bad],
@@ -402,8 +412,9 @@ async fn budget_set_refuses_an_invalid_limit_with_exit_status_2_naming_the_key()
 #[tokio::test]
 async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases() {
     let r = TestRedis::new().await;
+    let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg_path = write_config(&dir, &r.prefix, "");
+    let cfg_path = write_config(&dir, &r.prefix, Some(&db), "");
     let ok = |args: &[&str]| {
         let out = cardworker(args, &cfg_path);
         assert!(
@@ -413,7 +424,16 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    ok(&["budget", "set", "--task", "card-status", "--limit", "2"]);
+    ok(&[
+        "budget",
+        "set",
+        "--task",
+        "card-status",
+        "--limit",
+        "2",
+        "--reason",
+        "gateway asked us to slow down",
+    ]);
     let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 3));
     assert_eq!(
         b.acquire(Task::Carddata, "p1").await.unwrap(),
@@ -430,8 +450,17 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     // A pause stops new tokens; the ones held keep counting until released.
     ok(&["budget", "pause", "--task", "carddata"]);
 
-    let json: serde_json::Value =
+    let mut json: serde_json::Value =
         serde_json::from_str(&ok(&["budget", "show", "--format", "json"])).expect("json");
+    // Each task also lists its circuit (spec section 6); the rest is the spec's shape.
+    for task in ["carddata", "card_status"] {
+        let circuit = json["tasks"][task]
+            .as_object_mut()
+            .and_then(|t| t.remove("circuit"))
+            .expect("a circuit per task");
+        assert_eq!(circuit["state"], "closed", "{circuit}");
+        assert_eq!(circuit["forced"], false, "{circuit}");
+    }
     assert_eq!(
         json,
         serde_json::json!({
@@ -444,9 +473,44 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     );
     let text = ok(&["budget", "show"]);
     assert!(text.contains("card_status"), "{text}");
+    assert!(text.contains("closed (window 0 calls, 0 failed)"), "{text}");
 
-    ok(&["budget", "resume", "--task", "all"]);
+    ok(&["budget", "resume", "--task", "all", "--reason", "done"]);
     ok(&["budget", "clear", "--task", "card_status"]);
+    // Each action that changed polling wrote one operator event, with the reason when given.
+    let events: Vec<(String, Option<String>, String, String)> = sqlx::query_as(
+        "SELECT e.event_type, e.details->>'reason', e.actor, string_agg(r.resource_id, ',' ORDER BY r.resource_id)
+           FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
+          GROUP BY e.id ORDER BY e.id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let kinds: Vec<(&str, Option<&str>, &str)> = events
+        .iter()
+        .map(|(t, r, _, res)| (t.as_str(), r.as_deref(), res.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (
+                "operator.budget_set",
+                Some("gateway asked us to slow down"),
+                "card_status"
+            ),
+            ("operator.budget_pause", None, "carddata"),
+            (
+                "operator.budget_resume",
+                Some("done"),
+                "card_status,carddata"
+            ),
+            ("operator.budget_clear", None, "card_status"),
+        ]
+    );
+    assert!(
+        events.iter().all(|e| e.2.starts_with("operator:")),
+        "{events:?}"
+    );
     b.release_held().await.unwrap();
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["budget", "show", "--format", "json"])).expect("json");
@@ -462,51 +526,15 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
 // ---- several `cardworker run` processes sharing one Redis ----
 
 mod fleet {
-    use std::io::BufRead as _;
-    use std::process::{Child, Command, Stdio};
-    use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
     use cardworker::config::Task;
     use cardworker::polling::chain;
     use cardworker::sim::{SimHandle, Simulator};
 
-    use crate::harness::{metric_value, redis_url, wait_until, TestDb, TestRedis};
-
-    /// One `cardworker run` child process and the address of its metrics endpoint.
-    pub struct Worker {
-        pub child: Child,
-        pub metrics: String,
-    }
-
-    impl Worker {
-        pub fn pid(&self) -> u32 {
-            self.child.id()
-        }
-
-        pub async fn metrics(&self) -> String {
-            match reqwest::get(format!("http://{}/metrics", self.metrics)).await {
-                Ok(r) => r.text().await.unwrap_or_default(),
-                Err(_) => String::new(),
-            }
-        }
-
-        pub fn terminate(&self) {
-            let status = Command::new("kill")
-                .arg("-TERM")
-                .arg(self.pid().to_string())
-                .status()
-                .expect("kill -TERM");
-            assert!(status.success());
-        }
-    }
-
-    impl Drop for Worker {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    use crate::harness::{
+        metric_value, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis, Worker,
+    };
 
     pub struct Fleet {
         pub workers: Vec<Worker>,
@@ -525,21 +553,12 @@ mod fleet {
         let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
         sim.set_latency(latency_ms, 0);
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fleet.toml");
-        std::fs::write(
-            &path,
-            format!(
-                r#"[database]
-url = "{db}"
-max_connections = 4
-
-[redis]
-url = "{redis}"
-key_prefix = "{prefix}"
-
-[gateway]
-base_url = "{gateway}"
-timeout_ms = 1000
+        let path = worker_config_file(
+            &dir,
+            (&db, 4),
+            &redis,
+            &sim_handle.base_url(),
+            r#"timeout_ms = 1000
 
 [worker]
 shutdown_grace_secs = 10
@@ -558,18 +577,8 @@ interval_secs = 3600
 [polling.card_status]
 limit = 3
 interval_secs = 3600
-
-[telemetry]
-listen = "127.0.0.1:0"
-log_format = "json"
 "#,
-                db = db.url,
-                redis = redis_url(),
-                prefix = redis.prefix,
-                gateway = sim_handle.base_url(),
-            ),
-        )
-        .unwrap();
+        );
         for i in 0..cards {
             for r in [format!("d-{i:04}"), format!("s-{i:04}")] {
                 sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")
@@ -612,38 +621,6 @@ log_format = "json"
             db,
             _dir: dir,
         }
-    }
-
-    fn spawn_worker(config: &std::path::Path) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cardworker"))
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info,apalis=warn,apalis_core=warn,sqlx=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn cardworker run");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        // Reads the log until the endpoint's address shows, then keeps draining it.
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if let Some(rest) = line.split("metrics at http://").nth(1) {
-                    if let (Some(addr), Some(tx)) = (rest.split("/metrics").next(), tx.take()) {
-                        let _ = tx.send(addr.to_owned());
-                    }
-                }
-            }
-        });
-        let metrics = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("cardworker run logs its metrics address");
-        Worker { child, metrics }
     }
 
     pub async fn leases_of(fleet: &Fleet, pid: u32) -> usize {

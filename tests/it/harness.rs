@@ -389,3 +389,39 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+// ---- `cardworker run` as a child process ----
+
+pub use crate::process::Worker;
+
+/// Starts this build's `cardworker run --config CONFIG` as a child process and waits until it
+/// logs its metrics address.
+pub fn spawn_worker(config: &std::path::Path) -> Worker {
+    Worker::spawn(env!("CARGO_BIN_EXE_cardworker"), config).expect("spawn cardworker run")
+}
+
+/// Writes a worker's config file into `dir`: the test database (a pool of `connections`) and
+/// prefix, the Gateway at `gateway`, a metrics endpoint on port 0, JSON logs, and `body` (the
+/// rest of `[gateway]`, then the test's other sections).
+pub fn worker_config_file(
+    dir: &tempfile::TempDir,
+    (db, connections): (&TestDb, u32),
+    redis: &TestRedis,
+    gateway: &str,
+    body: &str,
+) -> std::path::PathBuf {
+    let path = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nurl = \"{}\"\nmax_connections = {connections}\n\n[redis]\nurl = \"{}\"\nkey_prefix = \"{}\"\n\n\
+             [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n\n\
+             [gateway]\nbase_url = \"{gateway}\"\n{body}",
+            db.url,
+            redis_url(),
+            redis.prefix
+        ),
+    )
+    .expect("write the worker config");
+    path
+}

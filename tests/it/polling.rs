@@ -351,7 +351,7 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_card_that_always_fails_is_parked_and_only_enqueue_restarts_it() {
+async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue_restarts_it() {
     let app = spawn_app_with(|cfg| {
         fast(cfg);
         cfg.polling.card_status.max_consecutive_failures = 3;
@@ -409,23 +409,26 @@ async fn a_card_that_always_fails_is_parked_and_only_enqueue_restarts_it() {
     .expect("last log");
     assert!(
         last.contains("parked after 3 consecutive failures")
-            && last.contains("cardworker enqueue card_status --card-ref c-1"),
+            && last.contains("retried automatically in 21600 s")
+            && last.contains("cardworker unpark --task card_status --card-ref c-1"),
         "{last}"
     );
-    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, None);
+    // The parked chain stays scheduled: its next job is the retry, 6 h from now.
+    let parked_chain = chain_of(&app, Task::CardStatus, "c-1").await;
+    assert!(parked_chain.is_some());
     let calls_when_parked = calls(&app, "card_status");
     assert_eq!(calls_when_parked, 3);
 
-    // Redis loses everything; reconcile must not restart a parked chain.
+    // Reconcile's sweep leaves a parked chain alone.
     let (examined, started) = reconcile::sweep(&app.ctx, Task::CardStatus)
         .await
         .expect("reconcile");
     assert_eq!((examined, started), (0, 0));
-    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, None);
+    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, parked_chain);
 
-    // An explicit enqueue does.
+    // An explicit enqueue restarts it now.
     app.sim.heal_card("c-1");
-    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1", None)
         .await
         .expect("enqueue");
     assert_eq!(
@@ -505,10 +508,10 @@ async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
 async fn enqueue_twice_leaves_one_chain() {
     let app = spawn_app_with(|_| {}).await;
     app.insert_card("c-1").await;
-    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1", None)
         .await
         .expect("first");
-    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
+    cli::enqueue(&app.ctx, Task::CardStatus, "c-1", None)
         .await
         .expect("second");
     let intake = keys::intake(app.ctx.prefix(), PollCardStatus::QUEUE);
@@ -569,9 +572,14 @@ async fn the_polling_cli_enqueues_reconciles_and_investigates() {
     assert_eq!(json["started"]["carddata"], 0);
 
     app.sim.set_card_status("c-1", CardStatus::Frozen);
-    cli::enqueue(&app.ctx, Task::CardStatus, "c-1")
-        .await
-        .expect("enqueue");
+    cli::enqueue(
+        &app.ctx,
+        Task::CardStatus,
+        "c-1",
+        Some("customer says the card is frozen".to_owned()),
+    )
+    .await
+    .expect("enqueue");
     wait_until(Duration::from_secs(20), "the change", || async {
         outcome(&app, "card_status", "persisted_change").await >= 1.0
     })
@@ -585,11 +593,28 @@ async fn the_polling_cli_enqueues_reconciles_and_investigates() {
         "{text}"
     );
     assert!(text.contains("card.status_changed"), "{text}");
+    assert!(
+        text.contains("operator.enqueue") && text.contains("customer says the card is frozen"),
+        "{text}"
+    );
     let out = run(&["investigate", "--card-ref", "c-1", "--format", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(json["card"]["status"], "frozen");
-    assert!(json["timeline"].as_array().is_some_and(|t| t.len() == 2));
+    // The change (log + audit event) and the operator's enqueue.
+    assert!(
+        json["timeline"].as_array().is_some_and(|t| t.len() == 3),
+        "{}",
+        json["timeline"]
+    );
     assert!(json["timeline"][0]["correlation_id"].is_string());
+    // The operator's action is a manual fact of the card, with who and why.
+    let facts = json["manual_facts"].as_array().expect("manual facts");
+    assert_eq!(facts.len(), 1, "{facts:?}");
+    assert_eq!(facts[0]["event_type"], "operator.enqueue");
+    assert_eq!(facts[0]["reason"], "customer says the card is frozen");
+    assert!(facts[0]["actor"]
+        .as_str()
+        .is_some_and(|a| a.starts_with("operator:")));
     assert!(json["payments"].is_array() && json["callbacks"].is_array());
     assert_eq!(json["unchanged_polls"].as_array().map(Vec::len), Some(2));
 

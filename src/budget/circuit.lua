@@ -1,0 +1,172 @@
+-- The fleet-wide Gateway circuit breaker of each polling task: functions only. This text is
+-- PREPENDED to budget.lua (see budget/circuit.rs), so that admitting a poll (tokens AND a closed
+-- circuit) is one script call, and counting its outcome rides on the lease release: the breaker
+-- adds no round trip to a poll.
+--
+-- Per task, under the budget's hash tag:
+--   circuit hash: state ('closed' when absent | 'open' | 'half_open'), fails (failures in the
+--     window list), until (ms: end of the cool-down), cooldown (ms: the current cool-down),
+--     since (ms: the outage began), round (half-open round), probes (probes admitted in this
+--     round), probe_until (ms: when admitted probes that never reported stop holding a slot),
+--     forced ('1' while an operator forced it open), open_calls / open_fails (the window when it
+--     opened), reopens (failed probe rounds in this outage).
+--   window list: the latest outcomes, newest first, each 'f<ms>:<card_ref>' (a failure, with its
+--     card) or 's<ms>' (a success), at most cfg.calls of them. While the window holds no failure, successes are not pushed (nothing
+--     to dilute): a healthy fleet pays one HMGET per acquire and one per release.
+-- All times are Redis TIME in ms (the caller passes `now`).
+
+-- cfg: 'enabled,calls,window_ms,min_calls,min_cards,percent,cooldown_ms,max_cooldown_ms,probes'
+local function circuit_cfg(packed)
+  local v = {}
+  for n in string.gmatch(packed, '[^,]+') do v[#v + 1] = tonumber(n) end
+  return {
+    enabled = v[1] == 1, calls = v[2], window_ms = v[3], min_calls = v[4], min_cards = v[5],
+    percent = v[6], cooldown_ms = v[7], max_cooldown_ms = v[8], probes = v[9],
+  }
+end
+
+-- Whether a poll may call the Gateway. Returns verdict, detail, transition:
+--   'pass', 0           closed (or breaker disabled and not forced)
+--   'probe', round      half-open and a probe slot is free: the caller takes it with
+--                       circuit_take_probe once the tokens are granted
+--   'open', wait_ms     no call; wait_ms until the cool-down ends (0 when unknown: forced, or
+--                       every probe slot taken)
+-- transition is 'half_open' when this call ended the cool-down, else ''.
+local function circuit_admit(hash, now, cfg)
+  local st = redis.call('HMGET', hash, 'state', 'until', 'round', 'probes', 'probe_until', 'forced')
+  local state = st[1]
+  if st[6] == '1' then return 'open', 0, '' end
+  if not state or state == 'closed' or not cfg.enabled then return 'pass', 0, '' end
+  local transition = ''
+  local round = tonumber(st[3]) or 0
+  local probes = tonumber(st[4]) or 0
+  if state == 'open' then
+    local untl = tonumber(st[2]) or 0
+    if now < untl then return 'open', untl - now, '' end
+    round = round + 1
+    probes = 0
+    redis.call('HSET', hash, 'state', 'half_open', 'round', round, 'probes', 0)
+    transition = 'half_open'
+  elseif probes >= cfg.probes and now >= (tonumber(st[5]) or 0) then
+    -- Every probe of this round was admitted and none reported within a lease: their pods died.
+    -- Free the slots so that the circuit can still close.
+    probes = 0
+    redis.call('HSET', hash, 'probes', 0)
+  end
+  if probes >= cfg.probes then return 'open', 0, transition end
+  return 'probe', round, transition
+end
+
+-- Takes one probe slot of the current round (after the tokens were granted).
+local function circuit_take_probe(hash, now, ttl_ms)
+  redis.call('HINCRBY', hash, 'probes', 1)
+  redis.call('HSET', hash, 'probe_until', now + ttl_ms)
+end
+
+-- Counts the outcome of one poll ('ok' | 'fail' | 'none' = no Gateway call) about `card` and
+-- moves the circuit. round > 0: the poll was a probe of that half-open round. Returns a
+-- transition:
+--   {''} nothing changed state
+--   {'opened', counted calls, failed calls}
+--   {'reopened', new cool-down ms}
+--   {'closed', outage duration ms, failed probe rounds, calls when opened, failures when opened}
+local function circuit_record(hash, list, now, cfg, outcome, round, card)
+  local st = redis.call('HMGET', hash, 'state', 'fails', 'round', 'cooldown', 'since', 'forced',
+    'reopens', 'open_calls', 'open_fails')
+  local state = st[1] or 'closed'
+  if round > 0 then
+    -- A probe's verdict counts only in its own round, while half-open and not forced.
+    if state ~= 'half_open' or tonumber(st[3]) ~= round or st[6] == '1' then return {''} end
+    if outcome == 'none' then
+      -- It made no Gateway call (stale job, parked card, ...): give its slot to another poll.
+      if redis.call('HINCRBY', hash, 'probes', -1) < 0 then redis.call('HSET', hash, 'probes', 0) end
+      return {''}
+    end
+    if outcome == 'ok' then
+      local since = tonumber(st[5]) or now
+      redis.call('DEL', list)
+      redis.call('HDEL', hash, 'until', 'cooldown', 'since', 'probes', 'probe_until', 'reopens',
+        'open_calls', 'open_fails')
+      redis.call('HSET', hash, 'state', 'closed', 'fails', 0)
+      return {'closed', now - since, tonumber(st[7]) or 0, tonumber(st[8]) or 0,
+        tonumber(st[9]) or 0}
+    end
+    local cd = (tonumber(st[4]) or cfg.cooldown_ms) * 2
+    if cd > cfg.max_cooldown_ms then cd = cfg.max_cooldown_ms end
+    redis.call('HSET', hash, 'state', 'open', 'until', now + cd, 'cooldown', cd, 'probes', 0)
+    redis.call('HINCRBY', hash, 'reopens', 1)
+    return {'reopened', cd}
+  end
+  -- Outcomes of polls admitted while closed; late ones (the circuit opened meanwhile) are the
+  -- outage's, already counted.
+  if state ~= 'closed' or outcome == 'none' or not cfg.enabled then return {''} end
+  local fails = tonumber(st[2]) or 0
+  if outcome == 'ok' and fails == 0 then return {''} end
+  local failed_now = outcome == 'fail'
+  local entry = 's' .. now
+  if failed_now then entry = 'f' .. now .. ':' .. card end
+  local len = redis.call('LPUSH', list, entry)
+  local before = fails
+  if len == 1 then fails = 0 end
+  if failed_now then fails = fails + 1 end
+  if len > cfg.calls then
+    local old = redis.call('RPOP', list)
+    if old and string.sub(old, 1, 1) == 'f' then fails = fails - 1 end
+  end
+  if fails < 0 then fails = 0 end
+  -- The failures in the list are a cheap necessary condition; the time-bounded count decides.
+  local need = math.ceil(cfg.min_calls * cfg.percent / 100)
+  if not failed_now or fails < need then
+    if fails ~= before then redis.call('HSET', hash, 'fails', fails) end
+    return {''}
+  end
+  local oldest = now - cfg.window_ms
+  local recent, failed, all_failed, cards, distinct = 0, 0, 0, {}, 0
+  for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local is_f = string.sub(e, 1, 1) == 'f'
+    if is_f then all_failed = all_failed + 1 end
+    if (tonumber(string.match(e, '^.(%d+)')) or 0) >= oldest then
+      recent = recent + 1
+      if is_f then
+        failed = failed + 1
+        local c = string.match(e, ':(.*)$') or ''
+        if not cards[c] then
+          cards[c] = true
+          distinct = distinct + 1
+        end
+      end
+    end
+  end
+  if recent < cfg.min_calls or failed * 100 < cfg.percent * recent
+      or distinct < cfg.min_cards then
+    -- Re-counted from the list itself, so a drifted counter heals here.
+    redis.call('HSET', hash, 'fails', all_failed)
+    return {''}
+  end
+  redis.call('HSET', hash, 'state', 'open', 'fails', all_failed, 'until', now + cfg.cooldown_ms,
+    'cooldown', cfg.cooldown_ms, 'since', now, 'open_calls', recent, 'open_fails', failed,
+    'reopens', 0, 'probes', 0)
+  return {'opened', recent, failed}
+end
+
+-- An operator forces the circuit: 'open' (stays open, no probes, until forced closed) or
+-- 'close' (closed now, window cleared). Returns {state before, ms since the outage began (0 when
+-- it was closed), '1' when it had been forced open}.
+local function circuit_force(hash, list, now, how)
+  local st = redis.call('HMGET', hash, 'state', 'since', 'forced')
+  local before = st[1] or 'closed'
+  local since = tonumber(st[2])
+  local was_forced = st[3] or ''
+  local dur = 0
+  if since and before ~= 'closed' then dur = now - since end
+  if how == 'open' then
+    if before == 'closed' or not since then since = now end
+    redis.call('HSET', hash, 'state', 'open', 'forced', '1', 'since', since, 'until', 0,
+      'probes', 0)
+  else
+    redis.call('DEL', list)
+    redis.call('DEL', hash)
+    redis.call('HSET', hash, 'state', 'closed', 'fails', 0)
+  end
+  return {before, dur, was_forced}
+end
