@@ -329,7 +329,9 @@ where
         budget: shared.budget.clone(),
         held: Some(held),
     };
-    let (result, report) = circuit::scoped(probe, inner.call(task)).await;
+    // The inner call runs inside the scope (an async block, not an argument evaluated before
+    // it), so that the job service's `carry` finds the slot when it spawns the poll.
+    let (result, report) = circuit::scoped(probe, async { inner.call(task).await }).await;
     let result = result.map_err(Into::into);
     if let Some(transition) = guard.finish(report).await {
         match &shared.records {

@@ -32,6 +32,13 @@ impl RunJob for PollCardStatus {
     async fn after_abnormal_end(self, ctx: Arc<AppContext>, error: JobError) {
         poll::after_abnormal_end(self, ctx, error).await;
     }
+
+    fn carry<F>(job: F) -> futures::future::BoxFuture<'static, F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+    {
+        Box::pin(super::circuit::carry(job))
+    }
 }
 
 impl PollTask for PollCardStatus {

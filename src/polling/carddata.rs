@@ -31,6 +31,13 @@ impl RunJob for PollCardData {
     async fn after_abnormal_end(self, ctx: Arc<AppContext>, error: JobError) {
         poll::after_abnormal_end(self, ctx, error).await;
     }
+
+    fn carry<F>(job: F) -> futures::future::BoxFuture<'static, F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+    {
+        Box::pin(super::circuit::carry(job))
+    }
 }
 
 impl PollTask for PollCardData {

@@ -74,6 +74,19 @@ pub async fn scoped<F: Future>(probe: bool, poll: F) -> (F::Output, Reported) {
     (out, reported)
 }
 
+/// `poll` with this task's report slot, if it has one, carried along: the job service runs each
+/// job on a task of its own (a task-local does not cross `spawn`), so the poll's future takes the
+/// slot with it. Call it where [`scoped`] is in force (the budget layer's inner call).
+pub fn carry<F: Future>(poll: F) -> impl Future<Output = F::Output> {
+    let slot = RUN.try_with(Arc::clone).ok();
+    async move {
+        match slot {
+            Some(slot) => RUN.scope(slot, poll).await,
+            None => poll.await,
+        }
+    }
+}
+
 /// Reports the classified outcome of this poll's Gateway call about `card_ref` (valid or not; a
 /// no-op outside [`scoped`], as in a poll run directly by a test).
 pub fn report(card_ref: &str, valid: bool) {

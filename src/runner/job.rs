@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cardworker_jobs::Job;
+use futures::future::BoxFuture;
 
 use crate::config::Config;
 use crate::context::AppContext;
@@ -40,6 +41,16 @@ pub trait RunJob: Job + Clone {
         _error: JobError,
     ) -> impl Future<Output = ()> + Send {
         std::future::ready(())
+    }
+
+    /// Wraps the job's future, in the worker's task, before it is spawned on a task of its own
+    /// (`runner::service`): a job whose tower layer hands it task-local state (the polling
+    /// circuit's report slot) carries that state across the spawn here. Default: as is.
+    fn carry<F>(job: F) -> BoxFuture<'static, F::Output>
+    where
+        F: Future + Send + 'static,
+    {
+        Box::pin(job)
     }
 }
 

@@ -67,7 +67,7 @@ impl<J: RunJob + Send + 'static> Service<Task<String>> for JobService<J> {
         let run = self
             .ctx
             .shutdown
-            .spawn_job(handle::<J>(raw, self.ctx.clone(), id));
+            .spawn_job(J::carry(handle::<J>(raw, self.ctx.clone(), id)));
         async move {
             match run.await {
                 Ok(Some(result)) => result,

@@ -411,5 +411,13 @@ async fn a_change_postgres_refuses_is_a_counted_failure_that_parks_instead_of_re
         data_state, "pending",
         "nothing of the refused change was kept"
     );
-    assert_eq!(chain_of(&app.ctx, Task::Carddata, "c-1").await, None);
+    // Parked, and (issue 10) still scheduled: the chain's next job is its parked retry.
+    let parked: bool = sqlx::query_scalar(
+        "SELECT carddata_parked_at IS NOT NULL FROM cards WHERE card_ref = 'c-1'",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("card");
+    assert!(parked, "the chain is parked");
+    assert!(chain_of(&app.ctx, Task::Carddata, "c-1").await.is_some());
 }
