@@ -326,14 +326,9 @@ pub async fn investigate(
     )
     .await
     .context("reading the card's manual facts")?;
-    let fleet_facts = facts(
-        pool,
-        "r.resource_type IN ('task', 'maintenance') AND $1::text IS NULL",
-        None,
-        FLEET_FACTS,
-    )
-    .await
-    .context("reading the fleet's polling facts")?;
+    let fleet_facts = fleet_facts(pool, FLEET_FACTS)
+        .await
+        .context("reading the fleet's polling facts")?;
 
     Ok(Investigation {
         card,
@@ -365,6 +360,35 @@ async fn facts(
           ORDER BY r.created_at DESC LIMIT $2"
     ))
     .bind(card_ref)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// The latest facts about the fleet's polling (circuit transitions, budget and maintenance
+/// actions): one ordered lookup of `audit_resources_resource_idx` per fleet resource (each task,
+/// and maintenance), merged. A single `resource_type IN (…) ORDER BY created_at` would let the
+/// planner walk the whole `created_at` index backwards looking for the rare fleet rows.
+async fn fleet_facts(pool: &sqlx::PgPool, limit: i64) -> sqlx::Result<Vec<FactView>> {
+    let resources = Task::ALL
+        .iter()
+        .map(|t| ("task", t.label()))
+        .chain([("maintenance", "maintenance")]);
+    let parts: Vec<String> = resources
+        .map(|(kind, id)| {
+            format!(
+                "(SELECT e.created_at AS at, e.id, e.event_type, e.actor,
+                         e.details->>'reason' AS reason, e.summary, r.resource_type, r.resource_id
+                    FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+                   WHERE r.resource_type = '{kind}' AND r.resource_id = '{id}'
+                   ORDER BY r.created_at DESC LIMIT $1)"
+            )
+        })
+        .collect();
+    sqlx::query_as(&format!(
+        "SELECT * FROM ({}) f ORDER BY at DESC LIMIT $1",
+        parts.join(" UNION ALL ")
+    ))
     .bind(limit)
     .fetch_all(pool)
     .await

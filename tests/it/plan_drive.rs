@@ -75,6 +75,10 @@ pub const COVERAGE: &[Statement] = &[
     // storage
     s("src/storage/cards.rs", "load a card", Sql::Contains(&["FROM cards WHERE card_ref = $1"])),
     s("src/storage/cards.rs", "load the cards of overdue chains", Sql::Contains(&["FROM cards WHERE card_ref = ANY($1)"])),
+    s("src/storage/cards.rs", "a page of cards (gateway-sim --seed-from-db)", Sql::Contains(&["FROM cards WHERE id > $1 ORDER BY id LIMIT $2"])),
+    s("src/storage/cards.rs", "unpark a batch of parked chains", Sql::Contains(&["UPDATE cards SET", "WHERE id IN (SELECT id FROM cards", "FOR UPDATE SKIP LOCKED"])),
+    s("src/storage/cards.rs", "count the parked chains", Sql::Contains(&["SELECT (SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL)"])),
+    s("src/storage/cards.rs", "parked chains whose retry is overdue", Sql::Contains(&["IS NOT NULL AND", "< now() - $1 * interval '1 millisecond'"])),
     s("src/storage/cards.rs", "apply card data", Sql::Contains(&["UPDATE cards SET data_state = 'ready'"])),
     s("src/storage/cards.rs", "apply a status", Sql::Contains(&["UPDATE cards SET status = $3"])),
     s("src/storage/cards.rs", "park a carddata chain", Sql::Contains(&["UPDATE cards SET carddata_parked_at = now() WHERE card_ref = $1"])),
@@ -82,9 +86,11 @@ pub const COVERAGE: &[Statement] = &[
     s("src/storage/cards.rs", "unpark a carddata chain", Sql::Contains(&["UPDATE cards SET carddata_parked_at = NULL WHERE card_ref = $1"])),
     s("src/storage/cards.rs", "unpark a card_status chain", Sql::Contains(&["UPDATE cards SET card_status_parked_at = NULL WHERE card_ref = $1"])),
     s("src/storage/records.rs", "terminal integration log", Sql::ContainsNot(&["INSERT INTO integration_logs (correlation_id", "duration_ms)"], &["'pending'"])),
-    s("src/storage/records.rs", "audit event", Sql::Contains(&["INSERT INTO audit_events (event_type"])),
-    s("src/storage/records.rs", "audit resource link", Sql::Contains(&["INSERT INTO audit_resources (audit_event_id"])),
+    s("src/storage/records.rs", "audit event", Sql::ContainsNot(&["INSERT INTO audit_events (event_type"], &["(event_type, actor, summary, details)"])),
+    s("src/storage/records.rs", "audit resource link", Sql::ContainsNot(&["INSERT INTO audit_resources (audit_event_id"], &["unnest($3::text[])"])),
     s("src/storage/records.rs", "outbox event", Sql::Contains(&["INSERT INTO outbox_events (aggregate_type"])),
+    s("src/storage/records.rs", "an operator's audit event", Sql::Contains(&["INSERT INTO audit_events (event_type, actor, summary, details)"])),
+    s("src/storage/records.rs", "an operator event's resource links", Sql::Contains(&["INSERT INTO audit_resources (audit_event_id, resource_type, resource_id) SELECT $1, $2, unnest($3::text[])"])),
     s("src/storage/reliable.rs", "pending attempt log", Sql::Contains(&["INSERT INTO integration_logs (correlation_id", "'pending', $5, $6)"])),
     s("src/storage/reliable.rs", "finish an attempt log", Sql::Contains(&["UPDATE integration_logs SET state = $2"])),
     s("src/storage/reliable.rs", "reopen an attempt log", Sql::Contains(&["FROM integration_logs WHERE id = $1 AND state = 'pending' FOR UPDATE"])),
@@ -132,6 +138,8 @@ pub const COVERAGE: &[Statement] = &[
     // commands
     s("src/commands/investigate.rs", "a card's integration logs", Sql::Contains(&["FROM integration_logs WHERE resource_type = 'card' AND resource_id = $1", "FROM integration_logs_archive WHERE"])),
     s("src/commands/investigate.rs", "a card's audit events", Sql::Contains(&["FROM audit_resources r JOIN audit_events e", "FROM audit_resources_archive r JOIN audit_events_archive e"])),
+    s("src/commands/investigate.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
+    s("src/commands/investigate.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
     s("src/commands/investigate.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
     s("src/commands/investigate.rs", "a card's callbacks", Sql::Contains(&["FROM inbound_callbacks", "resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1))"])),
 ];
@@ -672,9 +680,41 @@ impl Driver<'_> {
             &["maintenance", "status", "--format", "json"],
             &["investigate", "--card-ref", card],
             &["investigate", "--card-ref", card, "--format", "json"],
+            &[
+                "circuit",
+                "open",
+                "--task",
+                "carddata",
+                "--reason",
+                "plan guard",
+            ],
+            &["circuit", "close", "--task", "carddata"],
+            &[
+                "unpark",
+                "--task",
+                "carddata",
+                "--all",
+                "--reason",
+                "plan guard",
+            ],
+            &["unpark", "--task", "card_status", "--card-ref", card],
+            &[
+                "unpark",
+                "--task",
+                "carddata",
+                "--parked-before",
+                "2000-01-01T00:00:00Z",
+            ],
         ] {
             self.cli(args).await;
         }
+        // On the worker's pool: the harness's own sessions are not in the guard's log.
+        cardworker::storage::cards::page(&self.ctx().pool, 0, 10)
+            .await
+            .expect("a page of cards");
+        cardworker::storage::cards::count_parked(&self.ctx().pool)
+            .await
+            .expect("parked counts");
 
         let id = unsettled.to_string();
         self.cli(&["enqueue", "payment", "--payment-id", &id]).await;
@@ -747,6 +787,9 @@ impl Driver<'_> {
                 .await
                 .expect("restart overdue chains");
             assert!(overdue.found >= 1, "{task}: {overdue:?}");
+            reconcile::restart_overdue_parked(self.ctx(), task)
+                .await
+                .expect("restart parked chains whose retry is overdue");
         }
         match self.scale {
             Scale::Small => self.cli(&["reconcile", "--format", "json"]).await,
