@@ -64,6 +64,36 @@ impl From<&str> for SecretUrl {
     }
 }
 
+/// A token (the console's `admin_token`): `Debug` and `Display` show `***` (or `""` when
+/// unset), and [`Config::redacted`] blanks it, so it is never printed. Serde is transparent.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretToken(String);
+
+impl SecretToken {
+    /// Wraps a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token, `None` when unset: only for comparing with what a request presents.
+    pub fn expose(&self) -> Option<&str> {
+        (!self.0.is_empty()).then_some(self.0.as_str())
+    }
+}
+
+impl fmt::Debug for SecretToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+impl fmt::Display for SecretToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "" } else { "***" })
+    }
+}
+
 impl Config {
     /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` (user
     /// info and a `password` query parameter) replaced by `***`, for showing: unlike `Debug`,
@@ -73,6 +103,9 @@ impl Config {
         c.database.url = SecretUrl(c.database.url.redacted());
         c.redis.url = SecretUrl(c.redis.url.redacted());
         c.gateway.base_url = SecretUrl(c.gateway.base_url.redacted());
+        if c.console.admin_token.expose().is_some() {
+            c.console.admin_token = SecretToken("***".to_owned());
+        }
         c
     }
 }

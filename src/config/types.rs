@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{show_str, ConfigError, Problem};
 use super::rules::Rule;
-use super::secret::SecretUrl;
+use super::secret::{SecretToken, SecretUrl};
 use super::source::Source;
 #[cfg(doc)]
 use super::LIMIT_CEILING;
@@ -122,6 +122,8 @@ pub struct Config {
     pub maintenance: MaintenanceConfig,
     /// `[telemetry]`: HTTP endpoint and logs.
     pub telemetry: TelemetryConfig,
+    /// `[console]`: the operator's console (`cardworker console`).
+    pub console: ConsoleConfig,
 }
 
 /// `[database]`
@@ -480,6 +482,27 @@ impl Default for TelemetryConfig {
         Self {
             listen: "0.0.0.0:9464".to_owned(),
             log_format: LogFormat::Json,
+        }
+    }
+}
+
+/// `[console]` (spec section 8): the operator's console, a process of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Listen address of `cardworker console` (loopback by default); a socket address.
+    pub listen: String,
+    /// The token every console action needs. Accepted only from env
+    /// `CARDWORKER__CONSOLE__ADMIN_TOKEN` (a mounted Secret goes through it), never from a file;
+    /// empty = the console is read-only.
+    pub admin_token: SecretToken,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9465".to_owned(),
+            admin_token: SecretToken::default(),
         }
     }
 }

@@ -467,22 +467,25 @@ pub fn register_metrics(enabled: bool) {
     }
 }
 
+/// The days `job` still has to process (at most [`DAYS_PENDING_CAP`]), on a connection of its own
+/// with the maintenance statement timeout: a bounded read-only probe that takes no lock (the
+/// start-up measurement and the console use it).
+pub async fn days_pending(ctx: &AppContext, job: JobKind) -> anyhow::Result<i64> {
+    let conn = connect(ctx).await?;
+    let mut session = Session { ctx, conn };
+    let days = match job {
+        JobKind::Archive => archive::days_pending(&mut session).await,
+        JobKind::Retention => retention::days_pending(&mut session).await,
+    };
+    let _ = session.conn.close().await;
+    days
+}
+
 /// Measures `days_pending` of both jobs at start-up (maintenance on only): a bounded read-only
 /// probe; it takes no lock, and a failure is only logged.
 pub async fn measure_days_pending(ctx: &AppContext) {
     for job in [JobKind::Archive, JobKind::Retention] {
-        let measured = async {
-            let conn = connect(ctx).await?;
-            let mut session = Session { ctx, conn };
-            let days = match job {
-                JobKind::Archive => archive::days_pending(&mut session).await,
-                JobKind::Retention => retention::days_pending(&mut session).await,
-            };
-            let _ = session.conn.close().await;
-            days
-        }
-        .await;
-        match measured {
+        match days_pending(ctx, job).await {
             Ok(days) => {
                 metrics::gauge!(m::MAINTENANCE_DAYS_PENDING, "job" => job.label()).set(days as f64);
                 tracing::info!(

@@ -61,7 +61,10 @@ impl Counters {
 
     /// One call of `call` about `card_ref` starts (on top of [`Counters::enter`]).
     pub(crate) fn enter_card(&mut self, call: CallKind, card_ref: &str) {
-        let n = self.per_card.entry((call, card_ref.to_owned())).or_insert(0);
+        let n = self
+            .per_card
+            .entry((call, card_ref.to_owned()))
+            .or_insert(0);
         *n += 1;
         self.peak_same_card = self.peak_same_card.max(*n);
     }

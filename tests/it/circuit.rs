@@ -40,7 +40,9 @@ async fn poll(b: &Budget, task: Task, report: CallReport) -> (Acquired, Option<T
 }
 
 async fn state(b: &Budget, task: Task) -> CircuitState {
-    b.show().await.expect("show").tasks[task.label()].circuit.state
+    b.show().await.expect("show").tasks[task.label()]
+        .circuit
+        .state
 }
 
 #[tokio::test]
@@ -80,7 +82,10 @@ async fn a_full_outage_opens_the_circuit_at_the_twentieth_failure_and_then_admit
     assert!(c.since.is_some() && c.probes_from.is_some());
     assert_eq!(c.window.failures, 20);
     assert_eq!(c.gauge(), 1.0);
-    assert_eq!(view.tasks["card_status"].circuit.state, CircuitState::Closed);
+    assert_eq!(
+        view.tasks["card_status"].circuit.state,
+        CircuitState::Closed
+    );
 }
 
 #[tokio::test]
@@ -196,7 +201,10 @@ async fn after_the_cool_down_only_the_probes_go_through_and_a_success_closes_the
         Acquired::Acquired
     );
     let view = b.show().await.unwrap();
-    assert_eq!(view.tasks["carddata"].circuit.window.calls, 0, "window cleared");
+    assert_eq!(
+        view.tasks["carddata"].circuit.window.calls, 0,
+        "window cleared"
+    );
 }
 
 #[tokio::test]
@@ -219,7 +227,10 @@ async fn a_failed_probe_reopens_the_circuit_with_a_doubled_cool_down_up_to_the_c
     assert_eq!(cooldowns, [2000, 4000, 4000]);
     let view = b.show().await.unwrap();
     let c = &view.tasks["card_status"].circuit;
-    assert_eq!((c.state, c.reopens, c.cooldown_secs), (CircuitState::Open, 3, Some(4)));
+    assert_eq!(
+        (c.state, c.reopens, c.cooldown_secs),
+        (CircuitState::Open, 3, Some(4))
+    );
 }
 
 #[tokio::test]
@@ -329,7 +340,10 @@ async fn an_operator_forces_a_circuit_open_and_closed_and_each_action_is_on_reco
     assert!(text.contains("open (forced by an operator)"), "{text}");
 
     let out = ok(&["circuit", "close", "--task", "card_status"]);
-    assert!(out.contains("forced closed (was open, forced open)"), "{out}");
+    assert!(
+        out.contains("forced closed (was open, forced open)"),
+        "{out}"
+    );
     assert_eq!(
         b.acquire(Task::CardStatus, &lease).await.unwrap(),
         Acquired::Acquired
@@ -356,7 +370,12 @@ async fn an_operator_forces_a_circuit_open_and_closed_and_each_action_is_on_reco
                 "card_status"
             ),
             ("gateway.circuit_opened", "cardworker", None, "card_status"),
-            ("operator.circuit_close", "operator:alice", None, "card_status"),
+            (
+                "operator.circuit_close",
+                "operator:alice",
+                None,
+                "card_status"
+            ),
             ("gateway.circuit_closed", "cardworker", None, "card_status"),
         ]
     );
