@@ -3,11 +3,12 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 SIM_LISTEN ?= 127.0.0.1:8089
+CONSOLE_LISTEN ?= 127.0.0.1:9465
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run test services build lint fmt clippy lint-deploy scrape-check bench-writes bench-budget bench-intake
+.PHONY: run test services browser build lint fmt clippy lint-deploy scrape-check console-screenshots bench-writes bench-budget bench-intake
 
-## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator and one worker.
+## Sets up PostgreSQL and Redis, migrates, starts the Gateway simulator, the console and one worker.
 run: services build
 	$(BIN) migrate --config $(LOCAL_CONFIG)
 	@echo "seeding 20 demo cards (c-demo-01..20) when missing"
@@ -16,8 +17,11 @@ run: services build
 	$(BIN) reconcile --config $(LOCAL_CONFIG)
 	@\
 	$(BIN) gateway-sim --listen $(SIM_LISTEN) --latency-ms 50 --change-rate 0.05 --error-rate 0.02 --config $(LOCAL_CONFIG) & SIM=$$!; \
-	trap 'kill $$SIM 2>/dev/null' EXIT; \
+	TOKEN=$${CARDWORKER__CONSOLE__ADMIN_TOKEN:-$$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}; \
+	CARDWORKER__CONSOLE__ADMIN_TOKEN=$$TOKEN $(BIN) console --listen $(CONSOLE_LISTEN) --config $(LOCAL_CONFIG) & CONSOLE=$$!; \
+	trap 'kill $$SIM $$CONSOLE 2>/dev/null' EXIT; \
 	echo "Gateway simulator on http://$(SIM_LISTEN) (stats: /sim/stats)"; \
+	echo "Console at http://$(CONSOLE_LISTEN)/  (read-only until you log in with the admin token $$TOKEN)"; \
 	echo "Metrics at http://127.0.0.1:9464/metrics  health /healthz  readiness /readyz"; \
 	echo "Try: $(BIN) budget show --config $(LOCAL_CONFIG);  $(BIN) investigate --card-ref c-demo-01 --config $(LOCAL_CONFIG)"; \
 	$(BIN) run --config $(LOCAL_CONFIG)
@@ -25,7 +29,7 @@ run: services build
 ## Runs every test (unit, integration against real PostgreSQL and Redis, deploy lint).
 ## nextest runs every test in its own process, which the metrics tests need (one global
 ## recorder per process); `.ci/run` installs it when missing.
-test: services
+test: services browser
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { echo "cargo-nextest is required: cargo install cargo-nextest --locked" >&2; exit 1; }
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
@@ -33,6 +37,14 @@ test: services
 
 services:
 	@bash deploy/local/services.sh
+
+## Installs headless Chromium and chromedriver (Debian packages) for the console's browser test.
+browser:
+	@bash deploy/local/browser.sh
+
+## Re-takes the console screenshots in docs/console/ (the browser test, saving its pages).
+console-screenshots: services browser
+	CARDWORKER_CONSOLE_SCREENSHOTS=1 $(CARGO) nextest run --test it -E 'test(/in_a_real_browser/)'
 
 build:
 	$(CARGO) build --bin cardworker
