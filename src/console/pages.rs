@@ -455,3 +455,53 @@ pub fn outcome(viewer: &Viewer, ok: bool, message: &str, back: &str) -> Markup {
 pub fn error(viewer: &Viewer, title: &str, message: &str) -> Markup {
     layout(title, viewer, true, html! { p.refused { (message) } })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn viewer() -> Viewer {
+        Viewer {
+            csrf: "c".repeat(64),
+            writable: true,
+            admin: false,
+        }
+    }
+
+    #[test]
+    fn a_card_ref_holding_html_is_rendered_as_text_and_linked_percent_encoded() {
+        let evil = "<script>alert(1)</script>";
+        let page = unknown_card(evil, &viewer()).into_string();
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{page}"
+        );
+        assert!(!page.contains(evil), "{page}");
+        assert_eq!(
+            card_href("a/b <c>"),
+            "/cards/a%2Fb%20%3Cc%3E",
+            "a card_ref cannot leave its path segment"
+        );
+        let outcome =
+            outcome(&viewer(), false, "\"><img src=x onerror=alert(1)>", "/").into_string();
+        assert!(!outcome.contains("<img"), "{outcome}");
+    }
+
+    #[test]
+    fn every_action_form_carries_the_csrf_token_and_a_read_only_console_shows_none() {
+        let page = login(&viewer(), false).into_string();
+        assert!(
+            page.contains(&format!("name=\"csrf\" value=\"{}\"", "c".repeat(64))),
+            "{page}"
+        );
+        let read_only = Viewer {
+            writable: false,
+            ..viewer()
+        };
+        let page = login(&read_only, false).into_string();
+        assert!(
+            page.contains("read-only") && !page.contains("type=\"password\""),
+            "{page}"
+        );
+    }
+}

@@ -255,6 +255,99 @@ async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a
     assert_eq!(operator_events(&app, "operator.dead_discard").await, 1);
 }
 
+#[tokio::test]
+async fn a_requeue_keeps_a_newer_waiting_entry_of_the_same_id_and_leaves_the_dead_job() {
+    use cardworker::queue::dead::{self, DeadAction, DeadSelector};
+    use cardworker::queue::QueueName;
+    let redis = crate::harness::TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let q = QueueName::new(&redis.prefix, "archive");
+    // A dead job fed from entry "e-1", as the feeder and apalis leave it.
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg(format!("{}:dead", q.apalis))
+        .arg("job-1")
+        .ignore()
+        .cmd("HSET")
+        .arg(format!("{}:data", q.apalis))
+        .arg("job-1")
+        .arg("\"old payload\"")
+        .ignore()
+        .cmd("HSET")
+        .arg(format!("{}:meta:job-1", q.apalis))
+        .arg("intake_entry")
+        .arg("e-1")
+        .arg("result")
+        .arg("boom")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("seed a dead job");
+    let (total, listed) = dead::list(&mut conn, &q, 10).await.expect("list");
+    assert_eq!(total, 1);
+    assert_eq!(listed[0].payload.as_deref(), Some("old payload"));
+    assert_eq!(listed[0].reason.as_deref(), Some("boom"));
+    assert_eq!(listed[0].intake_entry.as_deref(), Some("e-1"));
+    // A newer job of the same entry is already waiting: it is kept, the dead one stays.
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&q.intake)
+        .arg(1)
+        .arg("e-1")
+        .ignore()
+        .cmd("HSET")
+        .arg(&q.intake_payload)
+        .arg("e-1")
+        .arg("new payload")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("seed a waiting entry");
+    let which = DeadSelector::Ids(vec!["job-1".to_owned(), "job-gone".to_owned()]);
+    let done = dead::act(&mut conn, &q, DeadAction::Requeue, &which)
+        .await
+        .expect("requeue");
+    assert_eq!((done.acted, done.not_dead, done.kept), (0, 1, 1));
+    let waiting: String = redis::cmd("HGET")
+        .arg(&q.intake_payload)
+        .arg("e-1")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    assert_eq!(waiting, "new payload");
+    // Once the entry has been fed, the requeue goes through, with the payload as written.
+    let _: () = redis::pipe()
+        .cmd("ZREM")
+        .arg(&q.intake)
+        .arg("e-1")
+        .ignore()
+        .cmd("HDEL")
+        .arg(&q.intake_payload)
+        .arg("e-1")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("feed");
+    let done = dead::act(&mut conn, &q, DeadAction::Requeue, &DeadSelector::All)
+        .await
+        .expect("requeue");
+    assert_eq!((done.acted, done.not_dead, done.kept), (1, 0, 0));
+    let waiting: String = redis::cmd("HGET")
+        .arg(&q.intake_payload)
+        .arg("e-1")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    assert_eq!(waiting, "old payload");
+    assert_eq!(dead::list(&mut conn, &q, 10).await.expect("list").0, 0);
+    let meta: i64 = redis::cmd("EXISTS")
+        .arg(format!("{}:meta:job-1", q.apalis))
+        .query_async(&mut conn)
+        .await
+        .expect("exists");
+    assert_eq!(meta, 0, "apalis's bookkeeping of the requeued job is gone");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_html_is_text() {
     if let Some(why) = webdriver::unavailable() {
