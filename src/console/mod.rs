@@ -350,6 +350,28 @@ fn done(
     }
 }
 
+/// Runs one action: checks the admin token and the CSRF token (403, nothing changed, when either
+/// is missing), applies `apply` to the form, and shows what it did.
+async fn action<F, Fut>(
+    c: Arc<Console>,
+    headers: HeaderMap,
+    body: Bytes,
+    name: &'static str,
+    back: &'static str,
+    apply: F,
+) -> Response
+where
+    F: FnOnce(Arc<Console>, Form) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<String>>,
+{
+    let (v, new, form) = match authorize(&c, &headers, &body, name) {
+        Ok(x) => x,
+        Err(resp) => return *resp,
+    };
+    let result = apply(c.clone(), form).await;
+    done(&v, new, name, back, result)
+}
+
 fn task_of(form: &Form) -> anyhow::Result<Task> {
     let raw = form.get("task").unwrap_or("");
     raw.parse::<Task>()
@@ -357,41 +379,39 @@ fn task_of(form: &Form) -> anyhow::Result<Task> {
 }
 
 async fn unpark(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let (v, new, form) = match authorize(&c, &headers, &body, "unpark") {
-        Ok(x) => x,
-        Err(resp) => return *resp,
-    };
-    let result = async {
-        let task = task_of(&form)?;
-        let selectors: Vec<ParkedSelector> = if form.get("all").is_some() {
-            vec![ParkedSelector::All]
-        } else if let Some(one) = form.get("one") {
-            vec![ParkedSelector::CardRef(one.to_owned())]
-        } else {
-            form.all("card_ref")
-                .into_iter()
-                .map(ParkedSelector::CardRef)
-                .collect()
-        };
-        anyhow::ensure!(!selectors.is_empty(), "no parked chain selected");
-        let mut restarted = 0;
-        for which in selectors {
-            restarted += polling::unpark(&c.ctx, task, which, form.reason())
-                .await?
-                .restarted;
-        }
-        Ok(format!("{task}: {restarted} parked chains restarted"))
-    }
-    .await;
-    done(&v, new, "unpark", "/parked", result)
+    action(
+        c,
+        headers,
+        body,
+        "unpark",
+        "/parked",
+        |c, form| async move {
+            let task = task_of(&form)?;
+            let selectors: Vec<ParkedSelector> = if form.get("all").is_some() {
+                vec![ParkedSelector::All]
+            } else if let Some(one) = form.get("one") {
+                vec![ParkedSelector::CardRef(one.to_owned())]
+            } else {
+                form.all("card_ref")
+                    .into_iter()
+                    .map(ParkedSelector::CardRef)
+                    .collect()
+            };
+            anyhow::ensure!(!selectors.is_empty(), "no parked chain selected");
+            let mut restarted = 0;
+            for which in selectors {
+                restarted += polling::unpark(&c.ctx, task, which, form.reason())
+                    .await?
+                    .restarted;
+            }
+            Ok(format!("{task}: {restarted} parked chains restarted"))
+        },
+    )
+    .await
 }
 
 async fn circuit(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let (v, new, form) = match authorize(&c, &headers, &body, "circuit") {
-        Ok(x) => x,
-        Err(resp) => return *resp,
-    };
-    let result = async {
+    action(c, headers, body, "circuit", "/", |c, form| async move {
         let task = task_of(&form)?;
         let open = match form.get("op") {
             Some("open") => true,
@@ -399,17 +419,12 @@ async fn circuit(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response 
             other => anyhow::bail!("op {other:?}: must be open or close"),
         };
         force_circuit(&c.ctx.config, &c.ctx.budget, task, open, form.reason()).await
-    }
-    .await;
-    done(&v, new, "circuit", "/", result)
+    })
+    .await
 }
 
 async fn budget(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let (v, new, form) = match authorize(&c, &headers, &body, "budget") {
-        Ok(x) => x,
-        Err(resp) => return *resp,
-    };
-    let result = async {
+    action(c, headers, body, "budget", "/", |c, form| async move {
         let tasks = match form.get("task") {
             Some("all") => Task::ALL.to_vec(),
             _ => vec![task_of(&form)?],
@@ -428,34 +443,24 @@ async fn budget(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
             other => anyhow::bail!("op {other:?}: must be pause, resume, set or clear"),
         };
         change_budget(&c.ctx.config, &c.ctx.budget, change, form.reason()).await
-    }
-    .await;
-    done(&v, new, "budget", "/", result)
+    })
+    .await
 }
 
 async fn maintenance(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let (v, new, form) = match authorize(&c, &headers, &body, "maintenance") {
-        Ok(x) => x,
-        Err(resp) => return *resp,
-    };
-    let result = async {
+    action(c, headers, body, "maintenance", "/", |c, form| async move {
         let paused = match form.get("op") {
             Some("pause") => true,
             Some("resume") => false,
             other => anyhow::bail!("op {other:?}: must be pause or resume"),
         };
         maintenance_switch(&c.ctx.config, paused, form.reason()).await
-    }
-    .await;
-    done(&v, new, "maintenance", "/", result)
+    })
+    .await
 }
 
 async fn dead(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let (v, new, form) = match authorize(&c, &headers, &body, "dead") {
-        Ok(x) => x,
-        Err(resp) => return *resp,
-    };
-    let result = async {
+    action(c, headers, body, "dead", "/queues", |c, form| async move {
         let short = form.get("queue").unwrap_or("");
         let q = dead_cmd::queue(&c.ctx.config, short).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (action, which) = if form.get("requeue_all").is_some() {
@@ -471,7 +476,6 @@ async fn dead(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
         };
         let outcome = dead_cmd::act(&c.ctx.config, &q, action, which, form.reason()).await?;
         Ok(dead_cmd::describe(&q.short, action, &outcome))
-    }
-    .await;
-    done(&v, new, "dead", "/queues", result)
+    })
+    .await
 }
