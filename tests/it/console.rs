@@ -255,6 +255,19 @@ async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a
     assert_eq!(operator_events(&app, "operator.dead_discard").await, 1);
 }
 
+/// The payload waiting in `q`'s intake under entry `e-1`.
+async fn waiting_payload(
+    conn: &mut redis::aio::ConnectionManager,
+    q: &cardworker::queue::QueueName,
+) -> String {
+    redis::cmd("HGET")
+        .arg(&q.intake_payload)
+        .arg("e-1")
+        .query_async(conn)
+        .await
+        .expect("hget")
+}
+
 #[tokio::test]
 async fn a_requeue_keeps_a_newer_waiting_entry_of_the_same_id_and_leaves_the_dead_job() {
     use cardworker::queue::dead::{self, DeadAction, DeadSelector};
@@ -308,13 +321,7 @@ async fn a_requeue_keeps_a_newer_waiting_entry_of_the_same_id_and_leaves_the_dea
         .await
         .expect("requeue");
     assert_eq!((done.acted, done.not_dead, done.kept), (0, 1, 1));
-    let waiting: String = redis::cmd("HGET")
-        .arg(&q.intake_payload)
-        .arg("e-1")
-        .query_async(&mut conn)
-        .await
-        .expect("hget");
-    assert_eq!(waiting, "new payload");
+    assert_eq!(waiting_payload(&mut conn, &q).await, "new payload");
     // Once the entry has been fed, the requeue goes through, with the payload as written.
     let _: () = redis::pipe()
         .cmd("ZREM")
@@ -332,13 +339,7 @@ async fn a_requeue_keeps_a_newer_waiting_entry_of_the_same_id_and_leaves_the_dea
         .await
         .expect("requeue");
     assert_eq!((done.acted, done.not_dead, done.kept), (1, 0, 0));
-    let waiting: String = redis::cmd("HGET")
-        .arg(&q.intake_payload)
-        .arg("e-1")
-        .query_async(&mut conn)
-        .await
-        .expect("hget");
-    assert_eq!(waiting, "old payload");
+    assert_eq!(waiting_payload(&mut conn, &q).await, "old payload");
     assert_eq!(dead::list(&mut conn, &q, 10).await.expect("list").0, 0);
     let meta: i64 = redis::cmd("EXISTS")
         .arg(format!("{}:meta:job-1", q.apalis))
