@@ -5,13 +5,15 @@ BIN := $(or $(CARGO_TARGET_DIR),target)/debug/cardworker
 DEMO_CARDS ?= 80
 LOCAL_CONFIG ?= config/local.toml
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-outage bench-slowdown
+CONSOLE_LISTEN ?= 127.0.0.1:9465
+
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-outage bench-slowdown browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
-## with $(LOCAL_CONFIG). Ctrl-C stops both.
+## with $(LOCAL_CONFIG), and the console on $(CONSOLE_LISTEN). Ctrl-C stops them all.
 run: services build
-	DEMO_CARDS=$(DEMO_CARDS) bash deploy/local/demo.sh run $(BIN) $(LOCAL_CONFIG)
+	CONSOLE_LISTEN=$(CONSOLE_LISTEN) DEMO_CARDS=$(DEMO_CARDS) bash deploy/local/demo.sh run $(BIN) $(LOCAL_CONFIG)
 
 ## Drops the demo's database and the Redis keys under its prefix (nothing else: never FLUSHALL).
 reset-demo: build
@@ -20,7 +22,7 @@ reset-demo: build
 ## Runs every test (unit, integration against real PostgreSQL and Redis, deploy lint).
 ## nextest runs every test in its own process, which the metrics tests need (one global
 ## recorder per process); `.ci/run` installs it when missing.
-test: services
+test: services browser
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { echo "cargo-nextest is required: cargo install cargo-nextest --locked" >&2; exit 1; }
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
@@ -34,6 +36,14 @@ test-faults: services
 
 services:
 	@bash deploy/local/services.sh
+
+## Installs headless Chromium and chromedriver (Debian packages) for the console's browser test.
+browser:
+	@bash deploy/local/browser.sh
+
+## Re-takes the console screenshots in docs/console/ (the browser test, saving its pages).
+console-screenshots: services browser
+	CARDWORKER_CONSOLE_SCREENSHOTS=1 $(CARGO) nextest run --test it -E 'test(/in_a_real_browser/)'
 
 build:
 	$(CARGO) build --bin cardworker

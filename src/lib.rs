@@ -21,6 +21,7 @@
 //! - [`workers`]: the one list of every worker and schedule.
 //! - [`app`]: `cardworker run`.
 //! - [`commands`]: the command line; `main.rs` only maps errors to exit codes.
+//! - [`console`]: the operator's console (`cardworker console`), a front end over `commands`.
 
 pub mod app;
 pub mod backoff;
@@ -28,6 +29,7 @@ pub mod budget;
 pub mod cards;
 pub mod commands;
 pub mod config;
+pub mod console;
 pub mod context;
 pub mod gateway;
 pub mod maintenance;

@@ -5,7 +5,20 @@ use clap::Parser as _;
 #[tokio::main]
 async fn main() {
     let cli = cardworker::commands::Cli::parse();
-    if let Err(e) = cardworker::commands::execute(cli).await {
+    // The console sits above the commands (it calls their actions), so it is dispatched here.
+    let result = match cli.command {
+        cardworker::commands::args::Command::Console(args) => {
+            cardworker::console::execute(cli.config.as_deref(), args).await
+        }
+        command => {
+            cardworker::commands::execute(cardworker::commands::Cli {
+                command,
+                config: cli.config,
+            })
+            .await
+        }
+    };
+    if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(e.exit_code());
     }

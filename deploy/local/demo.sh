@@ -85,7 +85,12 @@ run() {
   SIM=$!
   # Ctrl-C reaches both processes (they stop on SIGINT); the trap covers every other way out
   # and keeps the worker's exit status as the demo's.
-  trap 'rc=$?; kill "$SIM" 2>/dev/null || true; wait "$SIM" 2>/dev/null || true; exit $rc' EXIT
+  # The operator's console, its own process; a fresh admin token unless one is given.
+  local console_listen="${CONSOLE_LISTEN:-127.0.0.1:9465}"
+  local token="${CARDWORKER__CONSOLE__ADMIN_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
+  CARDWORKER__CONSOLE__ADMIN_TOKEN="$token" "$BIN" console --listen "$console_listen" "${cfg[@]}" &
+  CONSOLE=$!
+  trap 'rc=$?; kill "$SIM" "$CONSOLE" 2>/dev/null || true; wait "$SIM" "$CONSOLE" 2>/dev/null || true; exit $rc' EXIT
   for _ in $(seq 1 100); do
     curl -fsS "http://$SIM_LISTEN/healthz" >/dev/null 2>&1 && break
     kill -0 "$SIM" 2>/dev/null || { echo "the gateway simulator did not start" >&2; exit 1; }
@@ -94,11 +99,12 @@ run() {
   local show="$BIN budget show ${cfg[*]}"
   cat <<BANNER
 Gateway simulator on http://$SIM_LISTEN (stats: /sim/stats); worker metrics on http://$METRICS/metrics
+Console at http://$console_listen/ (read-only until you log in with the admin token $token)
 In another shell (README "What you should see in the first two minutes"):
   $show
   $BIN investigate --card-ref c-demo-01 ${cfg[*]}
   curl -s $SIM_LISTEN/sim/stats
-Ctrl-C stops the worker and the simulator.
+Ctrl-C stops the worker, the simulator and the console.
 BANNER
   "$BIN" run "${cfg[@]}"
 }

@@ -77,6 +77,58 @@ pub enum Command {
     },
     /// A Gateway simulator speaking the Gateway contract, for local runs and load tests.
     GatewaySim(SimArgs),
+    /// The dead set of a queue (jobs that ended dead): list, requeue through the intake, discard.
+    #[command(subcommand)]
+    DeadSet(DeadSetCommand),
+    /// Serves the operator's console (spec section 8): a process of its own, never part of `run`.
+    Console(ConsoleArgs),
+}
+
+/// `cardworker console [--listen ADDR]`
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Address to listen on; defaults to `console.listen` (127.0.0.1:9465).
+    #[arg(long)]
+    pub listen: Option<String>,
+}
+
+/// `cardworker dead-set …`
+#[derive(Debug, Subcommand)]
+pub enum DeadSetCommand {
+    /// Shows a queue's dead jobs (newest first), payloads with card numbers masked.
+    List {
+        /// The queue (`carddata`, `card_status`, `payment`, `callback`, …).
+        #[arg(long)]
+        queue: String,
+        /// At most this many entries.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// Hands dead jobs back to the workers through the intake, due now.
+    Requeue(DeadSetTarget),
+    /// Removes dead jobs for good.
+    Discard(DeadSetTarget),
+}
+
+/// Which dead jobs of which queue (`--id ID`, repeatable, or `--all`).
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["id", "all"])))]
+pub struct DeadSetTarget {
+    /// The queue.
+    #[arg(long)]
+    pub queue: String,
+    /// One dead job (its apalis task id); repeatable.
+    #[arg(long)]
+    pub id: Vec<String>,
+    /// Every dead job of the queue.
+    #[arg(long)]
+    pub all: bool,
+    /// Why, for the audit event.
+    #[arg(long)]
+    pub reason: Option<String>,
 }
 
 /// `cardworker enqueue …`
@@ -395,6 +447,8 @@ mod tests {
             &["circuit", "open", "--task", "carddata"],
             &["circuit", "close", "--task", "card_status"],
             &["unpark", "--task", "carddata", "--all"],
+            &["dead-set", "requeue", "--queue", "payment", "--all"],
+            &["dead-set", "discard", "--queue", "payment", "--id", "01J"],
         ] {
             let line = ["cardworker"]
                 .iter()

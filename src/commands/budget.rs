@@ -63,12 +63,25 @@ fn task_ids(tasks: &[Task]) -> Vec<String> {
     tasks.iter().map(|t| t.label().to_owned()).collect()
 }
 
+/// A change to the polling budget, validated (the console's budget actions take these too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetChange {
+    /// A runtime per-task limit override.
+    Set(Task, u32),
+    /// Clears the override.
+    Clear(Task),
+    /// The runtime brake on.
+    Pause(Vec<Task>),
+    /// The runtime brake off.
+    Resume(Vec<Task>),
+}
+
 /// Runs one `budget` subcommand.
 pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandError> {
     let action = validate(config, cmd)?;
     let redis = crate::context::connect_redis(config.redis.url.expose()).await?;
     let budget = Budget::new(redis, config);
-    match action {
+    let (change, reason) = match action {
         Action::Show(format) => {
             let view = budget.show().await?;
             match format {
@@ -78,10 +91,29 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
                 ),
                 Format::Text => print!("{}", render(&view)),
             }
+            return Ok(());
         }
-        Action::Set(task, limit, reason) => {
+        Action::Set(task, limit, reason) => (BudgetChange::Set(task, limit), reason),
+        Action::Clear(task, reason) => (BudgetChange::Clear(task), reason),
+        Action::Pause(tasks, reason) => (BudgetChange::Pause(tasks), reason),
+        Action::Resume(tasks, reason) => (BudgetChange::Resume(tasks), reason),
+    };
+    println!("{}", change_budget(config, &budget, change, reason).await?);
+    Ok(())
+}
+
+/// Applies one budget change fleet-wide and records it (`operator.budget_set|clear|pause|resume`);
+/// returns what it did, for people. Shared by the CLI and the console.
+pub async fn change_budget(
+    config: &Config,
+    budget: &Budget,
+    change: BudgetChange,
+    reason: Option<String>,
+) -> anyhow::Result<String> {
+    let (said, recorded) = match change {
+        BudgetChange::Set(task, limit) => {
             budget.set_override(task, limit).await?;
-            println!(
+            let said = format!(
                 "{task} limit overridden: {limit} (config {}); every worker applies it at its next acquire",
                 budget.config_limit(task)
             );
@@ -93,11 +125,11 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
                 reason,
             )
             .with_details(json!({"task": task.label(), "limit": limit, "config_limit": budget.config_limit(task)}));
-            operator::record_applied_to(&config.database, &recorded).await;
+            (said, recorded)
         }
-        Action::Clear(task, reason) => {
+        BudgetChange::Clear(task) => {
             let had = budget.clear_override(task).await?;
-            println!(
+            let said = format!(
                 "{task} override {}; the config limit {} applies",
                 if had { "cleared" } else { "was not set" },
                 budget.config_limit(task)
@@ -110,11 +142,11 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
                 reason,
             )
             .with_details(json!({"task": task.label(), "had_override": had}));
-            operator::record_applied_to(&config.database, &recorded).await;
+            (said, recorded)
         }
-        Action::Pause(tasks, reason) => {
+        BudgetChange::Pause(tasks) => {
             budget.pause(&tasks).await?;
-            println!(
+            let said = format!(
                 "paused: {}; their jobs are deferred (running polls finish) until `cardworker budget resume`",
                 labels(&tasks)
             );
@@ -126,11 +158,11 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
                 reason,
             )
             .with_details(json!({"tasks": task_ids(&tasks)}));
-            operator::record_applied_to(&config.database, &recorded).await;
+            (said, recorded)
         }
-        Action::Resume(tasks, reason) => {
+        BudgetChange::Resume(tasks) => {
             budget.resume(&tasks).await?;
-            println!("resumed: {}", labels(&tasks));
+            let said = format!("resumed: {}", labels(&tasks));
             let recorded = Recorded::new(
                 "budget_resume",
                 "task",
@@ -139,10 +171,11 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
                 reason,
             )
             .with_details(json!({"tasks": task_ids(&tasks)}));
-            operator::record_applied_to(&config.database, &recorded).await;
+            (said, recorded)
         }
-    }
-    Ok(())
+    };
+    operator::record_applied_to(&config.database, &recorded).await;
+    Ok(said)
 }
 
 /// `cardworker circuit open|close --task T [--reason TEXT]`: forces the task's Gateway circuit,
@@ -157,17 +190,33 @@ pub async fn circuit(config: &Config, cmd: CircuitCommand) -> Result<(), Command
     };
     let redis = crate::context::connect_redis(config.redis.url.expose()).await?;
     let budget = Budget::new(redis, config);
+    println!(
+        "{}",
+        force_circuit(config, &budget, task, open, reason).await?
+    );
+    Ok(())
+}
+
+/// Forces `task`'s circuit open or closed and records it (see [`circuit`]); returns what it did,
+/// for people. Shared by the CLI and the console.
+pub async fn force_circuit(
+    config: &Config,
+    budget: &Budget,
+    task: Task,
+    open: bool,
+    reason: Option<String>,
+) -> anyhow::Result<String> {
     let found = budget.force_circuit(task, open).await?;
     let changed = (found.before == CircuitState::Closed) == open;
-    if open {
-        println!(
+    let said = if open {
+        format!(
             "{task} Gateway circuit forced open (was {}): its polls are deferred without a \
              Gateway call, with no probes, until `cardworker circuit close --task {}`",
             found.before.label(),
             task.cli_name()
-        );
+        )
     } else {
-        println!(
+        format!(
             "{task} Gateway circuit forced closed (was {}{}): its polls call the Gateway again",
             found.before.label(),
             if found.was_forced {
@@ -175,8 +224,8 @@ pub async fn circuit(config: &Config, cmd: CircuitCommand) -> Result<(), Command
             } else {
                 ""
             }
-        );
-    }
+        )
+    };
     let recorded = Recorded::new(
         if open {
             "circuit_open"
@@ -204,7 +253,7 @@ pub async fn circuit(config: &Config, cmd: CircuitCommand) -> Result<(), Command
             eprintln!(
                 "warning: the circuit was forced, but its audit events could not be written: {e:#}"
             );
-            return Ok(());
+            return Ok(said);
         }
     };
     operator::record_applied(&pool, &recorded).await;
@@ -215,7 +264,7 @@ pub async fn circuit(config: &Config, cmd: CircuitCommand) -> Result<(), Command
         }
     }
     pool.close().await;
-    Ok(())
+    Ok(said)
 }
 
 /// The text form of `budget show`.

@@ -10,6 +10,7 @@
 //!   `run`, `maintenance`, `gateway-sim`.
 //! - [`budget`]: `budget show|set|clear|pause|resume`, `circuit open|close`.
 //! - [`polling`]: `enqueue carddata|card_status`, `unpark`, `reconcile`, `investigate`.
+//! - [`dead`]: `dead-set list|requeue|discard`.
 //! - [`operator`]: the `operator.<action>` audit event every action that changes polling writes.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
@@ -18,6 +19,7 @@
 
 pub mod args;
 pub mod budget;
+pub mod dead;
 pub mod investigate;
 pub mod maintenance;
 pub mod operator;
@@ -116,34 +118,13 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
                     return maintenance::status(&ctx, format).await;
                 }
             };
-            let mut redis = connect_redis(config.redis.url.expose()).await?;
-            crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
-            println!(
-                "maintenance {}{}",
-                if paused {
-                    "paused: a running run stops at its next batch boundary; later runs are no-ops until `cardworker maintenance resume`"
-                } else {
-                    "resumed"
-                },
-                maintenance_disabled_note(&config)
-            );
-            let recorded = operator::Action::new(
-                if paused {
-                    "maintenance_pause"
-                } else {
-                    "maintenance_resume"
-                },
-                "maintenance",
-                vec!["maintenance".to_owned()],
-                format!(
-                    "maintenance {} by an operator",
-                    if paused { "paused" } else { "resumed" }
-                ),
-                reason,
-            );
-            operator::record_applied_to(&config.database, &recorded).await;
+            println!("{}", maintenance_switch(&config, paused, reason).await?);
             Ok(())
         }
+        Command::DeadSet(cmd) => dead::execute(&config, cmd).await,
+        Command::Console(_) => Err(CommandError::Usage(
+            "`cardworker console` is served by the console module (main dispatches it)".to_owned(),
+        )),
         Command::Enqueue(cmd) => enqueue(config, cmd).await,
         Command::Reconcile { format } => {
             let ctx = AppContext::connect(config).await?;
@@ -154,6 +135,43 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             polling::investigate(&ctx, &card_ref, format).await
         }
     }
+}
+
+/// `cardworker maintenance pause|resume`: sets or lifts the maintenance brake fleet-wide and
+/// records it (`operator.maintenance_pause|resume`); returns what it did, for people. Shared by
+/// the CLI and the console.
+pub async fn maintenance_switch(
+    config: &Config,
+    paused: bool,
+    reason: Option<String>,
+) -> anyhow::Result<String> {
+    let mut redis = connect_redis(config.redis.url.expose()).await?;
+    crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
+    let said = format!(
+        "maintenance {}{}",
+        if paused {
+            "paused: a running run stops at its next batch boundary; later runs are no-ops until `cardworker maintenance resume`"
+        } else {
+            "resumed"
+        },
+        maintenance_disabled_note(config)
+    );
+    let recorded = operator::Action::new(
+        if paused {
+            "maintenance_pause"
+        } else {
+            "maintenance_resume"
+        },
+        "maintenance",
+        vec!["maintenance".to_owned()],
+        format!(
+            "maintenance {} by an operator",
+            if paused { "paused" } else { "resumed" }
+        ),
+        reason,
+    );
+    operator::record_applied_to(&config.database, &recorded).await;
+    Ok(said)
 }
 
 /// `cardworker enqueue …`. Maintenance runs need only Redis; the others need the whole context.

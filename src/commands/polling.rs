@@ -152,11 +152,15 @@ pub async fn unpark(
             }
         }
         tx.commit().await.context("committing an unpark batch")?;
-        futures::stream::iter(refs.iter())
-            .map(|card_ref| {
+        // Owned card_refs and prefix: a future that borrows from the closure's argument is not
+        // `Send` for every lifetime, which the console's handlers (axum) need.
+        let prefix = ctx.prefix().to_owned();
+        futures::stream::iter(refs.iter().cloned())
+            .map(|card_ref: String| {
                 let mut conn = ctx.redis.clone();
+                let prefix = prefix.clone();
                 let delay = Duration::from_millis(rand::rng().random_range(0..=spread_ms));
-                async move { chain::start(&mut conn, ctx.prefix(), task, card_ref, delay).await }
+                async move { chain::start(&mut conn, &prefix, task, &card_ref, delay).await }
             })
             .buffer_unordered(START_CONCURRENCY)
             .try_collect::<Vec<_>>()

@@ -66,11 +66,12 @@ mod test_support;
 
 pub use error::{ConfigError, Problem, Related};
 pub use rules::parse_limit;
-pub use secret::SecretUrl;
+pub use secret::{SecretToken, SecretUrl};
 pub use source::Source;
 pub use types::{
-    CircuitConfig, Config, DatabaseConfig, GatewayConfig, LogFormat, MaintenanceConfig,
-    PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig, TelemetryConfig, WorkerConfig,
+    CircuitConfig, Config, ConsoleConfig, DatabaseConfig, GatewayConfig, LogFormat,
+    MaintenanceConfig, PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig,
+    TelemetryConfig, WorkerConfig,
 };
 
 /// Hard ceiling for every polling limit (`total_limit`, a task's `limit`, a runtime override).

@@ -53,7 +53,13 @@ pub(super) enum Rule {
     KeyPrefix,
     SocketAddr,
     LogFormat,
+    /// A secret token accepted only from an env override (never from a file): empty (unset), or
+    /// at least [`MIN_TOKEN_CHARS`] characters without whitespace.
+    EnvOnlyToken,
 }
+
+/// The shortest admin token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
 
 const fn int(lo: i64, hi: i64) -> Rule {
     Rule::Int { lo, hi, note: "" }
@@ -139,6 +145,8 @@ const RULES: &[(&str, Rule)] = &[
     ("maintenance.statement_timeout_ms", int(100, 600_000)),
     ("telemetry.listen", Rule::SocketAddr),
     ("telemetry.log_format", Rule::LogFormat),
+    ("console.listen", Rule::SocketAddr),
+    ("console.admin_token", Rule::EnvOnlyToken),
 ];
 
 impl Rule {
@@ -156,6 +164,11 @@ impl Rule {
                 .to_owned(),
             Rule::SocketAddr => "must be a socket address such as \"0.0.0.0:9464\"".to_owned(),
             Rule::LogFormat => "must be \"json\" or \"pretty\"".to_owned(),
+            Rule::EnvOnlyToken => format!(
+                "must be empty (read-only) or at least {MIN_TOKEN_CHARS} characters without \
+                 whitespace, and must come from env CARDWORKER__CONSOLE__ADMIN_TOKEN (or a \
+                 Secret mounted through it), never from a config file"
+            ),
         }
     }
 
@@ -181,6 +194,13 @@ impl Rule {
             }
             (Rule::SocketAddr, Value::String(s)) if s.parse::<SocketAddr>().is_ok() => Ok(()),
             (Rule::LogFormat, Value::String(s)) if s == "json" || s == "pretty" => Ok(()),
+            (Rule::EnvOnlyToken, Value::String(s))
+                if s.is_empty()
+                    || (s.chars().count() >= MIN_TOKEN_CHARS
+                        && !s.chars().any(char::is_whitespace)) =>
+            {
+                Ok(())
+            }
             _ => Err(None),
         }
     }
@@ -209,6 +229,25 @@ pub(super) fn check_values(
             bad.insert(*key);
             continue;
         };
+        // An empty token in a file sets nothing (`check-config` renders it so); any other is
+        // refused there.
+        let secret_in_file = matches!(rule, Rule::EnvOnlyToken)
+            && matches!(sources.of(key), Source::File(_))
+            && v.as_str() != Some("");
+        if secret_in_file {
+            problems.push(Problem::new(
+                *key,
+                show(key, v),
+                sources.of(key),
+                format!(
+                    "{} (a secret in a config file ends up in a ConfigMap or a repository; \
+                     set env CARDWORKER__CONSOLE__ADMIN_TOKEN instead)",
+                    rule.allowed()
+                ),
+            ));
+            bad.insert(*key);
+            continue;
+        }
         if let Err(detail) = rule.check(v) {
             let mut allowed = rule.allowed();
             if let Some(detail) = detail {
@@ -430,6 +469,46 @@ mod tests {
         problem_for(
             from_str("telemetry.log_format = \"xml\""),
             "telemetry.log_format",
+        );
+    }
+
+    #[test]
+    fn the_console_admin_token_is_refused_from_a_file_and_accepted_from_the_env() {
+        let p = problem_for(
+            from_str("[console]\nadmin_token = \"0123456789abcdef-secret\""),
+            "console.admin_token",
+        );
+        assert_eq!(p.source, file_source());
+        let text = p.to_string();
+        assert!(!text.contains("0123456789abcdef-secret"), "{text}");
+        assert!(
+            text.contains("never from a config file")
+                && text.contains("CARDWORKER__CONSOLE__ADMIN_TOKEN"),
+            "{text}"
+        );
+        let c = from_str_env(
+            "[console]\nlisten = \"127.0.0.1:9999\"",
+            &[(
+                "CARDWORKER__CONSOLE__ADMIN_TOKEN",
+                "0123456789abcdef-secret",
+            )],
+        )
+        .expect("a token from the env is accepted");
+        assert_eq!(
+            c.console.admin_token.expose(),
+            Some("0123456789abcdef-secret")
+        );
+        assert!(!format!("{c:?}").contains("0123456789abcdef"));
+        assert_eq!(Config::default().console.admin_token.expose(), None);
+        let short = problem_for(
+            from_str_env("", &[("CARDWORKER__CONSOLE__ADMIN_TOKEN", "short")]),
+            "console.admin_token",
+        );
+        assert_eq!(short.source, env_source("CARDWORKER__CONSOLE__ADMIN_TOKEN"));
+        assert!(!short.to_string().contains("short\""), "{short}");
+        problem_for(
+            from_str("[console]\nlisten = \"localhost\""),
+            "console.listen",
         );
     }
 

@@ -62,6 +62,36 @@ impl From<&str> for SecretUrl {
     }
 }
 
+/// A token (the console's `admin_token`): `Debug` and `Display` show `***` (or `""` when
+/// unset), and [`Config::redacted`] blanks it, so it is never printed. Serde is transparent.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretToken(String);
+
+impl SecretToken {
+    /// Wraps a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token, `None` when unset: only for comparing with what a request presents.
+    pub fn expose(&self) -> Option<&str> {
+        (!self.0.is_empty()).then_some(self.0.as_str())
+    }
+}
+
+impl fmt::Debug for SecretToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+impl fmt::Display for SecretToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "" } else { "***" })
+    }
+}
+
 /// Replaces the password of a URL by `***`. A URL that does not parse is replaced entirely.
 pub(super) fn redact_url(raw: &str) -> String {
     let Ok(mut url) = Url::parse(raw) else {

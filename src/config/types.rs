@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::ConfigError;
-use super::secret::SecretUrl;
+use super::secret::{SecretToken, SecretUrl};
 #[cfg(doc)]
 use super::LIMIT_CEILING;
 
@@ -119,6 +119,8 @@ pub struct Config {
     pub maintenance: MaintenanceConfig,
     /// `[telemetry]`: HTTP endpoint and logs.
     pub telemetry: TelemetryConfig,
+    /// `[console]`: the operator's console (`cardworker console`).
+    pub console: ConsoleConfig,
 }
 
 /// `[database]`
@@ -495,6 +497,27 @@ impl Default for TelemetryConfig {
     }
 }
 
+/// `[console]` (spec section 8): the operator's console, a process of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Listen address of `cardworker console` (loopback by default); a socket address.
+    pub listen: String,
+    /// The token every console action needs. Accepted only from env
+    /// `CARDWORKER__CONSOLE__ADMIN_TOKEN` (a mounted Secret goes through it), never from a file;
+    /// empty = the console is read-only.
+    pub admin_token: SecretToken,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9465".to_owned(),
+            admin_token: SecretToken::default(),
+        }
+    }
+}
+
 impl Config {
     /// The configuration as a TOML document (call [`Config::redacted`] first before showing it:
     /// serialization writes the real URLs).
@@ -512,6 +535,9 @@ impl Config {
         c.database.url = SecretUrl::new(c.database.url.redacted());
         c.redis.url = SecretUrl::new(c.redis.url.redacted());
         c.gateway.base_url = SecretUrl::new(c.gateway.base_url.redacted());
+        if c.console.admin_token.expose().is_some() {
+            c.console.admin_token = SecretToken::new("***");
+        }
         c
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`intake`]: the feeder (intake -> apalis under a high-water mark) and the trimmer.
+//! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
 //! - this module: [`QueueName`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
@@ -13,6 +14,7 @@
 //! bookkeeping. Re-runs (next poll, back-off after a failure, deferral) go back through the
 //! intake, never through apalis-redis's hard-coded 25 retries.
 
+pub mod dead;
 pub mod intake;
 
 use cardworker_jobs::keys;

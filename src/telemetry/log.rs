@@ -23,14 +23,17 @@ pub enum Process {
     Worker,
     /// `cardworker gateway-sim`.
     GatewaySim,
+    /// `cardworker console`.
+    Console,
 }
 
 impl Process {
-    /// The name in each log line: `worker` or `gateway-sim` (the subcommand's name).
+    /// The name in each log line: `worker`, `gateway-sim` or `console` (the subcommand's name).
     pub const fn as_str(self) -> &'static str {
         match self {
             Process::Worker => "worker",
             Process::GatewaySim => "gateway-sim",
+            Process::Console => "console",
         }
     }
 }

@@ -310,3 +310,47 @@ fn every_line_of_a_report_with_several_problems_starts_the_same_way() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_console_refuses_an_admin_token_from_a_config_file_with_exit_2_naming_key_and_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("console.toml");
+    std::fs::write(
+        &path,
+        "[console]\nadmin_token = \"abcdefghijklmnop-secret\"\n",
+    )
+    .expect("write config");
+    let out = Command::new(BIN)
+        .args(["console", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .env_remove("CARDWORKER_CONFIG")
+        .env_remove("CARDWORKER__CONSOLE__ADMIN_TOKEN")
+        .output()
+        .expect("run cardworker console");
+    let stderr = refused(&out);
+    assert!(stderr.contains("console.admin_token"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("(from {})", path.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("CARDWORKER__CONSOLE__ADMIN_TOKEN"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("abcdefghijklmnop"),
+        "the token is not echoed: {stderr}"
+    );
+    // `check-config` shows a token set from the env only as ***.
+    let out = check_config(
+        "",
+        &[(
+            "CARDWORKER__CONSOLE__ADMIN_TOKEN",
+            "abcdefghijklmnop-secret",
+        )],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("admin_token = \"***\""), "{stdout}");
+    assert!(!stdout.contains("abcdefghijklmnop"), "{stdout}");
+}

@@ -138,6 +138,11 @@ pub const COVERAGE: &[Statement] = &[
     // commands
     s("src/commands/investigate.rs", "a card's integration logs", Sql::Contains(&["FROM integration_logs WHERE resource_type = 'card' AND resource_id = $1", "FROM integration_logs_archive WHERE"])),
     s("src/commands/investigate.rs", "a card's audit events", Sql::Contains(&["FROM audit_resources r JOIN audit_events e", "FROM audit_resources_archive r JOIN audit_events_archive e"])),
+    s("src/console/data.rs", "the console's PostgreSQL check", Sql::Exact("SELECT true")),
+    s("src/console/data.rs", "the console's parked count", Sql::Exact("SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL")),
+    s("src/console/data.rs", "the console's parked list", Sql::Contains(&["FROM cards c LEFT JOIN LATERAL"])),
+    s("src/console/data.rs", "the console's stuck payments", Sql::Contains(&["FROM payments WHERE status = 'unknown' OR"])),
+    s("src/console/data.rs", "the console's failed callbacks", Sql::Contains(&["FROM inbound_callbacks cb LEFT JOIN payments p ON p.payment_id = CASE"])),
     s("src/commands/investigate.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
     s("src/commands/investigate.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
     s("src/commands/investigate.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
@@ -215,6 +220,7 @@ pub async fn drive(app: &TestApp, tag: &str, scale: Scale) {
     d.callbacks(&poll_card).await;
     d.maintenance().await;
     d.investigate(&poll_card).await;
+    d.console().await;
     d.operator_commands(&poll_card, payment).await;
     d.reconcile().await;
 }
@@ -626,6 +632,17 @@ impl Driver<'_> {
             "{deleted:?}"
         );
         self.cli(&["maintenance", "status"]).await;
+    }
+
+    /// The console's pages read what they show through `console::data`.
+    async fn console(&self) {
+        let _ = cardworker::console::data::fleet(self.ctx()).await;
+        cardworker::console::data::parked(self.ctx(), Task::Carddata)
+            .await
+            .expect("parked page");
+        cardworker::console::data::money(self.ctx())
+            .await
+            .expect("money page");
     }
 
     async fn investigate(&self, card: &str) {

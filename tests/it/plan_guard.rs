@@ -67,6 +67,16 @@ pub const WHOLE_READ_ALLOWED: &[(&str, &str)] = &[
         "cards_card_status_parked_idx",
         "cardworker_parked_chains counts the partial index of parked cards (issue 10)",
     ),
+    (
+        "payments_unsettled_idx",
+        "the console's money page lists unsettled payments, oldest first, LIMIT 50: the partial \
+         index holds only payments recovery has not settled yet",
+    ),
+    (
+        "inbound_callbacks_failed_idx",
+        "the console's money page lists the newest failed callbacks, LIMIT 50: the partial index \
+         holds only failed callbacks",
+    ),
 ];
 
 /// Whether `table` is guarded.

@@ -1,0 +1,470 @@
+//! What the pages show, read from the same PostgreSQL and Redis as the workers. Every read is
+//! bounded (a page never scans a table or a key space), and a store that does not answer is shown
+//! as such instead of failing the page.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::budget::BudgetView;
+use crate::config::Task;
+use crate::context::AppContext;
+use crate::gateway::redact_digits;
+use crate::maintenance::JobKind;
+use crate::queue::dead::{self, DeadEntry};
+use crate::queue::QueueName;
+
+/// How long a page waits for one store before showing it as not answering.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Rows shown per list.
+pub const LIST_LIMIT: i64 = 200;
+/// Dead entries shown per queue.
+pub const DEAD_LIMIT: usize = 50;
+
+/// One queue's counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueCounts {
+    /// Short name.
+    pub queue: String,
+    /// Entries waiting in the intake (due or not).
+    pub intake: u64,
+    /// apalis's active list (fed, not yet fetched).
+    pub active: u64,
+    /// apalis's scheduled set.
+    pub scheduled: u64,
+    /// The dead set.
+    pub dead: u64,
+}
+
+/// One live worker (an apalis worker of one queue in one process).
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerView {
+    /// The queue.
+    pub queue: String,
+    /// Its name (`<kind>-<pod>-<ulid>`).
+    pub name: String,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_secs: i64,
+}
+
+/// The maintenance switch and backlog.
+#[derive(Debug, Clone, Serialize)]
+pub struct MaintenanceView {
+    /// `maintenance.enabled` (of this console's configuration).
+    pub enabled: bool,
+    /// The fleet-wide brake.
+    pub paused: Option<bool>,
+    /// Newest archived day (from the newest row of `integration_logs_archive`).
+    pub last_archived_day: Option<String>,
+    /// Days still due per job (only measured while maintenance is enabled).
+    pub days_pending: Vec<(&'static str, Option<i64>)>,
+}
+
+/// The fleet page.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fleet {
+    /// PostgreSQL answered.
+    pub postgres_ok: bool,
+    /// Redis answered.
+    pub redis_ok: bool,
+    /// Budgets and circuits (`None` when Redis did not answer).
+    pub budget: Option<BudgetView>,
+    /// Parked chains per task.
+    pub parked: Vec<(&'static str, i64)>,
+    /// The maintenance switch.
+    pub maintenance: MaintenanceView,
+    /// Per queue.
+    pub queues: Vec<QueueCounts>,
+    /// Live workers, by queue.
+    pub workers: Vec<WorkerView>,
+    /// Problems met while reading (shown on the page).
+    pub errors: Vec<String>,
+}
+
+async fn bounded<T>(
+    what: &str,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(STORE_TIMEOUT, f).await {
+        Ok(r) => r,
+        Err(_) => Err(anyhow::anyhow!(
+            "{what}: no answer within {} s",
+            STORE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// The queues of the deployment, by short name.
+pub fn queues(ctx: &AppContext) -> Vec<QueueName> {
+    crate::workers::queue_names(ctx.prefix())
+}
+
+/// Reads the fleet page.
+pub async fn fleet(ctx: &AppContext) -> Fleet {
+    let mut errors = Vec::new();
+    let pg = bounded("PostgreSQL", async {
+        sqlx::query_scalar::<_, bool>("SELECT true")
+            .fetch_one(&ctx.pool)
+            .await
+            .context("PostgreSQL")
+    })
+    .await;
+    let postgres_ok = pg.is_ok();
+    if let Err(e) = pg {
+        errors.push(format!("{e:#}"));
+    }
+    let mut conn = ctx.redis.clone();
+    let ping = bounded("Redis", async {
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .context("Redis")
+    })
+    .await;
+    let redis_ok = ping.is_ok();
+    if let Err(e) = ping {
+        errors.push(format!("{e:#}"));
+    }
+
+    let budget = if redis_ok {
+        match bounded("budget", ctx.budget.show()).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                errors.push(format!("reading the budget: {e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let mut parked = Vec::new();
+    if postgres_ok {
+        match bounded("parked", async {
+            crate::storage::cards::count_parked(&ctx.pool)
+                .await
+                .context("counting parked chains")
+        })
+        .await
+        {
+            Ok((d, s)) => {
+                parked.push((Task::Carddata.label(), d));
+                parked.push((Task::CardStatus.label(), s));
+            }
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+
+    let mut queues_out = Vec::new();
+    let mut workers = Vec::new();
+    if redis_ok {
+        match bounded("queues", queue_counts(ctx)).await {
+            Ok((q, w)) => {
+                queues_out = q;
+                workers = w;
+            }
+            Err(e) => errors.push(format!("reading the queues: {e:#}")),
+        }
+    }
+
+    let maintenance = maintenance(ctx, postgres_ok, redis_ok, &mut errors).await;
+    Fleet {
+        postgres_ok,
+        redis_ok,
+        budget,
+        parked,
+        maintenance,
+        queues: queues_out,
+        workers,
+        errors,
+    }
+}
+
+async fn maintenance(
+    ctx: &AppContext,
+    postgres_ok: bool,
+    redis_ok: bool,
+    errors: &mut Vec<String>,
+) -> MaintenanceView {
+    let enabled = ctx.config.maintenance.enabled;
+    let paused = if redis_ok {
+        let mut conn = ctx.redis.clone();
+        match bounded(
+            "maintenance brake",
+            crate::maintenance::is_paused(&mut conn, ctx.prefix()),
+        )
+        .await
+        {
+            Ok(p) => Some(p),
+            Err(e) => {
+                errors.push(format!("{e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut last_archived_day = None;
+    let mut days_pending = Vec::new();
+    if postgres_ok {
+        // The last day an archive run processed, as every run records it (fleet-wide, in Redis):
+        // no read of the archive tables.
+        match bounded(
+            "last archived day",
+            crate::maintenance::status::last_day(ctx, JobKind::Archive),
+        )
+        .await
+        {
+            Ok(last) => {
+                last_archived_day = last.map(|l| l.day.format("%Y-%m-%d").to_string());
+            }
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+        for job in [JobKind::Archive, JobKind::Retention] {
+            let days = if enabled {
+                match bounded("maintenance backlog", async {
+                    crate::maintenance::run::backlog(ctx, job)
+                        .await
+                        .map(|b| b.days_pending)
+                })
+                .await
+                {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        errors.push(format!("{} days pending: {e:#}", job.label()));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            days_pending.push((job.label(), days));
+        }
+    }
+    MaintenanceView {
+        enabled,
+        paused,
+        last_archived_day,
+        days_pending,
+    }
+}
+
+/// Counts of every queue and its live workers, in one pipeline.
+async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec<WorkerView>)> {
+    let names = queues(ctx);
+    let mut pipe = redis::pipe();
+    for q in &names {
+        pipe.cmd("ZCARD").arg(&q.intake);
+        pipe.cmd("LLEN").arg(format!("{}:active", q.apalis));
+        pipe.cmd("ZCARD").arg(format!("{}:scheduled", q.apalis));
+        pipe.cmd("SCARD").arg(format!("{}:dead", q.apalis));
+        pipe.cmd("ZRANGE")
+            .arg(format!("{}:workers", q.apalis))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES");
+    }
+    type Row = (u64, u64, u64, u64, Vec<(String, f64)>);
+    let mut conn = ctx.redis.clone();
+    let rows: Vec<Row> = pipe
+        .query_async(&mut conn)
+        .await
+        .context("reading queue counts")?;
+    let now = Utc::now().timestamp();
+    let mut counts = Vec::new();
+    let mut workers = Vec::new();
+    for (q, (intake, active, scheduled, dead, ws)) in names.iter().zip(rows) {
+        counts.push(QueueCounts {
+            queue: q.short.clone(),
+            intake,
+            active,
+            scheduled,
+            dead,
+        });
+        for (name, beat) in ws {
+            workers.push(WorkerView {
+                queue: q.short.clone(),
+                name,
+                heartbeat_age_secs: (now - beat as i64).max(0),
+            });
+        }
+    }
+    workers.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((counts, workers))
+}
+
+/// One queue on the queues page.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueDead {
+    /// Short name.
+    pub queue: String,
+    /// Dead jobs in all.
+    pub total: u64,
+    /// The newest [`DEAD_LIMIT`], payload and reason with card numbers masked.
+    pub entries: Vec<DeadEntry>,
+}
+
+/// Reads the dead set of every queue (card numbers masked).
+pub async fn dead_sets(ctx: &AppContext) -> anyhow::Result<Vec<QueueDead>> {
+    let mut out = Vec::new();
+    let mut conn = ctx.redis.clone();
+    for q in queues(ctx) {
+        let (total, mut entries) =
+            bounded("dead set", dead::list(&mut conn, &q, DEAD_LIMIT)).await?;
+        for e in &mut entries {
+            e.payload = e.payload.as_deref().map(redact_digits);
+            e.reason = e.reason.as_deref().map(redact_digits);
+        }
+        out.push(QueueDead {
+            queue: q.short.clone(),
+            total,
+            entries,
+        });
+    }
+    Ok(out)
+}
+
+/// One parked chain.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ParkedView {
+    /// The card.
+    pub card_ref: String,
+    /// When it was parked.
+    pub parked_at: DateTime<Utc>,
+    /// When its last failed poll was recorded.
+    pub failed_at: Option<DateTime<Utc>>,
+    /// The last failed poll's error (masked).
+    pub error: Option<String>,
+    /// The last failed poll's HTTP status.
+    pub http_status: Option<i32>,
+}
+
+/// The parked chains of `task` (newest parked first, at most [`LIST_LIMIT`]) and their count.
+pub async fn parked(ctx: &AppContext, task: Task) -> anyhow::Result<(i64, Vec<ParkedView>)> {
+    let (column, scenario) = match task {
+        Task::Carddata => ("carddata_parked_at", "carddata_poll"),
+        Task::CardStatus => ("card_status_parked_at", "card_status_poll"),
+    };
+    let total: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM cards WHERE {column} IS NOT NULL"
+    ))
+    .fetch_one(&ctx.pool)
+    .await
+    .context("counting parked chains")?;
+    let mut rows: Vec<ParkedView> = sqlx::query_as(&format!(
+        "SELECT c.card_ref, c.{column} AS parked_at, l.created_at AS failed_at, l.error,
+                l.http_status
+           FROM cards c
+           LEFT JOIN LATERAL (
+                SELECT created_at, error, http_status FROM integration_logs
+                 WHERE resource_type = 'card' AND resource_id = c.card_ref
+                   AND scenario = $1 AND state IN ('failed', 'unknown')
+                 ORDER BY created_at DESC LIMIT 1) l ON true
+          WHERE c.{column} IS NOT NULL
+          ORDER BY c.{column} DESC LIMIT $2"
+    ))
+    .bind(scenario)
+    .bind(LIST_LIMIT)
+    .fetch_all(&ctx.pool)
+    .await
+    .context("reading parked chains")?;
+    for r in &mut rows {
+        r.error = r.error.as_deref().map(redact_digits);
+    }
+    Ok((total, rows))
+}
+
+/// A payment that needs attention.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct StuckPayment {
+    /// The payment.
+    pub payment_id: uuid::Uuid,
+    /// Its card.
+    pub card_ref: String,
+    /// Minor units.
+    pub amount_minor: i64,
+    /// ISO 4217.
+    pub currency: String,
+    /// `unknown`, or `requested`/`pending` past `payments.recovery_after_secs`.
+    pub status: String,
+    /// Submissions sent.
+    pub submissions: i32,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A callback that failed.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct FailedCallback {
+    /// The channel.
+    pub channel: String,
+    /// Its id within the channel.
+    pub callback_id: String,
+    /// Why it failed (masked).
+    pub reason: Option<String>,
+    /// What it is about.
+    pub resource_type: Option<String>,
+    /// Which one.
+    pub resource_id: Option<String>,
+    /// The card, when the callback is about a card or a payment of one.
+    pub card_ref: Option<String>,
+    /// Deliveries received.
+    pub deliveries: i32,
+    /// Last delivery.
+    pub last_received_at: DateTime<Utc>,
+}
+
+/// The money page.
+#[derive(Debug, Clone, Serialize)]
+pub struct Money {
+    /// `payments.recovery_after_secs`: past it a pending payment is overdue.
+    pub threshold_secs: u64,
+    /// Payments `unknown`, or still `requested`/`pending` past the threshold, oldest first.
+    pub payments: Vec<StuckPayment>,
+    /// Failed callbacks, newest first.
+    pub callbacks: Vec<FailedCallback>,
+}
+
+/// Reads the money page.
+pub async fn money(ctx: &AppContext) -> anyhow::Result<Money> {
+    let threshold_secs = ctx.config.payments.recovery_after_secs;
+    let payments: Vec<StuckPayment> = sqlx::query_as(
+        "SELECT payment_id, card_ref, amount_minor, currency, status, submissions, updated_at
+           FROM payments
+          WHERE status = 'unknown'
+             OR (status IN ('requested', 'pending')
+                 AND updated_at < now() - $1 * interval '1 second')
+          ORDER BY updated_at LIMIT $2",
+    )
+    .bind(threshold_secs as f64)
+    .bind(LIST_LIMIT)
+    .fetch_all(&ctx.pool)
+    .await
+    .context("reading payments that need attention")?;
+    let mut callbacks: Vec<FailedCallback> = sqlx::query_as(
+        "SELECT cb.channel, cb.callback_id, cb.reason, cb.resource_type, cb.resource_id,
+                CASE WHEN cb.resource_type = 'card' THEN cb.resource_id ELSE p.card_ref END
+                  AS card_ref,
+                cb.deliveries, cb.last_received_at
+           FROM inbound_callbacks cb
+           LEFT JOIN payments p
+             ON p.payment_id = CASE WHEN cb.resource_type = 'payment'
+                                    THEN cb.resource_id::uuid END
+          WHERE cb.state = 'failed'
+          ORDER BY cb.last_received_at DESC LIMIT $1",
+    )
+    .bind(LIST_LIMIT)
+    .fetch_all(&ctx.pool)
+    .await
+    .context("reading failed callbacks")?;
+    for c in &mut callbacks {
+        c.reason = c.reason.as_deref().map(redact_digits);
+    }
+    Ok(Money {
+        threshold_secs,
+        payments,
+        callbacks,
+    })
+}
