@@ -12,7 +12,7 @@
 //! - [`telemetry`], [`pod`], [`backoff`], [`shutdown`]: logs and metric names, who this process
 //!   is, the one back-off rule, the one shutdown signal and task tracker.
 //! - [`storage`], [`gateway`], [`queue`], [`budget`]: PostgreSQL, the Gateway client, the bounded
-//!   intake, the polling budget's leases.
+//!   intake, admission of a poll (the polling budget's leases and the Gateway circuit breaker).
 //! - [`cards`]: the card domain (applying an observed change), shared by polling and callbacks.
 //! - [`sim`]: the Gateway simulator (`cardworker gateway-sim`, tests, benchmarks).
 //! - [`context`]: [`context::AppContext`], what every job shares.
