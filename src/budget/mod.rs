@@ -35,6 +35,10 @@
 //! This module knows admission only: leases and circuits. The tower layer that takes them around
 //! every polling job, and defers a job through its chain when it is not admitted, lives with
 //! polling (`polling::budget_layer`); the operator commands live in `commands::budget`.
+//!
+//! One file on purpose: it is the Rust side of one Lua script (`budget.lua` with `circuit.lua`),
+//! whose key layout and return shapes every method shares; splitting it by operation would
+//! spread that contract over several files.
 
 pub mod circuit;
 

@@ -5,6 +5,9 @@
 //! fleet-wide polling facts (circuit openings and closings, budget and maintenance actions).
 //!
 //! Unchanged polls are counted, not recorded: they appear only as hourly counts.
+//!
+//! One file on purpose: it is one read model (one query and one view type per section of the
+//! output, and its text rendering); every query here is covered by the plan guard.
 
 use std::fmt::Write as _;
 

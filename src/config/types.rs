@@ -3,6 +3,10 @@
 //!
 //! Nothing here validates: every section is a plain serde struct with `deny_unknown_fields`, and
 //! the checks live in `rules` so that one table describes every key.
+//!
+//! One file on purpose: the sections mirror `config/default.toml` one to one, and a reader checks
+//! a key's type, default and unit in one place; about a third of it is the tests of the defaults
+//! and of the redaction of secrets.
 
 use std::fmt;
 use std::str::FromStr;

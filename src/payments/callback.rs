@@ -20,6 +20,9 @@
 //! `recorded`, so the job does not count the delivery twice). Should the job be lost with Redis,
 //! [`sweep_received`] (run with payment recovery) re-enqueues every `received` row untouched for
 //! `payments.recovery_after_secs`; applying stays idempotent on (channel, callback id).
+//!
+//! One file on purpose: recording, applying and sweeping a callback share the
+//! `inbound_callbacks` row's states, and their rules are easiest to check side by side.
 
 use std::str::FromStr as _;
 use std::sync::Arc;
