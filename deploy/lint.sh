@@ -131,10 +131,12 @@ with tempfile.NamedTemporaryFile("w", suffix=".yml") as tmp:
 # the sample scrape covers every metric of the interfaces spec's table (section 4), and names no
 # metric the spec does not pin somewhere (section 6 adds names as they are built)
 spec = root.resolve().parent / "shared/spec/interfaces.md"
-if spec.exists():
+if not spec.exists():
+    print(f"note: {spec} not found; the sample-vs-spec metric check is skipped", file=sys.stderr)
+else:
     text = spec.read_text()
     spec_table = set(re.findall(r"^\| `(cardworker_[a-z0-9_]+)`", text, re.M))
-    spec_pinned = set(re.findall(r"`(cardworker_[a-z0-9_]+)`", text))
+    spec_pinned = set(re.findall(r"`(cardworker_[a-z0-9_]+)(?:\{[^`]*\})?`", text))
     sample = set(re.findall(r"^# TYPE (\S+)", (root / "deploy/testdata/sample_metrics.txt").read_text(), re.M))
     if not spec_table <= sample or not sample <= spec_pinned:
         problems.append(f"sample_metrics.txt vs spec: missing {sorted(spec_table - sample)}, not in the spec {sorted(sample - spec_pinned)}")
