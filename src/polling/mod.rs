@@ -4,6 +4,8 @@
 //! - [`chain`]: one live chain per card and task, in Redis (schedule only; parking is in
 //!   PostgreSQL).
 //! - [`poll`]: the flow of one poll, shared by both tasks ([`poll::PollTask`]).
+//! - [`unchanged`]: what Redis keeps of unchanged polls (a tally in the chain entry, hourly
+//!   fleet-wide counters), and how it is read back.
 //! - [`carddata`]: the `PollCardData` job.
 //! - [`card_status`]: the `PollCardStatus` job.
 //! - [`budget_layer`]: the tower layer around both polling workers: both budget tokens and a
@@ -22,6 +24,7 @@ pub mod chain;
 pub mod circuit;
 pub mod poll;
 pub mod reconcile;
+pub mod unchanged;
 
 use std::sync::Arc;
 use std::time::Duration;
