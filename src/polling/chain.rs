@@ -237,9 +237,13 @@ pub async fn schedule_counted(
             inv.arg("r");
         }
         Count::Unchanged(at) => {
-            inv.key(unchanged::hour_key(prefix, task, &unchanged::hour_bucket(*at)))
-                .arg("u")
-                .arg(unchanged::HOUR_TTL_SECS);
+            inv.key(unchanged::hour_key(
+                prefix,
+                task,
+                &unchanged::hour_bucket(*at),
+            ))
+            .arg("u")
+            .arg(unchanged::HOUR_TTL_SECS);
         }
     }
     let done: i64 = inv
@@ -334,8 +338,17 @@ pub async fn schedule_or_retry(
     next: &ChainState,
     delay: Duration,
 ) -> bool {
-    schedule_counted_or_retry(conn, shutdown, prefix, task, card_ref, next, delay, Count::Keep)
-        .await
+    schedule_counted_or_retry(
+        conn,
+        shutdown,
+        prefix,
+        task,
+        card_ref,
+        next,
+        delay,
+        Count::Keep,
+    )
+    .await
 }
 
 /// [`schedule_or_retry`] with the tally change of [`schedule_counted`] (retried with it).

@@ -159,7 +159,10 @@ mod tests {
         assert_eq!(t.count, 12);
         assert_eq!(t.last.map(|d| d.timestamp()), Some(1_733_100_000));
         assert_eq!(t.since_kind, Since::ChangeOrFailure);
-        assert_eq!(t.since.timestamp(), i64::from_str_radix("snuci0", 36).unwrap());
+        assert_eq!(
+            t.since.timestamp(),
+            i64::from_str_radix("snuci0", 36).unwrap()
+        );
         let fresh = parse_entry("01JDCHAIN|0|0|ssnucio").tally.expect("tally");
         assert_eq!((fresh.count, fresh.last), (0, None));
         assert_eq!(fresh.since_kind, Since::ChainStart);

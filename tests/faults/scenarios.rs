@@ -150,7 +150,9 @@ async fn polls_per_card(conn: &mut ConnectionManager, task: Task) -> BTreeMap<St
     entries
         .into_iter()
         .filter_map(|(card, raw)| {
-            let n = cardworker::polling::unchanged::parse_entry(&raw).tally?.count;
+            let n = cardworker::polling::unchanged::parse_entry(&raw)
+                .tally?
+                .count;
             (n > 0).then_some((card, n as i64))
         })
         .collect()

@@ -23,7 +23,7 @@ mod payments;
 mod plans;
 mod polling;
 mod self_healing;
-mod unchanged;
 mod sim_seed;
 mod slow;
+mod unchanged;
 mod webdriver;

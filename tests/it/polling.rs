@@ -217,8 +217,7 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     // The unchanged polls are counted in Redis: per card in its chain entry, and fleet-wide per
     // task and hour in a counter that expires.
     let hour = cardworker::polling::unchanged::hour_bucket(chrono::Utc::now());
-    let key =
-        cardworker::polling::unchanged::hour_key(app.ctx.prefix(), Task::CardStatus, &hour);
+    let key = cardworker::polling::unchanged::hour_key(app.ctx.prefix(), Task::CardStatus, &hour);
     let total: i64 = app.ctx.redis.clone().get(&key).await.unwrap_or(0);
     let one = cardworker::polling::unchanged::entry(
         &mut app.ctx.redis.clone(),

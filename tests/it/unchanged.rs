@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use cardworker::commands::investigate;
 use cardworker::config::Task;
+use cardworker::gateway::CardStatus;
 use cardworker::polling::chain::{self, Count};
 use cardworker::polling::unchanged::{self, Since};
-use cardworker::gateway::CardStatus;
 use cardworker_jobs::ChainState;
 use redis::AsyncCommands as _;
 
@@ -37,7 +37,9 @@ async fn an_unchanged_poll_adds_one_to_the_cards_tally_and_the_hours_fleet_count
     let id = chain::start(&mut conn, prefix, task, "c-1", Duration::from_secs(60))
         .await
         .expect("start");
-    let started = tally(&redis, task, "c-1").await.expect("a fresh chain has a tally");
+    let started = tally(&redis, task, "c-1")
+        .await
+        .expect("a fresh chain has a tally");
     assert_eq!(started.count, 0);
     assert_eq!(started.last, None);
     assert_eq!(started.since_kind, Since::ChainStart);
@@ -235,10 +237,14 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
             .expect("start");
         }
     }
-    wait_until(Duration::from_secs(30), "unchanged polls of both cards", || async {
-        card_status_view(&app, "c-changes").await.card_count >= Some(2)
-            && card_status_view(&app, "c-steady").await.card_count >= Some(2)
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "unchanged polls of both cards",
+        || async {
+            card_status_view(&app, "c-changes").await.card_count >= Some(2)
+                && card_status_view(&app, "c-steady").await.card_count >= Some(2)
+        },
+    )
     .await;
 
     // A card without recent changes: counted since its chain started.
@@ -255,10 +261,14 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
 
     // A card with a recent change: counted since the change.
     app.sim.set_card_status("c-changes", CardStatus::Frozen);
-    wait_until(Duration::from_secs(30), "the change, then an unchanged poll", || async {
-        let v = card_status_view(&app, "c-changes").await;
-        v.since_kind == Some(Since::ChangeOrFailure) && v.card_count >= Some(1)
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the change, then an unchanged poll",
+        || async {
+            let v = card_status_view(&app, "c-changes").await;
+            v.since_kind == Some(Since::ChangeOrFailure) && v.card_count >= Some(1)
+        },
+    )
     .await;
     let changed = card_status_view(&app, "c-changes").await;
     assert!(
@@ -273,7 +283,10 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
             .await
             .expect("investigate"),
     );
-    assert!(text.contains("since the chain's last recorded change or failure"), "{text}");
+    assert!(
+        text.contains("since the chain's last recorded change or failure"),
+        "{text}"
+    );
 
     // Redis loses the deployment's data: every count restarts, and investigate says so.
     let lost_at = chrono::Utc::now();
@@ -281,9 +294,11 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
     for key in app.redis.keys().await {
         let _: () = conn.del(&key).await.expect("del");
     }
-    wait_until(Duration::from_secs(60), "the schedule restored and polling again", || async {
-        card_status_view(&app, "c-steady").await.card_count >= Some(1)
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the schedule restored and polling again",
+        || async { card_status_view(&app, "c-steady").await.card_count >= Some(1) },
+    )
     .await;
     let inv = investigate::investigate(&app.ctx, "c-steady")
         .await
@@ -295,7 +310,9 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
         .expect("view");
     assert_eq!(after.since_kind, Some(Since::ChainStart));
     assert!(
-        after.since.is_some_and(|s| s.timestamp() >= lost_at.timestamp()),
+        after
+            .since
+            .is_some_and(|s| s.timestamp() >= lost_at.timestamp()),
         "the count began after the loss: {after:?}"
     );
     assert!(
