@@ -4,6 +4,8 @@
 //! - [`chain`]: one live chain per card and task, in Redis (schedule only; parking is in
 //!   PostgreSQL).
 //! - [`poll`]: the flow of one poll, shared by both tasks ([`poll::PollTask`]).
+//! - [`unchanged`]: what Redis keeps of unchanged polls (a tally in the chain entry, hourly
+//!   fleet-wide counters), and how it is read back.
 //! - [`carddata`]: the `PollCardData` job.
 //! - [`card_status`]: the `PollCardStatus` job.
 //! - `run_job`: the `RunJob` impl both poll jobs share (a macro; its doc says why).
@@ -24,6 +26,7 @@ pub mod circuit;
 pub mod poll;
 pub mod reconcile;
 mod run_job;
+pub mod unchanged;
 
 use std::sync::Arc;
 use std::time::Duration;

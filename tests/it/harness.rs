@@ -165,6 +165,27 @@ async fn scan_keys(conn: &mut ConnectionManager, pattern: &str) -> Vec<String> {
     }
 }
 
+/// Writes every key of a test prefix with its type and TTL to `dir/<prefix>.tsv` (the
+/// `{prefix}` part replaced), for surveying what the suite writes.
+async fn log_keys(conn: &mut ConnectionManager, prefix: &str, keys: &[String], dir: &str) {
+    let mut lines = String::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .unwrap_or_default();
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .unwrap_or(-3);
+        let name = key.replacen(prefix, "{prefix}", 1);
+        lines.push_str(&format!("{name}\t{kind}\t{ttl}\n"));
+    }
+    let _ = std::fs::write(format!("{dir}/{prefix}.tsv"), lines);
+}
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
         let prefix = self.prefix.clone();
@@ -176,6 +197,9 @@ impl Drop for TestRedis {
                 return;
             };
             let keys = scan_keys(&mut conn, &format!("{prefix}:*")).await;
+            if let Ok(dir) = std::env::var("CARDWORKER_KEY_LOG") {
+                log_keys(&mut conn, &prefix, &keys, &dir).await;
+            }
             for chunk in keys.chunks(500) {
                 let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
             }

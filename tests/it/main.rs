@@ -25,4 +25,5 @@ mod polling;
 mod self_healing;
 mod sim_seed;
 mod slow;
+mod unchanged;
 mod webdriver;
