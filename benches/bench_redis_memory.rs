@@ -120,7 +120,7 @@ fn print_breakdown(title: &str, rows: &BTreeMap<String, (u64, u64)>, cards: u64)
     println!("| key pattern | keys | MEMORY USAGE (bytes) | bytes per card |");
     println!("| --- | ---: | ---: | ---: |");
     let mut sorted: Vec<_> = rows.iter().collect();
-    sorted.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+    sorted.sort_by_key(|(_, (_, bytes))| std::cmp::Reverse(*bytes));
     let mut sum = 0;
     for (pat, (n, bytes)) in sorted {
         sum += bytes;
@@ -358,7 +358,7 @@ async fn run(
         swept.as_secs_f64()
     );
     println!(
-        "| first round ({} polls) done after the sweep | {:.1} s, settled {:.1} s later |",
+        "| first round ({} polls) done, from the sweep's start | {:.1} s; every successor waiting and apalis trimmed {:.1} s later |",
         2 * n,
         round.as_secs_f64(),
         settle.as_secs_f64()
@@ -375,6 +375,19 @@ async fn run(
     println!(
         "| growth from the first round to steady state, per card | {:.1} B |",
         (steady as f64 - first as f64) / n as f64
+    );
+    let keys_sum = |rows: &BTreeMap<String, (u64, u64)>| {
+        rows.values().map(|(_, b)| b).sum::<u64>() as f64 / n as f64
+    };
+    println!(
+        "| MEMORY USAGE of every key of the prefix ÷ cards: first round / steady state | {:.0} B / {:.0} B |",
+        keys_sum(&first_rows),
+        keys_sum(&steady_rows)
+    );
+    println!(
+        "| used_memory ÷ cards (everything, the empty deployment included): first round / steady state | {:.0} B / {:.0} B |",
+        first as f64 / n as f64,
+        steady as f64 / n as f64
     );
     print_breakdown(
         "After the first round, per key pattern (MEMORY USAGE, sampled):",
