@@ -47,3 +47,50 @@ pub async fn drop_database(admin_url: &str, name: &str) {
             .await;
     }
 }
+
+/// A private `redis-server` on a free port (no persistence), killed when dropped: for figures
+/// that need INFO or commandstats of one run only.
+pub struct PrivateRedis {
+    /// The server process.
+    child: std::process::Child,
+    /// Its URL.
+    pub url: String,
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a [`PrivateRedis`] and connects to it.
+pub async fn private_redis() -> anyhow::Result<(PrivateRedis, redis::aio::ConnectionManager)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("starting redis-server (needed for used_memory of this run only)")?;
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let redis = PrivateRedis {
+        child,
+        url: url.clone(),
+    };
+    for _ in 0..100 {
+        if let Ok(conn) = cardworker::context::connect_redis(&url).await {
+            return Ok((redis, conn));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("redis-server did not come up on {url}")
+}

@@ -15,6 +15,7 @@ mod demo;
 mod endpoint;
 mod gateway;
 mod intake;
+mod key_inventory;
 mod maintenance;
 mod messages;
 mod migrations;
