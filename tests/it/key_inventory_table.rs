@@ -95,6 +95,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         Jobs,
     ),
     k(
+        "<prefix>:intakes:due",
+        "intake feeder (issue 16): the earliest due time of each intake",
+        Deployment,
+    ),
+    k(
         "<prefix>:claim:<queue>:tick:<ts>",
         "cron ticks (runner::spawn, Producer::enqueue_once): one job per tick",
         Ttl(24 * 3600),
