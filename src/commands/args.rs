@@ -159,6 +159,16 @@ pub enum EnqueueCommand {
         #[arg(long)]
         payment_id: uuid::Uuid,
     },
+    /// Submits one approval row through the reliable path (one already submitted is not
+    /// submitted again; a bad row or an unknown card is refused).
+    Approval {
+        /// `approvals.approval_id`.
+        #[arg(long)]
+        approval_id: uuid::Uuid,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Hands one channel callback to the callback job, as the ingress would.
     Callback {
         /// The channel name.
