@@ -423,7 +423,7 @@ impl Driver<'_> {
         )
         .await
         .expect("submit");
-        assert_eq!(nobody, submit::Submitted::UnknownPayment);
+        assert_eq!(nobody, submit::Submitted::UnknownRow);
 
         // Recovery: the three oldest unsettled payments are ours (older than any seeded one).
         let dead = self.insert_dead_attempt(&card).await;

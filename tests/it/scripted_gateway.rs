@@ -23,6 +23,8 @@ pub enum Script {
     Answer(&'static str),
     /// Acts (stores the status), then never answers until released: the caller cannot know.
     ActThenHang(&'static str),
+    /// Acts (stores the status), then waits until released and answers it.
+    ActThenWait(&'static str),
     /// Never acts on it (the request was lost before the Gateway took it): stores nothing and
     /// never answers until released. A later GET answers 404.
     LoseThenHang,
@@ -123,7 +125,11 @@ fn body(id: Uuid, status: &str, channel_ref: &str) -> Value {
     json!({ "approval_id": id, "status": status, "channel_ref": channel_ref })
 }
 
-async fn h_post(State(gw): State<ScriptedGateway>, headers: HeaderMap, Json(req): Json<Value>) -> Response {
+async fn h_post(
+    State(gw): State<ScriptedGateway>,
+    headers: HeaderMap,
+    Json(req): Json<Value>,
+) -> Response {
     let Some(id) = req
         .get("approval_id")
         .and_then(Value::as_str)
@@ -169,6 +175,11 @@ async fn h_post(State(gw): State<ScriptedGateway>, headers: HeaderMap, Json(req)
             gw.release.notified().await;
             StatusCode::SERVICE_UNAVAILABLE.into_response()
         }
+        Script::ActThenWait(status) => {
+            let channel_ref = act(status);
+            gw.release.notified().await;
+            Json(body(id, status, &channel_ref)).into_response()
+        }
         Script::LoseThenHang => {
             gw.release.notified().await;
             StatusCode::SERVICE_UNAVAILABLE.into_response()
@@ -178,7 +189,10 @@ async fn h_post(State(gw): State<ScriptedGateway>, headers: HeaderMap, Json(req)
             StatusCode::SERVICE_UNAVAILABLE.into_response()
         }
         Script::Garbled => (StatusCode::OK, "<html>approved</html>").into_response(),
-        Script::Refuse => (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "refused"})))
+        Script::Refuse => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": "refused"})),
+        )
             .into_response(),
     }
 }
@@ -186,6 +200,10 @@ async fn h_post(State(gw): State<ScriptedGateway>, headers: HeaderMap, Json(req)
 async fn h_get(State(gw): State<ScriptedGateway>, Path(id): Path<Uuid>) -> Response {
     match gw.seen(id).stored {
         Some((status, channel_ref)) => Json(body(id, &status, &channel_ref)).into_response(),
-        None => (StatusCode::NOT_FOUND, Json(json!({"error": "unknown approval"}))).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "unknown approval"})),
+        )
+            .into_response(),
     }
 }
