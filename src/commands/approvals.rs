@@ -54,7 +54,7 @@ pub async fn enqueue_approval(
     if !matches!(status.as_str(), "requested" | "unknown") {
         println!(
             "approval {approval_id} is already {status} (channel_ref {}); not submitted again",
-            approval.channel_ref.as_deref().unwrap_or("-")
+            approval.tracking.channel_ref.as_deref().unwrap_or("-")
         );
         return Ok(());
     }

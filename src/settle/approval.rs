@@ -3,13 +3,12 @@
 //! final status `failed`. An approval with an unknown `kind`, or a `limit_change` without an
 //! amount, is never sent.
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::{Answer, Kind, Names, Row, Via};
+use super::{Answer, Kind, Names, Tracking, Via};
 use crate::context::AppContext;
 use crate::gateway::{ApprovalQuery, ApprovalRequest, ApprovalResult, CallResult, APPROVAL_KINDS};
 use crate::storage::reliable::OutboxEvent;
@@ -27,18 +26,11 @@ pub struct ApprovalRow {
     pub kind: String,
     /// The new limit in minor units (`limit_change` only).
     pub amount_minor: Option<i64>,
-    /// `requested`, `pending`, `in_review`, `approved`, `declined`, `failed` or `unknown`.
-    pub status: String,
-    /// The channel's reference once answered.
-    pub channel_ref: Option<String>,
-    /// Submissions sent to the Gateway.
-    pub submissions: i32,
-    /// The `pending` log of the latest submission attempt.
-    pub attempt_log_id: Option<i64>,
-    /// Created.
-    pub created_at: DateTime<Utc>,
-    /// Last changed, or last queried while in review (recovery's order and thresholds).
-    pub updated_at: DateTime<Utc>,
+    /// `status` (`requested`, `pending`, `in_review`, `approved`, `declined`, `failed` or
+    /// `unknown`) and the rest of the reliable path's columns.
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub tracking: Tracking,
 }
 
 impl ApprovalRow {
@@ -62,30 +54,11 @@ impl ApprovalRow {
 
     /// Approved, declined or failed.
     pub fn is_decided(&self) -> bool {
-        Approval::is_final(&self.status)
+        Approval::is_final(&self.tracking.status)
     }
 }
 
-impl Row for ApprovalRow {
-    fn id(&self) -> Uuid {
-        self.approval_id
-    }
-    fn card_ref(&self) -> &str {
-        &self.card_ref
-    }
-    fn status(&self) -> &str {
-        &self.status
-    }
-    fn submissions(&self) -> i32 {
-        self.submissions
-    }
-    fn attempt_log_id(&self) -> Option<i64> {
-        self.attempt_log_id
-    }
-    fn updated_at(&self) -> DateTime<Utc> {
-        self.updated_at
-    }
-}
+super::impl_row!(ApprovalRow, approval_id);
 
 /// The approval kind of reliable call.
 #[derive(Debug, Clone, Copy)]

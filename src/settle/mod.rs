@@ -81,21 +81,67 @@ pub struct Names {
     pub conflict: &'static str,
 }
 
-/// A row of a kind's table, as the shared machinery reads it.
+/// The columns every kind's table has for the reliable path: where the row stands, what the
+/// Gateway said, and the bookkeeping of its submissions.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct Tracking {
+    /// The row's status (one of its kind's).
+    pub status: String,
+    /// The channel's reference once answered.
+    pub channel_ref: Option<String>,
+    /// Submissions sent to the Gateway, always with `Idempotency-Key` = the row's id.
+    pub submissions: i32,
+    /// The `pending` log of the latest submission attempt (closed once the attempt ends).
+    pub attempt_log_id: Option<i64>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed, or last queried while waiting (recovery's order and thresholds).
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A row of a kind's table, as the shared machinery reads it ([`impl_row!`] writes the impl).
 pub trait Row: for<'r> sqlx::FromRow<'r, PgRow> + Send + Sync + Unpin + Clone + Debug {
     /// The row's id: also the Gateway's `Idempotency-Key`, always.
     fn id(&self) -> Uuid;
     /// The card it is about.
     fn card_ref(&self) -> &str;
+    /// Its reliable-path columns.
+    fn tracking(&self) -> &Tracking;
     /// Its status column.
-    fn status(&self) -> &str;
+    fn status(&self) -> &str {
+        &self.tracking().status
+    }
     /// Submissions sent so far.
-    fn submissions(&self) -> i32;
+    fn submissions(&self) -> i32 {
+        self.tracking().submissions
+    }
     /// The latest submission attempt's `pending` log.
-    fn attempt_log_id(&self) -> Option<i64>;
+    fn attempt_log_id(&self) -> Option<i64> {
+        self.tracking().attempt_log_id
+    }
     /// Last changed (recovery's order and threshold).
-    fn updated_at(&self) -> DateTime<Utc>;
+    fn updated_at(&self) -> DateTime<Utc> {
+        self.tracking().updated_at
+    }
 }
+
+/// `impl Row for $row` whose id is the field `$id` (and `card_ref`, `tracking`).
+macro_rules! impl_row {
+    ($row:ty, $id:ident) => {
+        impl $crate::settle::Row for $row {
+            fn id(&self) -> uuid::Uuid {
+                self.$id
+            }
+            fn card_ref(&self) -> &str {
+                &self.card_ref
+            }
+            fn tracking(&self) -> &$crate::settle::Tracking {
+                &self.tracking
+            }
+        }
+    };
+}
+pub(crate) use impl_row;
 
 /// A valid Gateway answer about a row: its status and the channel's reference.
 #[derive(Debug, Clone, PartialEq, Eq)]

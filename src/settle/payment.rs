@@ -2,13 +2,12 @@
 //! final, no waiting status; a 4xx is "not received" (retried with the same key while nothing
 //! earlier can have reached the Gateway).
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::{Answer, Kind, Names, Row, Via};
+use super::{Answer, Kind, Names, Tracking, Via};
 use crate::context::AppContext;
 use crate::gateway::{CallResult, PaymentQuery, PaymentRequest, PaymentResult};
 use crate::storage::reliable::OutboxEvent;
@@ -25,47 +24,21 @@ pub struct Payment {
     pub amount_minor: i64,
     /// ISO currency.
     pub currency: String,
-    /// `requested`, `pending`, `accepted`, `rejected` or `unknown`.
-    pub status: String,
-    /// The channel's reference once settled.
-    pub channel_ref: Option<String>,
-    /// Submissions sent to the Gateway.
-    pub submissions: i32,
-    /// The `pending` log of the latest submission attempt (closed once the attempt ends).
-    pub attempt_log_id: Option<i64>,
-    /// Created.
-    pub created_at: DateTime<Utc>,
-    /// Last changed (recovery picks unsettled payments by it).
-    pub updated_at: DateTime<Utc>,
+    /// `status` (`requested`, `pending`, `accepted`, `rejected` or `unknown`) and the rest of
+    /// the reliable path's columns.
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub tracking: Tracking,
 }
 
 impl Payment {
     /// Accepted or rejected: the Gateway decided, and the payment is never submitted again.
     pub fn is_settled(&self) -> bool {
-        PaymentCall::is_final(&self.status)
+        PaymentCall::is_final(&self.tracking.status)
     }
 }
 
-impl Row for Payment {
-    fn id(&self) -> Uuid {
-        self.payment_id
-    }
-    fn card_ref(&self) -> &str {
-        &self.card_ref
-    }
-    fn status(&self) -> &str {
-        &self.status
-    }
-    fn submissions(&self) -> i32 {
-        self.submissions
-    }
-    fn attempt_log_id(&self) -> Option<i64> {
-        self.attempt_log_id
-    }
-    fn updated_at(&self) -> DateTime<Utc> {
-        self.updated_at
-    }
-}
+super::impl_row!(Payment, payment_id);
 
 /// The payment kind of reliable call.
 #[derive(Debug, Clone, Copy)]
