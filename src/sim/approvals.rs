@@ -24,7 +24,9 @@ use uuid::Uuid;
 
 use super::answer::{Answer, Disturbance};
 use super::simulator::{header_value, Simulator};
-use crate::gateway::{ApprovalRequest, ApprovalResult, ApprovalStatus, CallKind, IDEMPOTENCY_HEADER};
+use crate::gateway::{
+    ApprovalRequest, ApprovalResult, ApprovalStatus, CallKind, IDEMPOTENCY_HEADER,
+};
 
 /// What the simulator saw of one approval id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -72,7 +74,8 @@ pub(crate) fn submit(
 ) -> ApprovalResult {
     let now = Instant::now();
     let rec = approvals.entry(req.approval_id).or_default();
-    rec.idempotency_keys.push(key.unwrap_or_default().to_owned());
+    rec.idempotency_keys
+        .push(key.unwrap_or_default().to_owned());
     rec.settle_due(now);
     if let Some(stored) = &rec.stored {
         return stored.clone();
@@ -143,8 +146,15 @@ pub(crate) async fn h_submit(
         decline_rate: config.approval_decline_rate,
         review_ms: config.approval_review_ms,
     };
-    let result =
-        sim.with_state(|st| submit(&mut st.approvals, &req, key.as_deref(), dice, &mut rand::rng()));
+    let result = sim.with_state(|st| {
+        submit(
+            &mut st.approvals,
+            &req,
+            key.as_deref(),
+            dice,
+            &mut rand::rng(),
+        )
+    });
     (StatusCode::OK, Json(result)).into_response()
 }
 
