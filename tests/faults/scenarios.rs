@@ -767,3 +767,70 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
     assert_eq!(chains, [Some(id)], "the same chain goes on");
     shutdown.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_enqueued_before_redis_is_flushed_is_submitted_exactly_once_by_recovery() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    let mut config = config_on(&db.url, &redis, &sim_handle.base_url(), 60);
+    config.approvals.recovery_after_secs = 10;
+    config.approvals.recovery_cron = "* * * * * *".to_owned();
+    sqlx::query("INSERT INTO cards (card_ref) VALUES ('c-1')")
+        .execute(&db.pool)
+        .await
+        .expect("card");
+    let id = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor)
+         VALUES ($1, 'c-1', 'limit_change', 250000)",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .expect("approval");
+
+    // Enqueued while no worker runs: the job exists only in Redis, and Redis loses everything.
+    let ctx = AppContext::connect(config.clone()).await.expect("connect");
+    cardworker::commands::approvals::enqueue_approval(&ctx, id, None)
+        .await
+        .expect("enqueue approval");
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let queued: i64 = conn.zcard("cw:intake:approval").await.expect("zcard");
+    assert_eq!(queued, 1, "the job is queued");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .expect("flush the private redis");
+    drop(ctx);
+
+    let worker = Worker::start(config).await;
+    wait_until(
+        Duration::from_secs(60),
+        "recovery submitted the approval and the sim approved it",
+        || async {
+            sqlx::query_scalar::<_, String>("SELECT status FROM approvals WHERE approval_id = $1")
+                .bind(id)
+                .fetch_one(&db.pool)
+                .await
+                .expect("status")
+                == "approved"
+        },
+    )
+    .await;
+    let record = sim.approval_record(id).expect("the sim saw it");
+    assert_eq!(
+        record.idempotency_keys,
+        [id.to_string()],
+        "submitted exactly once, with its key"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM outbox_events WHERE event_type = 'approval.decided'"
+        )
+        .await,
+        1
+    );
+    worker.stop().await.expect("clean stop");
+}
