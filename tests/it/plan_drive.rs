@@ -156,6 +156,8 @@ pub const COVERAGE: &[Statement] = &[
     s("src/commands/investigate.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
     s("src/commands/investigate.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
     s("src/commands/investigate.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate.rs", "a card's approvals", Sql::Contains(&["FROM approvals WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate.rs", "the history of a card's approvals", Sql::Contains(&["WHERE r.resource_type = 'approval' AND r.resource_id = ids.id"])),
     s("src/commands/investigate.rs", "a card's callbacks", Sql::Contains(&["FROM inbound_callbacks", "resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1))"])),
 ];
 
@@ -795,6 +797,11 @@ impl Driver<'_> {
             inv.callbacks
         );
         assert!(!inv.payments.is_empty() && !inv.timeline.is_empty());
+        assert!(
+            inv.approvals.iter().any(|a| !a.history.is_empty()),
+            "the card's approvals with their history: {:?}",
+            inv.approvals
+        );
     }
 
     async fn maintenance_runs(&self, job: &str) -> f64 {
