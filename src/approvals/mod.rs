@@ -7,8 +7,8 @@
 //! final `failed`; an unknown `kind` or a `limit_change` without an amount is never sent).
 //!
 //! # Layout
-//! - [`submit`]: `SubmitApproval`.
-//! - [`recovery`]: `RecoverApprovals`, the cron job (`approvals.recovery_cron`, always on).
+//! - [`submit`]: the job `SubmitApproval`.
+//! - [`recovery`]: the job `RecoverApprovals`, on the cron `approvals.recovery_cron` (always on).
 //!
 //! `approval.result` callbacks go through the one callback path (`crate::payments::callback`),
 //! which applies them through `crate::settle::decide`. `cardworker enqueue approval` is in
