@@ -152,6 +152,7 @@ pub const COVERAGE: &[Statement] = &[
     s("src/console/data.rs", "the console's parked count", Sql::Exact("SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL")),
     s("src/console/data.rs", "the console's parked list", Sql::Contains(&["FROM cards c LEFT JOIN LATERAL"])),
     s("src/console/data.rs", "the console's stuck payments", Sql::Contains(&["FROM payments WHERE status = 'unknown' OR"])),
+    s("src/console/data.rs", "the console's stuck approvals", Sql::Contains(&["FROM approvals WHERE (status IN ('requested', 'pending', 'unknown') AND updated_at < now() - $1 * interval '1 second')"])),
     s("src/console/data.rs", "the console's failed callbacks", Sql::Contains(&["FROM inbound_callbacks cb LEFT JOIN payments p ON p.payment_id = CASE"])),
     s("src/commands/investigate.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
     s("src/commands/investigate.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
