@@ -90,7 +90,7 @@ bench-reconcile: services
 
 ## Approvals/s through submission and through recovery at 1,000 rows (in-process simulator).
 bench-approvals: services
-	$(CARGO) bench --bench bench_approvals
+	$(CARGO) bench --profile dev --bench bench_approvals
 ## Gateway outages of 60 s and 10 min at 1,000 cards: records written, chains parked, time to
 ## resume (CARDWORKER_BIN=path runs another build, e.g. main's, for the "before" numbers).
 bench-outage: services
