@@ -837,7 +837,11 @@ async fn an_approval_enqueued_before_redis_is_flushed_is_submitted_exactly_once_
 
 /// The worker's config for the SIGKILL scenarios: recovery every second, 10 s after the row was
 /// last touched.
-fn kill_config(db: &TestDb, redis: &PrivateRedis, gateway: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+fn kill_config(
+    db: &TestDb,
+    redis: &PrivateRedis,
+    gateway: &str,
+) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("cardworker.toml");
     std::fs::write(
@@ -919,24 +923,32 @@ async fn approval_killed_mid_post(acted: bool) {
     cardworker::commands::approvals::enqueue_approval(&ctx, id, None)
         .await
         .expect("enqueue");
-    wait_until(Duration::from_secs(30), "the POST is at the Gateway", || async {
-        gw.posts(id) == 1
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the POST is at the Gateway",
+        || async { gw.posts(id) == 1 },
+    )
     .await;
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &first.child.id().to_string()])
         .status();
     let _ = first.child.wait();
-    assert_eq!(approval_status(&db.pool, id).await, "pending", "evidence survives the kill");
+    assert_eq!(
+        approval_status(&db.pool, id).await,
+        "pending",
+        "evidence survives the kill"
+    );
 
     // What the Gateway answers from now on: its record (or, never having seen it, a 404 and then
     // the resubmission is approved).
     gw.script(id, Script::Answer("approved"));
     let expected = if acted { "declined" } else { "approved" };
     let mut second = Child::run(&file, "pod-b");
-    wait_until(Duration::from_secs(60), "recovery settled the approval", || async {
-        approval_status(&db.pool, id).await == expected
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "recovery settled the approval",
+        || async { approval_status(&db.pool, id).await == expected },
+    )
     .await;
     assert!(second.running(), "the survivor runs on");
     let seen = gw.seen(id);
@@ -946,7 +958,10 @@ async fn approval_killed_mid_post(acted: bool) {
         if acted { 1 } else { 2 },
         "no second POST after the Gateway acted; one resubmission when it never saw it"
     );
-    assert!(seen.keys.iter().all(|k| k.as_deref() == Some(id.to_string().as_str())));
+    assert!(seen
+        .keys
+        .iter()
+        .all(|k| k.as_deref() == Some(id.to_string().as_str())));
     assert_eq!(
         count(
             &db.pool,
@@ -956,7 +971,11 @@ async fn approval_killed_mid_post(acted: bool) {
         1
     );
     assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM integration_logs WHERE state = 'pending'").await,
+        count(
+            &db.pool,
+            "SELECT count(*) FROM integration_logs WHERE state = 'pending'"
+        )
+        .await,
         0,
         "the killed attempt's log is closed"
     );
