@@ -108,6 +108,28 @@ async fn age(pool: &PgPool) {
         .expect("age approvals");
 }
 
+/// One run of the submission job for `id`, as the worker runs it.
+async fn submit_now(ctx: &AppContext, id: Uuid) -> Submitted {
+    submit_now(&ctx, id).await
+}
+
+/// The submission job for `id` in a task of its own (which a test may abort: a kill mid-call).
+fn spawn_submit(
+    ctx: Arc<AppContext>,
+    id: Uuid,
+) -> tokio::task::JoinHandle<anyhow::Result<Submitted>> {
+    tokio::spawn(async move {
+        submit::submit(
+            &ctx,
+            &SubmitApproval {
+                approval_id: id,
+                retries: 0,
+            },
+        )
+        .await
+    })
+}
+
 fn every_key_is_the_id(gw: &ScriptedGateway, id: Uuid) {
     let keys = gw.seen(id).keys;
     assert!(!keys.is_empty());
@@ -151,15 +173,7 @@ async fn an_approval_asked_for_five_times_in_a_row_and_from_two_workers_at_once_
     )
     .await;
     for _ in 0..5 {
-        let again = submit::submit(
-            &app.ctx,
-            &SubmitApproval {
-                approval_id: id,
-                retries: 0,
-            },
-        )
-        .await
-        .expect("submit");
+        let again = submit_now(&app.ctx, id).await;
         assert_eq!(again, Submitted::AlreadySettled("approved".to_owned()));
     }
     assert_eq!(gw.posts(id), 1, "one POST however often it is asked for");
@@ -180,16 +194,7 @@ async fn an_approval_asked_for_five_times_in_a_row_and_from_two_workers_at_once_
     for id in &ids {
         for ctx in [app.ctx.clone(), second.clone()] {
             let id = *id;
-            tasks.push(tokio::spawn(async move {
-                submit::submit(
-                    &ctx,
-                    &SubmitApproval {
-                        approval_id: id,
-                        retries: 0,
-                    },
-                )
-                .await
-            }));
+            tasks.push(spawn_submit(ctx, id));
             // And the same through each process's queue.
         }
         cardworker::commands::approvals::enqueue_approval(&second, *id, None)
@@ -246,17 +251,7 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
     let id = insert_approval(&pool, "c-1", "unfreeze", None).await;
     gw.script(id, Script::ActThenHang("declined"));
 
-    let ctx = app.ctx.clone();
-    let task = tokio::spawn(async move {
-        submit::submit(
-            &ctx,
-            &SubmitApproval {
-                approval_id: id,
-                retries: 0,
-            },
-        )
-        .await
-    });
+    let task = spawn_submit(app.ctx.clone(), id);
     wait_until(
         Duration::from_secs(10),
         "the Gateway received the POST",
@@ -280,15 +275,7 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
         .expect("recovery");
     assert_eq!(report, RecoveryReport::default());
     // A second submission while the attempt is open sends nothing.
-    let again = submit::submit(
-        &app.ctx,
-        &SubmitApproval {
-            approval_id: id,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit");
+    let again = submit_now(&app.ctx, id).await;
     assert!(matches!(again, Submitted::AttemptOpen { .. }), "{again:?}");
 
     age(&pool).await;
@@ -330,17 +317,7 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
     let id = insert_approval(&pool, "c-1", "issue", None).await;
     gw.script(id, Script::LoseThenHang);
 
-    let ctx = app.ctx.clone();
-    let task = tokio::spawn(async move {
-        submit::submit(
-            &ctx,
-            &SubmitApproval {
-                approval_id: id,
-                retries: 0,
-            },
-        )
-        .await
-    });
+    let task = spawn_submit(app.ctx.clone(), id);
     wait_until(Duration::from_secs(10), "the request left", || async {
         gw.posts(id) == 1
     })
@@ -382,15 +359,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
     app.insert_card("c-1").await;
     let id = insert_approval(&pool, "c-1", "limit_change", Some(900_000)).await;
     gw.script(id, Script::Answer("in_review"));
-    let done = submit::submit(
-        &app.ctx,
-        &SubmitApproval {
-            approval_id: id,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit");
+    let done = submit_now(&app.ctx, id).await;
     assert!(
         matches!(&done, Submitted::Answered { status, .. } if status == "in_review"),
         "{done:?}"
@@ -458,17 +427,7 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
     // The callback first, while the POST is in flight; then the POST's answer.
     let first = insert_approval(&pool, "c-1", "issue", None).await;
     gw.script(first, Script::ActThenWait("declined"));
-    let ctx = app.ctx.clone();
-    let post = tokio::spawn(async move {
-        submit::submit(
-            &ctx,
-            &SubmitApproval {
-                approval_id: first,
-                retries: 0,
-            },
-        )
-        .await
-    });
+    let post = spawn_submit(app.ctx.clone(), first);
     wait_until(Duration::from_secs(10), "the POST is in flight", || async {
         gw.posts(first) == 1
     })
@@ -495,15 +454,7 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
     // The POST's answer first, then the callback that contradicts it.
     let second = insert_approval(&pool, "c-1", "issue", None).await;
     gw.script(second, Script::Answer("declined"));
-    let done = submit::submit(
-        &app.ctx,
-        &SubmitApproval {
-            approval_id: second,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit");
+    let done = submit_now(&app.ctx, second).await;
     assert!(
         matches!(&done, Submitted::Answered { status, .. } if status == "declined"),
         "{done:?}"
@@ -555,17 +506,7 @@ async fn the_post_answer_racing_a_callback_from_another_pod_applies_exactly_one_
     for i in 0..10 {
         let id = insert_approval(&pool, "c-1", "issue", None).await;
         gw.script(id, Script::Answer("declined"));
-        let ctx = app.ctx.clone();
-        let post = tokio::spawn(async move {
-            submit::submit(
-                &ctx,
-                &SubmitApproval {
-                    approval_id: id,
-                    retries: 0,
-                },
-            )
-            .await
-        });
+        let post = spawn_submit(app.ctx.clone(), id);
         let other = second.clone();
         let cb = approval_callback(&format!("race-{i}"), id, "approved");
         let callback = tokio::spawn(async move { callback::process(&other, &cb).await });
@@ -622,15 +563,7 @@ async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitte
     let five_xx = insert_approval(&pool, "c-1", "issue", None).await;
     gw.script(five_xx, Script::ActThen503("approved"));
     for id in [garbled, refused, five_xx] {
-        submit::submit(
-            &app.ctx,
-            &SubmitApproval {
-                approval_id: id,
-                retries: 0,
-            },
-        )
-        .await
-        .expect("submit");
+        submit_now(&app.ctx, id).await;
     }
     assert_eq!(status(&pool, garbled).await, "unknown", "never a decision");
     assert_eq!(status(&pool, five_xx).await, "unknown");
@@ -689,15 +622,7 @@ async fn a_bad_approval_or_an_unknown_card_is_refused_when_enqueued_and_nothing_
         .expect("zcard");
     assert_eq!(queued, 0, "nothing queued");
     // The job refuses them too (a producer other than the CLI), and records why.
-    let done = submit::submit(
-        &app.ctx,
-        &SubmitApproval {
-            approval_id: no_amount,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit");
+    let done = submit_now(&app.ctx, no_amount).await;
     assert!(matches!(done, Submitted::Refused(_)), "{done:?}");
     assert_eq!(
         audit_events(&pool, no_amount, "approval.submit_refused").await,
