@@ -110,7 +110,15 @@ async fn age(pool: &PgPool) {
 
 /// One run of the submission job for `id`, as the worker runs it.
 async fn submit_now(ctx: &AppContext, id: Uuid) -> Submitted {
-    submit_now(&ctx, id).await
+    submit::submit(
+        ctx,
+        &SubmitApproval {
+            approval_id: id,
+            retries: 0,
+        },
+    )
+    .await
+    .expect("submit")
 }
 
 /// The submission job for `id` in a task of its own (which a test may abort: a kill mid-call).
