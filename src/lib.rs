@@ -2,7 +2,7 @@
 //!
 //! It polls the Gateway for card data and card status and records in PostgreSQL only what is
 //! worth investigating (changes, failures, unknown answers); it shares polling budgets across
-//! every pod through Redis; it runs payments and channel callbacks on strict reliable paths; and
+//! every pod through Redis; it runs payments, approvals and channel callbacks on strict reliable paths; and
 //! it runs archive and retention only when operators switch them on.
 //!
 //! # Layout
@@ -17,13 +17,16 @@
 //! - [`sim`]: the Gateway simulator (`cardworker gateway-sim`, tests, benchmarks).
 //! - [`context`]: [`context::AppContext`], what every job shares.
 //! - [`runner`]: how a job runs on apalis (the job trait, the one service, spawning, supervision).
-//! - [`polling`], [`payments`], [`maintenance`]: the jobs; none imports another.
+//! - [`settle`]: the one reliable path of every call that makes the Gateway act (payments,
+//!   approvals): submit, finalise, recover and decide once, over the description of each kind.
+//! - [`polling`], [`payments`], [`approvals`], [`maintenance`]: the jobs; none imports another.
 //! - [`workers`]: the one list of every worker and schedule.
 //! - [`app`]: `cardworker run`.
 //! - [`commands`]: the command line; `main.rs` only maps errors to exit codes.
 //! - [`console`]: the operator's console (`cardworker console`), a front end over `commands`.
 
 pub mod app;
+pub mod approvals;
 pub mod backoff;
 pub mod budget;
 pub mod cards;
@@ -38,6 +41,7 @@ pub mod pod;
 pub mod polling;
 pub mod queue;
 pub mod runner;
+pub mod settle;
 pub mod shutdown;
 pub mod sim;
 pub mod storage;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use cardworker_jobs::{
-    Job, PollCardData, PollCardStatus, ProcessCallback, RecoverPayments, RunArchive, RunReconcile,
-    RunRetention, SubmitPayment,
+    Job, PollCardData, PollCardStatus, ProcessCallback, RecoverApprovals, RecoverPayments,
+    RunArchive, RunReconcile, RunRetention, SubmitApproval, SubmitPayment,
 };
 
 use crate::context::AppContext;
@@ -29,6 +29,8 @@ pub const QUEUES: &[&str] = &[
     RunRetention::QUEUE,
     RunReconcile::QUEUE,
     RecoverPayments::QUEUE,
+    SubmitApproval::QUEUE,
+    RecoverApprovals::QUEUE,
 ];
 
 /// The Redis names of every queue.
@@ -41,6 +43,7 @@ pub fn queue_names(prefix: &str) -> Vec<QueueName> {
 pub fn register_metrics(ctx: &AppContext) {
     crate::telemetry::register_series();
     crate::gateway::register_metrics();
+    crate::settle::approval::register_metrics();
     crate::polling::register_metrics();
     crate::maintenance::register_metrics(ctx.config.maintenance.enabled);
 }
@@ -70,6 +73,9 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     spawn_worker::<ProcessCallback>(ctx, sup);
     spawn_worker::<RecoverPayments>(ctx, sup);
     spawn_cron::<RecoverPayments>(ctx, sup, &config.payments.recovery_cron)?;
+    spawn_worker::<SubmitApproval>(ctx, sup);
+    spawn_worker::<RecoverApprovals>(ctx, sup);
+    spawn_cron::<RecoverApprovals>(ctx, sup, &config.approvals.recovery_cron)?;
 
     // Maintenance queues are always consumed: while maintenance is off, queued runs are
     // acknowledged as no-ops. Only the schedules depend on the switch.
@@ -172,6 +178,8 @@ mod tests {
             window_covers::<SubmitPayment>(&config);
             window_covers::<ProcessCallback>(&config);
             window_covers::<RecoverPayments>(&config);
+            window_covers::<SubmitApproval>(&config);
+            window_covers::<RecoverApprovals>(&config);
             window_covers::<RunArchive>(&config);
             window_covers::<RunRetention>(&config);
             window_covers::<RunReconcile>(&config);

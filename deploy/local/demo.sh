@@ -22,7 +22,7 @@ action=${1:?usage: demo.sh run|reset BIN CONFIG}
 BIN=${2:?binary}
 CONFIG=${3:?config file}
 DEMO_CARDS=${DEMO_CARDS:-80}
-DEMO_SIM_ARGS=${DEMO_SIM_ARGS:---latency-ms 150 --latency-jitter-ms 300 --change-rate 0.05 --error-rate 0.03 --garbage-rate 0.01}
+DEMO_SIM_ARGS=${DEMO_SIM_ARGS:---latency-ms 150 --latency-jitter-ms 300 --change-rate 0.05 --error-rate 0.03 --garbage-rate 0.01 --approval-in-review-rate 1 --approval-review-ms 20000}
 
 # database url, its name, an admin url (same server, database postgres), redis url, key prefix,
 # simulator listen address, metrics endpoint; one per line.
@@ -96,13 +96,18 @@ run() {
     kill -0 "$SIM" 2>/dev/null || { echo "the gateway simulator did not start" >&2; exit 1; }
     sleep 0.1
   done
+  # One approval per run: answered in_review by the simulator, decided by the channel 20 s later,
+  # and picked up by approval recovery (approvals.review_query_secs) about a minute after.
+  local approval
+  approval=$(psql "$DB_URL" -Atqc "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor) VALUES (gen_random_uuid(), 'c-demo-01', 'limit_change', 500000) RETURNING approval_id")
+  "$BIN" enqueue approval --approval-id "$approval" --reason "make run demo" "${cfg[@]}"
   local show="$BIN budget show ${cfg[*]}"
   cat <<BANNER
 Gateway simulator on http://$SIM_LISTEN (stats: /sim/stats); worker metrics on http://$METRICS/metrics
 Console at http://$console_listen/ (read-only until you log in with the admin token $token)
 In another shell (README "What you should see in the first two minutes"):
   $show
-  $BIN investigate --card-ref c-demo-01 ${cfg[*]}
+  $BIN investigate --card-ref c-demo-01 ${cfg[*]}   (approval $approval: in_review, then decided in ~1-2 min)
   curl -s $SIM_LISTEN/sim/stats
 Ctrl-C stops the worker, the simulator and the console.
 BANNER

@@ -156,6 +156,35 @@ impl Job for RecoverPayments {
     const QUEUE: &'static str = "payment_recovery";
 }
 
+/// Submits one row of `approvals` to the Gateway through the reliable (pending-first) path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitApproval {
+    /// `approvals.approval_id`; also the Gateway's `Idempotency-Key`.
+    pub approval_id: Uuid,
+    /// Re-runs after a transient failure, for back-off.
+    #[serde(default)]
+    pub retries: u32,
+}
+
+impl Job for SubmitApproval {
+    const QUEUE: &'static str = "approval";
+    fn entry_id(&self) -> Option<String> {
+        Some(self.approval_id.to_string())
+    }
+}
+
+/// One approval recovery pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverApprovals {
+    /// The cron tick (unix seconds) that asked for it.
+    #[serde(default)]
+    pub scheduled_for: Option<i64>,
+}
+
+impl Job for RecoverApprovals {
+    const QUEUE: &'static str = "approval_recovery";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

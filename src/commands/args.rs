@@ -159,6 +159,16 @@ pub enum EnqueueCommand {
         #[arg(long)]
         payment_id: uuid::Uuid,
     },
+    /// Submits one approval row through the reliable path (one already submitted is not
+    /// submitted again; a bad row or an unknown card is refused).
+    Approval {
+        /// `approvals.approval_id`.
+        #[arg(long)]
+        approval_id: uuid::Uuid,
+        /// Why, for the audit event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Hands one channel callback to the callback job, as the ingress would.
     Callback {
         /// The channel name.
@@ -329,6 +339,16 @@ pub struct SimArgs {
     /// Probability that a card changes when it is read (0..1).
     #[arg(long, default_value_t = 0.0)]
     pub change_rate: f64,
+    /// Share of new approvals answered `in_review` (0..1); they are decided
+    /// --approval-review-ms later.
+    #[arg(long, default_value_t = 0.0)]
+    pub approval_in_review_rate: f64,
+    /// Share of approvals declined, at once or after their review (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    pub approval_decline_rate: f64,
+    /// How long an approval stays in review (ms).
+    #[arg(long, default_value_t = 60_000)]
+    pub approval_review_ms: u64,
     /// Before serving, load every card of the database of --config (its data and status), so
     /// that a restarted simulator answers what the worker already recorded (`make run`).
     #[arg(long)]

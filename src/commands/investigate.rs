@@ -44,7 +44,12 @@ pub const CALLBACKS_SQL: &str =
   WHERE (resource_type = 'card' AND resource_id = $1)
      OR (resource_type = 'payment'
          AND resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1)))
+     OR (resource_type = 'approval'
+         AND resource_id = ANY (ARRAY(SELECT approval_id::text FROM approvals WHERE card_ref = $1)))
   ORDER BY last_received_at DESC LIMIT $2";
+
+/// Audit events kept per approval in `investigate` (its history), at most.
+pub const APPROVAL_HISTORY: usize = 20;
 
 /// Everything `investigate` shows.
 #[derive(Debug, Clone, Serialize)]
@@ -62,7 +67,9 @@ pub struct Investigation {
     pub counts_since: Option<DateTime<Utc>>,
     /// The card's payments, newest first.
     pub payments: Vec<PaymentView>,
-    /// Callbacks about the card or its payments, newest first.
+    /// The card's approvals, newest first, each with its history.
+    pub approvals: Vec<ApprovalView>,
+    /// Callbacks about the card, its payments or its approvals, newest first.
     pub callbacks: Vec<CallbackView>,
     /// Operator actions on this card (`operator.*` audit events), newest first.
     pub manual_facts: Vec<FactView>,
@@ -186,6 +193,32 @@ pub struct PaymentView {
     pub submissions: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// One approval and its history.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ApprovalView {
+    pub approval_id: Uuid,
+    pub kind: String,
+    pub amount_minor: Option<i64>,
+    pub status: String,
+    pub channel_ref: Option<String>,
+    pub submissions: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// Its audit events (submission, answers, recovery, callbacks, conflicts), oldest first.
+    #[sqlx(skip)]
+    pub history: Vec<ApprovalEvent>,
+}
+
+/// One event of an approval's history.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ApprovalEvent {
+    #[serde(skip)]
+    pub resource_id: String,
+    pub at: DateTime<Utc>,
+    pub event_type: String,
+    pub summary: String,
 }
 
 /// One inbound callback (the body is not shown).
@@ -374,6 +407,47 @@ pub async fn investigate(
     .fetch_all(pool)
     .await
     .context("reading the card's payments")?;
+    let mut approvals: Vec<ApprovalView> = sqlx::query_as(
+        "SELECT approval_id, kind, amount_minor, status, channel_ref, submissions, created_at,
+                updated_at
+           FROM approvals WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2",
+    )
+    .bind(card_ref)
+    .bind(LIMIT)
+    .fetch_all(pool)
+    .await
+    .context("reading the card's approvals")?;
+    if !approvals.is_empty() {
+        // One lookup of audit_resources_resource_idx per approval (both leading columns pinned),
+        // each bounded to the approval's latest APPROVAL_HISTORY events.
+        let ids: Vec<String> = approvals
+            .iter()
+            .map(|a| a.approval_id.to_string())
+            .collect();
+        let events: Vec<ApprovalEvent> = sqlx::query_as(
+            "SELECT h.resource_id, h.at, h.event_type, h.summary
+               FROM unnest($1::text[]) AS ids(id)
+               CROSS JOIN LATERAL (
+                    SELECT r.resource_id, e.created_at AS at, e.event_type, e.summary
+                      FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+                     WHERE r.resource_type = 'approval' AND r.resource_id = ids.id
+                     ORDER BY r.created_at DESC LIMIT $2) h
+              ORDER BY h.at DESC",
+        )
+        .bind(&ids)
+        .bind(APPROVAL_HISTORY as i64)
+        .fetch_all(pool)
+        .await
+        .context("reading the history of the card's approvals")?;
+        for event in events.into_iter().rev() {
+            if let Some(a) = approvals
+                .iter_mut()
+                .find(|a| a.approval_id.to_string() == event.resource_id)
+            {
+                a.history.push(event);
+            }
+        }
+    }
     let callbacks: Vec<CallbackView> = sqlx::query_as(CALLBACKS_SQL)
         .bind(card_ref)
         .bind(LIMIT)
@@ -400,6 +474,7 @@ pub async fn investigate(
         unchanged_polls,
         counts_since,
         payments,
+        approvals,
         callbacks,
         manual_facts,
         fleet_facts,
@@ -639,6 +714,28 @@ pub fn render_text(inv: &Investigation) -> String {
             p.created_at,
             p.updated_at
         );
+    }
+    let _ = writeln!(s, "\napprovals");
+    if inv.approvals.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for a in &inv.approvals {
+        let _ = writeln!(
+            s,
+            "  {} {}{} {} channel_ref={} submissions={} created {} updated {}",
+            a.approval_id,
+            a.kind,
+            a.amount_minor
+                .map_or_else(String::new, |m| format!(" amount_minor={m}")),
+            a.status,
+            a.channel_ref.as_deref().unwrap_or("-"),
+            a.submissions,
+            a.created_at,
+            a.updated_at
+        );
+        for e in &a.history {
+            let _ = writeln!(s, "    {} {}: {}", e.at, e.event_type, e.summary);
+        }
     }
     let _ = writeln!(s, "\ncallbacks");
     if inv.callbacks.is_empty() {

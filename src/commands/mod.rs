@@ -14,9 +14,11 @@
 //! - [`operator`]: the `operator.<action>` audit event every action that changes polling writes.
 //! - [`investigate`]: what is on record for one card (also shows payments and callbacks).
 //! - [`payments`]: `enqueue payment`, `enqueue callback`.
+//! - [`approvals`]: `enqueue approval`.
 //! - [`maintenance`]: `maintenance status`.
 //! - [`sim`]: `gateway-sim` (and its seeding from the database).
 
+pub mod approvals;
 pub mod args;
 pub mod budget;
 pub mod dead;
@@ -194,6 +196,13 @@ async fn enqueue(config: Config, cmd: EnqueueCommand) -> Result<(), CommandError
         EnqueueCommand::Payment { payment_id } => {
             let ctx = AppContext::connect(config).await?;
             payments::enqueue_payment(&ctx, payment_id).await
+        }
+        EnqueueCommand::Approval {
+            approval_id,
+            reason,
+        } => {
+            let ctx = AppContext::connect(config).await?;
+            approvals::enqueue_approval(&ctx, approval_id, reason).await
         }
         EnqueueCommand::Callback {
             channel,

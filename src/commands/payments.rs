@@ -27,8 +27,8 @@ pub async fn enqueue_payment(ctx: &AppContext, payment_id: uuid::Uuid) -> Result
     if payment.is_settled() {
         println!(
             "payment {payment_id} is already {} (channel_ref {}); not submitted again",
-            payment.status,
-            payment.channel_ref.as_deref().unwrap_or("-")
+            payment.tracking.status,
+            payment.tracking.channel_ref.as_deref().unwrap_or("-")
         );
         return Ok(());
     }
@@ -42,7 +42,7 @@ pub async fn enqueue_payment(ctx: &AppContext, payment_id: uuid::Uuid) -> Result
         .context("enqueueing the payment submission")?;
     println!(
         "payment {payment_id} ({}) enqueued for submission ({id}); Idempotency-Key = {payment_id}",
-        payment.status
+        payment.tracking.status
     );
     Ok(())
 }

@@ -29,6 +29,9 @@ pub async fn run(config: &Config, args: SimArgs) -> Result<(), CommandError> {
         error_rate: args.error_rate,
         garbage_rate: args.garbage_rate,
         change_rate: args.change_rate,
+        approval_in_review_rate: args.approval_in_review_rate,
+        approval_decline_rate: args.approval_decline_rate,
+        approval_review_ms: args.approval_review_ms,
         ..SimConfig::default()
     };
     sim_config

@@ -69,8 +69,8 @@ pub use rules::parse_limit;
 pub use secret::{SecretToken, SecretUrl};
 pub use source::Source;
 pub use types::{
-    CircuitConfig, Config, ConsoleConfig, DatabaseConfig, GatewayConfig, LogFormat,
-    MaintenanceConfig, PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig,
+    ApprovalsConfig, CircuitConfig, Config, ConsoleConfig, DatabaseConfig, GatewayConfig,
+    LogFormat, MaintenanceConfig, PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig,
     TelemetryConfig, WorkerConfig,
 };
 

@@ -119,6 +119,8 @@ pub struct Config {
     pub polling: PollingConfig,
     /// `[payments]`: payment submission and recovery.
     pub payments: PaymentsConfig,
+    /// `[approvals]`: approval submission and recovery.
+    pub approvals: ApprovalsConfig,
     /// `[maintenance]`: archive and retention.
     pub maintenance: MaintenanceConfig,
     /// `[telemetry]`: HTTP endpoint and logs.
@@ -435,6 +437,43 @@ impl PaymentsConfig {
     /// `recovery_after_secs` as a [`Duration`].
     pub fn recovery_after(&self) -> Duration {
         Duration::from_secs(self.recovery_after_secs)
+    }
+}
+
+/// `[approvals]` (spec section 7)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApprovalsConfig {
+    /// Worker concurrency for approval submission, 1..=256.
+    pub concurrency: u32,
+    /// A requested/pending/unknown approval untouched this long is queried, 10..=86400.
+    pub recovery_after_secs: u64,
+    /// An in_review approval not queried for this long is queried again, 60..=86400.
+    pub review_query_secs: u64,
+    /// Cron of approval recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
+    pub recovery_cron: String,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 4,
+            recovery_after_secs: 300,
+            review_query_secs: 900,
+            recovery_cron: "30 * * * * *".to_owned(),
+        }
+    }
+}
+
+impl ApprovalsConfig {
+    /// `recovery_after_secs` as a [`Duration`].
+    pub fn recovery_after(&self) -> Duration {
+        Duration::from_secs(self.recovery_after_secs)
+    }
+
+    /// `review_query_secs` as a [`Duration`].
+    pub fn review_query(&self) -> Duration {
+        Duration::from_secs(self.review_query_secs)
     }
 }
 

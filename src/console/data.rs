@@ -416,6 +416,24 @@ pub struct FailedCallback {
     pub last_received_at: DateTime<Utc>,
 }
 
+/// An approval that needs attention.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct StuckApproval {
+    /// The approval.
+    pub approval_id: uuid::Uuid,
+    /// Its card.
+    pub card_ref: String,
+    /// `issue`, `limit_change`, `unfreeze`.
+    pub kind: String,
+    /// `requested`/`pending`/`unknown` past `approvals.recovery_after_secs`, or `in_review` past
+    /// `approvals.review_query_secs`.
+    pub status: String,
+    /// Submissions sent.
+    pub submissions: i32,
+    /// Last change (or last query while in review).
+    pub updated_at: DateTime<Utc>,
+}
+
 /// The money page.
 #[derive(Debug, Clone, Serialize)]
 pub struct Money {
@@ -423,6 +441,9 @@ pub struct Money {
     pub threshold_secs: u64,
     /// Payments `unknown`, or still `requested`/`pending` past the threshold, oldest first.
     pub payments: Vec<StuckPayment>,
+    /// Approvals undecided past `approvals.recovery_after_secs` or in review past
+    /// `approvals.review_query_secs`, oldest first.
+    pub approvals: Vec<StuckApproval>,
     /// Failed callbacks, newest first.
     pub callbacks: Vec<FailedCallback>,
 }
@@ -443,6 +464,21 @@ pub async fn money(ctx: &AppContext) -> anyhow::Result<Money> {
     .fetch_all(&ctx.pool)
     .await
     .context("reading payments that need attention")?;
+    // Two range scans, of approvals_unsettled_idx and approvals_in_review_idx.
+    let approvals: Vec<StuckApproval> = sqlx::query_as(
+        "SELECT approval_id, card_ref, kind, status, submissions, updated_at
+           FROM approvals
+          WHERE (status IN ('requested', 'pending', 'unknown')
+                 AND updated_at < now() - $1 * interval '1 second')
+             OR (status = 'in_review' AND updated_at < now() - $2 * interval '1 second')
+          ORDER BY updated_at LIMIT $3",
+    )
+    .bind(ctx.config.approvals.recovery_after_secs as f64)
+    .bind(ctx.config.approvals.review_query_secs as f64)
+    .bind(LIST_LIMIT)
+    .fetch_all(&ctx.pool)
+    .await
+    .context("reading approvals that need attention")?;
     let mut callbacks: Vec<FailedCallback> = sqlx::query_as(
         "SELECT cb.channel, cb.callback_id, cb.reason, cb.resource_type, cb.resource_id,
                 CASE WHEN cb.resource_type = 'card' THEN cb.resource_id ELSE p.card_ref END
@@ -465,6 +501,7 @@ pub async fn money(ctx: &AppContext) -> anyhow::Result<Money> {
     Ok(Money {
         threshold_secs,
         payments,
+        approvals,
         callbacks,
     })
 }

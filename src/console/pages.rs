@@ -313,6 +313,21 @@ pub fn money(m: &Money, viewer: &Viewer) -> Markup {
                 }
             }
         }
+        h2 { "Approvals that need attention (" (m.approvals.len()) ")" }
+        p.note { "requested/pending/unknown past approvals.recovery_after_secs, or in_review past approvals.review_query_secs (approval recovery asks the Gateway about these; RUNBOOK: an approval is stuck)." }
+        table #approvals {
+            tr { th { "approval" } th { "card" } th { "kind" } th { "status" } th { "submissions" } th { "updated" } }
+            @for a in &m.approvals {
+                tr {
+                    td { code { (a.approval_id) } }
+                    td { a href=(card_href(&a.card_ref)) { (a.card_ref) } }
+                    td { (a.kind) }
+                    td { @if a.status == "unknown" { span.bad { (a.status) } } @else { span.warn { (a.status) } } }
+                    td.num { (a.submissions) }
+                    td { (when(&a.updated_at)) }
+                }
+            }
+        }
         h2 { "Failed callbacks (" (m.callbacks.len()) ")" }
         table #callbacks {
             tr { th { "channel / id" } th { "about" } th { "card" } th { "deliveries" } th { "last" } th { "reason" } }

@@ -9,10 +9,10 @@
 //! The rules, per call kind:
 //! - card calls and payment queries are reads, safe to repeat: a request not sent, any
 //!   transport error (timeout included) and any non-2xx are `Failed`;
-//! - `POST /v1/payments` moves money: only a connection that was never opened, or a 4xx, is
+//! - `POST /v1/payments` and `POST /v1/approvals` act on the Gateway's side: only a connection that was never opened, or a 4xx, is
 //!   `Failed`; a timeout, a connection dropped after sending, a lost body or a 5xx are
 //!   `Unknown`, because the Gateway may have acted;
-//! - a 404 on a payment query is the valid answer [`PaymentQuery::NotFound`];
+//! - a 404 on a payment or approval query is the valid answer `NotFound`;
 //! - a 2xx is `Valid` when its body decodes (see [`super::wire`]), else `Unknown`.
 //!
 //! Reasons and response summaries come from [`super::wire::BodyError`] and [`super::redact`]
@@ -27,7 +27,10 @@ use uuid::Uuid;
 
 use super::mask::truncate;
 use super::redact::{body_summary, json_summary, Summarize, SUMMARY_MAX_BYTES};
-use super::wire::{self, BodyError, CardData, CardStatus, PaymentQuery, PaymentResult};
+use super::wire::{
+    self, ApprovalQuery, ApprovalResult, BodyError, CardData, CardStatus, PaymentQuery,
+    PaymentResult,
+};
 
 /// Why a call was not a valid observation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +116,24 @@ pub struct CallResult<T> {
     pub response_summary: String,
 }
 
+impl<T> CallResult<T> {
+    /// The same call with its valid answer mapped (e.g. a query's `Found`/`NotFound` to an
+    /// `Option`).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> CallResult<U> {
+        CallResult {
+            outcome: match self.outcome {
+                Outcome::Valid(v) => Outcome::Valid(f(v)),
+                Outcome::Failed(e) => Outcome::Failed(e),
+                Outcome::Unknown(e) => Outcome::Unknown(e),
+            },
+            elapsed: self.elapsed,
+            http_status: self.http_status,
+            request_summary: self.request_summary,
+            response_summary: self.response_summary,
+        }
+    }
+}
+
 /// How a transport error happened, as far as classification cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TransportErrorKind {
@@ -183,6 +204,38 @@ pub(crate) fn card_status(outcome: HttpOutcome, card_ref: &str) -> Classified<Ca
 
 /// `POST /v1/payments`: never `Failed` when the Gateway may have acted.
 pub(crate) fn payment_submit(outcome: HttpOutcome, payment_id: Uuid) -> Classified<PaymentResult> {
+    acting_call(outcome, |v| wire::payment_result(v, payment_id))
+}
+
+/// `POST /v1/approvals`: the same rules as a payment submission.
+pub(crate) fn approval_submit(
+    outcome: HttpOutcome,
+    approval_id: Uuid,
+) -> Classified<ApprovalResult> {
+    acting_call(outcome, |v| wire::approval_result(v, approval_id))
+}
+
+/// `GET /v1/payments/{payment_id}`: a read, with 404 as the valid answer `NotFound`.
+pub(crate) fn payment_query(outcome: HttpOutcome, payment_id: Uuid) -> Classified<PaymentQuery> {
+    lookup(outcome, PaymentQuery::NotFound, |v| {
+        wire::payment_result(v, payment_id).map(PaymentQuery::Found)
+    })
+}
+
+/// `GET /v1/approvals/{approval_id}`: a read, with 404 as the valid answer `NotFound`.
+pub(crate) fn approval_query(outcome: HttpOutcome, approval_id: Uuid) -> Classified<ApprovalQuery> {
+    lookup(outcome, ApprovalQuery::NotFound, |v| {
+        wire::approval_result(v, approval_id).map(ApprovalQuery::Found)
+    })
+}
+
+/// A call that makes the Gateway act (a payment, an approval): `Failed` only when it cannot
+/// have acted (never sent, never connected, a 4xx refusal); `Unknown` for a timeout, a dropped
+/// connection, a lost body, a 5xx or a 2xx that does not decode.
+fn acting_call<T: Summarize>(
+    outcome: HttpOutcome,
+    decode: impl FnOnce(&Value) -> Result<T, BodyError>,
+) -> Classified<T> {
     match outcome {
         HttpOutcome::NotSent(reason) => Classified::failed(None, reason, String::new()),
         HttpOutcome::NoAnswer(e) => match e.kind {
@@ -198,7 +251,7 @@ pub(crate) fn payment_submit(outcome: HttpOutcome, payment_id: Uuid) -> Classifi
             String::new(),
         ),
         HttpOutcome::Answer { status, body } => match status {
-            200..=299 => decode_2xx(status, &body, |v| wire::payment_result(v, payment_id)),
+            200..=299 => decode_2xx(status, &body, decode),
             400..=499 => {
                 Classified::failed(Some(status), format!("HTTP {status}"), body_summary(&body))
             }
@@ -207,11 +260,15 @@ pub(crate) fn payment_submit(outcome: HttpOutcome, payment_id: Uuid) -> Classifi
     }
 }
 
-/// `GET /v1/payments/{payment_id}`: a read, with 404 as the valid answer `NotFound`.
-pub(crate) fn payment_query(outcome: HttpOutcome, payment_id: Uuid) -> Classified<PaymentQuery> {
+/// A query of a reliable call's record: a read, where 404 is the valid answer `not_found`.
+fn lookup<T: Summarize>(
+    outcome: HttpOutcome,
+    not_found: T,
+    decode: impl FnOnce(&Value) -> Result<T, BodyError>,
+) -> Classified<T> {
     match outcome {
         HttpOutcome::Answer { status: 404, body } => Classified {
-            outcome: Outcome::Valid(PaymentQuery::NotFound),
+            outcome: Outcome::Valid(not_found),
             http_status: Some(404),
             response_summary: if body.is_empty() {
                 "not found".to_owned()
@@ -219,9 +276,7 @@ pub(crate) fn payment_query(outcome: HttpOutcome, payment_id: Uuid) -> Classifie
                 body_summary(&body)
             },
         },
-        other => read(other, |v| {
-            wire::payment_result(v, payment_id).map(PaymentQuery::Found)
-        }),
+        other => read(other, decode),
     }
 }
 

@@ -25,7 +25,7 @@ use super::classify::{
 };
 use super::mask::{redact_digits, truncate};
 use super::redact;
-use super::wire::PaymentQuery;
+use super::wire::{ApprovalQuery, ApprovalRequest, ApprovalResult, PaymentQuery};
 use crate::config::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;
 
@@ -158,6 +158,48 @@ impl GatewayClient {
         });
         let (outcome, elapsed) = self.send(kind, req).await;
         let classified = classify::payment_query(outcome, payment_id);
+        finish(kind, classified, elapsed, request_summary)
+    }
+
+    /// `POST /v1/approvals` with `Idempotency-Key: <approval_id>`; classified as a payment
+    /// submission (a 4xx is `Failed`, whatever may have reached the Gateway is `Unknown`).
+    #[tracing::instrument(name = "gateway.submit_approval", skip_all, fields(call = "approval_submit", card_ref = %req.card_ref, approval_id = %req.approval_id, correlation_id = %correlation_id))]
+    pub async fn submit_approval(
+        &self,
+        req: &ApprovalRequest,
+        correlation_id: Uuid,
+    ) -> CallResult<ApprovalResult> {
+        let kind = CallKind::ApprovalSubmit;
+        let request_summary = redact::approval_request_summary(req);
+        let builder = self.url(&["v1", "approvals"]).map(|url| {
+            self.http
+                .post(url)
+                .header(CORRELATION_HEADER, correlation_id.to_string())
+                .header(IDEMPOTENCY_HEADER, req.approval_id.to_string())
+                .json(req)
+        });
+        let (outcome, elapsed) = self.send(kind, builder).await;
+        let classified = classify::approval_submit(outcome, req.approval_id);
+        finish(kind, classified, elapsed, request_summary)
+    }
+
+    /// `GET /v1/approvals/{approval_id}`. A 404 is the valid answer [`ApprovalQuery::NotFound`].
+    #[tracing::instrument(name = "gateway.query_approval", skip_all, fields(call = "approval_query", approval_id = %approval_id, correlation_id = %correlation_id))]
+    pub async fn query_approval(
+        &self,
+        approval_id: Uuid,
+        correlation_id: Uuid,
+    ) -> CallResult<ApprovalQuery> {
+        let kind = CallKind::ApprovalQuery;
+        let request_summary = redact::approval_query_summary(approval_id);
+        let id = approval_id.to_string();
+        let req = self.url(&["v1", "approvals", &id]).map(|url| {
+            self.http
+                .get(url)
+                .header(CORRELATION_HEADER, correlation_id.to_string())
+        });
+        let (outcome, elapsed) = self.send(kind, req).await;
+        let classified = classify::approval_query(outcome, approval_id);
         finish(kind, classified, elapsed, request_summary)
     }
 

@@ -42,8 +42,9 @@ pub use client::GatewayClient;
 pub use mask::redact_digits;
 pub use redact::SUMMARY_MAX_BYTES;
 pub use wire::{
-    CallKind, CardData, CardStatus, PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus,
-    UnknownStatus, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
+    ApprovalQuery, ApprovalRequest, ApprovalResult, ApprovalStatus, CallKind, CardData, CardStatus,
+    PaymentQuery, PaymentRequest, PaymentResult, PaymentStatus, UnknownStatus, APPROVAL_KINDS,
+    CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
 
 /// Registers the request-duration histogram of every call kind, so that a scrape lists it before

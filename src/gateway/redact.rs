@@ -19,7 +19,10 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::mask::{json_type, redact_digits, summarize_str, truncate};
-use super::wire::{CardData, CardStatus, PaymentQuery, PaymentRequest, PaymentResult};
+use super::wire::{
+    ApprovalQuery, ApprovalRequest, ApprovalResult, CardData, CardStatus, PaymentQuery,
+    PaymentRequest, PaymentResult,
+};
 
 /// Longest response or request summary kept, in bytes.
 pub const SUMMARY_MAX_BYTES: usize = 512;
@@ -50,6 +53,27 @@ pub(super) fn submit_request_summary(req: &PaymentRequest) -> String {
 /// `GET /v1/payments/{payment_id}`.
 pub(super) fn query_request_summary(payment_id: Uuid) -> String {
     format!("GET /v1/payments/{payment_id}")
+}
+
+/// `POST /v1/approvals` and the request fields.
+pub(super) fn approval_request_summary(req: &ApprovalRequest) -> String {
+    let amount = req
+        .amount_minor
+        .map_or_else(String::new, |a| format!(" amount_minor={a}"));
+    truncate(
+        format!(
+            "POST /v1/approvals approval_id={} card_ref={} kind={}{amount}",
+            req.approval_id,
+            summarize_str(&req.card_ref),
+            summarize_str(&req.kind),
+        ),
+        SUMMARY_MAX_BYTES,
+    )
+}
+
+/// `GET /v1/approvals/{approval_id}`.
+pub(super) fn approval_query_summary(approval_id: Uuid) -> String {
+    format!("GET /v1/approvals/{approval_id}")
 }
 
 /// A log-safe summary of a parsed answer.
@@ -91,6 +115,26 @@ impl Summarize for PaymentResult {
     }
 }
 
+impl Summarize for ApprovalResult {
+    fn summary(&self) -> String {
+        format!(
+            "approval_id={} status={} channel_ref={}",
+            self.approval_id,
+            self.status,
+            summarize_str(&self.channel_ref)
+        )
+    }
+}
+
+impl Summarize for ApprovalQuery {
+    fn summary(&self) -> String {
+        match self {
+            ApprovalQuery::Found(r) => r.summary(),
+            ApprovalQuery::NotFound => "not found".to_owned(),
+        }
+    }
+}
+
 impl Summarize for PaymentQuery {
     fn summary(&self) -> String {
         match self {
@@ -110,6 +154,8 @@ const SAFE_FIELDS: &[&str] = &[
     "expiry_month",
     "expiry_year",
     "payment_id",
+    "approval_id",
+    "kind",
     "channel_ref",
     "error",
     "code",

@@ -30,7 +30,7 @@ pub const CORRELATION_HEADER: &str = "X-Correlation-Id";
 /// Header carrying the payment id on `POST /v1/payments`.
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
-/// The four Gateway calls, as named in metric labels and config sections.
+/// The six Gateway calls, as named in metric labels and config sections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
@@ -38,15 +38,19 @@ pub enum CallKind {
     CardStatus,
     PaymentSubmit,
     PaymentQuery,
+    ApprovalSubmit,
+    ApprovalQuery,
 }
 
 impl CallKind {
     /// Every call kind, in a fixed order.
-    pub const ALL: [CallKind; 4] = [
+    pub const ALL: [CallKind; 6] = [
         CallKind::Carddata,
         CallKind::CardStatus,
         CallKind::PaymentSubmit,
         CallKind::PaymentQuery,
+        CallKind::ApprovalSubmit,
+        CallKind::ApprovalQuery,
     ];
 
     /// The label value used in metrics (`carddata`, `card_status`, `payment_submit`,
@@ -57,6 +61,8 @@ impl CallKind {
             CallKind::CardStatus => "card_status",
             CallKind::PaymentSubmit => "payment_submit",
             CallKind::PaymentQuery => "payment_query",
+            CallKind::ApprovalSubmit => "approval_submit",
+            CallKind::ApprovalQuery => "approval_query",
         }
     }
 }
@@ -210,6 +216,74 @@ pub enum PaymentQuery {
     NotFound,
 }
 
+/// The kinds of approval a channel decides (spec section 7).
+pub const APPROVAL_KINDS: [&str; 3] = ["issue", "limit_change", "unfreeze"];
+
+/// The body of `POST /v1/approvals`: `amount_minor` only for `limit_change`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalRequest {
+    pub approval_id: Uuid,
+    pub card_ref: String,
+    /// One of [`APPROVAL_KINDS`].
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_minor: Option<i64>,
+}
+
+/// What the Gateway answered about an approval: a decision, or `in_review` (not yet one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    Approved,
+    Declined,
+    InReview,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Declined => "declined",
+            ApprovalStatus::InReview => "in_review",
+        }
+    }
+}
+
+impl fmt::Display for ApprovalStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ApprovalStatus {
+    type Err = UnknownStatus;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "approved" => Ok(ApprovalStatus::Approved),
+            "declined" => Ok(ApprovalStatus::Declined),
+            "in_review" => Ok(ApprovalStatus::InReview),
+            other => Err(UnknownStatus(other.to_owned())),
+        }
+    }
+}
+
+/// The answer of `POST /v1/approvals` and `GET /v1/approvals/{approval_id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalResult {
+    pub approval_id: Uuid,
+    pub status: ApprovalStatus,
+    pub channel_ref: String,
+}
+
+/// The answer of `GET /v1/approvals/{approval_id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalQuery {
+    Found(ApprovalResult),
+    /// 404: the Gateway never saw that approval.
+    NotFound,
+}
+
 /// Why a JSON answer is not the body the contract promises. The `Display` text becomes the
 /// [`Failure::reason`](super::Failure) of an `Unknown` outcome.
 ///
@@ -243,10 +317,14 @@ pub(crate) enum BodyError {
     BadExpiryYear(u32),
     #[error("card_ref mismatch: asked {asked}, got {got}")]
     CardRefMismatch { asked: Redacted, got: Redacted },
-    #[error("field payment_id is not a UUID: {0:?}")]
-    NotAUuid(Redacted),
-    #[error("payment_id mismatch: asked {asked}, got {got}")]
-    PaymentIdMismatch { asked: Uuid, got: Uuid },
+    #[error("field {0} is not a UUID: {1:?}")]
+    NotAUuid(&'static str, Redacted),
+    #[error("{field} mismatch: asked {asked}, got {got}")]
+    IdMismatch {
+        field: &'static str,
+        asked: Uuid,
+        got: Uuid,
+    },
     #[error("unknown state value {0:?}")]
     UnknownState(Redacted),
     #[error("unknown status value {0:?}")]
@@ -300,25 +378,49 @@ pub(crate) fn card_status(v: &Value, card_ref: &str) -> Result<CardStatus, BodyE
 /// Reads the answer of `POST /v1/payments` or `GET /v1/payments/{payment_id}` asked about
 /// `payment_id`.
 pub(crate) fn payment_result(v: &Value, payment_id: Uuid) -> Result<PaymentResult, BodyError> {
+    let (status, channel_ref) = decision_body(v, "payment_id", payment_id)?;
+    Ok(PaymentResult {
+        payment_id,
+        status,
+        channel_ref,
+    })
+}
+
+/// Reads the answer of `POST /v1/approvals` or `GET /v1/approvals/{approval_id}` asked about
+/// `approval_id`.
+pub(crate) fn approval_result(v: &Value, approval_id: Uuid) -> Result<ApprovalResult, BodyError> {
+    let (status, channel_ref) = decision_body(v, "approval_id", approval_id)?;
+    Ok(ApprovalResult {
+        approval_id,
+        status,
+        channel_ref,
+    })
+}
+
+/// The shape both reliable calls answer with: `{<id_field>: <uuid>, "status": S,
+/// "channel_ref": "…"}`, naming the id that was asked about, with S one of `Status`'s values.
+fn decision_body<S: FromStr>(
+    v: &Value,
+    id_field: &'static str,
+    asked: Uuid,
+) -> Result<(S, String), BodyError> {
     let o = object(v)?;
-    let got = field_str(o, "payment_id")?;
-    let got = Uuid::parse_str(got).map_err(|_| BodyError::NotAUuid(Redacted::value(got)))?;
-    if got != payment_id {
-        return Err(BodyError::PaymentIdMismatch {
-            asked: payment_id,
+    let got = field_str(o, id_field)?;
+    let got =
+        Uuid::parse_str(got).map_err(|_| BodyError::NotAUuid(id_field, Redacted::value(got)))?;
+    if got != asked {
+        return Err(BodyError::IdMismatch {
+            field: id_field,
+            asked,
             got,
         });
     }
     let status = field_str(o, "status")?;
     let status = status
-        .parse::<PaymentStatus>()
+        .parse::<S>()
         .map_err(|_| BodyError::UnknownStatus(Redacted::value(status)))?;
     let channel_ref = field_str(o, "channel_ref")?;
-    Ok(PaymentResult {
-        payment_id,
-        status,
-        channel_ref: channel_ref.to_owned(),
-    })
+    Ok((status, channel_ref.to_owned()))
 }
 
 fn object(v: &Value) -> Result<&Map<String, Value>, BodyError> {

@@ -36,17 +36,20 @@ use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::store;
 use super::submit::backoff;
 use crate::cards::{apply_status, Applied, ChangeSource};
 use crate::context::AppContext;
 use crate::gateway::{redact_digits, CardStatus, PaymentStatus};
 use crate::runner::RunJob;
+use crate::settle::approval::Approval;
+use crate::settle::decide::{close_open_attempt, decide};
+use crate::settle::payment::PaymentCall;
+use crate::settle::{table, Decided, Kind, Row as _, Via};
 use crate::storage::cards;
 use crate::storage::fault::clean;
-use crate::storage::records::{
-    insert_audit, insert_outbox, insert_terminal_log, AuditRecord, LogRecord, LogState,
-};
+use crate::storage::records::LogState;
+use crate::storage::records::{insert_audit, insert_terminal_log, AuditRecord, LogRecord};
+use crate::storage::reliable::FinalState;
 
 /// Redeliveries through the intake after database errors before the job gives up (dead, logged).
 pub const MAX_RETRIES: u32 = 8;
@@ -131,6 +134,16 @@ pub enum CallbackBody {
         /// The channel's reference.
         channel_ref: String,
     },
+    /// An approval's decision (spec section 7).
+    #[serde(rename = "approval.result")]
+    ApprovalResult {
+        /// The approval.
+        approval_id: Uuid,
+        /// `approved` or `declined`.
+        status: String,
+        /// The channel's reference.
+        channel_ref: String,
+    },
 }
 
 /// Parses and validates a raw body. The error is the reason kept on the failed row.
@@ -150,6 +163,13 @@ pub fn parse(body: &str) -> Result<CallbackBody, String> {
                     "payment status {status:?} is not accepted or rejected"
                 ))
             })?;
+        }
+        CallbackBody::ApprovalResult { status, .. } => {
+            if !matches!(status.as_str(), "approved" | "declined") {
+                return Err(refused(format!(
+                    "approval status {status:?} is not approved or declined"
+                )));
+            }
         }
     }
     Ok(parsed)
@@ -420,7 +440,8 @@ async fn apply(
                                 "status already {status} (version {}): nothing changed",
                                 card.version
                             ),
-                            None,
+                            "callback.applied",
+                            false,
                         )
                         .await?;
                         return Ok(Ok(("card", card_ref.clone(), false)));
@@ -443,60 +464,95 @@ async fn apply(
             status,
             channel_ref,
         } => {
-            let Ok(decided) = PaymentStatus::from_str(status) else {
-                return Ok(Err(format!("malformed body: payment status {status:?}")));
-            };
-            let Some(payment) = store::lock(conn, *payment_id).await? else {
-                return Ok(Err(format!("unknown payment {payment_id}")));
-            };
-            if payment.is_settled() {
-                if payment.status != *status {
-                    return Ok(Err(format!(
-                        "contradicts the recorded result: payment {payment_id} is {}, callback says {status}",
-                        payment.status
-                    )));
-                }
-                record(
-                    conn,
-                    job,
-                    row_id,
-                    "payment",
-                    &payment_id.to_string(),
-                    started_at,
-                    format!("payment already {status}: nothing changed"),
-                    None,
-                )
-                .await?;
-                return Ok(Ok(("payment", payment_id.to_string(), false)));
-            }
-            store::settle(conn, *payment_id, decided, channel_ref).await?;
-            store::close_open_attempt(
+            apply_decision::<PaymentCall>(conn, job, row_id, *payment_id, status, channel_ref).await
+        }
+        CallbackBody::ApprovalResult {
+            approval_id,
+            status,
+            channel_ref,
+        } => apply_decision::<Approval>(conn, job, row_id, *approval_id, status, channel_ref).await,
+    }
+}
+
+/// A decision callback (`payment.result`, `approval.result`) through the one decide-once path
+/// of `crate::settle`: the first final decision wins; the same one again changes nothing; a
+/// different one after a final one is a conflict, on record (a payment's callback is then
+/// failed with the reason, an approval's is processed with its conflict kept).
+async fn apply_decision<K: Kind>(
+    conn: &mut PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    id: Uuid,
+    status: &str,
+    channel_ref: &str,
+) -> anyhow::Result<Result<(&'static str, String, bool), String>> {
+    let source = format!("callback {}/{}", job.channel, job.callback_id);
+    let started_at = Utc::now();
+    let Some(row) = table::lock::<K>(conn, id).await? else {
+        return Ok(Err(format!("unknown {} {id}", K::RESOURCE)));
+    };
+    let decided = decide::<K>(
+        conn,
+        &row,
+        status,
+        Some(channel_ref),
+        Via::Callback,
+        (None, None),
+    )
+    .await?;
+    let (summary, event, changed) = match decided {
+        Decided::Applied | Decided::Waiting => {
+            close_open_attempt::<K>(
                 conn,
-                &payment,
-                crate::storage::reliable::FinalState::Succeeded,
+                &row,
+                FinalState::Succeeded,
                 format!("(from {source}) status={status} channel_ref={channel_ref}"),
                 format!("settled by {source}"),
             )
             .await?;
-            let summary = format!(
-                "payment {} -> {status} (channel_ref {channel_ref}) by {source}",
-                payment.status
-            );
-            let outbox = store::settled_event(&payment, decided, channel_ref, "callback");
-            record(
-                conn,
-                job,
-                row_id,
-                "payment",
-                &payment_id.to_string(),
-                started_at,
-                summary,
-                Some((outbox.event_type, outbox.payload)),
+            (
+                format!(
+                    "{} {} -> {status} (channel_ref {channel_ref}) by {source}",
+                    K::RESOURCE,
+                    row.status()
+                ),
+                K::decision_event(status),
+                true,
             )
-            .await?;
-            Ok(Ok(("payment", payment_id.to_string(), true)))
         }
-    }
+        Decided::Repeated => (
+            format!("{} already {status}: nothing changed", K::RESOURCE),
+            "callback.applied",
+            false,
+        ),
+        Decided::Conflict { recorded } if K::CONFLICTING_CALLBACK_FAILS => {
+            return Ok(Err(format!(
+                "contradicts the recorded result: {} {id} is {recorded}, callback says {status}",
+                K::RESOURCE
+            )));
+        }
+        Decided::Conflict { recorded } => (
+            format!(
+                "{} {id} is {recorded}; callback says {status}: not applied, kept as a conflict",
+                K::RESOURCE
+            ),
+            "callback.applied",
+            false,
+        ),
+    };
+    record(
+        conn,
+        job,
+        row_id,
+        K::RESOURCE,
+        &id.to_string(),
+        started_at,
+        summary,
+        event,
+        changed,
+    )
+    .await?;
+    Ok(Ok((K::RESOURCE, id.to_string(), changed)))
 }
 
 /// The change's terminal integration log (`succeeded`, scenario `callback`). Returns its id.
@@ -534,8 +590,8 @@ async fn insert_callback_log(
     .await
 }
 
-/// The records of an applied callback: terminal log, audit event and link, and — when
-/// something changed — the outbox event.
+/// The records of an applied callback: terminal log, audit event (`event_type`) and link. The
+/// outbox event of a change is written by whoever applied it.
 #[allow(clippy::too_many_arguments)]
 async fn record(
     conn: &mut PgConnection,
@@ -545,7 +601,8 @@ async fn record(
     resource_id: &str,
     started_at: chrono::DateTime<Utc>,
     summary: String,
-    change: Option<(&'static str, serde_json::Value)>,
+    event_type: &'static str,
+    changed: bool,
 ) -> anyhow::Result<()> {
     let correlation_id = Uuid::new_v4();
     let log_id = insert_callback_log(
@@ -559,7 +616,6 @@ async fn record(
         summary.clone(),
     )
     .await?;
-    let event_type = change.as_ref().map_or("callback.applied", |c| c.0);
     insert_audit(
         conn,
         &AuditRecord {
@@ -570,7 +626,7 @@ async fn record(
                 "channel": job.channel,
                 "callback_id": job.callback_id,
                 "inbound_callback_id": row_id,
-                "changed": change.is_some(),
+                "changed": changed,
             }),
             resource_type,
             resource_id: resource_id.to_owned(),
@@ -578,9 +634,6 @@ async fn record(
         Some(log_id),
     )
     .await?;
-    if let Some((event_type, payload)) = change {
-        insert_outbox(conn, resource_type, resource_id, event_type, &payload).await?;
-    }
     Ok(())
 }
 
@@ -591,10 +644,14 @@ fn loose_resource(body: &str) -> Option<(&'static str, String)> {
     if let Some(card_ref) = value.get("card_ref").and_then(|v| v.as_str()) {
         return Some(("card", card_ref.to_owned()));
     }
-    value
-        .get("payment_id")
-        .and_then(|v| v.as_str())
-        .map(|id| ("payment", id.to_owned()))
+    [("payment_id", "payment"), ("approval_id", "approval")]
+        .into_iter()
+        .find_map(|(field, resource)| {
+            value
+                .get(field)
+                .and_then(|v| v.as_str())
+                .map(|id| (resource, id.to_owned()))
+        })
 }
 
 #[cfg(test)]

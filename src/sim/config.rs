@@ -78,6 +78,12 @@ pub struct SimConfig {
     pub payment_mode: PaymentBehaviour,
     /// How long a [`PaymentBehaviour::Hang`] holds its answer.
     pub hang_ms: u64,
+    /// Probability (0..=1) that a new approval is answered `in_review`.
+    pub approval_in_review_rate: f64,
+    /// Probability (0..=1) that an approval is declined (at once, or after its review).
+    pub approval_decline_rate: f64,
+    /// How long an approval stays in review before the channel decides it.
+    pub approval_review_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -90,6 +96,9 @@ impl Default for SimConfig {
             change_rate: 0.0,
             payment_mode: PaymentBehaviour::Accept,
             hang_ms: 30_000,
+            approval_in_review_rate: 0.0,
+            approval_decline_rate: 0.0,
+            approval_review_ms: 60_000,
         }
     }
 }
@@ -101,6 +110,8 @@ impl SimConfig {
             ("error_rate", self.error_rate),
             ("garbage_rate", self.garbage_rate),
             ("change_rate", self.change_rate),
+            ("approval_in_review_rate", self.approval_in_review_rate),
+            ("approval_decline_rate", self.approval_decline_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 anyhow::bail!("{name} = {v} is not a probability in 0..=1");
@@ -121,6 +132,9 @@ pub struct SimConfigPatch {
     pub change_rate: Option<f64>,
     pub payment_mode: Option<PaymentBehaviour>,
     pub hang_ms: Option<u64>,
+    pub approval_in_review_rate: Option<f64>,
+    pub approval_decline_rate: Option<f64>,
+    pub approval_review_ms: Option<u64>,
 }
 
 impl SimConfigPatch {
@@ -134,6 +148,13 @@ impl SimConfigPatch {
             change_rate: self.change_rate.unwrap_or(c.change_rate),
             payment_mode: self.payment_mode.unwrap_or(c.payment_mode),
             hang_ms: self.hang_ms.unwrap_or(c.hang_ms),
+            approval_in_review_rate: self
+                .approval_in_review_rate
+                .unwrap_or(c.approval_in_review_rate),
+            approval_decline_rate: self
+                .approval_decline_rate
+                .unwrap_or(c.approval_decline_rate),
+            approval_review_ms: self.approval_review_ms.unwrap_or(c.approval_review_ms),
         }
     }
 }
@@ -176,6 +197,9 @@ mod tests {
             change_rate: 0.3,
             payment_mode: PaymentBehaviour::Hang,
             hang_ms: 99,
+            approval_in_review_rate: 0.4,
+            approval_decline_rate: 0.5,
+            approval_review_ms: 11,
         };
         assert_eq!(SimConfigPatch::default().apply(&c), c);
     }

@@ -1,5 +1,5 @@
 //! The Gateway simulator behind `cardworker gateway-sim`: a real axum server that speaks the
-//! Gateway contract (spec section 1) from an in-memory card set, for local runs, demos, load
+//! Gateway contract (spec sections 1 and 7: cards, payments, approvals) from an in-memory card set, for local runs, demos, load
 //! tests, the benches and the integration tests.
 //!
 //! It depends only on the Gateway's wire types ([`crate::gateway`]'s `CallKind`, `CardData`,
@@ -21,6 +21,9 @@
 //! | `GET /sim/requests` | the last requests seen ([`RequestRecord`]), oldest first |
 //!
 //! # Layout
+//! - `approvals.rs`: `POST /v1/approvals` and `GET /v1/approvals/{id}`: `in_review` at
+//!   `approval_in_review_rate`, decided `approval_review_ms` later (declined at
+//!   `approval_decline_rate`), idempotent ([`ApprovalRecord`]).
 //! - `config.rs`: [`SimConfig`] and its patch ([`SimConfigPatch`], rates validated to 0..=1),
 //!   the per-card [`CardBehaviour`], the per-payment [`PaymentBehaviour`], [`GarbageKind`].
 //! - `state.rs`: the in-memory state (cards [`SimCard`], payments [`PaymentRecord`], the request
@@ -36,6 +39,7 @@
 //!   the [`SimHandle`] that stops a spawned server.
 
 mod answer;
+mod approvals;
 mod config;
 mod routes;
 mod server;
@@ -43,6 +47,7 @@ mod simulator;
 mod state;
 mod stats;
 
+pub use approvals::ApprovalRecord;
 pub use config::{CardBehaviour, GarbageKind, PaymentBehaviour, SimConfig, SimConfigPatch};
 pub use server::SimHandle;
 pub use simulator::Simulator;

@@ -27,6 +27,11 @@ impl Simulator {
             .route("/v1/cards/{card_ref}/status", get(h_card_status))
             .route("/v1/payments", post(h_payment_submit))
             .route("/v1/payments/{payment_id}", get(h_payment_query))
+            .route("/v1/approvals", post(super::approvals::h_submit))
+            .route(
+                "/v1/approvals/{approval_id}",
+                get(super::approvals::h_query),
+            )
             .route("/sim/stats", get(h_stats))
             .route("/sim/stats/reset-peaks", post(h_reset_peaks))
             .route("/sim/config", get(h_get_config).post(h_patch_config))
@@ -57,7 +62,7 @@ fn not_json() -> Response {
     r
 }
 
-fn render(answer: Answer) -> Response {
+pub(crate) fn render(answer: Answer) -> Response {
     match answer {
         Answer::Unavailable => unavailable(),
         Answer::NotJson => not_json(),

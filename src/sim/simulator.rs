@@ -197,6 +197,11 @@ impl Simulator {
         lock(&self.inner.state).payments.get(&payment_id).cloned()
     }
 
+    /// What the simulator saw of this approval.
+    pub fn approval_record(&self, approval_id: Uuid) -> Option<super::ApprovalRecord> {
+        lock(&self.inner.state).approvals.get(&approval_id).cloned()
+    }
+
     /// How many times this payment was submitted.
     pub fn submissions(&self, payment_id: Uuid) -> u64 {
         self.payment_record(payment_id).map_or(0, |p| p.submissions)

@@ -82,6 +82,7 @@ pub(crate) struct SimState {
     pub(crate) config: SimConfig,
     pub(crate) cards: HashMap<String, SimCard>,
     pub(crate) payments: HashMap<Uuid, PaymentRecord>,
+    pub(crate) approvals: super::approvals::Approvals,
     pub(crate) requests: VecDeque<RequestRecord>,
 }
 

@@ -272,7 +272,14 @@ mod tests {
         names.sort_unstable();
         assert_eq!(
             names,
-            ["card_status", "carddata", "payment_query", "payment_submit"]
+            [
+                "approval_query",
+                "approval_submit",
+                "card_status",
+                "carddata",
+                "payment_query",
+                "payment_submit"
+            ]
         );
     }
 }

@@ -39,6 +39,10 @@ pub const GATEWAY_CIRCUIT_TRANSITIONS: &str = "cardworker_gateway_circuit_transi
 /// Gauge: `task`; parked chains (cards whose chain of that task is parked), fleet-wide, counted
 /// in PostgreSQL (aggregate with max).
 pub const PARKED_CHAINS: &str = "cardworker_parked_chains";
+/// Counter: `status` = `approved` | `declined` | `failed`, `via` = `response` | `query` |
+/// `callback`; approval decisions applied (spec section 7), each once, by the process that
+/// applied it.
+pub const APPROVAL_DECISIONS: &str = "cardworker_approval_decisions_total";
 /// Counter: `queue`, `result` = `succeeded` | `retried` | `dead`; jobs finished by this process.
 pub const JOBS_FINISHED: &str = "cardworker_jobs_finished_total";
 

@@ -11,3 +11,5 @@ mod private;
 #[path = "../it/process.rs"]
 mod process;
 mod scenarios;
+#[path = "../it/scripted_gateway.rs"]
+mod scripted_gateway;

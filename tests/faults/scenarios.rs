@@ -764,3 +764,229 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
     assert_eq!(chains, [Some(id)], "the same chain goes on");
     shutdown.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_enqueued_before_redis_is_flushed_is_submitted_exactly_once_by_recovery() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    let mut config = config_on(&db.url, &redis, &sim_handle.base_url(), 60);
+    config.approvals.recovery_after_secs = 10;
+    config.approvals.recovery_cron = "* * * * * *".to_owned();
+    sqlx::query("INSERT INTO cards (card_ref) VALUES ('c-1')")
+        .execute(&db.pool)
+        .await
+        .expect("card");
+    let id = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor)
+         VALUES ($1, 'c-1', 'limit_change', 250000)",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .expect("approval");
+
+    // Enqueued while no worker runs: the job exists only in Redis, and Redis loses everything.
+    let ctx = AppContext::connect(config.clone()).await.expect("connect");
+    cardworker::commands::approvals::enqueue_approval(&ctx, id, None)
+        .await
+        .expect("enqueue approval");
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let queued: i64 = conn.zcard("cw:intake:approval").await.expect("zcard");
+    assert_eq!(queued, 1, "the job is queued");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .expect("flush the private redis");
+    drop(ctx);
+
+    let worker = Worker::start(config).await;
+    wait_until(
+        Duration::from_secs(60),
+        "recovery submitted the approval and the sim approved it",
+        || async {
+            sqlx::query_scalar::<_, String>("SELECT status FROM approvals WHERE approval_id = $1")
+                .bind(id)
+                .fetch_one(&db.pool)
+                .await
+                .expect("status")
+                == "approved"
+        },
+    )
+    .await;
+    let record = sim.approval_record(id).expect("the sim saw it");
+    assert_eq!(
+        record.idempotency_keys,
+        [id.to_string()],
+        "submitted exactly once, with its key"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM outbox_events WHERE event_type = 'approval.decided'"
+        )
+        .await,
+        1
+    );
+    worker.stop().await.expect("clean stop");
+}
+
+/// The worker's config for the SIGKILL scenarios: recovery every second, 10 s after the row was
+/// last touched.
+fn kill_config(
+    db: &TestDb,
+    redis: &PrivateRedis,
+    gateway: &str,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"[database]
+url = "{db}"
+[redis]
+url = "{redis}"
+key_prefix = "cw"
+[gateway]
+base_url = "{gateway}"
+timeout_ms = 20000
+[worker]
+shutdown_grace_secs = 5
+[polling]
+handler_timeout_secs = 25
+lease_ttl_secs = 30
+reconcile_cron = "0 0 0 1 1 *"
+[approvals]
+recovery_after_secs = 10
+recovery_cron = "* * * * * *"
+[telemetry]
+listen = "127.0.0.1:0"
+"#,
+            db = db.url,
+            redis = redis.url(),
+        ),
+    )
+    .expect("config");
+    (dir, file)
+}
+
+async fn insert_approval(pool: &PgPool) -> uuid::Uuid {
+    sqlx::query("INSERT INTO cards (card_ref) VALUES ('c-1') ON CONFLICT DO NOTHING")
+        .execute(pool)
+        .await
+        .expect("card");
+    let id = uuid::Uuid::new_v4();
+    sqlx::query("INSERT INTO approvals (approval_id, card_ref, kind) VALUES ($1, 'c-1', 'issue')")
+        .bind(id)
+        .execute(pool)
+        .await
+        .expect("approval");
+    id
+}
+
+async fn approval_status(pool: &PgPool, id: uuid::Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM approvals WHERE approval_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("status")
+}
+
+/// kill -9 of a `cardworker run` while its POST is at the Gateway: `acted` says whether the
+/// Gateway took the request before the kill.
+async fn approval_killed_mid_post(acted: bool) {
+    use crate::scripted_gateway::{Script, ScriptedGateway};
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let gw = ScriptedGateway::start().await;
+    let id = insert_approval(&db.pool).await;
+    gw.script(
+        id,
+        if acted {
+            Script::ActThenHang("declined")
+        } else {
+            Script::LoseThenHang
+        },
+    );
+    let (_dir, file) = kill_config(&db, &redis, &gw.url);
+    let mut first = Child::run(&file, "pod-a");
+    let ctx = {
+        let mut config = Config::load(Some(&file)).expect("config");
+        config.telemetry.listen = "127.0.0.1:0".to_owned();
+        AppContext::connect(config).await.expect("connect")
+    };
+    cardworker::commands::approvals::enqueue_approval(&ctx, id, None)
+        .await
+        .expect("enqueue");
+    wait_until(
+        Duration::from_secs(30),
+        "the POST is at the Gateway",
+        || async { gw.posts(id) == 1 },
+    )
+    .await;
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &first.child.id().to_string()])
+        .status();
+    let _ = first.child.wait();
+    assert_eq!(
+        approval_status(&db.pool, id).await,
+        "pending",
+        "evidence survives the kill"
+    );
+
+    // What the Gateway answers from now on: its record (or, never having seen it, a 404 and then
+    // the resubmission is approved).
+    gw.script(id, Script::Answer("approved"));
+    let expected = if acted { "declined" } else { "approved" };
+    let mut second = Child::run(&file, "pod-b");
+    wait_until(
+        Duration::from_secs(60),
+        "recovery settled the approval",
+        || async { approval_status(&db.pool, id).await == expected },
+    )
+    .await;
+    assert!(second.running(), "the survivor runs on");
+    let seen = gw.seen(id);
+    assert_eq!(seen.acted, 1, "the Gateway acted once");
+    assert_eq!(
+        seen.keys.len(),
+        if acted { 1 } else { 2 },
+        "no second POST after the Gateway acted; one resubmission when it never saw it"
+    );
+    assert!(seen
+        .keys
+        .iter()
+        .all(|k| k.as_deref() == Some(id.to_string().as_str())));
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM outbox_events WHERE event_type = 'approval.decided'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM integration_logs WHERE state = 'pending'"
+        )
+        .await,
+        0,
+        "the killed attempt's log is closed"
+    );
+    gw.release();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_whose_worker_is_killed_with_sigkill_after_the_gateway_acted_is_settled_by_recovery_without_a_second_post(
+) {
+    approval_killed_mid_post(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_whose_worker_is_killed_with_sigkill_before_the_gateway_took_it_is_submitted_once_more_with_the_same_key(
+) {
+    approval_killed_mid_post(false).await;
+}

@@ -407,6 +407,13 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     .execute(&app.db.pool)
     .await
     .expect("insert payment");
+    sqlx::query(
+        "INSERT INTO approvals (approval_id, card_ref, kind, status, updated_at)
+         VALUES (gen_random_uuid(), 'c-parked', 'unfreeze', 'in_review', now() - interval '2 hours')",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("insert approval");
 
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
     let browser = Browser::start().await.expect("browser");
@@ -469,6 +476,11 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     browser
         .wait_text("#payments", "the unknown payment", |t| {
             t.contains("unknown") && t.contains("c-parked")
+        })
+        .await;
+    browser
+        .wait_text("#approvals", "the approval in review for too long", |t| {
+            t.contains("in_review") && t.contains("unfreeze") && t.contains("c-parked")
         })
         .await;
     assert!(browser.screenshot(&shots.join("money.png")).await > 10_000);

@@ -6,7 +6,9 @@ mod pg_cluster;
 mod plan_drive;
 mod plan_guard;
 mod process;
+mod scripted_gateway;
 
+mod approvals;
 mod budget;
 mod circuit;
 mod config_cli;

@@ -370,7 +370,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
     )
     .await
     .expect("submit");
-    assert_eq!(done, Submitted::UnknownPayment);
+    assert_eq!(done, Submitted::UnknownRow);
     assert_eq!(app.sim.submissions(unknown), 0);
     let refused = count(
         &pool,

@@ -23,8 +23,8 @@ use cardworker::gateway::{CardStatus, PaymentResult, PaymentStatus};
 use cardworker::maintenance::{self, JobKind};
 use cardworker::payments::{callback, recovery, submit};
 use cardworker::polling::reconcile;
-use cardworker::sim::PaymentBehaviour;
-use cardworker_jobs::{ProcessCallback, SubmitPayment};
+use cardworker::sim::{PaymentBehaviour, SimConfigPatch};
+use cardworker_jobs::{ProcessCallback, SubmitApproval, SubmitPayment};
 use clap::Parser as _;
 use uuid::Uuid;
 
@@ -99,16 +99,26 @@ pub const COVERAGE: &[Statement] = &[
     // polling
     s("src/polling/reconcile.rs", "reconcile carddata", Sql::Contains(&["FROM cards WHERE data_state = 'pending' AND carddata_parked_at IS NULL AND id > $1"])),
     s("src/polling/reconcile.rs", "reconcile card_status", Sql::Contains(&["FROM cards WHERE status NOT IN ('cancelled', 'expired') AND card_status_parked_at IS NULL AND id > $1"])),
-    // payments
-    s("src/payments/store.rs", "load a payment", Sql::ContainsNot(&["FROM payments WHERE payment_id = $1"], &["FOR UPDATE"])),
-    s("src/payments/store.rs", "lock a payment", Sql::Contains(&["FROM payments WHERE payment_id = $1 FOR UPDATE"])),
-    s("src/payments/store.rs", "settle a payment", Sql::Contains(&["UPDATE payments SET status = $2, channel_ref = $3"])),
-    s("src/payments/store.rs", "mark an attempt's outcome", Sql::Contains(&["UPDATE payments SET status = $3, updated_at = now() WHERE payment_id = $1 AND attempt_log_id = $2"])),
-    s("src/payments/store.rs", "move a payment to the back of recovery's line", Sql::Contains(&["UPDATE payments SET updated_at = now() WHERE payment_id = $1 AND status IN"])),
-    s("src/payments/store.rs", "reopen a payment the Gateway never saw", Sql::Contains(&["UPDATE payments SET status = 'requested', updated_at = now()"])),
-    s("src/payments/store.rs", "touch a requested payment before it is enqueued", Sql::Contains(&["UPDATE payments SET updated_at = CASE WHEN status = 'requested'"])),
-    s("src/payments/submit.rs", "begin a submission", Sql::Contains(&["UPDATE payments SET status = 'pending', submissions = submissions + 1"])),
-    s("src/payments/recovery.rs", "find unsettled payments", Sql::Contains(&["SELECT payment_id FROM payments WHERE status IN ('requested', 'pending', 'unknown')"])),
+    // settle: one statement per operation, run for both tables
+    s("src/settle/table.rs", "load a payment", Sql::ContainsNot(&["FROM payments WHERE payment_id = $1"], &["FOR UPDATE"])),
+    s("src/settle/table.rs", "load an approval", Sql::ContainsNot(&["FROM approvals WHERE approval_id = $1"], &["FOR UPDATE"])),
+    s("src/settle/table.rs", "lock a payment", Sql::Contains(&["FROM payments WHERE payment_id = $1 FOR UPDATE"])),
+    s("src/settle/table.rs", "lock an approval", Sql::Contains(&["FROM approvals WHERE approval_id = $1 FOR UPDATE"])),
+    s("src/settle/table.rs", "begin a payment submission", Sql::Contains(&["UPDATE payments SET status = 'pending', submissions = submissions + 1"])),
+    s("src/settle/table.rs", "begin an approval submission", Sql::Contains(&["UPDATE approvals SET status = 'pending', submissions = submissions + 1"])),
+    s("src/settle/table.rs", "decide a payment", Sql::Contains(&["UPDATE payments SET status = $2, channel_ref = COALESCE($3, channel_ref)"])),
+    s("src/settle/table.rs", "decide an approval (or mark it in review)", Sql::Contains(&["UPDATE approvals SET status = $2, channel_ref = COALESCE($3, channel_ref)"])),
+    s("src/settle/table.rs", "mark a payment attempt's outcome", Sql::Contains(&["UPDATE payments SET status = $3, updated_at = now() WHERE payment_id = $1 AND attempt_log_id = $2"])),
+    s("src/settle/table.rs", "mark an approval attempt's outcome", Sql::Contains(&["UPDATE approvals SET status = $3, updated_at = now() WHERE approval_id = $1 AND attempt_log_id = $2"])),
+    s("src/settle/table.rs", "move a payment to the back of recovery's line", Sql::Contains(&["UPDATE payments SET updated_at = now() WHERE payment_id = $1 AND status NOT IN"])),
+    s("src/settle/table.rs", "move an approval to the back of recovery's line", Sql::Contains(&["UPDATE approvals SET updated_at = now() WHERE approval_id = $1 AND status NOT IN"])),
+    s("src/settle/table.rs", "reopen a payment the Gateway never saw", Sql::Contains(&["UPDATE payments SET status = 'requested', updated_at = now()"])),
+    s("src/settle/table.rs", "reopen an approval the Gateway never saw", Sql::Contains(&["UPDATE approvals SET status = 'requested', updated_at = now()"])),
+    s("src/settle/table.rs", "touch a requested payment before it is enqueued", Sql::Contains(&["UPDATE payments SET updated_at = CASE WHEN status = 'requested'"])),
+    s("src/settle/table.rs", "touch a requested approval before it is enqueued", Sql::Contains(&["UPDATE approvals SET updated_at = CASE WHEN status = 'requested'"])),
+    s("src/settle/table.rs", "find unsettled payments", Sql::Contains(&["SELECT payment_id FROM payments WHERE status IN ('requested', 'pending', 'unknown')"])),
+    s("src/settle/table.rs", "find undecided approvals", Sql::Contains(&["SELECT approval_id FROM approvals WHERE status IN ('requested', 'pending', 'unknown')"])),
+    s("src/settle/table.rs", "find approvals in review to ask about again", Sql::Contains(&["SELECT approval_id FROM approvals WHERE status = 'in_review'"])),
     s("src/payments/callback.rs", "record a delivery", Sql::Contains(&["INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)"])),
     s("src/payments/callback.rs", "record a received callback before it is enqueued", Sql::Contains(&["INSERT INTO inbound_callbacks (channel, callback_id, body, state, queued_at)"])),
     s("src/payments/callback.rs", "find received callbacks nobody processed", Sql::Contains(&["WHERE state = 'received' AND queued_at < now()"])),
@@ -142,10 +152,13 @@ pub const COVERAGE: &[Statement] = &[
     s("src/console/data.rs", "the console's parked count", Sql::Exact("SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL")),
     s("src/console/data.rs", "the console's parked list", Sql::Contains(&["FROM cards c LEFT JOIN LATERAL"])),
     s("src/console/data.rs", "the console's stuck payments", Sql::Contains(&["FROM payments WHERE status = 'unknown' OR"])),
+    s("src/console/data.rs", "the console's stuck approvals", Sql::Contains(&["FROM approvals WHERE (status IN ('requested', 'pending', 'unknown') AND updated_at < now() - $1 * interval '1 second')"])),
     s("src/console/data.rs", "the console's failed callbacks", Sql::Contains(&["FROM inbound_callbacks cb LEFT JOIN payments p ON p.payment_id = CASE"])),
     s("src/commands/investigate.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
     s("src/commands/investigate.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
     s("src/commands/investigate.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate.rs", "a card's approvals", Sql::Contains(&["FROM approvals WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate.rs", "the history of a card's approvals", Sql::Contains(&["WHERE r.resource_type = 'approval' AND r.resource_id = ids.id"])),
     s("src/commands/investigate.rs", "a card's callbacks", Sql::Contains(&["FROM inbound_callbacks", "resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1))"])),
 ];
 
@@ -216,6 +229,7 @@ pub async fn drive(app: &TestApp, tag: &str, scale: Scale) {
     let poll_card = d.polls().await;
     d.failures_parking_and_unpark().await;
     let payment = d.payments().await;
+    d.approvals().await;
     d.recovery_leftovers().await;
     d.callbacks(&poll_card).await;
     d.maintenance().await;
@@ -423,7 +437,7 @@ impl Driver<'_> {
         )
         .await
         .expect("submit");
-        assert_eq!(nobody, submit::Submitted::UnknownPayment);
+        assert_eq!(nobody, submit::Submitted::UnknownRow);
 
         // Recovery: the three oldest unsettled payments are ours (older than any seeded one).
         let dead = self.insert_dead_attempt(&card).await;
@@ -456,6 +470,129 @@ impl Driver<'_> {
 
     /// What recovery does besides settling: a payment whose query the Gateway cannot answer goes
     /// to the back of the line, and a `received` callback whose job was lost is enqueued again.
+    async fn insert_approval(&self, card_ref: &str) -> Uuid {
+        let id = Uuid::new_v4();
+        sqlx::query("INSERT INTO approvals (approval_id, card_ref, kind) VALUES ($1, $2, 'issue')")
+            .bind(id)
+            .bind(card_ref)
+            .execute(self.pool())
+            .await
+            .expect("insert approval");
+        id
+    }
+
+    async fn approval_status(&self, id: Uuid) -> String {
+        sqlx::query_scalar("SELECT status FROM approvals WHERE approval_id = $1")
+            .bind(id)
+            .fetch_one(self.pool())
+            .await
+            .expect("approval status")
+    }
+
+    async fn age_approvals(&self, ids: &[Uuid]) {
+        sqlx::query(
+            "UPDATE approvals SET updated_at = '2000-01-01T00:00:00Z' WHERE approval_id = ANY($1)",
+        )
+        .bind(ids.to_vec())
+        .execute(self.pool())
+        .await
+        .expect("age the approvals");
+    }
+
+    fn sim_approvals(&self, in_review: f64) {
+        self.app
+            .sim
+            .update_config(&SimConfigPatch {
+                approval_in_review_rate: Some(in_review),
+                approval_review_ms: Some(0),
+                ..SimConfigPatch::default()
+            })
+            .expect("sim config");
+    }
+
+    /// Approvals on the shared path: `enqueue approval` and the worker's submission, an answer in
+    /// review, a 5xx (unknown), recovery deciding one in review, resubmitting one the Gateway
+    /// never saw and leaving one it could not answer for, and an `approval.result` callback.
+    async fn approvals(&self) {
+        let card = format!("{}-poll", self.tag);
+        let submitted = self.insert_approval(&card).await;
+        self.cli(&[
+            "enqueue",
+            "approval",
+            "--approval-id",
+            &submitted.to_string(),
+        ])
+        .await;
+        wait_until(LIMIT, "the enqueued approval is approved", || async {
+            self.approval_status(submitted).await == "approved"
+        })
+        .await;
+
+        self.sim_approvals(1.0);
+        let in_review = self.insert_approval(&card).await;
+        cardworker::approvals::submit::submit(
+            self.ctx(),
+            &SubmitApproval {
+                approval_id: in_review,
+                retries: 0,
+            },
+        )
+        .await
+        .expect("submit");
+        self.sim_approvals(0.0);
+        assert_eq!(self.approval_status(in_review).await, "in_review");
+
+        let unknown = self.insert_approval(&card).await;
+        self.app.sim.set_error_rate(1.0);
+        cardworker::approvals::submit::submit(
+            self.ctx(),
+            &SubmitApproval {
+                approval_id: unknown,
+                retries: 0,
+            },
+        )
+        .await
+        .expect("submit");
+        self.app.sim.set_error_rate(0.0);
+        assert_eq!(self.approval_status(unknown).await, "unknown");
+
+        // Recovery: the unknown one was never stored by the sim (its 503 came first): 404,
+        // resubmitted; the one in review is decided by now.
+        let thresholds = cardworker::settle::Thresholds {
+            undecided: Duration::from_secs(300),
+            waiting: Duration::from_secs(900),
+        };
+        self.age_approvals(&[in_review, unknown]).await;
+        let report = cardworker::approvals::recovery::recover(self.ctx(), thresholds, 10)
+            .await
+            .expect("approval recovery");
+        assert_eq!((report.settled, report.resubmitted), (1, 1), "{report:?}");
+        wait_until(LIMIT, "the resubmitted approval is approved", || async {
+            self.approval_status(unknown).await == "approved"
+        })
+        .await;
+
+        let left = self.insert_approval(&card).await;
+        self.age_approvals(&[left]).await;
+        self.app.sim.set_error_rate(1.0);
+        let report = cardworker::approvals::recovery::recover(self.ctx(), thresholds, 10)
+            .await
+            .expect("approval recovery");
+        self.app.sim.set_error_rate(0.0);
+        assert_eq!(report.left, 1, "{report:?}");
+
+        let decided = self.callback(
+            "approval",
+            format!(
+                r#"{{"type":"approval.result","approval_id":"{left}","status":"declined","channel_ref":"ch-cb"}}"#
+            ),
+        );
+        assert_eq!(
+            self.deliver(&decided).await,
+            callback::Delivery::Applied { changed: true }
+        );
+    }
+
     async fn recovery_leftovers(&self) {
         let card = format!("{}-poll", self.tag);
         let left = self.insert_payment(&card, "unknown").await;
@@ -661,6 +798,11 @@ impl Driver<'_> {
             inv.callbacks
         );
         assert!(!inv.payments.is_empty() && !inv.timeline.is_empty());
+        assert!(
+            inv.approvals.iter().any(|a| !a.history.is_empty()),
+            "the card's approvals with their history: {:?}",
+            inv.approvals
+        );
     }
 
     async fn maintenance_runs(&self, job: &str) -> f64 {

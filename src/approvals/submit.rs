@@ -1,0 +1,37 @@
+//! `SubmitApproval`: one approval row to `POST /v1/approvals` through the reliable path
+//! (`crate::settle::submit`): pending first, `Idempotency-Key = approval_id`, the answer
+//! finalised on the same log row and decided once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cardworker_jobs::SubmitApproval;
+
+use crate::config::Config;
+use crate::context::AppContext;
+use crate::runner::RunJob;
+use crate::settle::approval::Approval;
+pub use crate::settle::submit::Submitted;
+
+impl RunJob for SubmitApproval {
+    const KIND: &'static str = "approval";
+
+    fn concurrency(config: &Config) -> usize {
+        config.approvals.concurrency as usize
+    }
+
+    /// The Gateway timeout bounds the call; the rest is two short transactions.
+    fn timeout(config: &Config) -> Duration {
+        config.gateway.timeout() + Duration::from_secs(30)
+    }
+
+    #[tracing::instrument(name = "job.submit_approval", skip_all, fields(approval_id = %self.approval_id, retries = self.retries))]
+    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
+        crate::settle::submit::run_job::<Approval>(&ctx, self.approval_id, self.retries).await
+    }
+}
+
+/// One submission of `job`'s approval.
+pub async fn submit(ctx: &AppContext, job: &SubmitApproval) -> anyhow::Result<Submitted> {
+    crate::settle::submit::submit::<Approval>(ctx, job.approval_id, job.retries).await
+}

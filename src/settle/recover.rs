@@ -1,0 +1,297 @@
+//! The recovery pass of any [`Kind`]: settles rows left `pending` (a worker died mid-call) or
+//! `unknown` (the Gateway may have acted), resubmits `requested` rows whose submission job never
+//! came (lost with Redis), and asks again about rows waiting for their decision (`in_review`).
+//!
+//! Work is found in the kind's table itself ([`table::due`], along its partial indexes), never by
+//! scanning `integration_logs` or Redis; a run takes a bounded batch and the cron brings the
+//! next. A `requested` row is asked about too before it is resubmitted: whatever its history, the
+//! Gateway's record decides, so a row is submitted again only when the Gateway never saw it.
+//!
+//! The query is a read: repeating it is harmless and it acts on nothing, so it is recorded on the
+//! **terminal** path (one finished log row, written with its consequence), not with a pending row
+//! of its own. A crash mid-query loses nothing: the row is still undecided and the next run asks
+//! again. For each row, one transaction writes:
+//! - an answer: the query log (`succeeded`), the decision through [`decide`] (the first final
+//!   decision wins; `in_review` waits), the dead attempt's `pending` log closed (`succeeded`),
+//!   audit, outbox;
+//! - 404 for a `requested`/`pending`/`unknown` row (the Gateway never saw it): the query log, the
+//!   dead attempt's log closed (`failed`), the row back to `requested` (nothing is open any
+//!   more), and a resubmission through the submission job — the reliable path again, pending
+//!   first, with the same `Idempotency-Key` (there is no other key). A row never submitted gets
+//!   the job's whole retry budget; one submitted before gets one attempt per recovery period. A
+//!   404 is never read as a decision; for an `in_review` row it is kept on record and asked again;
+//! - a failed or unknown query: the query log (`failed`/`unknown`) saying it is left for the next
+//!   run; the row is moved to the back of the line.
+
+use anyhow::Context as _;
+use chrono::Utc;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::decide::{close_open_attempt, decide, Decided, Via};
+use super::{table, Kind, Row as _, Thresholds};
+use crate::context::AppContext;
+use crate::gateway::{CallResult, Outcome};
+use crate::storage::fault::DbFault;
+use crate::storage::records::{
+    insert_audit, insert_terminal_log, AuditRecord, LogRecord, LogState,
+};
+use crate::storage::reliable::FinalState;
+
+/// What one recovery run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Undecided rows examined.
+    pub examined: usize,
+    /// Settled (a final decision) from the Gateway's record.
+    pub settled: usize,
+    /// Unknown to the Gateway: resubmitted with the same key.
+    pub resubmitted: usize,
+    /// The Gateway could not answer, or the row is still waiting: left for the next run.
+    pub left: usize,
+    /// Changed meanwhile by another path: nothing done.
+    pub skipped: usize,
+}
+
+/// One recovery pass over at most `batch` rows due under `thresholds`.
+pub async fn recover<K: Kind>(
+    ctx: &AppContext,
+    thresholds: Thresholds,
+    batch: i64,
+) -> anyhow::Result<RecoveryReport> {
+    let due = table::due::<K>(&ctx.pool, thresholds, batch)
+        .await
+        .with_context(|| format!("finding undecided rows of {}", K::TABLE))?;
+    let mut report = RecoveryReport::default();
+    for id in due {
+        report.examined += 1;
+        let correlation_id = Uuid::new_v4();
+        let result = K::query(ctx, id, correlation_id).await;
+        let step = match settle_one::<K>(ctx, id, correlation_id, thresholds, &result).await {
+            Ok(step) => step,
+            // A record PostgreSQL refuses would fail the same way every run: the others of the
+            // batch go on (the next run asks about this one again).
+            Err(e) if crate::storage::fault::classify_chain(&e) == DbFault::Deterministic => {
+                tracing::error!(%id, error = %format!("{e:#}"), "recovery of this row could not be recorded; the others go on");
+                report.left += 1;
+                continue;
+            }
+            Err(e) => {
+                return Err(e.context(format!("recording the recovery of {} {id}", K::RESOURCE)))
+            }
+        };
+        match step {
+            Step::Settled => report.settled += 1,
+            Step::Resubmit { submitted_before } => {
+                // After the commit: if this enqueue is lost, the row is still undecided and the
+                // next run asks again.
+                let retries = if submitted_before {
+                    super::submit::MAX_RETRIES
+                } else {
+                    0
+                };
+                ctx.producer
+                    .enqueue(&K::job(id, retries))
+                    .await
+                    .with_context(|| format!("resubmitting {} {id}", K::RESOURCE))?;
+                report.resubmitted += 1;
+            }
+            Step::Left => report.left += 1,
+            Step::Skipped => report.skipped += 1,
+        }
+    }
+    Ok(report)
+}
+
+enum Step {
+    Settled,
+    Resubmit { submitted_before: bool },
+    Left,
+    Skipped,
+}
+
+async fn settle_one<K: Kind>(
+    ctx: &AppContext,
+    id: Uuid,
+    correlation_id: Uuid,
+    thresholds: Thresholds,
+    result: &CallResult<Option<K::Response>>,
+) -> anyhow::Result<Step> {
+    let mut tx = ctx.pool.begin().await?;
+    let Some(row) = table::lock::<K>(&mut tx, id).await? else {
+        return Ok(Step::Skipped);
+    };
+    let status_before = row.status().to_owned();
+    let waiting = K::WAITING == Some(status_before.as_str());
+
+    let (state, recovery_summary, step) = if !table::still_due::<K>(&row, thresholds) {
+        (
+            log_state(&result.outcome),
+            format!(
+                "{} changed meanwhile (now {status_before}); recovery did nothing",
+                K::RESOURCE
+            ),
+            Step::Skipped,
+        )
+    } else {
+        match &result.outcome {
+            Outcome::Valid(Some(r)) => {
+                let answer = K::answer(r);
+                if K::is_final(answer.status) {
+                    (
+                        LogState::Succeeded,
+                        format!(
+                            "the Gateway's record says {}: {} settled by recovery",
+                            answer.status,
+                            K::RESOURCE
+                        ),
+                        Step::Settled,
+                    )
+                } else {
+                    (
+                        LogState::Succeeded,
+                        format!(
+                            "the Gateway's record says {}: waiting for the decision; asked again \
+                             later",
+                            answer.status
+                        ),
+                        Step::Left,
+                    )
+                }
+            }
+            Outcome::Valid(None) if waiting => (
+                LogState::Succeeded,
+                format!(
+                    "the Gateway answered 404 for a {} that was {status_before}: a 404 is never \
+                     read as a decision; left {status_before}, asked again later",
+                    K::RESOURCE
+                ),
+                Step::Left,
+            ),
+            Outcome::Valid(None) => (
+                LogState::Succeeded,
+                format!(
+                    "the Gateway never saw this {} (404): resubmitted through the reliable path \
+                     with Idempotency-Key = {id}",
+                    K::RESOURCE
+                ),
+                Step::Resubmit {
+                    submitted_before: row.submissions() > 0,
+                },
+            ),
+            Outcome::Failed(_) | Outcome::Unknown(_) => (
+                log_state(&result.outcome),
+                format!(
+                    "the Gateway could not answer: {} left {status_before}; the next recovery run \
+                     asks again",
+                    K::RESOURCE
+                ),
+                Step::Left,
+            ),
+        }
+    };
+
+    let started_at = Utc::now()
+        - chrono::Duration::from_std(result.elapsed).unwrap_or_else(|_| chrono::Duration::zero());
+    let query_log = insert_terminal_log(
+        &mut tx,
+        &LogRecord {
+            correlation_id,
+            resource_type: K::RESOURCE,
+            resource_id: id.to_string(),
+            scenario: K::NAMES.query_scenario,
+            state,
+            request_summary: result.request_summary.clone(),
+            response_summary: result.response_summary.clone(),
+            http_status: result.http_status,
+            error: result.outcome.failure().map(|f| f.reason.clone()),
+            recovery_summary: Some(recovery_summary.clone()),
+            started_at,
+            finished_at: Utc::now(),
+        },
+    )
+    .await?;
+
+    let mut closed = None;
+    let mut moved = false;
+    match (&step, &result.outcome) {
+        (Step::Settled | Step::Left, Outcome::Valid(Some(r))) => {
+            let answer = K::answer(r);
+            let decided = decide::<K>(
+                &mut tx,
+                &row,
+                answer.status,
+                Some(&answer.channel_ref),
+                Via::Query,
+                (Some(correlation_id), Some(query_log)),
+            )
+            .await?;
+            moved = matches!(decided, Decided::Applied | Decided::Waiting);
+            closed = close_open_attempt::<K>(
+                &mut tx,
+                &row,
+                FinalState::Succeeded,
+                format!(
+                    "(from recovery query log #{query_log}) {}",
+                    result.response_summary
+                ),
+                format!(
+                    "the worker stopped before the answer; settled by recovery: {}",
+                    answer.status
+                ),
+            )
+            .await?;
+        }
+        (Step::Resubmit { .. }, _) => {
+            closed = close_open_attempt::<K>(
+                &mut tx,
+                &row,
+                FinalState::Failed,
+                format!("(from recovery query log #{query_log}) the Gateway never saw it (404)"),
+                "resubmitted by recovery with the same Idempotency-Key".to_owned(),
+            )
+            .await?;
+            table::reopen_for_resubmission::<K>(&mut tx, id).await?;
+        }
+        _ => {}
+    }
+    if matches!(step, Step::Left) && !moved {
+        table::touch::<K>(&mut tx, id).await?;
+    }
+
+    let event_type = match step {
+        Step::Settled => K::NAMES.recovered,
+        Step::Resubmit { .. } => K::NAMES.resubmitted,
+        Step::Left if result.outcome.is_valid() => K::NAMES.recovery_skipped,
+        Step::Left => K::NAMES.recovery_query_failed,
+        Step::Skipped => K::NAMES.recovery_skipped,
+    };
+    insert_audit(
+        &mut tx,
+        &AuditRecord {
+            event_type,
+            correlation_id: Some(correlation_id),
+            summary: format!("{} {id} recovery: {recovery_summary}", K::RESOURCE),
+            details: json!({
+                K::ID: id,
+                "status_before": status_before,
+                "query_outcome": result.outcome.kind(),
+                "closed_attempt_log": closed,
+            }),
+            resource_type: K::RESOURCE,
+            resource_id: id.to_string(),
+        },
+        Some(query_log),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(step)
+}
+
+fn log_state<T>(outcome: &Outcome<T>) -> LogState {
+    match outcome {
+        Outcome::Valid(_) => LogState::Succeeded,
+        Outcome::Failed(_) => LogState::Failed,
+        Outcome::Unknown(_) => LogState::Unknown,
+    }
+}
