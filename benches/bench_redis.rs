@@ -94,7 +94,10 @@ async fn private_redis() -> anyhow::Result<(PrivateRedis, ConnectionManager)> {
 }
 
 /// `INFO` of one section as `field -> value`.
-async fn info(conn: &mut ConnectionManager, section: &str) -> anyhow::Result<BTreeMap<String, String>> {
+async fn info(
+    conn: &mut ConnectionManager,
+    section: &str,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let text: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
     Ok(text
         .lines()
@@ -203,7 +206,14 @@ async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<f64> {
     let prefix = format!("raw-{}", ulid::Ulid::new());
     let mut c = conn.clone();
     for i in 0..n {
-        chain::start(&mut c, &prefix, Task::Carddata, &format!("c-{i:05}"), Duration::ZERO).await?;
+        chain::start(
+            &mut c,
+            &prefix,
+            Task::Carddata,
+            &format!("c-{i:05}"),
+            Duration::ZERO,
+        )
+        .await?;
     }
     let q = QueueName::new(&prefix, PollCardData::QUEUE);
     while intake::feed(&mut c, &q).await?.waiting > 0 {}
@@ -322,7 +332,8 @@ fn stop(mut worker: Worker) {
 async fn main() -> anyhow::Result<()> {
     let short = std::env::var("BENCH_SHORT").is_ok_and(|v| v == "1");
     let cards: usize = env_or("BENCH_CARDS", "3000").parse()?;
-    let window = Duration::from_secs(env_or("BENCH_WINDOW_SECS", if short { "10" } else { "20" }).parse()?);
+    let window =
+        Duration::from_secs(env_or("BENCH_WINDOW_SECS", if short { "10" } else { "20" }).parse()?);
     let (mem_early, mem_late) = if short {
         (Duration::from_secs(20), Duration::from_secs(60))
     } else {
@@ -352,7 +363,10 @@ async fn main() -> anyhow::Result<()> {
         dir: tempfile::tempdir()?,
         sim_url: sim_handle.base_url(),
     };
-    let result = run(&stage, &sim, &mut conn, cards, window, short, mem_early, mem_late, raw).await;
+    let result = run(
+        &stage, &sim, &mut conn, cards, window, short, mem_early, mem_late, raw,
+    )
+    .await;
     stage.pool.close().await;
     support::drop_database(&stage.admin_url, &stage.db).await;
     drop(redis);
@@ -383,11 +397,21 @@ async fn run(
             + s.calls_total.get("card_status").copied().unwrap_or(0)
     };
     let worker = Worker::spawn(&binary(), &path)?;
-    start_chains(conn, &stage.prefix, &refs, Duration::ZERO, Duration::from_secs(1)).await?;
+    start_chains(
+        conn,
+        &stage.prefix,
+        &refs,
+        Duration::ZERO,
+        Duration::from_secs(1),
+    )
+    .await?;
     let started = Instant::now();
     // Warm-up: every card polled at least twice (its first poll writes its state).
     while calls() < 4 * cards as u64 {
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "the warm-up did not finish");
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "the warm-up did not finish"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -425,7 +449,11 @@ async fn run(
     // 3b. Changes: 5 % of the Gateway's answers differ from the card's state (each one is recorded).
     sim.set_change_rate(0.05);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (cp0, cg0, ct0) = (calls(), pg_sample(&stage.pool, &stage.db).await?, Instant::now());
+    let (cp0, cg0, ct0) = (
+        calls(),
+        pg_sample(&stage.pool, &stage.db).await?,
+        Instant::now(),
+    );
     tokio::time::sleep(window).await;
     let (cp1, csecs) = (calls(), ct0.elapsed().as_secs_f64());
     sim.set_change_rate(0.0);
@@ -437,7 +465,14 @@ async fn run(
 
     // 4. An idle pod: every chain due in an hour.
     let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
-    start_chains(conn, &stage.prefix, &refs, Duration::from_secs(3600), Duration::from_secs(60)).await?;
+    start_chains(
+        conn,
+        &stage.prefix,
+        &refs,
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+    )
+    .await?;
     let idle_calls_before = calls();
     let idle_worker = Worker::spawn(&binary(), &path)?;
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -456,18 +491,57 @@ async fn run(
     println!("| --- | --- |");
     println!("| polls/s, everything on this machine's cores | {per_sec:.0} |");
     println!("| raw apalis-redis no-op jobs/s, same Redis, same run (concurrency 32) | {raw:.0} |");
-    println!("| polls/s ÷ raw apalis-redis jobs/s | {:.2} |", per_sec / raw);
-    println!("| Redis commands per poll (commandstats, inner commands counted) | {:.1} |", cmds / polls);
-    println!("| Redis CPU per poll | {:.1} µs (one Redis core: {:.0} polls/s) |", rcpu * 1e6 / polls, polls / rcpu.max(1e-9));
-    println!("| bytes into Redis per poll | {:.0} |", (r1.input_bytes - r0.input_bytes) as f64 / polls);
-    println!("| worker CPU per poll | {:.1} µs |", (c1 - c0) * 1e6 / polls);
-    println!("| PostgreSQL rows written / read per poll | {:.3} / {:.2} |", (g1.written - g0.written) as f64 / polls, (g1.read - g0.read) as f64 / polls);
-    println!("| PostgreSQL commits per unchanged poll | {:.3} |", (g1.commits - g0.commits) as f64 / polls);
+    println!(
+        "| polls/s ÷ raw apalis-redis jobs/s | {:.2} |",
+        per_sec / raw
+    );
+    println!(
+        "| Redis commands per poll (commandstats, inner commands counted) | {:.1} |",
+        cmds / polls
+    );
+    println!(
+        "| Redis CPU per poll | {:.1} µs (one Redis core: {:.0} polls/s) |",
+        rcpu * 1e6 / polls,
+        polls / rcpu.max(1e-9)
+    );
+    println!(
+        "| bytes into Redis per poll | {:.0} |",
+        (r1.input_bytes - r0.input_bytes) as f64 / polls
+    );
+    println!(
+        "| worker CPU per poll | {:.1} µs |",
+        (c1 - c0) * 1e6 / polls
+    );
+    println!(
+        "| PostgreSQL rows written / read per poll | {:.3} / {:.2} |",
+        (g1.written - g0.written) as f64 / polls,
+        (g1.read - g0.read) as f64 / polls
+    );
+    println!(
+        "| PostgreSQL commits per unchanged poll | {:.3} |",
+        (g1.commits - g0.commits) as f64 / polls
+    );
     println!("| with 5 % of answers changed: polls/s, rows written per poll, commits/s | {:.0}, {:.3}, {:.0} |", cpolls / csecs, (cg1.written - cg0.written) as f64 / cpolls, (cg1.commits - cg0.commits) as f64 / csecs);
-    println!("| Redis used_memory after {} s / {} s | {:.1} MB / {:.1} MB ({:+.1} %) |", mem_early.as_secs(), mem_late.as_secs(), m_early as f64 / 1e6, m_late as f64 / 1e6, (m_late as f64 / m_early.max(1) as f64 - 1.0) * 100.0);
-    println!("| idle pod (every chain due in an hour): commands/s | {:.1} |", (i1.total() - i0.total()) as f64 / isecs);
-    println!("| idle pod: KB/s into Redis | {:.2} |", (i1.input_bytes - i0.input_bytes) as f64 / isecs / 1000.0);
-    println!("| idle pod: Redis CPU | {:.2} % of a core |", (i1.cpu_secs - i0.cpu_secs) / isecs * 100.0);
+    println!(
+        "| Redis used_memory after {} s / {} s | {:.1} MB / {:.1} MB ({:+.1} %) |",
+        mem_early.as_secs(),
+        mem_late.as_secs(),
+        m_early as f64 / 1e6,
+        m_late as f64 / 1e6,
+        (m_late as f64 / m_early.max(1) as f64 - 1.0) * 100.0
+    );
+    println!(
+        "| idle pod (every chain due in an hour): commands/s | {:.1} |",
+        (i1.total() - i0.total()) as f64 / isecs
+    );
+    println!(
+        "| idle pod: KB/s into Redis | {:.2} |",
+        (i1.input_bytes - i0.input_bytes) as f64 / isecs / 1000.0
+    );
+    println!(
+        "| idle pod: Redis CPU | {:.2} % of a core |",
+        (i1.cpu_secs - i0.cpu_secs) / isecs * 100.0
+    );
     println!("| worker warnings/errors logged | {problems} |");
     println!();
     println!("commands per poll by name: {}", by_name(&r0, &r1, polls));
@@ -477,7 +551,10 @@ async fn run(
         println!("(the idle phase made {idle_polls} Gateway calls)");
     }
     if short {
-        println!("(short mode: memory at 20 s / 60 s, window {} s)", window.as_secs());
+        println!(
+            "(short mode: memory at 20 s / 60 s, window {} s)",
+            window.as_secs()
+        );
     }
     Ok(())
 }

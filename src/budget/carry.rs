@@ -85,7 +85,9 @@ impl CarriedBatch {
                 t.count(c.task);
                 match &hook {
                     Some(hook) => hook(c.task, t),
-                    None => tracing::info!(task = %c.task, transition = ?t, "Gateway circuit transition"),
+                    None => {
+                        tracing::info!(task = %c.task, transition = ?t, "Gateway circuit transition")
+                    }
                 }
             }
         }

@@ -122,8 +122,8 @@ impl<J: PollJob> PollingBudgetLayer<J> {
 /// (`budget::carry`), which may be another poll's acquire or a flush: the budget hands them to
 /// this hook, which writes the audit event from a tracked task (or only logs, without records).
 fn install_transition_hook(budget: &Budget, records: Option<(PgPool, Shutdown)>) {
-    budget.on_transition(std::sync::Arc::new(move |which, transition| {
-        match &records {
+    budget.on_transition(std::sync::Arc::new(
+        move |which, transition| match &records {
             Some((pool, shutdown)) => {
                 let pool = pool.clone();
                 shutdown.spawn_detached(async move {
@@ -133,8 +133,8 @@ fn install_transition_hook(budget: &Budget, records: Option<(PgPool, Shutdown)>)
             None => {
                 tokio::spawn(circuit::on_transition(None, which, transition));
             }
-        }
-    }));
+        },
+    ));
 }
 
 /// The deferral back-off: uniform between the base (never under 1 s, so a deferral storm cannot

@@ -77,23 +77,22 @@ fn id_nonce() -> String {
 
 /// Moves up to [`FEED_BATCH`] due entries of one queue into apalis.
 pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<Fed> {
-    let (moved, backlog, waiting, poisoned, redis_now_ms): (usize, usize, usize, usize, i64) =
-        FEED
-            .key(&queue.intake)
-            .key(&queue.intake_payload)
-            .key(format!("{}:active", queue.apalis))
-            .key(format!("{}:scheduled", queue.apalis))
-            .key(format!("{}:data", queue.apalis))
-            .key(format!("{}:signal", queue.apalis))
-            .key(format!("{}:meta", queue.apalis))
-            .key(format!("{}:dead", queue.apalis))
-            .key(&queue.due_hint)
-            .arg(HIGH_WATER_MARK)
-            .arg(FEED_BATCH)
-            .arg(id_nonce())
-            .invoke_async(conn)
-            .await
-            .with_context(|| format!("feeding queue {}", queue.apalis))?;
+    let (moved, backlog, waiting, poisoned, redis_now_ms): (usize, usize, usize, usize, i64) = FEED
+        .key(&queue.intake)
+        .key(&queue.intake_payload)
+        .key(format!("{}:active", queue.apalis))
+        .key(format!("{}:scheduled", queue.apalis))
+        .key(format!("{}:data", queue.apalis))
+        .key(format!("{}:signal", queue.apalis))
+        .key(format!("{}:meta", queue.apalis))
+        .key(format!("{}:dead", queue.apalis))
+        .key(&queue.due_hint)
+        .arg(HIGH_WATER_MARK)
+        .arg(FEED_BATCH)
+        .arg(id_nonce())
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("feeding queue {}", queue.apalis))?;
     if poisoned > 0 {
         metrics::counter!(m::JOBS_FINISHED, "queue" => queue.short.clone(), "result" => "dead")
             .increment(poisoned as u64);
@@ -169,7 +168,11 @@ pub async fn sweep_queues(
         .arg(-1)
         .arg("WITHSCORES");
     for q in queues {
-        pipe.cmd("ZRANGE").arg(&q.intake).arg(0).arg(0).arg("WITHSCORES");
+        pipe.cmd("ZRANGE")
+            .arg(&q.intake)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES");
     }
     let mut answers: Vec<Vec<(String, f64)>> = pipe
         .query_async(conn)
@@ -207,7 +210,10 @@ pub async fn sweep_queues(
             .query_async(conn)
             .await
             .context("repairing the intakes' due hint")?;
-        tracing::debug!(repairs, "intake due hint repaired (entries written without lowering it)");
+        tracing::debug!(
+            repairs,
+            "intake due hint repaired (entries written without lowering it)"
+        );
     }
     Ok(due)
 }

@@ -34,8 +34,8 @@ use apalis_cron::{CronScheduler, Tick};
 use apalis_redis::RedisStorage;
 use chrono_tz::{Asia::Shanghai, Tz};
 use futures::FutureExt as _;
-use std::future::Future as _;
 use redis::aio::ConnectionManager;
+use std::future::Future as _;
 use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
@@ -185,7 +185,8 @@ where
             let name = pod::worker_name(J::KIND);
             let storage = storage::<J>(&ctx, concurrency);
             let workers_set = storage.get_config().workers_set();
-            let wake = crate::queue::wake::handle(&cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE));
+            let wake =
+                crate::queue::wake::handle(&cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE));
             let strategy = Strategy::new()
                 .apply(LocalWake::new(wake))
                 .interval(IDLE_POLL);

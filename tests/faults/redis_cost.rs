@@ -63,14 +63,25 @@ async fn an_idle_pod_s_feeder_sends_one_small_command_per_tick_and_a_job_that_be
     // 200 polling chains and a payment job, all due in an hour.
     for i in 0..100 {
         for task in Task::ALL {
-            chain::start(&mut conn, prefix, task, &format!("c-{i:03}"), Duration::from_secs(3600))
-                .await
-                .expect("chain");
+            chain::start(
+                &mut conn,
+                prefix,
+                task,
+                &format!("c-{i:03}"),
+                Duration::from_secs(3600),
+            )
+            .await
+            .expect("chain");
         }
     }
     let producer = Producer::new(conn.clone(), prefix);
     producer
-        .enqueue_raw(SubmitPayment::QUEUE, "later", "{}", Duration::from_secs(3600))
+        .enqueue_raw(
+            SubmitPayment::QUEUE,
+            "later",
+            "{}",
+            Duration::from_secs(3600),
+        )
         .await
         .expect("enqueue");
     let mut feeder = Feeder {

@@ -164,9 +164,14 @@ async fn a_finished_poll_s_release_rides_on_the_next_acquire_so_each_admitted_jo
     // first, in the same call.
     let b = Budget::new(r.conn.clone(), &config(&r, 1, 1, 1));
     let mut leases = Vec::new();
-    for (i, task) in [Task::Carddata, Task::Carddata, Task::CardStatus, Task::Carddata]
-        .into_iter()
-        .enumerate()
+    for (i, task) in [
+        Task::Carddata,
+        Task::Carddata,
+        Task::CardStatus,
+        Task::Carddata,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let lease = format!("l-{i}");
         assert_eq!(b.acquire(task, &lease).await.unwrap(), Acquired::Acquired);
@@ -178,7 +183,10 @@ async fn a_finished_poll_s_release_rides_on_the_next_acquire_so_each_admitted_jo
     // Nothing acquires any more: the last finish is flushed on its own, within a few ms.
     let start = std::time::Instant::now();
     while b.show().await.unwrap().total.in_use > 0 {
-        assert!(start.elapsed() < Duration::from_secs(10), "the carried finish was never sent");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the carried finish was never sent"
+        );
         tokio::task::yield_now().await;
     }
     assert_eq!(b.held_count(), 0);
@@ -190,9 +198,21 @@ async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_w
     let r = TestRedis::new().await;
     let mut conn = r.conn.clone();
     let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
-    assert_eq!(b.acquire(Task::Carddata, "f").await.unwrap(), Acquired::Acquired);
-    assert_eq!(b.acquire(Task::Carddata, "g").await.unwrap(), Acquired::Acquired);
-    b.finish_carried(Task::Carddata, "f".to_owned(), CallReport::Failed, 0, "card-f");
+    assert_eq!(
+        b.acquire(Task::Carddata, "f").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::Carddata, "g").await.unwrap(),
+        Acquired::Acquired
+    );
+    b.finish_carried(
+        Task::Carddata,
+        "f".to_owned(),
+        CallReport::Failed,
+        0,
+        "card-f",
+    );
     // Shutdown: the carried finish is sent (its failure counted), then what is still held goes.
     assert_eq!(b.release_held().await.unwrap(), 1);
     assert_eq!(b.show().await.unwrap().total.in_use, 0);
@@ -204,7 +224,10 @@ async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_w
         .await
         .unwrap();
     assert_eq!(window.len(), 1, "{window:?}");
-    assert!(window[0].starts_with('f') && window[0].ends_with(":card-f"), "{window:?}");
+    assert!(
+        window[0].starts_with('f') && window[0].ends_with(":card-f"),
+        "{window:?}"
+    );
 }
 
 #[tokio::test]
