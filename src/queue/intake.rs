@@ -144,7 +144,7 @@ pub async fn due_queues(
     Ok(queues
         .iter()
         .enumerate()
-        .filter(|(_, q)| due.iter().any(|d| *d == q.intake))
+        .filter(|(_, q)| due.contains(&q.intake))
         .map(|(i, _)| i)
         .collect())
 }
