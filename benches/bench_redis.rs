@@ -43,54 +43,10 @@ mod process;
 mod support;
 
 use process::Worker;
-use support::env_or;
+use support::{env_or, private_redis};
 
 fn binary() -> String {
     std::env::var("CARDWORKER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cardworker").to_owned())
-}
-
-struct PrivateRedis {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn private_redis() -> anyhow::Result<(PrivateRedis, ConnectionManager)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .context("starting redis-server (needed for clean INFO figures)")?;
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let redis = PrivateRedis {
-        child,
-        url: url.clone(),
-    };
-    for _ in 0..100 {
-        if let Ok(conn) = cardworker::context::connect_redis(&url).await {
-            return Ok((redis, conn));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("redis-server did not come up on {url}")
 }
 
 /// `INFO` of one section as `field -> value`.

@@ -47,3 +47,51 @@ pub async fn drop_database(admin_url: &str, name: &str) {
             .await;
     }
 }
+
+/// A `redis-server` of the bench's own, on a free port (so that `INFO` counts only the bench);
+/// killed when dropped.
+pub struct PrivateRedis {
+    child: std::process::Child,
+    /// Its URL.
+    pub url: String,
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a [`PrivateRedis`] (no persistence) and connects to it.
+pub async fn private_redis() -> anyhow::Result<(PrivateRedis, redis::aio::ConnectionManager)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .context("starting redis-server (needed for clean INFO figures)")?;
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let redis = PrivateRedis {
+        child,
+        url: url.clone(),
+    };
+    for _ in 0..100 {
+        if let Ok(conn) = cardworker::context::connect_redis(&url).await {
+            return Ok((redis, conn));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("redis-server did not come up on {url}")
+}

@@ -175,7 +175,10 @@ async fn a_finished_poll_s_release_rides_on_the_next_acquire_so_each_admitted_jo
     {
         let lease = format!("l-{i}");
         assert_eq!(b.acquire(task, &lease).await.unwrap(), Acquired::Acquired);
-        assert_eq!(members(&mut conn, &total).await, std::slice::from_ref(&lease));
+        assert_eq!(
+            members(&mut conn, &total).await,
+            std::slice::from_ref(&lease)
+        );
         b.finish_carried(task, lease.clone(), CallReport::Ok, 0, "card");
         leases.push(lease);
     }
