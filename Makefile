@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-outage bench-slowdown bench-redis browser console-screenshots
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-outage bench-slowdown bench-redis bench-redis-memory browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -102,3 +102,10 @@ bench-outage: services
 ## polled twice at once.
 bench-slowdown: services
 	BENCH_SCENARIO=slowdown $(CARGO) bench --profile dev --bench bench_faults
+
+## Redis memory per card (issue 19): a private redis-server, 100k cards (BENCH_CARDS), a full round
+## of both tasks, then 48 simulated hour boundaries; used_memory per card after the first round and
+## at steady state, with MEMORY USAGE per key pattern (docs/BENCHMARKS.md, docs/SCALING.md). The
+## figures are memory, not speed, so the driving code builds in the dev profile.
+bench-redis-memory: services
+	$(CARGO) bench --profile dev --bench bench_redis_memory

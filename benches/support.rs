@@ -51,6 +51,7 @@ pub async fn drop_database(admin_url: &str, name: &str) {
 /// A `redis-server` of the bench's own, on a free port (so that `INFO` counts only the bench);
 /// killed when dropped.
 pub struct PrivateRedis {
+    /// The server process.
     child: std::process::Child,
     /// Its URL.
     pub url: String,

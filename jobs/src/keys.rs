@@ -29,7 +29,8 @@ pub fn claim(prefix: &str, claim: &str) -> String {
     format!("{prefix}:claim:{claim}")
 }
 
-/// The chain hash of a polling queue (card_ref -> `chain_id|due_ms`): one live chain per card.
+/// The chain hash of a polling queue (card_ref -> `chain_id|unchanged|last|since`: the chain and
+/// its unchanged-poll tally, see `chain.lua`): one live chain per card.
 pub fn chain(prefix: &str, queue: &str) -> String {
     format!("{prefix}:chain:{queue}")
 }

@@ -4,7 +4,10 @@
 //! (the operator actions on the card: `operator.*` events with who and why) and the latest
 //! fleet-wide polling facts (circuit openings and closings, budget and maintenance actions).
 //!
-//! Unchanged polls are counted, not recorded: they appear only as hourly counts.
+//! Unchanged polls are counted, not recorded: what Redis keeps of them is a tally in the card's
+//! chain entry (how many since the last change or failure, and when the last one was) and
+//! fleet-wide hourly counters (`crate::polling::unchanged`). After Redis lost its data, both
+//! restart from zero, and the view says so ([`UnchangedView::explanation`]).
 //!
 //! One file on purpose: it is one read model (one query and one view type per section of the
 //! output, and its text rendering); every query here is covered by the plan guard.
@@ -12,20 +15,19 @@
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
-use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::polling::chain;
-use crate::polling::poll::{hour_bucket, unchanged_key, UNCHANGED_TOTAL_FIELD};
+use crate::polling::unchanged::{self, Since, HOURS_KEPT};
+use crate::runner::redis_watch;
 use crate::storage::cards::{self, Card};
 
 /// How many timeline entries, payments and callbacks are shown.
 pub const LIMIT: i64 = 50;
-/// How far back the unchanged-poll counts go.
-pub const UNCHANGED_HOURS: i64 = 48;
 
 /// The callbacks about a card (`$1`) or one of its payments, newest first (at most `$2`).
 ///
@@ -53,8 +55,11 @@ pub struct Investigation {
     pub chains: Vec<ChainView>,
     /// Changes and failures, newest first (at most [`LIMIT`]).
     pub timeline: Vec<TimelineEntry>,
-    /// Unchanged polls per task over the last [`UNCHANGED_HOURS`] hours.
+    /// Unchanged polls per task: this card's tally, and the fleet's hourly counts.
     pub unchanged_polls: Vec<UnchangedView>,
+    /// When Redis's counts began: the deployment's epoch marker, written when Redis was found
+    /// empty (its data lost, or the deployment's first start). Nothing before it is counted.
+    pub counts_since: Option<DateTime<Utc>>,
     /// The card's payments, newest first.
     pub payments: Vec<PaymentView>,
     /// Callbacks about the card or its payments, newest first.
@@ -107,12 +112,67 @@ pub struct TimelineEntry {
 #[derive(Debug, Clone, Serialize)]
 pub struct UnchangedView {
     pub task: &'static str,
-    /// This card, over the window.
-    pub card_total: i64,
-    /// Every card, over the window.
-    pub all_cards_total: i64,
-    /// This card's non-zero hours (`YYYYMMDDHH` UTC, count), newest first.
-    pub card_by_hour: Vec<(String, i64)>,
+    /// This card's unchanged polls since [`Self::since`]; `None` without a chain entry (no live
+    /// chain: nothing is being counted).
+    pub card_count: Option<u64>,
+    /// This card's last unchanged poll on its current chain.
+    pub last_unchanged_at: Option<DateTime<Utc>>,
+    /// When this card's count began.
+    pub since: Option<DateTime<Utc>>,
+    /// `change_or_failure` (every unchanged poll since the chain's last recorded change or
+    /// failure is counted) or `chain_start` (the count began when the chain started, e.g. after
+    /// Redis lost its data: earlier unchanged polls are not known).
+    pub since_kind: Option<Since>,
+    /// The same in one plain sentence.
+    pub explanation: String,
+    /// Every card, over the last [`HOURS_KEPT`] UTC hours.
+    pub all_cards_total: u64,
+    /// Every card, per UTC hour (`YYYYMMDDHH`, count), newest first, hours with polls only.
+    pub all_cards_by_hour: Vec<(String, u64)>,
+}
+
+impl UnchangedView {
+    fn new(
+        task: Task,
+        entry: Option<unchanged::Entry>,
+        hours: Vec<(String, u64)>,
+        counts_since: Option<DateTime<Utc>>,
+    ) -> Self {
+        let tally = entry.as_ref().and_then(|e| e.tally.clone());
+        let restart = counts_since
+            .map(|at| format!(" Redis's counts restarted at {at} (it lost its data, or the deployment first started then)."))
+            .unwrap_or_default();
+        let explanation = match (&entry, &tally) {
+            (None, _) => "no live chain in Redis, so nothing is counted for this card (a finished chain keeps no count; reconcile starts a missing one)".to_owned(),
+            (Some(_), None) => "the chain entry predates per-card counting; its count starts with its next poll".to_owned(),
+            (Some(_), Some(t)) => {
+                let last = t
+                    .last
+                    .map(|l| format!("; the last one at {l}"))
+                    .unwrap_or_else(|| "; none yet".to_owned());
+                match t.since_kind {
+                    Since::ChangeOrFailure => format!(
+                        "{} unchanged polls since the chain's last recorded change or failure at {}{last}",
+                        t.count, t.since
+                    ),
+                    Since::ChainStart => format!(
+                        "{} unchanged polls since the chain started at {}{last}. The count restarted then (a first start, `enqueue`, reconcile, or Redis losing its data): unchanged polls before it are not known.{restart}",
+                        t.count, t.since
+                    ),
+                }
+            }
+        };
+        Self {
+            task: task.label(),
+            card_count: tally.as_ref().map(|t| t.count),
+            last_unchanged_at: tally.as_ref().and_then(|t| t.last),
+            since: tally.as_ref().map(|t| t.since),
+            since_kind: tally.as_ref().map(|t| t.since_kind),
+            explanation,
+            all_cards_total: hours.iter().map(|(_, n)| n).sum(),
+            all_cards_by_hour: hours.into_iter().filter(|(_, n)| *n > 0).collect(),
+        }
+    }
 }
 
 /// One payment.
@@ -302,7 +362,7 @@ pub async fn investigate(
         });
     }
 
-    let unchanged_polls = unchanged_counts(ctx, card_ref, Utc::now()).await?;
+    let (unchanged_polls, counts_since) = unchanged_counts(ctx, card_ref, Utc::now()).await?;
 
     let payments: Vec<PaymentView> = sqlx::query_as(
         "SELECT payment_id, amount_minor, currency, status, channel_ref, submissions, created_at,
@@ -338,12 +398,12 @@ pub async fn investigate(
         chains,
         timeline,
         unchanged_polls,
+        counts_since,
         payments,
         callbacks,
         manual_facts,
         fleet_facts,
-        note: "unchanged polls are counted, not recorded: a successful poll that changed nothing \
-               writes no database row; only hourly counts are kept in Redis for 2 days",
+        note: NOTE,
     })
 }
 
@@ -397,48 +457,36 @@ async fn fleet_facts(pool: &sqlx::PgPool, limit: i64) -> sqlx::Result<Vec<FactVi
     .await
 }
 
-/// The unchanged-poll counts of the last [`UNCHANGED_HOURS`] hours, per task, in one pipeline.
+/// What `investigate` says about how unchanged polls are kept.
+pub const NOTE: &str = "unchanged polls are counted, not recorded: a successful poll that changed \
+    nothing writes no database row. Redis keeps, per card and task, the count since the chain's \
+    last change or failure (or since the chain started) and the time of the last one, in the \
+    card's chain entry (gone when the chain ends), and fleet-wide totals per UTC hour for 48 h. \
+    After Redis loses its data, both restart from zero.";
+
+/// The card's unchanged-poll tally per task and the fleet's hourly counts, and when Redis's
+/// counts began (the epoch marker's time).
 pub async fn unchanged_counts(
     ctx: &AppContext,
     card_ref: &str,
     now: DateTime<Utc>,
-) -> anyhow::Result<Vec<UnchangedView>> {
-    let hours: Vec<String> = (0..UNCHANGED_HOURS)
-        .map(|h| hour_bucket(now - ChronoDuration::hours(h)))
-        .collect();
-    let mut pipe = redis::pipe();
-    for task in Task::ALL {
-        for hour in &hours {
-            pipe.cmd("HMGET")
-                .arg(unchanged_key(ctx.prefix(), task, hour))
-                .arg(card_ref)
-                .arg(UNCHANGED_TOTAL_FIELD);
-        }
-    }
-    let raw: Vec<(Option<i64>, Option<i64>)> = pipe
-        .query_async(&mut ctx.redis.clone())
+) -> anyhow::Result<(Vec<UnchangedView>, Option<DateTime<Utc>>)> {
+    let mut conn = ctx.redis.clone();
+    let epoch: Option<String> = redis::cmd("GET")
+        .arg(redis_watch::epoch_key(ctx.prefix()))
+        .query_async(&mut conn)
         .await
-        .context("reading the unchanged-poll counts")?;
+        .context("reading the Redis epoch marker")?;
+    let counts_since = epoch
+        .and_then(|e| ulid::Ulid::from_string(&e).ok())
+        .map(|u| DateTime::<Utc>::from(u.datetime()));
     let mut out = Vec::new();
-    for (i, task) in Task::ALL.into_iter().enumerate() {
-        let slice = &raw[i * hours.len()..(i + 1) * hours.len()];
-        let mut view = UnchangedView {
-            task: task.label(),
-            card_total: 0,
-            all_cards_total: 0,
-            card_by_hour: Vec::new(),
-        };
-        for (hour, (card, total)) in hours.iter().zip(slice) {
-            let card = card.unwrap_or(0);
-            view.card_total += card;
-            view.all_cards_total += total.unwrap_or(0);
-            if card > 0 {
-                view.card_by_hour.push((hour.clone(), card));
-            }
-        }
-        out.push(view);
+    for task in Task::ALL {
+        let entry = unchanged::entry(&mut conn, ctx.prefix(), task, card_ref).await?;
+        let hours = unchanged::fleet_hours(&mut conn, ctx.prefix(), task, now).await?;
+        out.push(UnchangedView::new(task, entry, hours, counts_since));
     }
-    Ok(out)
+    Ok((out, counts_since))
 }
 
 /// The text rendering for people.
@@ -533,15 +581,22 @@ pub fn render_text(inv: &Investigation) -> String {
             }
         }
     }
-    let _ = writeln!(s, "\nunchanged polls (last {UNCHANGED_HOURS} h)");
+    let _ = writeln!(s, "\nunchanged polls");
     let _ = writeln!(s, "  {}", inv.note);
-    for u in &inv.unchanged_polls {
+    if let Some(at) = inv.counts_since {
         let _ = writeln!(
             s,
-            "  {:<12} this card: {}   all cards: {}",
-            u.task, u.card_total, u.all_cards_total
+            "  Redis has counted since {at} (when it was last found empty: data lost, or first start)"
         );
-        for (hour, n) in u.card_by_hour.iter().take(6) {
+    }
+    for u in &inv.unchanged_polls {
+        let _ = writeln!(s, "  {:<12} this card: {}", u.task, u.explanation);
+        let _ = writeln!(
+            s,
+            "  {:<12} all cards, last {HOURS_KEPT} h: {}",
+            "", u.all_cards_total
+        );
+        for (hour, n) in u.all_cards_by_hour.iter().take(6) {
             let _ = writeln!(s, "      hour {hour} UTC: {n}");
         }
     }

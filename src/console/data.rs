@@ -213,7 +213,7 @@ async fn maintenance(
         // no read of the archive tables.
         match bounded(
             "last archived day",
-            crate::maintenance::status::last_day(ctx, JobKind::Archive),
+            crate::maintenance::last_day::read(ctx, JobKind::Archive),
         )
         .await
         {

@@ -384,9 +384,18 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
         }
         h2 { "Unchanged polls" }
         p.note { (inv.note) }
+        @if let Some(at) = &inv.counts_since { p.note { "Redis has counted since " (when(at)) " (when it was last found empty: its data lost, or the first start)." } }
         table {
-            tr { th { "task" } th { "this card" } th { "all cards" } }
-            @for u in &inv.unchanged_polls { tr { td { (u.task) } td.num { (u.card_total) } td.num { (u.all_cards_total) } } }
+            tr { th { "task" } th { "this card" } th { "since" } th { "last unchanged poll" } th { "all cards, last 48 h" } }
+            @for u in &inv.unchanged_polls {
+                tr {
+                    td { (u.task) }
+                    td.num { @if let Some(n) = u.card_count { (n) } @else { "–" } }
+                    td { @if let Some(at) = &u.since { (when(at)) br; } span.note { (u.explanation) } }
+                    td { @if let Some(at) = &u.last_unchanged_at { (when(at)) } @else { "–" } }
+                    td.num { (u.all_cards_total) }
+                }
+            }
         }
         @for (title, facts) in [("Manual facts (operator actions on this card)", &inv.manual_facts), ("Fleet facts (circuit transitions, operator actions on polling)", &inv.fleet_facts)] {
             h2 { (title) }

@@ -10,10 +10,12 @@
 //! - [`session`]: what the job bodies build on: [`JobKind`], [`RunReport`], the dedicated
 //!   session and the index-probe queries that find the day a run handles.
 //! - [`day`]: Asia/Shanghai day arithmetic.
+//! - [`last_day`]: the last day each job processed, recorded in Redis by every run.
 //! - [`status`]: what `cardworker maintenance status` reports (switch, brake, last day, backlog).
 
 pub mod archive;
 pub mod day;
+pub mod last_day;
 pub mod retention;
 pub mod run;
 pub mod session;

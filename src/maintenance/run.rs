@@ -78,7 +78,7 @@ pub async fn run_job(ctx: &AppContext, job: JobKind) -> anyhow::Result<RunReport
     count(&report);
     if report.result == "processed" {
         if let Some(d) = report.day {
-            super::status::record_last_day(ctx, job, d, report.day_finished).await;
+            super::last_day::record(ctx, job, d, report.day_finished).await;
         }
     }
     tracing::info!(

@@ -8,75 +8,19 @@
 //! number with the bounded index probes a run itself uses ([`run::backlog`]), in milliseconds,
 //! whether maintenance is on or off.
 //!
-//! The last processed day is kept in Redis by every run (`{prefix}:maintenance:last_day:{job}`),
-//! so any pod answers for the fleet; the `cardworker_maintenance_last_day` gauge only knows the
-//! runs of its own pod. A lost key (Redis failover) only empties `last_day` until the next run.
+//! The last processed day comes from [`super::last_day`], which every run writes, so any pod
+//! answers for the fleet.
 
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
 use chrono::{DateTime, NaiveDate, Utc};
-use redis::AsyncCommands as _;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use super::last_day;
 use super::run;
 use super::session::{JobKind, DAYS_PENDING_CAP};
 use crate::context::AppContext;
-
-/// The Redis key of a job's last processed day.
-pub fn last_day_key(prefix: &str, job: JobKind) -> String {
-    format!("{prefix}:maintenance:last_day:{}", job.label())
-}
-
-/// The last day a run of one job processed, as every run records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LastDay {
-    /// The Shanghai day.
-    pub day: NaiveDate,
-    /// Whether that run finished the day (false: the brake stopped it at a batch boundary).
-    pub day_finished: bool,
-    /// When the run recorded it.
-    pub at: DateTime<Utc>,
-}
-
-/// Records the day a processed run handled. A Redis failure is logged, never fails the run: the
-/// rows are already moved, and the next run records its day again.
-pub async fn record_last_day(ctx: &AppContext, job: JobKind, day: NaiveDate, day_finished: bool) {
-    let last = LastDay {
-        day,
-        day_finished,
-        at: Utc::now(),
-    };
-    let written = async {
-        let value = serde_json::to_string(&last).context("rendering the last day")?;
-        ctx.redis
-            .clone()
-            .set::<_, _, ()>(last_day_key(ctx.prefix(), job), value)
-            .await
-            .context("writing the last processed day to Redis")
-    }
-    .await;
-    if let Err(e) = written {
-        tracing::warn!(job = job.label(), error = %format!("{e:#}"), "could not record the last processed maintenance day");
-    }
-}
-
-/// Reads a job's last processed day; `None` when no run recorded one (or the value is not ours).
-pub async fn last_day(ctx: &AppContext, job: JobKind) -> anyhow::Result<Option<LastDay>> {
-    let raw: Option<String> = ctx
-        .redis
-        .clone()
-        .get(last_day_key(ctx.prefix(), job))
-        .await
-        .context("reading the last processed maintenance day from Redis")?;
-    Ok(raw.and_then(|raw| match serde_json::from_str(&raw) {
-        Ok(last) => Some(last),
-        Err(e) => {
-            tracing::warn!(job = job.label(), %raw, error = %e, "ignoring an unreadable last-day record");
-            None
-        }
-    }))
-}
 
 /// One job's part of the status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -115,7 +59,7 @@ pub async fn status(ctx: &AppContext) -> anyhow::Result<MaintenanceStatus> {
     let paused = super::is_paused(&mut ctx.redis.clone(), ctx.prefix()).await?;
     let mut jobs = BTreeMap::new();
     for job in [JobKind::Archive, JobKind::Retention] {
-        let last = last_day(ctx, job).await?;
+        let last = last_day::read(ctx, job).await?;
         let backlog = run::backlog(ctx, job)
             .await
             .with_context(|| format!("measuring the {} backlog", job.label()))?;

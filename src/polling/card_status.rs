@@ -1,45 +1,15 @@
 //! `PollCardStatus`: polls `GET /v1/cards/{card_ref}/status` until the status is final
 //! (`cancelled` or `expired`).
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use cardworker_jobs::PollCardStatus;
 use uuid::Uuid;
 
-use super::poll::{self, PollTask};
+use super::poll::PollTask;
 use crate::cards::apply::{self, Applied, ChangeSource};
-use crate::config::{Config, Task};
-use crate::context::AppContext;
 use crate::gateway::{CallResult, CardStatus, GatewayClient};
-use crate::runner::{JobError, RunJob};
 use crate::storage::cards::Card;
 
-impl RunJob for PollCardStatus {
-    fn concurrency(config: &Config) -> usize {
-        config.polling.task(Task::CardStatus).limit as usize
-    }
-
-    fn timeout(config: &Config) -> Duration {
-        config.polling.handler_timeout()
-    }
-
-    #[tracing::instrument(name = "poll.card_status", skip_all, fields(card_ref = %self.card_ref, chain = %self.state.chain, failures = self.state.failures))]
-    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        poll::run_poll(self, ctx).await.map(|_| ())
-    }
-
-    async fn after_abnormal_end(self, ctx: Arc<AppContext>, error: JobError) {
-        poll::after_abnormal_end(self, ctx, error).await;
-    }
-
-    fn carry<F>(job: F) -> futures::future::BoxFuture<'static, F::Output>
-    where
-        F: std::future::Future + Send + 'static,
-    {
-        Box::pin(super::circuit::carry(job))
-    }
-}
+super::run_job::poll_run_job!(PollCardStatus, "poll.card_status");
 
 impl PollTask for PollCardStatus {
     type Obs = CardStatus;

@@ -1,44 +1,14 @@
 //! `PollCardData`: polls `GET /v1/cards/{card_ref}/data` until the card data is ready.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use cardworker_jobs::PollCardData;
 use uuid::Uuid;
 
-use super::poll::{self, PollTask};
+use super::poll::PollTask;
 use crate::cards::apply::{self, Applied, ChangeSource};
-use crate::config::{Config, Task};
-use crate::context::AppContext;
 use crate::gateway::{CallResult, CardData, GatewayClient};
-use crate::runner::{JobError, RunJob};
 use crate::storage::cards::Card;
 
-impl RunJob for PollCardData {
-    fn concurrency(config: &Config) -> usize {
-        config.polling.task(Task::Carddata).limit as usize
-    }
-
-    fn timeout(config: &Config) -> Duration {
-        config.polling.handler_timeout()
-    }
-
-    #[tracing::instrument(name = "poll.carddata", skip_all, fields(card_ref = %self.card_ref, chain = %self.state.chain, failures = self.state.failures))]
-    async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        poll::run_poll(self, ctx).await.map(|_| ())
-    }
-
-    async fn after_abnormal_end(self, ctx: Arc<AppContext>, error: JobError) {
-        poll::after_abnormal_end(self, ctx, error).await;
-    }
-
-    fn carry<F>(job: F) -> futures::future::BoxFuture<'static, F::Output>
-    where
-        F: std::future::Future + Send + 'static,
-    {
-        Box::pin(super::circuit::carry(job))
-    }
-}
+super::run_job::poll_run_job!(PollCardData, "poll.carddata");
 
 impl PollTask for PollCardData {
     type Obs = CardData;

@@ -1,7 +1,8 @@
 //! Polling chains in Redis: at most one live chain per card and task.
 //!
-//! A chain is an id in `{prefix}:chain:{task}` (card_ref -> `chain_id|due_ms`), with its due time
-//! also in the index `{prefix}:chain:{task}:due`. Every job carries its chain id; a job whose id
+//! A chain is an id in `{prefix}:chain:{task}` (card_ref -> `chain_id|unchanged|last|since`: the
+//! id and the chain's unchanged-poll tally, [`super::unchanged`]), with its due time in the index
+//! `{prefix}:chain:{task}:due`. Every job carries its chain id; a job whose id
 //! is no longer the card's chain is stale and is acknowledged without calling the Gateway.
 //! Scheduling the next poll writes the card's single intake entry (entry id = card_ref) only if
 //! the job's chain is still live (or gone: the job then adopts the card), atomically, so a stale
@@ -25,9 +26,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use cardworker_jobs::{keys, ChainState, Job, PollCardData, PollCardStatus};
+use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use redis::Script;
 
+use super::unchanged;
 use crate::config::Task;
 
 static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::chain::SCRIPT));
@@ -200,8 +203,8 @@ pub async fn drop_if_dead(
 }
 
 /// Schedules the job's successor (next poll, back-off after a failure, or a deferral) after
-/// `delay`, if the job's chain is still live or gone (the job then adopts the card). Returns false
-/// for a stale chain (nothing written).
+/// `delay`, if the job's chain is still live or gone (the job then adopts the card), leaving the
+/// chain's unchanged-poll tally as it is. Returns false for a stale chain (nothing written).
 pub async fn schedule(
     conn: &mut ConnectionManager,
     prefix: &str,
@@ -210,13 +213,55 @@ pub async fn schedule(
     next: &ChainState,
     delay: Duration,
 ) -> anyhow::Result<bool> {
-    let done: i64 = invoke(prefix, task, "schedule", card_ref, &next.chain)
-        .arg(ms(delay))
-        .arg(payload(card_ref, next)?)
+    schedule_counted(conn, prefix, task, card_ref, next, delay, &Count::Keep).await
+}
+
+/// [`schedule`], and in the same script call what the poll did to the chain's unchanged-poll
+/// tally ([`Count`]): an unchanged poll costs no round trip of its own.
+pub async fn schedule_counted(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    next: &ChainState,
+    delay: Duration,
+    count: &Count,
+) -> anyhow::Result<bool> {
+    let mut inv = invoke(prefix, task, "schedule", card_ref, &next.chain);
+    inv.arg(ms(delay)).arg(payload(card_ref, next)?);
+    match count {
+        Count::Keep => {
+            inv.arg("k");
+        }
+        Count::Reset => {
+            inv.arg("r");
+        }
+        Count::Unchanged(at) => {
+            inv.key(unchanged::hour_key(
+                prefix,
+                task,
+                &unchanged::hour_bucket(*at),
+            ))
+            .arg("u")
+            .arg(unchanged::HOUR_TTL_SECS);
+        }
+    }
+    let done: i64 = inv
         .invoke_async(conn)
         .await
         .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
     Ok(done == 1)
+}
+
+/// What a successor's write does to the chain's unchanged-poll tally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Nothing (a deferral, a retry after an infrastructure error, a parked chain waiting).
+    Keep,
+    /// The poll recorded a change or a failure: the count starts again from 0, since now.
+    Reset,
+    /// The poll was unchanged (at this time, which picks the fleet-wide hourly counter): one more.
+    Unchanged(DateTime<Utc>),
 }
 
 /// Checks a running job against the card's chain (adopting the card if it has none).
@@ -293,7 +338,32 @@ pub async fn schedule_or_retry(
     next: &ChainState,
     delay: Duration,
 ) -> bool {
-    match schedule(conn, prefix, task, card_ref, next, delay).await {
+    schedule_counted_or_retry(
+        conn,
+        shutdown,
+        prefix,
+        task,
+        card_ref,
+        next,
+        delay,
+        Count::Keep,
+    )
+    .await
+}
+
+/// [`schedule_or_retry`] with the tally change of [`schedule_counted`] (retried with it).
+#[allow(clippy::too_many_arguments)]
+pub async fn schedule_counted_or_retry(
+    conn: &mut ConnectionManager,
+    shutdown: &crate::shutdown::Shutdown,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    next: &ChainState,
+    delay: Duration,
+    count: Count,
+) -> bool {
+    match schedule_counted(conn, prefix, task, card_ref, next, delay, &count).await {
         Ok(written) => written,
         Err(e) => {
             let (mut conn, prefix, card_ref, next) = (
@@ -314,7 +384,9 @@ pub async fn schedule_or_retry(
                 loop {
                     attempt += 1;
                     tokio::time::sleep(backoff.delay(attempt)).await;
-                    match schedule(&mut conn, &prefix, task, &card_ref, &next, delay).await {
+                    match schedule_counted(&mut conn, &prefix, task, &card_ref, &next, delay, &count)
+                        .await
+                    {
                         Ok(written) => {
                             tracing::info!(%task, %card_ref, attempt, written, "successor written after Redis came back");
                             return;

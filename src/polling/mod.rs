@@ -4,8 +4,11 @@
 //! - [`chain`]: one live chain per card and task, in Redis (schedule only; parking is in
 //!   PostgreSQL).
 //! - [`poll`]: the flow of one poll, shared by both tasks ([`poll::PollTask`]).
+//! - [`unchanged`]: what Redis keeps of unchanged polls (a tally in the chain entry, hourly
+//!   fleet-wide counters), and how it is read back.
 //! - [`carddata`]: the `PollCardData` job.
 //! - [`card_status`]: the `PollCardStatus` job.
+//! - `run_job`: the `RunJob` impl both poll jobs share (a macro; its doc says why).
 //! - [`budget_layer`]: the tower layer around both polling workers: both budget tokens and a
 //!   closed Gateway circuit or no handler, deferral through the chain.
 //! - [`circuit`]: what the fleet-wide Gateway circuit breaker means for a poll (its outcome
@@ -22,6 +25,8 @@ pub mod chain;
 pub mod circuit;
 pub mod poll;
 pub mod reconcile;
+mod run_job;
+pub mod unchanged;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -140,25 +140,22 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
 
-/// The card_status polls per card this hour (and the last), as the unchanged-poll aggregate in
-/// Redis counts them.
+/// The unchanged polls per card (those with at least one), as the tally in each card's chain
+/// entry counts them.
 async fn polls_per_card(conn: &mut ConnectionManager, task: Task) -> BTreeMap<String, i64> {
-    let now = chrono::Utc::now();
-    let mut out = BTreeMap::new();
-    for at in [now - chrono::Duration::hours(1), now] {
-        let key = cardworker::polling::poll::unchanged_key(
-            "cw",
-            task,
-            &cardworker::polling::poll::hour_bucket(at),
-        );
-        let counts: BTreeMap<String, i64> = conn.hgetall(&key).await.unwrap_or_default();
-        for (card, n) in counts {
-            if card != cardworker::polling::poll::UNCHANGED_TOTAL_FIELD {
-                *out.entry(card).or_insert(0) += n;
-            }
-        }
-    }
-    out
+    let entries: BTreeMap<String, String> = conn
+        .hgetall(chain::chain_key("cw", task))
+        .await
+        .unwrap_or_default();
+    entries
+        .into_iter()
+        .filter_map(|(card, raw)| {
+            let n = cardworker::polling::unchanged::parse_entry(&raw)
+                .tally?
+                .count;
+            (n > 0).then_some((card, n as i64))
+        })
+        .collect()
 }
 
 /// Every card has exactly one live chain per task, whose next job waits in the intake, is in

@@ -18,6 +18,10 @@ use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
+/// Every Redis key pattern the product writes (checked on every prefix this harness cleans up).
+#[path = "key_inventory_table.rs"]
+pub mod inventory;
+
 /// Admin URL used to create and drop test databases.
 pub fn admin_url() -> String {
     std::env::var("CARDWORKER_TEST_PG_ADMIN")
@@ -165,9 +169,34 @@ async fn scan_keys(conn: &mut ConnectionManager, pattern: &str) -> Vec<String> {
     }
 }
 
+/// Writes every key of a test prefix with its type and TTL to `dir/<prefix>.tsv` (the
+/// `{prefix}` part replaced), for surveying what the suite writes.
+async fn log_keys(conn: &mut ConnectionManager, prefix: &str, keys: &[String], dir: &str) {
+    let mut lines = String::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .unwrap_or_default();
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .unwrap_or(-3);
+        let name = key.replacen(prefix, "{prefix}", 1);
+        lines.push_str(&format!("{name}\t{kind}\t{ttl}\n"));
+    }
+    let _ = std::fs::write(format!("{dir}/{prefix}.tsv"), lines);
+}
+
 impl Drop for TestRedis {
+    /// Deletes the prefix's keys; first checks them against the key inventory
+    /// (`key_inventory::violations`) and fails the test on a key it does not list.
     fn drop(&mut self) {
         let prefix = self.prefix.clone();
+        let found = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let slot = found.clone();
         cleanup_blocking(async move {
             let Ok(client) = redis::Client::open(redis_url()) else {
                 return;
@@ -176,6 +205,13 @@ impl Drop for TestRedis {
                 return;
             };
             let keys = scan_keys(&mut conn, &format!("{prefix}:*")).await;
+            if let Ok(dir) = std::env::var("CARDWORKER_KEY_LOG") {
+                log_keys(&mut conn, &prefix, &keys, &dir).await;
+            }
+            let wrong = inventory::violations(&mut conn, &prefix, &keys).await;
+            if let Ok(mut slot) = slot.lock() {
+                *slot = wrong;
+            }
             for chunk in keys.chunks(500) {
                 let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
             }
@@ -196,6 +232,14 @@ impl Drop for TestRedis {
                     .await;
             }
         });
+        let found = found.lock().map(|f| f.clone()).unwrap_or_default();
+        if !found.is_empty() && !std::thread::panicking() {
+            panic!(
+                "Redis keys outside the key inventory (tests/it/key_inventory.rs) under {}:\n{}",
+                self.prefix,
+                found.join("\n")
+            );
+        }
     }
 }
 

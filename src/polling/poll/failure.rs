@@ -87,7 +87,10 @@ pub(super) async fn record_failure<J: PollTask>(
     } else {
         delay
     };
-    if !run.schedule(failures, delay).await? {
+    if !run
+        .schedule_counted(failures, delay, super::Count::Reset)
+        .await?
+    {
         tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
     }
     Ok(PollOutcome::Failed {

@@ -11,8 +11,10 @@
 //!    A poll that is a probe of a half-open circuit and fails records nothing and does not
 //!    advance the card's failures: the failure is the Gateway's, and the circuit re-opens.
 //! 4. By outcome:
-//!    - valid and unchanged: **no PostgreSQL write at all**; count `skipped_unchanged`, bump the
-//!      hourly Redis aggregate, schedule the next poll after the jittered interval;
+//!    - valid and unchanged: **no PostgreSQL write at all**; count `skipped_unchanged`, and
+//!      schedule the next poll after the jittered interval in the chain script call that also
+//!      counts the poll in the chain entry's tally and the fleet's hourly counter
+//!      ([`super::unchanged`]); a recorded change or failure resets the tally;
 //!    - valid and changed: one transaction with the terminal `succeeded` log, the optimistic card
 //!      update, its audit event + link and its outbox event; count `persisted_change`;
 //!    - failed or unknown: one transaction with the terminal `failed`/`unknown` log (error and
@@ -39,7 +41,7 @@ use redis::aio::ConnectionManager;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::chain::{self, Liveness, PollJob};
+use super::chain::{self, Count, Liveness, PollJob};
 use super::circuit;
 use crate::backoff::{self as backoff_rule, Backoff, Jitter};
 use crate::cards::apply::{Applied, ChangeSource};
@@ -61,10 +63,6 @@ use failure::{persist_unpark, record_failure};
 pub const BACKOFF_BASE: Duration = Duration::from_secs(10);
 /// Failure back-off ceiling (or the interval, when that is longer).
 pub const BACKOFF_CAP: Duration = Duration::from_secs(600);
-/// How long the unchanged-poll hashes are kept.
-pub const UNCHANGED_TTL_SECS: i64 = 2 * 24 * 3600;
-/// The field of an unchanged-poll hash holding the hour's total over every card.
-pub const UNCHANGED_TOTAL_FIELD: &str = "_total";
 
 /// One polling task as the shared flow needs it: the Gateway call, what counts as a change, and
 /// how a change is applied.
@@ -127,16 +125,6 @@ pub enum PollOutcome {
     ParkedWaiting,
 }
 
-/// The Redis hash of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
-pub fn unchanged_key(prefix: &str, task: Task, hour: &str) -> String {
-    format!("{prefix}:unchanged:{}:{hour}", task.label())
-}
-
-/// The hour bucket (`YYYYMMDDHH`, UTC) of `at`.
-pub fn hour_bucket(at: DateTime<Utc>) -> String {
-    at.format("%Y%m%d%H").to_string()
-}
-
 /// The delay before attempt `failures + 1` after `failures` consecutive failures: exponential from
 /// `min(interval, 10 s)`, capped at `max(interval, 10 min)`, with ±20% jitter (still capped).
 pub fn backoff(interval: Duration, failures: u32) -> Duration {
@@ -159,28 +147,6 @@ pub const OUTCOMES: [&str; 3] = [SKIPPED_UNCHANGED, PERSISTED_CHANGE, PERSISTED_
 
 fn count(task: Task, outcome: &'static str) {
     metrics::counter!(m::POLL_OUTCOMES, "task" => task.label(), "outcome" => outcome).increment(1);
-}
-
-/// Counts one unchanged poll in the hourly aggregate: one pipelined round trip (card field, total
-/// field, expiry).
-pub async fn count_unchanged(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    at: DateTime<Utc>,
-) -> anyhow::Result<()> {
-    let key = unchanged_key(prefix, task, &hour_bucket(at));
-    redis::pipe()
-        .hincr(&key, card_ref, 1)
-        .ignore()
-        .hincr(&key, UNCHANGED_TOTAL_FIELD, 1)
-        .ignore()
-        .expire(&key, UNCHANGED_TTL_SECS)
-        .ignore()
-        .query_async::<()>(conn)
-        .await
-        .context("counting an unchanged poll in Redis")
 }
 
 /// Everything one run needs to know about its job.
@@ -235,8 +201,20 @@ impl<'a, J: PollTask> Run<'a, J> {
         self.ctx.config.polling.task(J::TASK).parked_retry()
     }
 
-    /// Schedules the chain's next job after `delay` with `failures`.
+    /// Schedules the chain's next job after `delay` with `failures`, its unchanged-poll tally left
+    /// as it is.
     async fn schedule(&mut self, failures: u32, delay: Duration) -> anyhow::Result<bool> {
+        self.schedule_counted(failures, delay, Count::Keep).await
+    }
+
+    /// [`Self::schedule`], with what this poll does to the chain's unchanged-poll tally (in the
+    /// same script call).
+    async fn schedule_counted(
+        &mut self,
+        failures: u32,
+        delay: Duration,
+        count: Count,
+    ) -> anyhow::Result<bool> {
         let next = ChainState {
             chain: self.state.chain.clone(),
             failures,
@@ -245,7 +223,7 @@ impl<'a, J: PollTask> Run<'a, J> {
         let prefix = self.ctx.prefix().to_owned();
         // Redis refusing the successor (after a PostgreSQL commit, say) never ends the chain:
         // the write is retried in the background until Redis answers.
-        Ok(chain::schedule_or_retry(
+        Ok(chain::schedule_counted_or_retry(
             &mut self.conn,
             &self.ctx.shutdown,
             &prefix,
@@ -253,14 +231,15 @@ impl<'a, J: PollTask> Run<'a, J> {
             &self.card_ref,
             &next,
             delay,
+            count,
         )
         .await)
     }
 
-    /// The next regular poll (failures reset).
-    async fn schedule_next(&mut self) -> anyhow::Result<()> {
+    /// The next regular poll (failures reset), with `count` applied to the unchanged-poll tally.
+    async fn schedule_next(&mut self, count: Count) -> anyhow::Result<()> {
         let delay = backoff_rule::spread(self.interval(), 0.1);
-        if !self.schedule(0, delay).await? {
+        if !self.schedule_counted(0, delay, count).await? {
             tracing::debug!(card_ref = %self.card_ref, "chain replaced meanwhile; next poll left to the new chain");
         }
         Ok(())
@@ -403,7 +382,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                         if J::ends_chain(obs) {
                             run.finish().await?;
                         } else {
-                            run.schedule_next().await?;
+                            run.schedule_next(Count::Reset).await?;
                         }
                         return Ok(PollOutcome::Changed);
                     }
@@ -432,7 +411,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                     }
                     Ok(Applied::Conflict) => {
                         tracing::warn!(%task, card_ref = %run.card_ref, "card changed twice under the poll; next poll decides again");
-                        run.schedule_next().await?;
+                        run.schedule_next(Count::Keep).await?;
                         return Ok(PollOutcome::RetryScheduled);
                     }
                     Err(e) if fault::classify_chain(&e) == DbFault::Transient => {
@@ -446,7 +425,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                     }
                 }
             }
-            run.schedule_next().await?;
+            run.schedule_next(Count::Keep).await?;
             Ok(PollOutcome::RetryScheduled)
         }
         Outcome::Failed(failure) | Outcome::Unknown(failure) if circuit::is_probe() => {
@@ -474,12 +453,9 @@ async fn unchanged<J: PollTask>(
     at: DateTime<Utc>,
 ) -> anyhow::Result<PollOutcome> {
     count(J::TASK, SKIPPED_UNCHANGED);
-    let prefix = run.prefix().to_owned();
-    if let Err(e) = count_unchanged(&mut run.conn, &prefix, J::TASK, &run.card_ref, at).await {
-        // A lost count is not worth a lost chain: go on and schedule.
-        tracing::warn!(task = %J::TASK, card_ref = %run.card_ref, error = %format!("{e:#}"), "unchanged-poll count not recorded");
-    }
-    run.schedule_next().await?;
+    // The count goes with the successor: one script call updates the chain entry's tally and the
+    // fleet's hourly counter (super::unchanged).
+    run.schedule_next(Count::Unchanged(at)).await?;
     Ok(PollOutcome::Unchanged)
 }
 

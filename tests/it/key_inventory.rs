@@ -1,0 +1,120 @@
+//! The key inventory's own tests (the table is `key_inventory_table.rs`, included by the harness,
+//! whose every `TestRedis` guard checks its prefix against it when it drops).
+
+use std::time::Duration;
+
+use redis::AsyncCommands as _;
+
+use crate::harness::inventory::{classify, matches, violations, INVENTORY};
+use crate::harness::{spawn_app_with, wait_until};
+
+#[test]
+fn patterns_match_whole_segments_and_placeholders_one_segment_each() {
+    assert!(matches("<prefix>:chain:<task>", "<prefix>:chain:carddata"));
+    assert!(!matches(
+        "<prefix>:chain:<task>",
+        "<prefix>:chain:carddata:due"
+    ));
+    assert!(matches(
+        "<prefix>:{budget}:task:<task>",
+        "<prefix>:{budget}:task:card_status"
+    ));
+    assert!(!matches(
+        "<prefix>:{budget}:task:<task>",
+        "<prefix>:budget:task:card_status"
+    ));
+    assert_eq!(
+        classify("cw", "cw:q:card_status:meta:01JD").map(|p| p.pattern),
+        Some("<prefix>:q:<queue>:meta:<id>")
+    );
+    assert!(
+        classify("cw", "cw:unchanged:card_status:2026120200").is_none(),
+        "the old per-card hourly hash is not written any more"
+    );
+    assert!(classify("cw", "other:chain:carddata").is_none());
+}
+
+#[test]
+fn every_pattern_is_listed_for_operators_in_the_runbook() {
+    let runbook = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/RUNBOOK.md"))
+        .expect("docs/RUNBOOK.md");
+    let section = runbook
+        .split("### Redis keys")
+        .nth(1)
+        .expect("a \"### Redis keys\" section in docs/RUNBOOK.md");
+    for p in INVENTORY {
+        let shown = p.pattern.replace("<prefix>", "{prefix}");
+        assert!(
+            section.contains(&format!("`{shown}`")),
+            "docs/RUNBOOK.md \"Redis keys\" does not list `{shown}`"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_key_the_inventory_does_not_name_and_an_hourly_key_without_expiry_are_both_reported() {
+    use crate::harness::TestRedis;
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let mystery = format!("{}:mystery:c-1", redis.prefix);
+    let no_ttl = format!("{}:unchanged_total:carddata:2026120200", redis.prefix);
+    let listed = format!("{}:chain:carddata", redis.prefix);
+    let _: () = conn.set(&mystery, 1).await.expect("set");
+    let _: () = conn.set(&no_ttl, 1).await.expect("set");
+    let _: () = conn
+        .hset(&listed, "c-1", "01CHAIN|0|0|s0")
+        .await
+        .expect("hset");
+    let found = violations(
+        &mut conn,
+        &redis.prefix,
+        &[mystery.clone(), no_ttl.clone(), listed.clone()],
+    )
+    .await;
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].starts_with(&mystery) && found[0].contains("not in the key inventory"));
+    assert!(found[1].starts_with(&no_ttl) && found[1].contains("TTL is -1"));
+    // Leave only listed keys for the guard's own scan.
+    let _: () = conn.del(&[&mystery, &no_ttl]).await.expect("del");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_polls_and_changes_leaves_only_listed_keys_each_within_its_lifetime() {
+    let app = spawn_app_with(|c| {
+        c.polling.carddata.interval_secs = 1;
+        c.polling.card_status.interval_secs = 1;
+    })
+    .await;
+    for card in ["c-1", "c-2", "c-3"] {
+        app.insert_card(card).await;
+    }
+    for task in cardworker::config::Task::ALL {
+        cardworker::polling::reconcile::sweep(&app.ctx, task)
+            .await
+            .expect("reconcile");
+    }
+    app.sim
+        .set_card_status("c-2", cardworker::gateway::CardStatus::Frozen);
+    wait_until(
+        Duration::from_secs(30),
+        "unchanged polls and a change",
+        || async {
+            let keys = app.redis.keys().await;
+            keys.iter()
+                .any(|k| k.contains(":unchanged_total:card_status:"))
+                && keys.iter().any(|k| {
+                    k.contains(":q:card_status:meta:") || k.contains(":q:card_status:done")
+                })
+        },
+    )
+    .await;
+    let keys = app.redis.keys().await;
+    let found = violations(&mut app.redis.conn.clone(), &app.redis.prefix, &keys).await;
+    assert!(found.is_empty(), "{found:#?}");
+    // Nothing keyed per card: the card refs appear only inside hashes and sets.
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("c-1") && !k.contains("c-2")),
+        "{keys:#?}"
+    );
+}

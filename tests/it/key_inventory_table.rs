@@ -1,0 +1,256 @@
+//! The inventory of every Redis key pattern cardworker writes, with its owner and its lifetime
+//! (issue 19: no key grows with time; a key of a card goes with the card's chain, a key of an hour
+//! or a day has a TTL).
+//!
+//! Included by the harness (`harness::inventory`, so every binary that uses the harness checks its
+//! prefixes); the tests of the inventory itself are in `key_inventory.rs`.
+//!
+//! It is enforced on the whole integration suite: every test's prefix is scanned when its
+//! [`crate::harness::TestRedis`] guard drops (before the keys are deleted), and a key that matches
+//! no pattern here, or a key of a TTL pattern without an expiry, fails that test. So a new writer
+//! anywhere in the product fails `make test` until its keys are listed here, with a lifetime. The
+//! table is mirrored for operators in docs/RUNBOOK.md ("Redis keys"), which a test here keeps in
+//! step.
+//!
+//! Pattern syntax: the deployment prefix is `<prefix>`; any other `<name>` stands for one
+//! `:`-free segment; everything else is literal (`{budget}` is a literal Redis hash tag).
+
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands as _;
+
+/// How long a key of a pattern lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// One key (or one per task or queue) for the deployment: a fixed number, whatever the fleet
+    /// size or uptime.
+    Deployment,
+    /// Holds one entry per card with a live chain; the entry goes when the chain ends.
+    PerChain,
+    /// Holds entries of jobs waiting or in flight; each leaves when its job is fed, done or
+    /// trimmed (`queue::intake::trim`: done at once, dead after 7 days).
+    Jobs,
+    /// One key per job, deleted by the trim when the job is done (dead: after 7 days).
+    PerJob,
+    /// One key per worker instance, removed once apalis drops the worker (`trim_workers`), or,
+    /// for a set, gone with its last member.
+    PerWorker,
+    /// Expires: a TTL of at most this many seconds is set when the key is created (checked).
+    Ttl(i64),
+}
+
+/// One key pattern.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyPattern {
+    /// The key, with `<prefix>` and placeholders.
+    pub pattern: &'static str,
+    /// Who writes it.
+    pub owner: &'static str,
+    /// How long it lives.
+    pub lifetime: Lifetime,
+}
+
+const fn k(pattern: &'static str, owner: &'static str, lifetime: Lifetime) -> KeyPattern {
+    KeyPattern {
+        pattern,
+        owner,
+        lifetime,
+    }
+}
+
+use Lifetime::*;
+
+/// Every key pattern the product writes under `redis.key_prefix`.
+pub const INVENTORY: &[KeyPattern] = &[
+    // Polling chains (src/polling/chain.rs, jobs/src/chain.lua).
+    k(
+        "<prefix>:chain:<task>",
+        "polling chains (chain.lua): card -> chain id + unchanged-poll tally",
+        PerChain,
+    ),
+    k(
+        "<prefix>:chain:<task>:due",
+        "polling chains (chain.lua): due index, card -> due ms",
+        PerChain,
+    ),
+    k(
+        "<prefix>:reconcile:cursor:<task>",
+        "polling reconcile: the cursor walk's position",
+        Deployment,
+    ),
+    // Unchanged polls (src/polling/unchanged.rs).
+    k(
+        "<prefix>:unchanged_total:<task>:<hour>",
+        "unchanged polls: fleet-wide count per task and UTC hour",
+        Ttl(49 * 3600),
+    ),
+    // Intake (src/queue, jobs/src/lib.rs).
+    k(
+        "<prefix>:intake:<queue>",
+        "intake: waiting entries, entry id -> due ms",
+        Jobs,
+    ),
+    k(
+        "<prefix>:intake:<queue>:payload",
+        "intake: waiting entries' payloads",
+        Jobs,
+    ),
+    k(
+        "<prefix>:intakes:due",
+        "intake feeder (issue 16): the earliest due time of each intake",
+        Deployment,
+    ),
+    k(
+        "<prefix>:claim:<queue>:tick:<ts>",
+        "cron ticks (runner::spawn, Producer::enqueue_once): one job per tick",
+        Ttl(24 * 3600),
+    ),
+    // apalis-redis 1.0 under the queue name (fed by feed.lua, trimmed by trim.lua).
+    k(
+        "<prefix>:q:<queue>:active",
+        "apalis-redis: ids ready to fetch",
+        Jobs,
+    ),
+    k(
+        "<prefix>:q:<queue>:scheduled",
+        "apalis-redis: ids scheduled for later",
+        Jobs,
+    ),
+    k(
+        "<prefix>:q:<queue>:data",
+        "apalis-redis: job payloads by id",
+        Jobs,
+    ),
+    k(
+        "<prefix>:q:<queue>:signal",
+        "apalis-redis: the fetch wake-up list (one element)",
+        Deployment,
+    ),
+    k(
+        "<prefix>:q:<queue>:done",
+        "apalis-redis: done ids until the trim",
+        Jobs,
+    ),
+    k(
+        "<prefix>:q:<queue>:dead",
+        "apalis-redis: dead ids, trimmed after 7 days",
+        Jobs,
+    ),
+    k(
+        "<prefix>:q:<queue>:failed",
+        "apalis-redis: failed ids (retries)",
+        Jobs,
+    ),
+    k(
+        "<prefix>:q:<queue>:meta:<id>",
+        "apalis-redis + feed.lua: one job's status",
+        PerJob,
+    ),
+    k(
+        "<prefix>:q:<queue>:inflight:<worker>",
+        "apalis-redis: a worker's jobs in flight",
+        PerWorker,
+    ),
+    k(
+        "<prefix>:q:<queue>:workers",
+        "apalis-redis: worker heartbeats",
+        Deployment,
+    ),
+    k(
+        "<prefix>:q:<queue>:workers:metadata:<worker>",
+        "apalis-redis: one worker's metadata",
+        PerWorker,
+    ),
+    // Budget and circuit (src/budget).
+    k(
+        "<prefix>:{budget}:total",
+        "budget: leases of every task",
+        Jobs,
+    ),
+    k(
+        "<prefix>:{budget}:task:<task>",
+        "budget: one task's leases",
+        Jobs,
+    ),
+    k(
+        "<prefix>:{budget}:overrides",
+        "budget: runtime limit overrides (`budget set`)",
+        Deployment,
+    ),
+    k(
+        "<prefix>:{budget}:paused",
+        "budget: paused tasks (`budget pause`)",
+        Deployment,
+    ),
+    k(
+        "<prefix>:{budget}:circuit:<task>",
+        "Gateway circuit: one task's state",
+        Deployment,
+    ),
+    k(
+        "<prefix>:{budget}:circuit:<task>:window",
+        "Gateway circuit: one task's recent outcomes (bounded list)",
+        Deployment,
+    ),
+    // Maintenance (src/maintenance).
+    k(
+        "<prefix>:maintenance:paused",
+        "maintenance: the runtime brake",
+        Deployment,
+    ),
+    k(
+        "<prefix>:maintenance:last_day:<job>",
+        "maintenance: the last processed day per job",
+        Deployment,
+    ),
+    // The Redis probe (src/runner/redis_watch.rs).
+    k(
+        "<prefix>:redis_epoch",
+        "Redis probe: the epoch marker whose absence means data loss",
+        Deployment,
+    ),
+];
+
+fn segment_matches(pattern: &str, segment: &str) -> bool {
+    if pattern.starts_with('<') && pattern.ends_with('>') {
+        !segment.is_empty()
+    } else {
+        pattern == segment
+    }
+}
+
+/// Whether `key` (with the prefix already replaced by `<prefix>`) matches `pattern`.
+pub fn matches(pattern: &str, key: &str) -> bool {
+    let (p, k): (Vec<&str>, Vec<&str>) = (pattern.split(':').collect(), key.split(':').collect());
+    p.len() == k.len() && p.iter().zip(&k).all(|(p, k)| segment_matches(p, k))
+}
+
+/// The pattern `key` of `prefix` belongs to.
+pub fn classify(prefix: &str, key: &str) -> Option<&'static KeyPattern> {
+    let rest = key.strip_prefix(prefix)?;
+    let name = format!("<prefix>{rest}");
+    INVENTORY.iter().find(|p| matches(p.pattern, &name))
+}
+
+/// What is wrong with the keys of `prefix`: keys no pattern names, and keys of a TTL pattern
+/// without an expiry (or with a longer one than listed).
+pub async fn violations(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    keys: &[String],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in keys {
+        match classify(prefix, key) {
+            None => out.push(format!("{key}: written under the prefix but not in the key inventory (tests/it/key_inventory.rs)")),
+            Some(KeyPattern { pattern, owner, lifetime: Ttl(max) }) => {
+                let ttl: i64 = conn.ttl(key).await.unwrap_or(-2);
+                // -2: gone meanwhile (expired or deleted), which is fine.
+                if ttl == -1 || ttl > *max {
+                    out.push(format!("{key} ({pattern}, {owner}): listed as expiring within {max} s, but its TTL is {ttl}"));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    out
+}
