@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis-memory browser console-screenshots
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-memory browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -91,6 +91,13 @@ bench-reconcile: services
 ## Approvals/s through submission and through recovery at 1,000 rows (in-process simulator).
 bench-approvals: services
 	$(CARGO) bench --profile dev --bench bench_approvals
+
+## Redis cost per poll and of an idle pod (issue 16): a private redis-server, one release worker,
+## 3,000 cards polled every second at 0 ms, raw apalis-redis in the same run; about 12 minutes
+## (memory after 10 minutes). `make bench-redis SHORT=1`: about 2 minutes.
+bench-redis: services
+	BENCH_SHORT=$(SHORT) $(CARGO) bench --bench bench_redis
+
 ## Gateway outages of 60 s and 10 min at 1,000 cards: records written, chains parked, time to
 ## resume (CARDWORKER_BIN=path runs another build, e.g. main's, for the "before" numbers).
 bench-outage: services

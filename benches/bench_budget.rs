@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use cardworker::budget::Budget;
@@ -28,7 +27,11 @@ use cardworker::queue::{intake, QueueName};
 use cardworker::sim::Simulator;
 use cardworker_jobs::{Job, PollCardData, PollCardStatus};
 use redis::aio::ConnectionManager;
+use support::private_redis;
 use tokio::sync::watch;
+
+#[path = "support.rs"]
+mod support;
 
 /// What the bench handler shares.
 struct State {
@@ -115,48 +118,6 @@ macro_rules! worker {
             $(.layer($layer))?
             .build(handler)
     }};
-}
-
-struct PrivateRedis {
-    child: std::process::Child,
-    url: String,
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn private_redis() -> anyhow::Result<(PrivateRedis, ConnectionManager)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .context("starting redis-server (needed for clean commandstats)")?;
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let redis = PrivateRedis {
-        child,
-        url: url.clone(),
-    };
-    for _ in 0..100 {
-        if let Ok(conn) = cardworker::context::connect_redis(&url).await {
-            return Ok((redis, conn));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("redis-server did not come up on {url}")
 }
 
 async fn commands(conn: &mut ConnectionManager) -> anyhow::Result<u64> {

@@ -48,8 +48,8 @@ pub async fn drop_database(admin_url: &str, name: &str) {
     }
 }
 
-/// A private `redis-server` on a free port (no persistence), killed when dropped: for figures
-/// that need INFO or commandstats of one run only.
+/// A `redis-server` of the bench's own, on a free port (so that `INFO` counts only the bench);
+/// killed when dropped.
 pub struct PrivateRedis {
     /// The server process.
     child: std::process::Child,
@@ -64,7 +64,7 @@ impl Drop for PrivateRedis {
     }
 }
 
-/// Starts a [`PrivateRedis`] and connects to it.
+/// Starts a [`PrivateRedis`] (no persistence) and connects to it.
 pub async fn private_redis() -> anyhow::Result<(PrivateRedis, redis::aio::ConnectionManager)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -73,6 +73,8 @@ pub async fn private_redis() -> anyhow::Result<(PrivateRedis, redis::aio::Connec
         .args([
             "--port",
             &port.to_string(),
+            "--bind",
+            "127.0.0.1",
             "--save",
             "",
             "--appendonly",
@@ -80,7 +82,7 @@ pub async fn private_redis() -> anyhow::Result<(PrivateRedis, redis::aio::Connec
         ])
         .stdout(std::process::Stdio::null())
         .spawn()
-        .context("starting redis-server (needed for used_memory of this run only)")?;
+        .context("starting redis-server (needed for clean INFO figures)")?;
     let url = format!("redis://127.0.0.1:{port}/0");
     let redis = PrivateRedis {
         child,

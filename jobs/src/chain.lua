@@ -69,11 +69,20 @@ local function mark(id, due, tally)
   redis.call('ZADD', KEYS[4], due, card)
 end
 
+-- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
+-- time, so that the feeder looks at this intake by then (issue 16). Its name is made from the
+-- intake key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it.
+local function hint(due)
+  local prefix = string.match(KEYS[2], '^(.*):intake:[^:]*$')
+  if prefix then redis.call('ZADD', prefix .. ':intakes:due', 'LT', due, KEYS[2]) end
+end
+
 local function put(id, delay, payload, tally)
   local due = now + tonumber(delay)
   mark(id, due, tally)
   redis.call('HSET', KEYS[3], card, payload)
   redis.call('ZADD', KEYS[2], due, card)
+  hint(due)
 end
 
 if op == 'start' then
@@ -149,6 +158,7 @@ elseif op == 'merge' then
     if waiting then
       if tonumber(waiting) > due then
         redis.call('ZADD', KEYS[2], due, card)
+        hint(due)
         mark(cur_id, due, cur_tally or fresh())
       end
       return {'merged', cur_id}

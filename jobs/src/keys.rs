@@ -16,6 +16,14 @@ pub fn intake_payload(prefix: &str, queue: &str) -> String {
     format!("{prefix}:intake:{queue}:payload")
 }
 
+/// The due hint of the deployment's intakes (member: an intake key, score: unix ms on the Redis
+/// clock, never later than that intake's earliest entry). Every intake writer lowers it
+/// (`ZADD LT`); the feeder sets it exactly after each feed. The feeder reads this one key on its
+/// ticks instead of every intake, so an idle pod costs Redis almost nothing (issue 16).
+pub fn intake_due_hint(prefix: &str) -> String {
+    format!("{prefix}:intakes:due")
+}
+
 /// A one-off claim, for example one cron tick.
 pub fn claim(prefix: &str, claim: &str) -> String {
     format!("{prefix}:claim:{claim}")

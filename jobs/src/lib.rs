@@ -65,12 +65,15 @@ pub enum EnqueueError {
 }
 
 /// Adds (or replaces) one entry of a queue's intake, due `ARGV[3]` ms after the Redis clock's
-/// now: due times come from one clock, whatever the producers' clocks say.
+/// now: due times come from one clock, whatever the producers' clocks say. KEYS[3] is the
+/// deployment's due hint ([`keys::intake_due_hint`]): lowered to the entry's due time, so that the
+/// feeder looks at this intake by then.
 const ADD_SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], due, ARGV[1])
+redis.call('ZADD', KEYS[3], 'LT', due, KEYS[1])
 return 1
 "#;
 
@@ -84,6 +87,7 @@ local t = redis.call('TIME')
 local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], due, ARGV[1])
+redis.call('ZADD', KEYS[4], 'LT', due, KEYS[1])
 return 1
 "#;
 
@@ -183,6 +187,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
             .key(keys::intake(&self.prefix, J::QUEUE))
             .key(keys::intake_payload(&self.prefix, J::QUEUE))
             .key(keys::claim(&self.prefix, claim))
+            .key(keys::intake_due_hint(&self.prefix))
             .arg(id)
             .arg(payload)
             .arg(claim_ttl.as_secs().max(1))
@@ -204,6 +209,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
         let _: i64 = redis::Script::new(ADD_SCRIPT)
             .key(keys::intake(&self.prefix, queue))
             .key(keys::intake_payload(&self.prefix, queue))
+            .key(keys::intake_due_hint(&self.prefix))
             .arg(entry_id)
             .arg(payload)
             .arg(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))

@@ -8,19 +8,27 @@
 -- KEYS[6] carddata circuit hash   KEYS[7] card_status circuit hash
 -- KEYS[8] carddata circuit window list   KEYS[9] card_status circuit window list
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
--- ARGV[1] op: acquire | release | finish | show | circuit_force
+-- ARGV[1] op: acquire | release | finish | finish_batch | show | circuit_force
 --
 -- acquire: ARGV[2] task index (2 = carddata, 3 = card_status, i.e. its KEYS index)
 --          ARGV[3] task label  ARGV[4] lease id  ARGV[5] total limit  ARGV[6] config task limit
 --          ARGV[7] limit ceiling  ARGV[8] lease ttl ms  ARGV[9] circuit cfg (circuit_cfg)
+--          ARGV[10] how many finishes it carries, then 5 values per finish: task index, lease
+--          id, outcome, probe round, card (as for finish). They run first, in the same call, so a
+--          slot that turns over costs one round trip, not two (issue 16).
 --   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused'|'circuit_open', effective task
 --            limit, invalid override as stored ('' when none or valid), probe round (0: not a
---            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends}
+--            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends,
+--            {the carried finishes' answers, each as finish returns it}}
 -- release: ARGV[2..] lease ids; removes each from every set. Returns how many leases existed.
 -- finish:  ARGV[2] task index  ARGV[3] lease id  ARGV[4] outcome 'ok'|'fail'|'none'
 --          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg  ARGV[7] the card
 --   releases the lease and counts the outcome; returns {existed 1|0, transition name ('' for
 --   none), {its numbers}} (see circuit_record).
+-- finish_batch: ARGV[2] circuit cfg, ARGV[3] how many finishes, then 5 values each (as the
+--   finishes an acquire carries); returns their answers. A process flushes with it the finishes
+--   that no acquire picked up within a few ms.
+-- Every op reads TIME once, at the top.
 -- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
 --          [task, raw, ...], paused [task, ...], carddata circuit flat, card_status circuit flat,
 --          carddata window, card_status window, now ms}; counts only unexpired leases.
@@ -38,6 +46,41 @@ local function valid_limit(raw, ceiling)
   return n
 end
 
+-- Releases one lease of task `index` and counts its poll's outcome in the task's circuit (the
+-- `finish` op, and the finishes an acquire carries). Returns {existed 1|0, transition, {numbers}}.
+local function finish_one(index, lease, outcome, round, cfg, card)
+  local a = redis.call('ZREM', KEYS[1], lease)
+  local b = redis.call('ZREM', KEYS[index], lease)
+  local existed = 0
+  if a + b > 0 then existed = 1 end
+  local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], now, cfg, outcome, round, card)
+  local numbers = {}
+  for i = 2, #answer do numbers[#numbers + 1] = answer[i] end
+  return {existed, answer[1], numbers}
+end
+
+-- The finishes a call carries: ARGV[at] of them, then 5 values each (task index, lease id,
+-- outcome, probe round, card). Returns their answers in order.
+local function carried_finishes(at, cfg)
+  local out = {}
+  local count = tonumber(ARGV[at] or '0') or 0
+  for i = 0, count - 1 do
+    local b = at + 1 + i * 5
+    out[#out + 1] = finish_one(tonumber(ARGV[b]), ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]),
+      cfg, ARGV[b + 4])
+  end
+  return out
+end
+
+-- Whether a lease set holds fewer than `limit` live leases. The TTL repair (a crashed worker's
+-- leases stop counting once they expire) runs only when the set looks full: an expired lease
+-- matters only then, so a healthy acquire pays one ZCARD per set instead of a purge.
+local function has_room(key, limit)
+  if redis.call('ZCARD', key) < limit then return true end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key) < limit
+end
+
 if op == 'acquire' then
   local task_key = KEYS[tonumber(ARGV[2])]
   local task, lease = ARGV[3], ARGV[4]
@@ -47,10 +90,11 @@ if op == 'acquire' then
   local ttl = tonumber(ARGV[8])
   local expiry = now + ttl
   local circuit = KEYS[tonumber(ARGV[2]) + 4]
+  local cfg = circuit_cfg(ARGV[9])
 
-  -- TTL repair: a crashed worker's leases stop counting once they expire, in both sets.
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('ZREMRANGEBYSCORE', task_key, '-inf', now)
+  -- The finishes this call carries (ARGV[10] of them, 5 values each: task index, lease, outcome,
+  -- probe round, card): released first, so that their slots count as free for this acquire.
+  local finished = carried_finishes(10, cfg)
 
   local invalid = ''
   local raw = redis.call('HGET', KEYS[4], task)
@@ -62,30 +106,33 @@ if op == 'acquire' then
   if task_limit > total_limit then task_limit = total_limit end
 
   if redis.call('SISMEMBER', KEYS[5], task) == 1 then
-    return {0, 'paused', task_limit, invalid, 0, '', 0}
+    return {0, 'paused', task_limit, invalid, 0, '', 0, finished}
   end
-  local verdict, detail, transition = circuit_admit(circuit, now, circuit_cfg(ARGV[9]))
+  local verdict, detail, transition = circuit_admit(circuit, now, cfg)
   if verdict == 'open' then
-    return {0, 'circuit_open', task_limit, invalid, 0, transition, detail}
+    return {0, 'circuit_open', task_limit, invalid, 0, transition, detail, finished}
   end
-  -- The same lease again (a retry after a lost reply): it is already held, refresh it.
-  if redis.call('ZSCORE', KEYS[1], lease) and redis.call('ZSCORE', task_key, lease) then
-    redis.call('ZADD', KEYS[1], expiry, lease)
-    redis.call('ZADD', task_key, expiry, lease)
-    return {1, 'ok', task_limit, invalid, 0, transition, 0}
+  local total_room = has_room(KEYS[1], total_limit)
+  local task_room = has_room(task_key, task_limit)
+  if not (total_room and task_room) then
+    -- The same lease again (a retry after a lost reply): it is already held, refresh it.
+    if redis.call('ZSCORE', KEYS[1], lease) and redis.call('ZSCORE', task_key, lease) then
+      redis.call('ZADD', KEYS[1], expiry, lease)
+      redis.call('ZADD', task_key, expiry, lease)
+      return {1, 'ok', task_limit, invalid, 0, transition, 0, finished}
+    end
+    if not total_room then return {0, 'total', task_limit, invalid, 0, transition, 0, finished} end
+    return {0, 'task', task_limit, invalid, 0, transition, 0, finished}
   end
-  local total_short = redis.call('ZCARD', KEYS[1]) >= total_limit
-  local task_short = redis.call('ZCARD', task_key) >= task_limit
-  if total_short then return {0, 'total', task_limit, invalid, 0, transition, 0} end
-  if task_short then return {0, 'task', task_limit, invalid, 0, transition, 0} end
   local round = 0
   if verdict == 'probe' then
     circuit_take_probe(circuit, now, ttl)
     round = detail
   end
+  -- A retry of a granted lease with room to spare lands here too: ZADD refreshes it.
   redis.call('ZADD', KEYS[1], expiry, lease)
   redis.call('ZADD', task_key, expiry, lease)
-  return {1, 'ok', task_limit, invalid, round, transition, 0}
+  return {1, 'ok', task_limit, invalid, round, transition, 0, finished}
 elseif op == 'release' then
   local existed = 0
   for i = 2, #ARGV do
@@ -96,17 +143,10 @@ elseif op == 'release' then
   end
   return existed
 elseif op == 'finish' then
-  local index = tonumber(ARGV[2])
-  local lease = ARGV[3]
-  local a = redis.call('ZREM', KEYS[1], lease)
-  local b = redis.call('ZREM', KEYS[index], lease)
-  local existed = 0
-  if a + b > 0 then existed = 1 end
-  local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], now, circuit_cfg(ARGV[6]),
-    ARGV[4], tonumber(ARGV[5]), ARGV[7])
-  local numbers = {}
-  for i = 2, #answer do numbers[#numbers + 1] = answer[i] end
-  return {existed, answer[1], numbers}
+  return finish_one(tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), circuit_cfg(ARGV[6]),
+    ARGV[7])
+elseif op == 'finish_batch' then
+  return carried_finishes(3, circuit_cfg(ARGV[2]))
 elseif op == 'circuit_force' then
   local index = tonumber(ARGV[2])
   return circuit_force(KEYS[index + 4], KEYS[index + 6], now, ARGV[3])

@@ -6,8 +6,8 @@
 //!
 //! A token is a **lease**, not a counter: a lease id in a sorted set scored by its expiry (unix
 //! ms on the Redis clock, from `TIME`, never the worker's clock). One Lua call removes expired
-//! leases (the TTL repair), reads the task's override and the pause set, checks both limits and
-//! adds the same lease to both sets or to neither. A crashed worker's leases therefore stop
+//! leases when a set looks full (the TTL repair), reads the task's override and the pause set,
+//! checks both limits and adds the same lease to both sets or to neither. A crashed worker's leases therefore stop
 //! counting after `polling.lease_ttl_secs`, and nothing leaks for longer. The handler runs under
 //! `polling.handler_timeout_secs`, which config validation keeps at least 5 s below the lease, so
 //! a lease never expires under a running job.
@@ -25,8 +25,10 @@
 //! (see docs/BUDGET.md), so the config values are the conservative ones, and circuits close.
 //!
 //! # Layout
-//! - `budget.lua`: the one script (`acquire`, `release`, `finish`, `show`, `circuit_force`), with
-//!   `circuit.lua` prepended to it.
+//! - `budget.lua`: the one script (`acquire`, `release`, `finish`, `finish_batch`, `show`,
+//!   `circuit_force`), with `circuit.lua` prepended to it.
+//! - [`carry`]: a finished poll's release rides on the process's next acquire (one round trip
+//!   per admitted poll).
 //! - [`circuit`]: the fleet-wide Gateway circuit breaker of each task, admitted by the same call
 //!   as the tokens (an open circuit is one more reason not to admit a poll).
 //! - this module: [`Budget`], the Rust API over it (leases, overrides, pauses, circuits), and the
@@ -40,6 +42,7 @@
 //! whose key layout and return shapes every method shares; splitting it by operation would
 //! spread that contract over several files.
 
+pub mod carry;
 pub mod circuit;
 
 use std::collections::{BTreeMap, HashSet};
@@ -52,6 +55,7 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use serde::Serialize;
 
+pub use carry::TransitionHook;
 pub use circuit::{CallReport, CircuitState, CircuitView, Forced, Transition};
 
 use crate::config::{Config, Task, LIMIT_CEILING};
@@ -220,6 +224,12 @@ pub struct Budget {
     shutdown: Shutdown,
     /// Redis round trips this budget made (for the benchmark's cost per job).
     round_trips: Arc<AtomicU64>,
+    /// Finished polls whose release rides on this process's next acquire ([`carry`]).
+    carried: Arc<Mutex<Vec<carry::Carried>>>,
+    /// Whether a flush of `carried` is scheduled.
+    flush_armed: Arc<std::sync::atomic::AtomicBool>,
+    /// Where the circuit transitions of carried finishes go.
+    on_transition: Arc<Mutex<Option<TransitionHook>>>,
 }
 
 impl Budget {
@@ -243,6 +253,9 @@ impl Budget {
             round_trips: Arc::default(),
             owner: Arc::from(crate::pod::process_id()),
             shutdown: Shutdown::new(),
+            carried: Arc::default(),
+            flush_armed: Arc::default(),
+            on_transition: Arc::default(),
         }
     }
 
@@ -328,20 +341,32 @@ impl Budget {
     /// clock is passed.
     pub async fn acquire(&self, task: Task, lease_id: &str) -> anyhow::Result<Acquired> {
         let ttl_ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
-        type Raw = (i64, String, i64, String, u64, String, u64);
-        let (granted, reason, _limit, invalid, round, transition, wait_ms): Raw = self
-            .invocation("acquire")
-            .arg(Self::task_index(task))
+        type Raw = (
+            i64,
+            String,
+            i64,
+            String,
+            u64,
+            String,
+            u64,
+            Vec<carry::CarriedAnswer>,
+        );
+        let carried = self.take_carried();
+        let mut inv = self.invocation("acquire");
+        inv.arg(Self::task_index(task))
             .arg(task.label())
             .arg(lease_id)
             .arg(self.total_limit)
             .arg(self.config_limit(task))
             .arg(LIMIT_CEILING)
             .arg(ttl_ms)
-            .arg(&*self.circuit)
+            .arg(&*self.circuit);
+        carried.push_args(&mut inv);
+        let (granted, reason, _limit, invalid, round, transition, wait_ms, answers): Raw = inv
             .invoke_async(&mut self.conn.clone())
             .await
             .with_context(|| format!("acquiring {task} polling tokens"))?;
+        carried.settle(answers);
         if !invalid.is_empty() {
             self.warn_invalid_override(task, &invalid);
         }
@@ -477,8 +502,12 @@ impl Budget {
         Ok(existed)
     }
 
-    /// Releases every lease this process still holds, in one call (shutdown).
+    /// Releases every lease this process still holds, in one call (shutdown), after sending the
+    /// finishes still carried (so that their outcomes count in the circuits).
     pub async fn release_held(&self) -> anyhow::Result<u64> {
+        if let Err(e) = self.flush_carried().await {
+            tracing::debug!(error = %format!("{e:#}"), "flushing finished polls before the release failed");
+        }
         let ids: Vec<String> = self
             .held
             .lock()

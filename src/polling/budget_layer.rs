@@ -30,7 +30,9 @@
 //! an outage costs no Gateway call, no PostgreSQL write, no failure and no attempt. The poll runs
 //! inside [`super::circuit::scoped`], and the outcome it reports is handed to the lease release,
 //! which counts it in the circuit's window in the same script call; the one process whose call
-//! opened or closed the circuit writes its audit event ([`super::circuit::on_transition`]).
+//! opened or closed the circuit writes its audit event ([`super::circuit::on_transition`]). The
+//! release itself rides on the process's next acquire (`budget::carry`): one budget round trip
+//! per admitted poll.
 //!
 //! Redis unreachable at acquire: fail closed (no Gateway call), count `budget_unavailable`, and
 //! make sure the job comes back: see [`PollingBudgetService`]'s `unavailable`.
@@ -93,8 +95,10 @@ impl<J> Clone for PollingBudgetLayer<J> {
 }
 
 impl<J: PollJob> PollingBudgetLayer<J> {
-    /// The layer of `J`'s worker on `budget`, with the delays of `polling`.
+    /// The layer of `J`'s worker on `budget`, with the delays of `polling`. Circuit transitions
+    /// are only logged until [`Self::recording_into`] names where their audit events go.
     pub fn new(budget: Budget, polling: &PollingConfig) -> Self {
+        install_transition_hook(&budget, None);
         Self {
             shared: Shared {
                 budget,
@@ -108,9 +112,29 @@ impl<J: PollJob> PollingBudgetLayer<J> {
     /// This layer writing the circuit's audit events into `pool`, from tasks tracked by
     /// `shutdown`.
     pub fn recording_into(mut self, pool: PgPool, shutdown: Shutdown) -> Self {
+        install_transition_hook(&self.shared.budget, Some((pool.clone(), shutdown.clone())));
         self.shared.records = Some((pool, shutdown));
         self
     }
+}
+
+/// The circuit transitions that a poll's end made arrive with the call that carried that end
+/// (`budget::carry`), which may be another poll's acquire or a flush: the budget hands them to
+/// this hook, which writes the audit event from a tracked task (or only logs, without records).
+fn install_transition_hook(budget: &Budget, records: Option<(PgPool, Shutdown)>) {
+    budget.on_transition(std::sync::Arc::new(
+        move |which, transition| match &records {
+            Some((pool, shutdown)) => {
+                let pool = pool.clone();
+                shutdown.spawn_detached(async move {
+                    circuit::on_transition(Some(&pool), which, transition).await;
+                });
+            }
+            None => {
+                tokio::spawn(circuit::on_transition(None, which, transition));
+            }
+        },
+    ));
 }
 
 /// The deferral back-off: uniform between the base (never under 1 s, so a deferral storm cannot
@@ -276,27 +300,17 @@ struct LeaseGuard {
 }
 
 impl LeaseGuard {
-    /// Releases the lease and counts the poll's outcome in the circuit (one call). Returns the
-    /// circuit transition it made, if any.
-    async fn finish(mut self, reported: Reported) -> Option<crate::budget::Transition> {
-        let held = self.held.take()?;
-        let call = self.budget.finish(
-            held.task,
-            &held.lease,
-            reported.report,
-            held.probe_round,
-            &reported.card_ref,
-        );
-        match tokio::time::timeout(REDIS_CALL_TIMEOUT, call).await {
-            Ok(Ok(finished)) => finished.transition,
-            Ok(Err(e)) => {
-                tracing::warn!(lease = %held.lease, error = %format!("{e:#}"), "cannot release polling tokens; they expire with their lease");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(lease = %held.lease, "releasing polling tokens timed out; they expire with their lease");
-                None
-            }
+    /// Ends the poll: the lease's release and the outcome ride on this process's next acquire
+    /// (or a flush a few ms later: `budget::carry`), so the poll costs one budget round trip.
+    fn finish(mut self, reported: Reported) {
+        if let Some(held) = self.held.take() {
+            self.budget.finish_carried(
+                held.task,
+                held.lease,
+                reported.report,
+                held.probe_round,
+                &reported.card_ref,
+            );
         }
     }
 }
@@ -324,7 +338,6 @@ where
     S::Error: Into<BoxDynError>,
 {
     let probe = held.probe_round > 0;
-    let which = held.task;
     let guard = LeaseGuard {
         budget: shared.budget.clone(),
         held: Some(held),
@@ -333,17 +346,7 @@ where
     // it), so that the job service's `carry` finds the slot when it spawns the poll.
     let (result, report) = circuit::scoped(probe, async { inner.call(task).await }).await;
     let result = result.map_err(Into::into);
-    if let Some(transition) = guard.finish(report).await {
-        match &shared.records {
-            Some((pool, shutdown)) => {
-                let pool = pool.clone();
-                shutdown.spawn_detached(async move {
-                    circuit::on_transition(Some(&pool), which, transition).await;
-                });
-            }
-            None => circuit::on_transition(None, which, transition).await,
-        }
-    }
+    guard.finish(report);
     result
 }
 

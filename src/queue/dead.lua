@@ -7,6 +7,7 @@
 -- is left in the dead set, counted as `kept`.
 --
 -- KEYS[1] Q:dead  KEYS[2] Q:data  KEYS[3] Q:meta (prefix)  KEYS[4] intake zset  KEYS[5] intake payload
+-- KEYS[6] the intakes' due hint (lowered to now for a requeued entry, so the feeder sees it)
 -- ARGV[1] "requeue" | "discard"; ARGV[2..] job ids
 -- Returns {acted on, not dead (any more), kept because an entry was waiting}
 local t = redis.call('TIME')
@@ -26,6 +27,7 @@ for i = 2, #ARGV do
       if not ok or type(payload) ~= 'string' then payload = data or '' end
       if redis.call('ZADD', KEYS[4], 'NX', now_ms, entry) == 1 then
         redis.call('HSET', KEYS[5], entry, payload)
+        redis.call('ZADD', KEYS[6], 'LT', now_ms, KEYS[4])
       else
         remove = false
         kept = kept + 1

@@ -177,6 +177,7 @@ pub async fn act(
             .key(format!("{}:meta", queue.apalis))
             .key(&queue.intake)
             .key(&queue.intake_payload)
+            .key(&queue.due_hint)
             .arg(action.arg())
             .arg(chunk)
             .invoke_async(conn)

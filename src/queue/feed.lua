@@ -9,13 +9,38 @@
 -- (`result`, `poison`) and its bytes, hex-encoded, as the task's data. Invalid JSON and unknown job
 -- shapes are valid strings to apalis; the job service kills those with their decoding error.
 --
+-- Cost (issue 16): the entries of one call are read, removed and pushed with one command each
+-- (HMGET, ZREM, HDEL, HSET of the data hash, RPUSH); only the meta hash is one HSET per entry. The
+-- task ids (ULIDs) are made here, from TIME and the caller's 12-character random nonce, so the
+-- caller sends no ids. At the end the queue's entry in the due hint (KEYS[9]) is set to the
+-- earliest entry left (or removed when the intake is empty): the feeder asks the hint, not every
+-- intake, on its ticks. Every intake writer lowers the hint (`ZADD LT`), so it is never later
+-- than the earliest entry.
+--
 -- KEYS[1] intake zset   KEYS[2] intake payload hash
 -- KEYS[3] Q:active      KEYS[4] Q:scheduled  KEYS[5] Q:data  KEYS[6] Q:signal  KEYS[7] Q:meta
--- KEYS[8] Q:dead
--- ARGV[1] high-water mark; ARGV[2..] fresh task ids (ULIDs), one per entry that may move
--- Returns {moved, backlog after, intake entries left, poisoned}
+-- KEYS[8] Q:dead        KEYS[9] the due hint zset (member: intake key, score: earliest due ms)
+-- ARGV[1] high-water mark; ARGV[2] most entries to move; ARGV[3] 12 Crockford base32 characters
+-- (random, fresh per call) that, with the time and the entry's index, make each task id unique
+-- Returns {moved, backlog after, intake entries left, poisoned, Redis now ms}
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local B32 = '0123456789ABCDEFGHJKMNPQRSTVWXYZ'
+local function b32(n, width)
+  local out = {}
+  for i = width, 1, -1 do
+    local d = n % 32
+    out[i] = string.sub(B32, d + 1, d + 1)
+    n = math.floor(n / 32)
+  end
+  return table.concat(out)
+end
+-- A ULID: 48 bits of ms (10 characters), then 80 bits: the call's nonce (60) and the index (20).
+local time_part = b32(now_ms, 10)
+local function task_id(i)
+  return time_part .. ARGV[3] .. b32(i, 4)
+end
 
 -- Whether s is valid UTF-8 (shortest forms, no surrogates, at most U+10FFFF).
 local function valid_utf8(s)
@@ -49,42 +74,56 @@ end
 
 local backlog = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[4])
 local room = tonumber(ARGV[1]) - backlog
-local n = math.min(room, #ARGV - 1)
+local n = math.min(room, tonumber(ARGV[2]))
 local moved, poisoned = 0, 0
 if n > 0 then
   local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, n)
-  for i, entry in ipairs(due) do
-    local payload = redis.call('HGET', KEYS[2], entry)
-    redis.call('ZREM', KEYS[1], entry)
-    redis.call('HDEL', KEYS[2], entry)
-    if payload then
-      local id = ARGV[i + 1]
-      if valid_utf8(payload) then
-        -- apalis decodes Q:data with its JSON codec into `String`: a JSON string never fails to
-        -- decode, so a malformed payload reaches our handler (which records it as dead) instead
-        -- of stopping the worker.
-        redis.call('HSET', KEYS[5], id, cjson.encode(payload))
-        redis.call('HSET', KEYS[7] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
-          'status', 'Pending', 'idempotency_key', '', 'intake_entry', entry)
-        redis.call('RPUSH', KEYS[3], id)
-        moved = moved + 1
-      else
-        local reason = 'payload is not valid UTF-8 (' .. #payload .. ' bytes); never handed to a worker'
-        local hex = string.gsub(string.sub(payload, 1, 512), '.', function(c)
-          return string.format('%02x', string.byte(c))
-        end)
-        redis.call('HSET', KEYS[5], id, cjson.encode('hex:' .. hex))
-        redis.call('HSET', KEYS[7] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
-          'status', 'Killed', 'idempotency_key', '', 'intake_entry', entry,
-          'result', cjson.encode({Err = reason}), 'poison', reason, 'done_at', tonumber(t[1]))
-        redis.call('SADD', KEYS[8], id)
-        poisoned = poisoned + 1
+  if #due > 0 then
+    local payloads = redis.call('HMGET', KEYS[2], unpack(due))
+    redis.call('ZREM', KEYS[1], unpack(due))
+    redis.call('HDEL', KEYS[2], unpack(due))
+    local data, ids = {}, {}
+    for i, entry in ipairs(due) do
+      local payload = payloads[i]
+      if payload then
+        local id = task_id(i)
+        if valid_utf8(payload) then
+          -- apalis decodes Q:data with its JSON codec into `String`: a JSON string never fails to
+          -- decode, so a malformed payload reaches our handler (which records it as dead) instead
+          -- of stopping the worker.
+          data[#data + 1] = id
+          data[#data + 1] = cjson.encode(payload)
+          redis.call('HSET', KEYS[7] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
+            'status', 'Pending', 'idempotency_key', '', 'intake_entry', entry)
+          ids[#ids + 1] = id
+          moved = moved + 1
+        else
+          local reason = 'payload is not valid UTF-8 (' .. #payload .. ' bytes); never handed to a worker'
+          local hex = string.gsub(string.sub(payload, 1, 512), '.', function(c)
+            return string.format('%02x', string.byte(c))
+          end)
+          redis.call('HSET', KEYS[5], id, cjson.encode('hex:' .. hex))
+          redis.call('HSET', KEYS[7] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
+            'status', 'Killed', 'idempotency_key', '', 'intake_entry', entry,
+            'result', cjson.encode({Err = reason}), 'poison', reason, 'done_at', tonumber(t[1]))
+          redis.call('SADD', KEYS[8], id)
+          poisoned = poisoned + 1
+        end
       end
     end
-  end
-  if moved > 0 then
-    redis.call('DEL', KEYS[6])
-    redis.call('LPUSH', KEYS[6], 1)
+    if moved > 0 then
+      redis.call('HSET', KEYS[5], unpack(data))
+      redis.call('RPUSH', KEYS[3], unpack(ids))
+      redis.call('DEL', KEYS[6])
+      redis.call('LPUSH', KEYS[6], 1)
+    end
   end
 end
-return {moved, backlog + moved, redis.call('ZCARD', KEYS[1]), poisoned}
+-- The hint: exactly the earliest entry left, or nothing for an empty intake.
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then
+  redis.call('ZADD', KEYS[9], tonumber(first[2]), KEYS[1])
+else
+  redis.call('ZREM', KEYS[9], KEYS[1])
+end
+return {moved, backlog + moved, redis.call('ZCARD', KEYS[1]), poisoned, now_ms}

@@ -3,6 +3,18 @@
 //!
 //! Every process runs one [`Feeder`]; the Lua scripts are atomic, so any number of pods can feed
 //! and trim the same queues concurrently without moving an entry twice.
+//!
+//! What it costs Redis (issue 16). A feed tick (every 200 ms) first reads the deployment's due
+//! hint ([`cardworker_jobs::keys::intake_due_hint`]: intake key -> a time never later than its
+//! earliest entry; every intake writer lowers it, each feed sets it exactly): one command for every
+//! queue. Only a queue whose hint is due is fed, and the feed script makes the apalis task ids
+//! itself, so a tick with nothing due sends one small command instead of a script call with 500
+//! ULIDs per queue. Every [`SWEEP_EVERY_TICKS`] ticks it sweeps instead: the earliest entry of
+//! every intake, in one pipeline, feeding what is due and repairing the hint; an entry written by
+//! a producer that does not lower the hint (an older build) waits at most that long (10 s), and a
+//! hint lost with Redis comes back. Trimming visits the queues this pod fed lately, and
+//! every queue once a minute. When a feed moves jobs, this process's workers of that queue are
+//! woken at once ([`super::wake`]), so a job that becomes due is fetched within one tick.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -25,6 +37,18 @@ pub const DEAD_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 const WORKER_SWEEP_EVERY: u64 = 60;
 /// Done ids trimmed per script call.
 const TRIM_BATCH: usize = 1_000;
+/// Every this many feed ticks the feeder sweeps every intake instead of trusting the due hint
+/// ([`sweep_queues`]): entries written by a producer that does not lower the hint (a build from
+/// before it) wait at most this many ticks, and a hint lost with Redis is rebuilt.
+pub const SWEEP_EVERY_TICKS: u64 = 50;
+/// How far past its own estimate of the Redis clock the feeder reads the due hint: the estimate
+/// (this process's clock plus the offset seen in the last feed) may lag by a round trip, and an
+/// entry read a little early costs only a feed call that moves nothing (the script decides on the
+/// Redis clock).
+const HINT_SLACK_MS: i64 = 20;
+/// Every this many trim passes every queue is trimmed (dead jobs past retention, done jobs acked
+/// for jobs another pod fed); in between only the queues this pod fed lately.
+const FULL_TRIM_EVERY: u64 = 12;
 
 static FEED: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("feed.lua")));
 static TRIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("trim.lua")));
@@ -40,12 +64,20 @@ pub struct Fed {
     pub waiting: usize,
     /// Entries moved straight to the dead set (not valid UTF-8: apalis could not decode them).
     pub poisoned: usize,
+    /// The Redis clock when the script ran (unix ms): the feeder corrects its own clock with it
+    /// when it asks the due hint.
+    pub redis_now_ms: i64,
+}
+
+/// 12 random Crockford base32 characters: the per-call part of the task ids feed.lua makes.
+fn id_nonce() -> String {
+    // The 16 random characters of a fresh ULID; 12 of them carry 60 random bits.
+    ulid::Ulid::new().to_string()[10..22].to_owned()
 }
 
 /// Moves up to [`FEED_BATCH`] due entries of one queue into apalis.
 pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<Fed> {
-    let mut invocation = FEED.prepare_invoke();
-    invocation
+    let (moved, backlog, waiting, poisoned, redis_now_ms): (usize, usize, usize, usize, i64) = FEED
         .key(&queue.intake)
         .key(&queue.intake_payload)
         .key(format!("{}:active", queue.apalis))
@@ -54,11 +86,10 @@ pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyho
         .key(format!("{}:signal", queue.apalis))
         .key(format!("{}:meta", queue.apalis))
         .key(format!("{}:dead", queue.apalis))
-        .arg(HIGH_WATER_MARK);
-    for _ in 0..FEED_BATCH {
-        invocation.arg(ulid::Ulid::new().to_string());
-    }
-    let (moved, backlog, waiting, poisoned): (usize, usize, usize, usize) = invocation
+        .key(&queue.due_hint)
+        .arg(HIGH_WATER_MARK)
+        .arg(FEED_BATCH)
+        .arg(id_nonce())
         .invoke_async(conn)
         .await
         .with_context(|| format!("feeding queue {}", queue.apalis))?;
@@ -72,17 +103,119 @@ pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyho
         backlog,
         waiting,
         poisoned,
+        redis_now_ms,
     })
 }
 
-/// Feeds one queue until nothing more is due or the high-water mark is reached.
+/// Feeds one queue until nothing more is due or the high-water mark is reached. Wakes this
+/// process's workers of the queue when it moved anything ([`super::wake`]).
 pub async fn feed(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<Fed> {
-    loop {
+    let mut moved = 0;
+    let result = loop {
         let fed = feed_once(conn, queue).await?;
+        moved += fed.moved;
         if fed.moved + fed.poisoned < FEED_BATCH || fed.backlog >= HIGH_WATER_MARK {
-            return Ok(fed);
+            break fed;
+        }
+    };
+    if moved > 0 {
+        super::wake::notify(&queue.apalis);
+    }
+    Ok(result)
+}
+
+/// The queues (indices into `queues`) whose due hint is at or before `now_ms`: those that may
+/// have an entry due. One command for every queue of the deployment.
+pub async fn due_queues(
+    conn: &mut ConnectionManager,
+    queues: &[QueueName],
+    now_ms: i64,
+) -> anyhow::Result<Vec<usize>> {
+    let Some(first) = queues.first() else {
+        return Ok(Vec::new());
+    };
+    let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg(&first.due_hint)
+        .arg("-inf")
+        .arg(now_ms)
+        .query_async(conn)
+        .await
+        .context("reading the intakes' due hint")?;
+    Ok(queues
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| due.contains(&q.intake))
+        .map(|(i, _)| i)
+        .collect())
+}
+
+/// The sweep of [`Feeder::feed_tick`]: reads the earliest entry of every intake and the whole due
+/// hint in one pipeline, repairs the hint where it is missing or later than an intake's earliest
+/// entry (an entry written without lowering it), and returns the queues with an entry due by
+/// `now_ms`. One command per queue, plus one; the repair only when something needs it.
+pub async fn sweep_queues(
+    conn: &mut ConnectionManager,
+    queues: &[QueueName],
+    now_ms: i64,
+) -> anyhow::Result<Vec<usize>> {
+    let Some(first) = queues.first() else {
+        return Ok(Vec::new());
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("ZRANGE")
+        .arg(&first.due_hint)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES");
+    for q in queues {
+        pipe.cmd("ZRANGE")
+            .arg(&q.intake)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES");
+    }
+    let mut answers: Vec<Vec<(String, f64)>> = pipe
+        .query_async(conn)
+        .await
+        .context("sweeping the intakes' earliest entries")?;
+    let hint: Vec<(String, f64)> = if answers.is_empty() {
+        Vec::new()
+    } else {
+        answers.remove(0)
+    };
+    let mut due = Vec::new();
+    let mut repair = redis::pipe();
+    let mut repairs = 0;
+    for (i, (q, earliest)) in queues.iter().zip(answers).enumerate() {
+        let Some((_, at)) = earliest.first() else {
+            continue;
+        };
+        let hinted = hint.iter().find(|(k, _)| *k == q.intake).map(|(_, s)| *s);
+        if hinted.is_none_or(|h| h > *at) {
+            repair
+                .cmd("ZADD")
+                .arg(&q.due_hint)
+                .arg("LT")
+                .arg(*at)
+                .arg(&q.intake)
+                .ignore();
+            repairs += 1;
+        }
+        if *at <= now_ms as f64 {
+            due.push(i);
         }
     }
+    if repairs > 0 {
+        let _: () = repair
+            .query_async(conn)
+            .await
+            .context("repairing the intakes' due hint")?;
+        tracing::debug!(
+            repairs,
+            "intake due hint repaired (entries written without lowering it)"
+        );
+    }
+    Ok(due)
 }
 
 /// What one trim pass did.
@@ -210,48 +343,126 @@ pub struct Feeder {
     pub redis: crate::telemetry::RedisStatus,
 }
 
+/// What a [`Feeder`] remembers between its ticks.
+#[derive(Debug, Default)]
+pub struct FeedState {
+    /// Feed ticks so far.
+    ticks: u64,
+    /// Trim passes so far.
+    trims: u64,
+    /// The Redis clock minus this process's clock, in ms, from the last feed call.
+    offset_ms: i64,
+    /// The trim pass at which this pod last fed each queue.
+    fed_at: Vec<Option<u64>>,
+}
+
 impl Feeder {
     /// Runs until `shutdown` resolves.
+    ///
+    /// Each feed tick asks the due hint which queues may have an entry due (one command) and feeds
+    /// only those; every [`SWEEP_EVERY_TICKS`] ticks it feeds every queue. A queue is trimmed
+    /// when this pod fed it within the last two trim periods, and every queue every
+    /// [`FULL_TRIM_EVERY`] passes. An idle pod therefore sends one command per feed tick, plus
+    /// the sweeps.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut feed_tick = tokio::time::interval(self.interval);
         feed_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut trim_tick = tokio::time::interval(self.trim_every);
         trim_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut trims: u64 = 0;
+        let mut state = FeedState::default();
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = feed_tick.tick() => {
-                    if !self.redis.is_up() {
-                        continue;
-                    }
-                    for queue in &self.queues {
-                        if let Err(e) = feed(&mut self.conn, queue).await {
-                            metrics::counter!("cardworker_intake_errors_total", "op" => "feed").increment(1);
-                            tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "intake feed failed; will retry");
-                        }
+                    if self.redis.is_up() {
+                        self.feed_tick(&mut state).await;
                     }
                 }
                 _ = trim_tick.tick() => {
-                    if !self.redis.is_up() {
-                        continue;
-                    }
-                    trims += 1;
-                    for queue in &self.queues {
-                        // Worker metadata accumulates per pod start, not per job: a slow sweep.
-                        if trims.is_multiple_of(WORKER_SWEEP_EVERY) {
-                            if let Err(e) = trim_workers(&mut self.conn, queue).await {
-                                tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "worker metadata sweep failed; will retry");
-                            }
-                        }
-                        if let Err(e) = trim(&mut self.conn, queue, DEAD_RETENTION).await {
-                            metrics::counter!("cardworker_intake_errors_total", "op" => "trim").increment(1);
-                            tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "trim failed; will retry");
-                        }
+                    if self.redis.is_up() {
+                        self.trim_pass(&mut state).await;
                     }
                 }
             }
         }
     }
+
+    /// One feed tick: feeds the queues the due hint names (on a sweep tick, the first one
+    /// included, those whose earliest entry is due). Returns the entries moved. Errors are logged and counted.
+    pub async fn feed_tick(&mut self, state: &mut FeedState) -> usize {
+        state.fed_at.resize(self.queues.len(), None);
+        let sweep = state.ticks.is_multiple_of(SWEEP_EVERY_TICKS);
+        state.ticks += 1;
+        let now_ms = local_ms() + state.offset_ms + HINT_SLACK_MS;
+        let due = if sweep {
+            sweep_queues(&mut self.conn, &self.queues, now_ms).await
+        } else {
+            due_queues(&mut self.conn, &self.queues, now_ms).await
+        };
+        let due: Vec<usize> = {
+            match due {
+                Ok(due) => due,
+                Err(e) => {
+                    metrics::counter!("cardworker_intake_errors_total", "op" => "feed")
+                        .increment(1);
+                    tracing::warn!(error = %format!("{e:#}"), "reading the intakes' due hint failed; will retry");
+                    return 0;
+                }
+            }
+        };
+        let mut moved = 0;
+        for i in due {
+            let queue = &self.queues[i];
+            match feed(&mut self.conn, queue).await {
+                Ok(fed) => {
+                    state.offset_ms = fed.redis_now_ms - local_ms();
+                    if fed.moved + fed.poisoned > 0 {
+                        state.fed_at[i] = Some(state.trims);
+                    }
+                    moved += fed.moved;
+                }
+                Err(e) => {
+                    metrics::counter!("cardworker_intake_errors_total", "op" => "feed")
+                        .increment(1);
+                    tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "intake feed failed; will retry");
+                }
+            }
+        }
+        moved
+    }
+
+    /// One trim pass: the queues this pod fed within the last two passes, or every queue on a
+    /// full pass (the first one included). Errors are logged and counted.
+    pub async fn trim_pass(&mut self, state: &mut FeedState) {
+        state.fed_at.resize(self.queues.len(), None);
+        let full = state.trims.is_multiple_of(FULL_TRIM_EVERY);
+        state.trims += 1;
+        let trims = state.trims;
+        for (i, queue) in self.queues.iter().enumerate() {
+            // Worker metadata accumulates per pod start, not per job: a slow sweep.
+            if trims.is_multiple_of(WORKER_SWEEP_EVERY) {
+                if let Err(e) = trim_workers(&mut self.conn, queue).await {
+                    tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "worker metadata sweep failed; will retry");
+                }
+            }
+            // Fed in this period or the one before: its jobs may be acked by now.
+            let recent = state.fed_at[i].is_some_and(|at| at + 2 >= trims);
+            if !(full || recent) {
+                continue;
+            }
+            if let Err(e) = trim(&mut self.conn, queue, DEAD_RETENTION).await {
+                metrics::counter!("cardworker_intake_errors_total", "op" => "trim").increment(1);
+                tracing::warn!(queue = %queue.short, error = %format!("{e:#}"), "trim failed; will retry");
+            }
+        }
+    }
+}
+
+/// This process's clock, unix ms.
+fn local_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }

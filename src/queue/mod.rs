@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`intake`]: the feeder (intake -> apalis under a high-water mark) and the trimmer.
 //! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
+//! - [`wake`]: the feeder's local wake-up of a queue's workers when it moved jobs in.
 //! - this module: [`QueueName`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
@@ -16,6 +17,7 @@
 
 pub mod dead;
 pub mod intake;
+pub mod wake;
 
 use cardworker_jobs::keys;
 
@@ -30,6 +32,8 @@ pub struct QueueName {
     pub intake: String,
     /// The intake payload hash.
     pub intake_payload: String,
+    /// The deployment's due hint (shared by every queue): intake key -> earliest due ms.
+    pub due_hint: String,
 }
 
 impl QueueName {
@@ -40,6 +44,7 @@ impl QueueName {
             apalis: keys::queue(prefix, short),
             intake: keys::intake(prefix, short),
             intake_payload: keys::intake_payload(prefix, short),
+            due_hint: keys::intake_due_hint(prefix),
         }
     }
 }

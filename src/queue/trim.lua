@@ -6,10 +6,13 @@
 -- ARGV[1] max done ids to trim; ARGV[2] dead retention (s); ARGV[3] SSCAN cursor over Q:dead;
 -- ARGV[4] dead ids to examine
 -- Returns {done trimmed, dead trimmed, next dead cursor}
+-- Done jobs: one DEL and one HDEL for the whole batch (issue 16: two commands per job before).
 local done = redis.call('SPOP', KEYS[1], tonumber(ARGV[1]))
-for _, id in ipairs(done) do
-  redis.call('DEL', KEYS[4] .. ':' .. id)
-  redis.call('HDEL', KEYS[3], id)
+if #done > 0 then
+  local metas = {}
+  for i, id in ipairs(done) do metas[i] = KEYS[4] .. ':' .. id end
+  redis.call('DEL', unpack(metas))
+  redis.call('HDEL', KEYS[3], unpack(done))
 end
 local now = tonumber(redis.call('TIME')[1])
 local horizon = now - tonumber(ARGV[2])

@@ -28,12 +28,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use apalis::layers::limit::ConcurrencyLimitLayer;
 use apalis::prelude::*;
+use apalis_core::backend::ext::poll_strategy::{PollSnapshot, PollStrategy, Strategy};
 use apalis_core::worker::lifecycle::LifecycleService;
 use apalis_cron::{CronScheduler, Tick};
 use apalis_redis::RedisStorage;
 use chrono_tz::{Asia::Shanghai, Tz};
 use futures::FutureExt as _;
 use redis::aio::ConnectionManager;
+use std::future::Future as _;
 use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
@@ -42,8 +44,13 @@ use super::{JobService, RunJob, Scheduled, Supervisor};
 use crate::context::AppContext;
 use crate::pod;
 
-/// How often an idle worker asks apalis for work (apalis otherwise waits for a heartbeat).
-const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How often an idle worker asks apalis for work on its own (it also asks after each heartbeat,
+/// and at once when this process's feeder moved jobs into its queue: [`crate::queue::wake`]).
+/// Jobs moved by another pod's feeder, or re-queued by apalis itself (an orphan, a retry of
+/// `keep_for_apalis`), are fetched by this pod within this; the feeding pod's own workers fetch
+/// them at once. Was 200 ms: 5 fetches a second per worker, 8 workers, 200 commands a second
+/// from an idle pod (issue 16).
+pub const IDLE_POLL: Duration = Duration::from_secs(5);
 
 /// How often a worker's heartbeat is written (by apalis, and by [`keep_heartbeat`]).
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -76,7 +83,14 @@ pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String
         .queue(cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE))
         .batch_size(batch.max(1))
         .heartbeat_interval(HEARTBEAT)
-        .missed_heartbeats(missed_heartbeats(J::timeout(&ctx.config)));
+        .missed_heartbeats(missed_heartbeats(J::timeout(&ctx.config)))
+        // No per-job lock: `fetch_next.lua` already moves each fetched job into this worker's
+        // inflight set, which is what the orphan recovery reads. The lock script re-checked that
+        // and ran an `LREM` over the whole active list per job (finding nothing), plus an `HSET`
+        // and a `PUBLISH`: about 5 commands per poll, and the most expensive one (issue 16).
+        .lock_tasks(false)
+        // Nobody subscribes to apalis's task events: one `PUBLISH` per acknowledgement less.
+        .emit_events(false);
     RedisStorage::new(ctx.redis.clone()).with_config(config)
 }
 
@@ -102,6 +116,40 @@ pub async fn keep_heartbeat(mut conn: ConnectionManager, workers_set: String, na
             .await;
         if let Err(e) = refreshed {
             tracing::debug!(worker = %name, error = %e, "worker heartbeat not refreshed; apalis's own heartbeat and the orphan window remain");
+        }
+    }
+}
+
+/// A poll strategy that wakes a worker when this process's feeder moved jobs into its queue.
+struct LocalWake {
+    notify: Arc<tokio::sync::Notify>,
+    /// Armed before it is first polled, so that a wake-up between two polls is not lost.
+    next: std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
+}
+
+impl LocalWake {
+    fn new(notify: Arc<tokio::sync::Notify>) -> Self {
+        let next = Box::pin(notify.clone().notified_owned());
+        Self { notify, next }
+    }
+}
+
+impl PollStrategy for LocalWake {
+    fn poll_drive(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        _: &PollSnapshot,
+    ) -> std::task::Poll<Option<()>> {
+        let mut woken = false;
+        // Re-arm after each wake-up, and poll the fresh one so that it holds this task's waker.
+        while self.next.as_mut().poll(cx).is_ready() {
+            woken = true;
+            self.next = Box::pin(self.notify.clone().notified_owned());
+        }
+        if woken {
+            std::task::Poll::Ready(Some(()))
+        } else {
+            std::task::Poll::Pending
         }
     }
 }
@@ -137,8 +185,13 @@ where
             let name = pod::worker_name(J::KIND);
             let storage = storage::<J>(&ctx, concurrency);
             let workers_set = storage.get_config().workers_set();
+            let wake =
+                crate::queue::wake::handle(&cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE));
+            let strategy = Strategy::new()
+                .apply(LocalWake::new(wake))
+                .interval(IDLE_POLL);
             let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
-                .backend(storage.poll_with_interval(POLL_INTERVAL))
+                .backend(storage.poll_with_strategy(strategy))
                 .concurrency(concurrency)
                 .layer(layer.clone());
             let worker = builder.build(JobService::<J>::new(ctx.clone()));

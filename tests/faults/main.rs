@@ -3,13 +3,15 @@
 //! cluster on a free port, removed afterwards) or into the Gateway (a blackhole, or the
 //! simulator), never into the shared services. Each test asserts what the issue promises for its
 //! fault: no process exit (where the grace allows), no lost chain, no duplicate record, no double
-//! submission.
+//! submission. [`redis_cost`] counts what an idle pod's feeder sends, on a private redis-server
+//! whose `INFO commandstats` sees no other client.
 
 #[path = "../it/harness.rs"]
 mod harness;
 mod private;
 #[path = "../it/process.rs"]
 mod process;
+mod redis_cost;
 mod scenarios;
 #[path = "../it/scripted_gateway.rs"]
 mod scripted_gateway;

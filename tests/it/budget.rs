@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use cardworker::budget::{self, Acquired, Budget, ShortReason};
+use cardworker::budget::{self, Acquired, Budget, CallReport, ShortReason};
 use cardworker::config::{Config, Task};
 use redis::aio::ConnectionManager;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
@@ -152,6 +152,85 @@ async fn a_double_release_is_harmless() {
     assert_eq!(b.release_held().await.unwrap(), 1);
     assert_eq!(b.held_count(), 0);
     assert_eq!(b.show().await.unwrap().total.in_use, 0);
+}
+
+#[tokio::test]
+async fn a_finished_poll_s_release_rides_on_the_next_acquire_so_each_admitted_job_costs_one_round_trip(
+) {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let total = budget::total_key(&r.prefix);
+    // One total token: the next acquire is granted only because it releases the finished lease
+    // first, in the same call.
+    let b = Budget::new(r.conn.clone(), &config(&r, 1, 1, 1));
+    let mut leases = Vec::new();
+    for (i, task) in [
+        Task::Carddata,
+        Task::Carddata,
+        Task::CardStatus,
+        Task::Carddata,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let lease = format!("l-{i}");
+        assert_eq!(b.acquire(task, &lease).await.unwrap(), Acquired::Acquired);
+        assert_eq!(
+            members(&mut conn, &total).await,
+            std::slice::from_ref(&lease)
+        );
+        b.finish_carried(task, lease.clone(), CallReport::Ok, 0, "card");
+        leases.push(lease);
+    }
+    assert_eq!(b.round_trips(), 4, "one call per admitted job");
+    // Nothing acquires any more: the last finish is flushed on its own, within a few ms.
+    let start = std::time::Instant::now();
+    while b.show().await.unwrap().total.in_use > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the carried finish was never sent"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(b.held_count(), 0);
+    assert_eq!(b.carried_count(), 0);
+}
+
+#[tokio::test]
+async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_what_is_carried() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    assert_eq!(
+        b.acquire(Task::Carddata, "f").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(
+        b.acquire(Task::Carddata, "g").await.unwrap(),
+        Acquired::Acquired
+    );
+    b.finish_carried(
+        Task::Carddata,
+        "f".to_owned(),
+        CallReport::Failed,
+        0,
+        "card-f",
+    );
+    // Shutdown: the carried finish is sent (its failure counted), then what is still held goes.
+    assert_eq!(b.release_held().await.unwrap(), 1);
+    assert_eq!(b.show().await.unwrap().total.in_use, 0);
+    let window: Vec<String> = redis::cmd("LRANGE")
+        .arg(budget::circuit::window_key(&r.prefix, Task::Carddata))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(window.len(), 1, "{window:?}");
+    assert!(
+        window[0].starts_with('f') && window[0].ends_with(":card-f"),
+        "{window:?}"
+    );
 }
 
 #[tokio::test]

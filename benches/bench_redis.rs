@@ -1,0 +1,516 @@
+//! `make bench-redis`: what one poll costs Redis, end to end, and what an idle pod costs it.
+//!
+//! The setup of issue 16: a private `redis-server` (so that `INFO` counts only this run), a fresh
+//! database on the benches' PostgreSQL, one release `cardworker run` process, the in-process
+//! Gateway simulator at 0 ms with no changes (every poll after the first is unchanged),
+//! `BENCH_CARDS` cards (default 3,000), both tasks every second, `total_limit = 128` (64 per
+//! task, so that the worker's slots, one per task token, never outnumber the total and no acquire
+//! is retried for a token another task holds: what is measured is a poll, not a wait). In one run it measures:
+//! 1. raw apalis-redis: no-op jobs/s through plain apalis-redis (concurrency 32), on the same
+//!    Redis and machine, before the worker starts (the denominator of the 0.7× goal);
+//! 2. steady polling over `BENCH_WINDOW_SECS` (default 20) after a warm-up: polls/s, Redis
+//!    commands per poll (`INFO commandstats`, which counts the commands inside Lua on their own
+//!    lines too), Redis CPU per poll (`used_cpu_sys + used_cpu_user`), bytes into Redis per poll
+//!    (`total_net_input_bytes`), worker CPU per poll (`/proc/PID/stat`), PostgreSQL rows written
+//!    and read per poll (`pg_stat_database`), and the commands per poll by name;
+//! 3. Redis `used_memory` after 1 and after 10 minutes of steady polling (`BENCH_SHORT=1`: after
+//!    20 s and 60 s, and a 10 s window);
+//! 4. an idle pod: Redis wiped, every chain due in an hour, a fresh worker; commands/s, KB/s into
+//!    Redis and Redis CPU while nothing is due, and the commands by name.
+//!
+//! `CARDWORKER_BIN` runs another build (main's, for the "before" figures). Prints markdown.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use apalis::prelude::*;
+use apalis_redis::RedisStorage;
+use cardworker::config::Task;
+use cardworker::polling::chain;
+use cardworker::queue::{intake, QueueName};
+use cardworker::sim::Simulator;
+use cardworker_jobs::{Job, PollCardData};
+use redis::aio::ConnectionManager;
+use tokio::sync::watch;
+
+#[path = "../tests/it/process.rs"]
+mod process;
+#[path = "support.rs"]
+mod support;
+
+use process::Worker;
+use support::{env_or, private_redis};
+
+fn binary() -> String {
+    std::env::var("CARDWORKER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cardworker").to_owned())
+}
+
+/// `INFO` of one section as `field -> value`.
+async fn info(
+    conn: &mut ConnectionManager,
+    section: &str,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let text: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect())
+}
+
+/// What Redis reports at one instant.
+#[derive(Clone, Default)]
+struct RedisSample {
+    /// Calls per command name (without INFO, CONFIG and the bench's own reads).
+    calls: BTreeMap<String, u64>,
+    cpu_secs: f64,
+    input_bytes: u64,
+}
+
+impl RedisSample {
+    fn total(&self) -> u64 {
+        self.calls.values().sum()
+    }
+}
+
+async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisSample> {
+    let stats = info(conn, "commandstats").await?;
+    let calls = stats
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix("cmdstat_")?;
+            if matches!(name, "info" | "config" | "flushall" | "memory") {
+                return None;
+            }
+            let n = v.split("calls=").nth(1)?.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), n))
+        })
+        .collect();
+    let cpu = info(conn, "cpu").await?;
+    let cpu_secs = ["used_cpu_sys", "used_cpu_user"]
+        .iter()
+        .filter_map(|k| cpu.get(*k)?.parse::<f64>().ok())
+        .sum();
+    let s = info(conn, "stats").await?;
+    let input_bytes = s
+        .get("total_net_input_bytes")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok(RedisSample {
+        calls,
+        cpu_secs,
+        input_bytes,
+    })
+}
+
+async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
+    Ok(info(conn, "memory")
+        .await?
+        .get("used_memory")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
+}
+
+/// CPU seconds (user + system) of process `pid` so far.
+fn process_cpu(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces) start after the last ')'.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the state field.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| f.get(*i)?.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
+}
+
+/// PostgreSQL's own counters of one database.
+#[derive(Clone, Copy, Default)]
+struct PgSample {
+    written: i64,
+    read: i64,
+    commits: i64,
+}
+
+async fn pg_sample(pool: &sqlx::PgPool, db: &str) -> anyhow::Result<PgSample> {
+    let (written, read, commits): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (tup_inserted + tup_updated + tup_deleted)::bigint, tup_fetched::bigint, \
+         xact_commit::bigint FROM pg_stat_database WHERE datname = $1",
+    )
+    .bind(db)
+    .fetch_one(pool)
+    .await?;
+    Ok(PgSample {
+        written,
+        read,
+        commits,
+    })
+}
+
+/// Raw apalis-redis: no-op jobs/s through plain apalis-redis, concurrency 32. `n` at most the
+/// high-water mark: the jobs are fed before the worker starts.
+async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<f64> {
+    let prefix = format!("raw-{}", ulid::Ulid::new());
+    let mut c = conn.clone();
+    for i in 0..n {
+        chain::start(
+            &mut c,
+            &prefix,
+            Task::Carddata,
+            &format!("c-{i:05}"),
+            Duration::ZERO,
+        )
+        .await?;
+    }
+    let q = QueueName::new(&prefix, PollCardData::QUEUE);
+    while intake::feed(&mut c, &q).await?.waiting > 0 {}
+    let done = Arc::new(AtomicU64::new(0));
+    let (stop, stop_rx) = watch::channel(false);
+    let stopped = async move {
+        let mut rx = stop_rx;
+        let _ = rx.wait_for(|s| *s).await;
+        Ok::<(), std::io::Error>(())
+    };
+    let config = apalis_redis::Config::default()
+        .queue(cardworker_jobs::keys::queue(&prefix, PollCardData::QUEUE))
+        .batch_size(32)
+        .heartbeat_interval(Duration::from_secs(5))
+        .missed_heartbeats(3);
+    let storage: RedisStorage<String> = RedisStorage::new(conn.clone()).with_config(config);
+    let counter = done.clone();
+    let start = Instant::now();
+    let worker = WorkerBuilder::new(format!("raw-{}", ulid::Ulid::new()))
+        .backend(storage.poll_with_interval(Duration::from_millis(50)))
+        .data(counter)
+        .concurrency(32)
+        .build(|_raw: String, done: Data<Arc<AtomicU64>>| async move {
+            done.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), BoxDynError>(())
+        });
+    let run = tokio::spawn(worker.run_until(stopped));
+    while done.load(Ordering::SeqCst) < n as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    stop.send_replace(true);
+    let _ = run.await;
+    Ok(rate)
+}
+
+fn by_name(before: &RedisSample, after: &RedisSample, per: f64) -> String {
+    let mut rows: Vec<(String, f64)> = after
+        .calls
+        .iter()
+        .map(|(k, v)| {
+            let d = v.saturating_sub(before.calls.get(k).copied().unwrap_or(0));
+            (k.clone(), d as f64 / per)
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows.iter()
+        .map(|(k, d)| format!("{k} {d:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+struct Stage {
+    admin_url: String,
+    db: String,
+    db_url: String,
+    pool: sqlx::PgPool,
+    redis_url: String,
+    prefix: String,
+    dir: tempfile::TempDir,
+    sim_url: String,
+}
+
+impl Stage {
+    fn config(&self, cards: usize) -> anyhow::Result<std::path::PathBuf> {
+        let _ = cards;
+        let path = self.dir.path().join("bench.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[database]\nurl = \"{}\"\nmax_connections = 20\n\n[redis]\nurl = \"{}\"\n\
+                 key_prefix = \"{}\"\n\n[telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n\n\
+                 [gateway]\nbase_url = \"{}\"\ntimeout_ms = 2000\n\n[polling]\ntotal_limit = 128\n\
+                 handler_timeout_secs = 10\nlease_ttl_secs = 30\n\n[polling.carddata]\nlimit = 64\n\
+                 interval_secs = 1\n\n[polling.card_status]\nlimit = 64\ninterval_secs = 1\n",
+                self.db_url, self.redis_url, self.prefix, self.sim_url
+            ),
+        )?;
+        let out = Command::new(binary())
+            .arg("migrate")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .context("running migrate")?;
+        anyhow::ensure!(out.status.success(), "migrate failed: {out:?}");
+        Ok(path)
+    }
+}
+
+async fn start_chains(
+    conn: &ConnectionManager,
+    prefix: &str,
+    cards: &[String],
+    delay: Duration,
+    spread: Duration,
+) -> anyhow::Result<()> {
+    let mut c = conn.clone();
+    let n = cards.len().max(1) as u128;
+    for (i, card) in cards.iter().enumerate() {
+        let d = delay
+            + Duration::from_millis(u64::try_from(spread.as_millis() * i as u128 / n).unwrap_or(0));
+        for task in Task::ALL {
+            chain::start(&mut c, prefix, task, card, d).await?;
+        }
+    }
+    Ok(())
+}
+
+fn stop(mut worker: Worker) {
+    worker.terminate();
+    let _ = worker.child.wait();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let short = std::env::var("BENCH_SHORT").is_ok_and(|v| v == "1");
+    let cards: usize = env_or("BENCH_CARDS", "3000").parse()?;
+    let window =
+        Duration::from_secs(env_or("BENCH_WINDOW_SECS", if short { "10" } else { "20" }).parse()?);
+    let (mem_early, mem_late) = if short {
+        (Duration::from_secs(20), Duration::from_secs(60))
+    } else {
+        (Duration::from_secs(60), Duration::from_secs(600))
+    };
+    let (redis, mut conn) = private_redis().await?;
+
+    // 1. Raw apalis-redis on the same Redis (a warm-up run first).
+    let _ = raw_apalis(&conn, 300).await?;
+    let raw = raw_apalis(&conn, intake::HIGH_WATER_MARK).await?;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
+
+    // 2. The worker.
+    let admin_url = support::admin_url();
+    let id = ulid::Ulid::new().to_string().to_lowercase();
+    let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
+    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
+    sim.set_latency(0, 0);
+    sim.set_change_rate(0.0);
+    let stage = Stage {
+        pool: sqlx::PgPool::connect(&db_url).await?,
+        admin_url,
+        db,
+        db_url,
+        redis_url: redis.url.clone(),
+        prefix: format!("cwbench-{id}"),
+        dir: tempfile::tempdir()?,
+        sim_url: sim_handle.base_url(),
+    };
+    let result = run(
+        &stage, &sim, &mut conn, cards, window, short, mem_early, mem_late, raw,
+    )
+    .await;
+    stage.pool.close().await;
+    support::drop_database(&stage.admin_url, &stage.db).await;
+    drop(redis);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    stage: &Stage,
+    sim: &Simulator,
+    conn: &mut ConnectionManager,
+    cards: usize,
+    window: Duration,
+    short: bool,
+    mem_early: Duration,
+    mem_late: Duration,
+    raw: f64,
+) -> anyhow::Result<()> {
+    let path = stage.config(cards)?;
+    let refs: Vec<String> = (0..cards).map(|i| format!("r-{i:06}")).collect();
+    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
+        .bind(&refs)
+        .execute(&stage.pool)
+        .await?;
+    let calls = || {
+        let s = sim.stats();
+        s.calls_total.get("carddata").copied().unwrap_or(0)
+            + s.calls_total.get("card_status").copied().unwrap_or(0)
+    };
+    let worker = Worker::spawn(&binary(), &path)?;
+    start_chains(
+        conn,
+        &stage.prefix,
+        &refs,
+        Duration::ZERO,
+        Duration::from_secs(1),
+    )
+    .await?;
+    let started = Instant::now();
+    // Warm-up: every card polled at least twice (its first poll writes its state).
+    while calls() < 4 * cards as u64 {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "the warm-up did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let (r0, p0, c0, g0) = (
+        redis_sample(conn).await?,
+        calls(),
+        process_cpu(worker.pid()),
+        pg_sample(&stage.pool, &stage.db).await?,
+    );
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let (r1, p1, c1, secs) = (
+        redis_sample(conn).await?,
+        calls(),
+        process_cpu(worker.pid()),
+        t0.elapsed().as_secs_f64(),
+    );
+    // PostgreSQL publishes its counters at most every second or so.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let g1 = pg_sample(&stage.pool, &stage.db).await?;
+    let polls = (p1 - p0) as f64;
+    anyhow::ensure!(polls > 0.0, "no polls in the window");
+
+    // 3. Memory after mem_early and mem_late of steady polling (from the end of the warm-up).
+    let until = |d: Duration| async move {
+        let left = d.saturating_sub(started.elapsed());
+        tokio::time::sleep(left).await;
+    };
+    until(mem_early).await;
+    let m_early = used_memory(conn).await?;
+    until(mem_late).await;
+    let m_late = used_memory(conn).await?;
+
+    // 3b. Changes: 5 % of the Gateway's answers differ from the card's state (each one is recorded).
+    sim.set_change_rate(0.05);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (cp0, cg0, ct0) = (
+        calls(),
+        pg_sample(&stage.pool, &stage.db).await?,
+        Instant::now(),
+    );
+    tokio::time::sleep(window).await;
+    let (cp1, csecs) = (calls(), ct0.elapsed().as_secs_f64());
+    sim.set_change_rate(0.0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let cg1 = pg_sample(&stage.pool, &stage.db).await?;
+    let cpolls = (cp1 - cp0).max(1) as f64;
+    let problems = worker.problems.lock().map(|p| p.len()).unwrap_or(0);
+    stop(worker);
+
+    // 4. An idle pod: every chain due in an hour.
+    let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
+    start_chains(
+        conn,
+        &stage.prefix,
+        &refs,
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let idle_calls_before = calls();
+    let idle_worker = Worker::spawn(&binary(), &path)?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let i0 = redis_sample(conn).await?;
+    let it = Instant::now();
+    tokio::time::sleep(window).await;
+    let i1 = redis_sample(conn).await?;
+    let isecs = it.elapsed().as_secs_f64();
+    let idle_polls = calls() - idle_calls_before;
+    stop(idle_worker);
+
+    let cmds = (r1.total() - r0.total()) as f64;
+    let rcpu = r1.cpu_secs - r0.cpu_secs;
+    let per_sec = polls / secs;
+    println!("| measure ({cards} cards, both tasks every 1 s, total limit 128 (64 per task), 0 ms Gateway, window {:.0} s) | value |", secs);
+    println!("| --- | --- |");
+    println!("| polls/s, everything on this machine's cores | {per_sec:.0} |");
+    println!("| raw apalis-redis no-op jobs/s, same Redis, same run (concurrency 32) | {raw:.0} |");
+    println!(
+        "| polls/s ÷ raw apalis-redis jobs/s | {:.2} |",
+        per_sec / raw
+    );
+    println!(
+        "| Redis commands per poll (commandstats, inner commands counted) | {:.1} |",
+        cmds / polls
+    );
+    println!(
+        "| Redis CPU per poll | {:.1} µs (one Redis core: {:.0} polls/s) |",
+        rcpu * 1e6 / polls,
+        polls / rcpu.max(1e-9)
+    );
+    println!(
+        "| bytes into Redis per poll | {:.0} |",
+        (r1.input_bytes - r0.input_bytes) as f64 / polls
+    );
+    println!(
+        "| worker CPU per poll | {:.1} µs |",
+        (c1 - c0) * 1e6 / polls
+    );
+    println!(
+        "| PostgreSQL rows written / read per poll | {:.3} / {:.2} |",
+        (g1.written - g0.written) as f64 / polls,
+        (g1.read - g0.read) as f64 / polls
+    );
+    println!(
+        "| PostgreSQL commits per unchanged poll | {:.3} |",
+        (g1.commits - g0.commits) as f64 / polls
+    );
+    println!("| with 5 % of answers changed: polls/s, rows written per poll, commits/s | {:.0}, {:.3}, {:.0} |", cpolls / csecs, (cg1.written - cg0.written) as f64 / cpolls, (cg1.commits - cg0.commits) as f64 / csecs);
+    println!(
+        "| Redis used_memory after {} s / {} s | {:.1} MB / {:.1} MB ({:+.1} %) |",
+        mem_early.as_secs(),
+        mem_late.as_secs(),
+        m_early as f64 / 1e6,
+        m_late as f64 / 1e6,
+        (m_late as f64 / m_early.max(1) as f64 - 1.0) * 100.0
+    );
+    println!(
+        "| idle pod (every chain due in an hour): commands/s | {:.1} |",
+        (i1.total() - i0.total()) as f64 / isecs
+    );
+    println!(
+        "| idle pod: KB/s into Redis | {:.2} |",
+        (i1.input_bytes - i0.input_bytes) as f64 / isecs / 1000.0
+    );
+    println!(
+        "| idle pod: Redis CPU | {:.2} % of a core |",
+        (i1.cpu_secs - i0.cpu_secs) / isecs * 100.0
+    );
+    println!("| worker warnings/errors logged | {problems} |");
+    println!();
+    println!("commands per poll by name: {}", by_name(&r0, &r1, polls));
+    println!();
+    println!("idle commands/s by name: {}", by_name(&i0, &i1, isecs));
+    if idle_polls > 0 {
+        println!("(the idle phase made {idle_polls} Gateway calls)");
+    }
+    if short {
+        println!(
+            "(short mode: memory at 20 s / 60 s, window {} s)",
+            window.as_secs()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! What an idle pod's feeder sends to Redis (issue 16), counted by a private redis-server's
+//! `INFO commandstats` (the shared Redis would count other clients too). Counted per feed tick,
+//! never timed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cardworker::config::Task;
+use cardworker::context;
+use cardworker::polling::chain;
+use cardworker::queue::intake::{FeedState, Feeder, SWEEP_EVERY_TICKS};
+use cardworker_jobs::{Job, Producer, SubmitPayment};
+use redis::aio::ConnectionManager;
+
+use crate::private::PrivateRedis;
+
+/// Calls per command since the last `CONFIG RESETSTAT` (the test's own INFO and CONFIG left out),
+/// and the bytes Redis read from its clients.
+async fn counted(conn: &mut ConnectionManager) -> (BTreeMap<String, u64>, u64) {
+    let text: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(conn)
+        .await
+        .expect("info");
+    let mut calls = BTreeMap::new();
+    let mut input = 0;
+    for line in text.lines() {
+        if let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        {
+            // Redis 7 counts subcommands as `config|resetstat`.
+            if name == "info" || name.starts_with("config") {
+                continue;
+            }
+            let n = rest
+                .split("calls=")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            calls.insert(name.to_owned(), n);
+        } else if let Some(v) = line.strip_prefix("total_net_input_bytes:") {
+            input = v.trim().parse().unwrap_or(0);
+        }
+    }
+    (calls, input)
+}
+
+async fn reset(conn: &mut ConnectionManager) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("resetstat");
+}
+
+#[tokio::test]
+async fn an_idle_pod_s_feeder_sends_one_small_command_per_tick_and_a_job_that_becomes_due_is_fed_at_the_next_tick(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let prefix = "idle";
+    // 200 polling chains and a payment job, all due in an hour.
+    for i in 0..100 {
+        for task in Task::ALL {
+            chain::start(
+                &mut conn,
+                prefix,
+                task,
+                &format!("c-{i:03}"),
+                Duration::from_secs(3600),
+            )
+            .await
+            .expect("chain");
+        }
+    }
+    let producer = Producer::new(conn.clone(), prefix);
+    producer
+        .enqueue_raw(
+            SubmitPayment::QUEUE,
+            "later",
+            "{}",
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("enqueue");
+    let mut feeder = Feeder {
+        conn: conn.clone(),
+        queues: cardworker::workers::queue_names(prefix),
+        interval: Duration::from_millis(200),
+        trim_every: Duration::from_secs(5),
+        redis: Default::default(),
+    };
+    let mut state = FeedState::default();
+    // The first tick feeds every queue (a sweep): nothing is due.
+    assert_eq!(feeder.feed_tick(&mut state).await, 0);
+
+    reset(&mut conn).await;
+    let ticks = SWEEP_EVERY_TICKS - 2;
+    for _ in 0..ticks {
+        assert_eq!(feeder.feed_tick(&mut state).await, 0);
+    }
+    let (calls, input) = counted(&mut conn).await;
+    // One ZRANGEBYSCORE of the due hint per tick, for all 8 queues; no script call, no ids.
+    assert_eq!(
+        calls,
+        BTreeMap::from([("zrangebyscore".to_owned(), ticks)]),
+        "an idle tick must send only the due-hint read"
+    );
+    assert!(
+        input < ticks * 120,
+        "{input} bytes into Redis for {ticks} idle ticks"
+    );
+
+    // A chain started due now and a job enqueued due now: both moved by the very next tick.
+    chain::start(&mut conn, prefix, Task::Carddata, "now", Duration::ZERO)
+        .await
+        .expect("chain");
+    producer
+        .enqueue_raw(SubmitPayment::QUEUE, "due-now", "{}", Duration::ZERO)
+        .await
+        .expect("enqueue");
+    assert_eq!(feeder.feed_tick(&mut state).await, 2);
+}
+
+#[tokio::test]
+async fn an_entry_written_without_the_due_hint_is_fed_by_the_next_sweep() {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let prefix = "nohint";
+    let mut feeder = Feeder {
+        conn: conn.clone(),
+        queues: cardworker::workers::queue_names(prefix),
+        interval: Duration::from_millis(200),
+        trim_every: Duration::from_secs(5),
+        redis: Default::default(),
+    };
+    let mut state = FeedState::default();
+    assert_eq!(feeder.feed_tick(&mut state).await, 0);
+    // A producer from before the hint: the entry and its payload, no hint.
+    let queue = cardworker::queue::QueueName::new(prefix, SubmitPayment::QUEUE);
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(&queue.intake)
+        .arg(0)
+        .arg("old")
+        .ignore()
+        .cmd("HSET")
+        .arg(&queue.intake_payload)
+        .arg("old")
+        .arg("{}")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("write");
+    let mut fed_at = None;
+    for tick in 1..=SWEEP_EVERY_TICKS {
+        if feeder.feed_tick(&mut state).await == 1 {
+            fed_at = Some(tick);
+            break;
+        }
+    }
+    assert_eq!(
+        fed_at,
+        Some(SWEEP_EVERY_TICKS),
+        "fed by the sweep tick, not before"
+    );
+}
