@@ -164,13 +164,15 @@ impl Budget {
     }
 
     /// Sends every carried finish now (one call per [`MAX_CARRIED`]).
-    pub async fn flush_carried(&self) -> anyhow::Result<()> {
+    pub async fn flush_carried(&self) -> anyhow::Result<usize> {
         use anyhow::Context as _;
+        let mut sent = 0;
         loop {
             let batch = self.take_carried();
             if batch.items.is_empty() {
-                return Ok(());
+                return Ok(sent);
             }
+            sent += batch.items.len();
             let mut inv = self.invocation("finish_batch");
             inv.arg(&*self.circuit);
             batch.push_args(&mut inv);

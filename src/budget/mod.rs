@@ -503,17 +503,22 @@ impl Budget {
     }
 
     /// Releases every lease this process still holds, in one call (shutdown), after sending the
-    /// finishes still carried (so that their outcomes count in the circuits).
+    /// finishes still carried (so that their outcomes count in the circuits). Returns how many
+    /// went back: the carried finishes sent plus the held leases Redis still had.
     pub async fn release_held(&self) -> anyhow::Result<u64> {
-        if let Err(e) = self.flush_carried().await {
-            tracing::debug!(error = %format!("{e:#}"), "flushing finished polls before the release failed");
-        }
+        let carried = match self.flush_carried().await {
+            Ok(sent) => sent as u64,
+            Err(e) => {
+                tracing::debug!(error = %format!("{e:#}"), "flushing finished polls before the release failed");
+                0
+            }
+        };
         let ids: Vec<String> = self
             .held
             .lock()
             .map(|h| h.iter().cloned().collect())
             .unwrap_or_default();
-        self.release(&ids).await
+        Ok(carried + self.release(&ids).await?)
     }
 
     /// How many leases this process holds right now.

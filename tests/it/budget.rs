@@ -216,8 +216,9 @@ async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_w
         0,
         "card-f",
     );
-    // Shutdown: the carried finish is sent (its failure counted), then what is still held goes.
-    assert_eq!(b.release_held().await.unwrap(), 1);
+    // Shutdown: the carried finish is sent (its failure counted), then what is still held goes:
+    // both tokens are back.
+    assert_eq!(b.release_held().await.unwrap(), 2);
     assert_eq!(b.show().await.unwrap().total.in_use, 0);
     let window: Vec<String> = redis::cmd("LRANGE")
         .arg(budget::circuit::window_key(&r.prefix, Task::Carddata))
