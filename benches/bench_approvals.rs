@@ -26,6 +26,8 @@ use cardworker_jobs::SubmitApproval;
 use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
+mod support;
+
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
@@ -161,14 +163,7 @@ async fn main() -> anyhow::Result<()> {
     .await;
 
     if let Ok(mut conn) = cardworker::context::connect_redis(config.redis.url.expose()).await {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}:*"))
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        for chunk in keys.chunks(500) {
-            let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
-        }
+        support::delete_prefix(&mut conn, &prefix).await;
     }
     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
         .execute(&mut admin)

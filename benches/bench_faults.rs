@@ -134,14 +134,7 @@ impl Stage {
     async fn drop_all(self) {
         self.pool.close().await;
         let mut conn = self.redis.clone();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", self.prefix))
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        for chunk in keys.chunks(500) {
-            let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
-        }
+        support::delete_prefix(&mut conn, &self.prefix).await;
         support::drop_database(&self.admin_url, &self.db).await;
     }
 }

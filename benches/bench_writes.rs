@@ -249,14 +249,7 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
     // Clean up whatever happened.
     let _ = sim_handle.shutdown().await;
     if let Ok(mut conn) = cardworker::context::connect_redis(config.redis.url.expose()).await {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", config.redis.key_prefix))
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        for chunk in keys.chunks(500) {
-            let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
-        }
+        support::delete_prefix(&mut conn, &config.redis.key_prefix).await;
     }
     support::drop_database(&admin_url, &db).await;
     result

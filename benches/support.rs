@@ -48,6 +48,19 @@ pub async fn drop_database(admin_url: &str, name: &str) {
     }
 }
 
+/// Deletes every key under `prefix` (`KEYS` is fine here: a bench's own prefix, after the run),
+/// ignoring errors.
+pub async fn delete_prefix(conn: &mut redis::aio::ConnectionManager, prefix: &str) {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    for chunk in keys.chunks(500) {
+        let _: Result<(), _> = redis::cmd("DEL").arg(chunk).query_async(conn).await;
+    }
+}
+
 /// A `redis-server` of the bench's own, on a free port (so that `INFO` counts only the bench);
 /// killed when dropped.
 pub struct PrivateRedis {
