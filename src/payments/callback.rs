@@ -209,9 +209,10 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
         return Ok(Delivery::Duplicate);
     }
 
-    let outcome = match parse(&job.body) {
-        Err(reason) => Err(reason),
-        Ok(body) => apply(&mut tx, job, row_id, &body).await?,
+    let parsed = parse(&job.body);
+    let outcome = match &parsed {
+        Err(reason) => Err(reason.clone()),
+        Ok(body) => apply(&mut tx, job, row_id, body).await?,
     };
     let delivery = match outcome {
         Ok((resource_type, resource_id, changed)) => {
@@ -267,7 +268,25 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
         }
     };
     tx.commit().await.context("committing the callback")?;
+    if let (Delivery::Applied { changed: true }, Ok(body)) = (&delivery, &parsed) {
+        count_decision(body);
+    }
     Ok(delivery)
+}
+
+/// Counts the final decision a committed callback applied (after the commit: a rolled-back
+/// transaction is processed again and must not count twice).
+fn count_decision(body: &CallbackBody) {
+    fn count<K: Kind>(status: &str) {
+        if K::is_final(status) {
+            K::count_decision(status, Via::Callback);
+        }
+    }
+    match body {
+        CallbackBody::PaymentResult { status, .. } => count::<PaymentCall>(status),
+        CallbackBody::ApprovalResult { status, .. } => count::<Approval>(status),
+        CallbackBody::CardStatus { .. } => {}
+    }
 }
 
 /// What [`record_received`] found.

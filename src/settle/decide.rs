@@ -127,7 +127,8 @@ pub async fn decide<K: Kind>(
     K::decided_event(row, status, channel_ref, via)
         .insert(conn)
         .await?;
-    K::count_decision(status, via);
+    // Not counted here: the transaction may still roll back (an attempt that lost to another
+    // writer is applied again in a fresh one). The caller counts after its commit.
     Ok(Decided::Applied)
 }
 

@@ -226,7 +226,8 @@ pub trait Kind: Send + Sync + Sized + 'static {
         via: Via,
     ) -> OutboxEvent;
 
-    /// Counts an applied final decision (metrics).
+    /// Counts an applied final decision (metrics). Called by whoever applied it, after its
+    /// transaction committed (a rolled-back attempt is applied again and must not count twice).
     fn count_decision(_status: &str, _via: Via) {}
 
     /// Whether `status` is final.

@@ -214,6 +214,7 @@ async fn settle_one<K: Kind>(
 
     let mut closed = None;
     let mut moved = false;
+    let mut applied = None;
     match (&step, &result.outcome) {
         (Step::Settled | Step::Left, Outcome::Valid(Some(r))) => {
             let answer = K::answer(r);
@@ -227,6 +228,9 @@ async fn settle_one<K: Kind>(
             )
             .await?;
             moved = matches!(decided, Decided::Applied | Decided::Waiting);
+            if matches!(decided, Decided::Applied) {
+                applied = Some(answer.status);
+            }
             closed = close_open_attempt::<K>(
                 &mut tx,
                 &row,
@@ -285,6 +289,10 @@ async fn settle_one<K: Kind>(
     )
     .await?;
     tx.commit().await?;
+    // Counted after the commit, so that a rolled-back settlement never counts.
+    if let Some(status) = applied {
+        K::count_decision(status, Via::Query);
+    }
     Ok(step)
 }
 

@@ -409,17 +409,18 @@ async fn record_outcome<K: Kind>(
     retry_note: Option<&str>,
 ) -> Result<Submitted, ReliableError> {
     let mut tx = ctx.pool.begin().await?;
-    let (finish, submitted) =
+    let (finish, submitted, applied) =
         apply_change::<K>(&mut tx, row, pending, result, decision, retry_note).await?;
     match pending.finish_in(&mut tx, &finish).await {
         Ok(()) => {
             tx.commit().await?;
+            count_applied::<K>(applied, Via::Response);
             Ok(submitted)
         }
         Err(ReliableError::NotPending(log_id)) => {
             tx.rollback().await?;
             let mut tx = ctx.pool.begin().await?;
-            let (mut finish, submitted) =
+            let (mut finish, submitted, applied) =
                 apply_change::<K>(&mut tx, row, pending, result, decision, retry_note).await?;
             finish.recovery_summary = Some(format!(
                 "late answer: pending log #{log_id} of this attempt had already been closed by \
@@ -428,14 +429,22 @@ async fn record_outcome<K: Kind>(
             ));
             write_terminal::<K>(&mut tx, pending, result, &finish).await?;
             tx.commit().await?;
+            count_applied::<K>(applied, Via::Response);
             Ok(submitted)
         }
         Err(e) => Err(e),
     }
 }
 
+/// Counts a final decision this attempt applied, once its transaction committed.
+fn count_applied<K: Kind>(applied: Option<&str>, via: Via) {
+    if let Some(status) = applied {
+        K::count_decision(status, via);
+    }
+}
+
 /// Applies the decided change to the row (locked first) and builds the finalisation that
-/// records it.
+/// records it, with the final status it applied (to be counted after the commit).
 async fn apply_change<K: Kind>(
     conn: &mut PgConnection,
     row: &K::Row,
@@ -443,9 +452,10 @@ async fn apply_change<K: Kind>(
     result: &CallResult<K::Response>,
     decision: &Decision,
     retry_note: Option<&str>,
-) -> Result<(Finish, Submitted), ReliableError> {
+) -> Result<(Finish, Submitted, Option<&'static str>), ReliableError> {
     let id = row.id();
     let log_id = pending.log_id;
+    let mut applied = None;
     let mut recovery = decision.recovery_summary.clone();
     if let Some(note) = retry_note {
         recovery = format!("{recovery}; {note}");
@@ -473,6 +483,9 @@ async fn apply_change<K: Kind>(
                 K::NAMES.waiting
             };
             let changed = matches!(decided, Decided::Applied | Decided::Waiting);
+            if matches!(decided, Decided::Applied) {
+                applied = Some(*status);
+            }
             if let Decided::Conflict { recorded } = &decided {
                 recovery = format!("{recovery}; not applied: the final decision {recorded} stays");
             }
@@ -541,7 +554,7 @@ async fn apply_change<K: Kind>(
         }),
         outbox,
     };
-    Ok((finish, submitted))
+    Ok((finish, submitted, applied))
 }
 
 /// The fallback of a late answer: a terminal log row with the same audit and outbox.

@@ -534,6 +534,21 @@ async fn the_post_answer_racing_a_callback_from_another_pod_applies_exactly_one_
             assert_eq!(conflicts, 1, "approval {id}: the loser is on record");
         }
     }
+    // Both pods count into this process's one recorder: one decision per approval, whichever
+    // path lost its transaction and tried again.
+    let (code, metrics) = app.get("/metrics").await;
+    assert_eq!(code, 200);
+    let mut counted = 0.0;
+    for status in ["approved", "declined"] {
+        for via in ["response", "query", "callback"] {
+            counted += metric_value(
+                &metrics,
+                "cardworker_approval_decisions_total",
+                &[("status", status), ("via", via)],
+            );
+        }
+    }
+    assert_eq!(counted, 10.0, "{metrics}");
     let _ = stop_second.send(());
     let _ = join_second.await;
 }
