@@ -17,6 +17,10 @@
 //!
 //! Reasons and response summaries come from [`super::wire::BodyError`] and [`super::redact`]
 //! only, so no body text that could hold a card number reaches them.
+//!
+//! One file on purpose: about 330 lines of classification, then its table of tests (one row per
+//! status and body shape, for every call kind, approvals included); the table is the spec of
+//! this file and reads best beside it.
 
 use std::fmt;
 use std::time::Duration;

@@ -25,6 +25,10 @@
 //! A database error before the pending commit sends nothing and retries through the intake with
 //! back-off. A database error after the call is retried briefly; if it persists, the pending row
 //! stays and recovery settles the row from the Gateway's record.
+//!
+//! One file on purpose (just over 600 lines): the three steps of one submission (pending commit,
+//! call, finalisation with its late-answer fallback) read in order, and each step's error
+//! handling depends on the step before it.
 
 use std::time::Duration;
 
