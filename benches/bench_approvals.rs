@@ -23,7 +23,6 @@ use cardworker::config::Config;
 use cardworker::context::AppContext;
 use cardworker::sim::{SimConfigPatch, Simulator};
 use cardworker_jobs::SubmitApproval;
-use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
 mod support;
@@ -82,20 +81,9 @@ async fn main() -> anyhow::Result<()> {
     let n: usize = env_or("BENCH_APPROVALS", "1000")
         .parse()
         .context("BENCH_APPROVALS")?;
-    let admin_url = env_or(
-        "CARDWORKER_BENCH_PG_ADMIN",
-        "postgres://root@127.0.0.1:5432/postgres",
-    );
+    let admin_url = support::admin_url();
     let id = ulid::Ulid::new().to_string().to_lowercase();
-    let db = format!("cw_bench_{id}");
-    let mut admin = PgConnection::connect(&admin_url).await.context("admin")?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await?;
-    let db_url = match admin_url.rfind('/') {
-        Some(i) => format!("{}/{db}", &admin_url[..i]),
-        None => anyhow::bail!("admin URL has no database part"),
-    };
+    let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
     sim.set_latency(0, 0);
     let mut config = Config::default();
@@ -165,8 +153,6 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(mut conn) = cardworker::context::connect_redis(config.redis.url.expose()).await {
         support::delete_prefix(&mut conn, &prefix).await;
     }
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await;
+    support::drop_database(&admin_url, &db).await;
     result
 }

@@ -16,7 +16,6 @@ use anyhow::Context as _;
 use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::polling::{chain, reconcile};
-use sqlx::{Connection as _, PgConnection};
 
 mod support;
 
@@ -58,20 +57,9 @@ async fn main() -> anyhow::Result<()> {
         .split(',')
         .map(|s| s.trim().parse().context("BENCH_DEAD"))
         .collect::<anyhow::Result<_>>()?;
-    let admin_url = env_or(
-        "CARDWORKER_BENCH_PG_ADMIN",
-        "postgres://root@127.0.0.1:5432/postgres",
-    );
+    let admin_url = support::admin_url();
     let id = ulid::Ulid::new().to_string().to_lowercase();
-    let db = format!("cw_bench_{id}");
-    let mut admin = PgConnection::connect(&admin_url).await.context("admin")?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await?;
-    let db_url = match admin_url.rfind('/') {
-        Some(i) => format!("{}/{db}", &admin_url[..i]),
-        None => anyhow::bail!("admin URL has no database part"),
-    };
+    let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
     let mut config = Config::default();
     config.database.url = db_url.into();
     config.redis.url = env_or("CARDWORKER_BENCH_REDIS", "redis://127.0.0.1:6379/0").into();
@@ -128,8 +116,6 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(mut conn) = cardworker::context::connect_redis(config.redis.url.expose()).await {
         support::delete_prefix(&mut conn, &prefix).await;
     }
-    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await;
+    support::drop_database(&admin_url, &db).await;
     result
 }
