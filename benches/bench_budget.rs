@@ -292,6 +292,7 @@ async fn utilisation(
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
         redis: Default::default(),
+        announcements: None,
     };
     let feed_rx = stop_rx.clone();
     let feeder = tokio::spawn(feeder.run(async move {

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use futures::future::BoxFuture;
 
 use crate::config::Config;
@@ -66,12 +67,22 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     tracing::info!(%addr, "metrics at http://{addr}/metrics, health at /healthz and /readyz");
     ctx.shutdown.spawn(endpoint);
 
+    // The feeder sleeps while nothing is due and is told of earlier entries on this channel.
+    let announcements = crate::queue::announce::Announcements::default();
+    let client = redis::Client::open(ctx.config.redis.url.expose())
+        .context("parsing redis.url for the intake announcements")?;
+    ctx.shutdown.spawn(announcements.clone().run(
+        client,
+        cardworker_jobs::keys::intake_wake(ctx.prefix()),
+        ctx.shutdown.stopping(),
+    ));
     let feeder = intake::Feeder {
         conn: ctx.redis.clone(),
         queues,
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
         redis: ctx.redis_status.clone(),
+        announcements: Some(announcements),
     };
     ctx.shutdown.spawn(feeder.run(ctx.shutdown.stopping()));
 

@@ -74,7 +74,10 @@ end
 -- intake key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it.
 local function hint(due)
   local prefix = string.match(KEYS[2], '^(.*):intake:[^:]*$')
-  if prefix then redis.call('ZADD', prefix .. ':intakes:due', 'LT', due, KEYS[2]) end
+  if prefix and redis.call('ZADD', prefix .. ':intakes:due', 'LT', 'CH', due, KEYS[2]) == 1 then
+    -- Lowered: announce it, so that a feeder sleeping until a later time feeds it in time.
+    redis.call('PUBLISH', prefix .. ':intakes:wake', due)
+  end
 end
 
 local function put(id, delay, payload, tally)

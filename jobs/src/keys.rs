@@ -24,6 +24,14 @@ pub fn intake_due_hint(prefix: &str) -> String {
     format!("{prefix}:intakes:due")
 }
 
+/// The channel on which intake writers announce an entry due earlier than the due hint held
+/// for its intake (message: the due time, unix ms on the Redis clock). Published only when the
+/// hint was lowered; every worker process subscribes, so its feeder can sleep while nothing is
+/// due and still feed such an entry within one tick (issue 16). A pub/sub channel, not a key.
+pub fn intake_wake(prefix: &str) -> String {
+    format!("{prefix}:intakes:wake")
+}
+
 /// A one-off claim, for example one cron tick.
 pub fn claim(prefix: &str, claim: &str) -> String {
     format!("{prefix}:claim:{claim}")

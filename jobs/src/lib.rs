@@ -73,7 +73,9 @@ local t = redis.call('TIME')
 local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], due, ARGV[1])
-redis.call('ZADD', KEYS[3], 'LT', due, KEYS[1])
+if redis.call('ZADD', KEYS[3], 'LT', 'CH', due, KEYS[1]) == 1 then
+  redis.call('PUBLISH', (string.gsub(KEYS[3], ':due$', ':wake')), due)
+end
 return 1
 "#;
 
@@ -87,7 +89,9 @@ local t = redis.call('TIME')
 local due = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], due, ARGV[1])
-redis.call('ZADD', KEYS[4], 'LT', due, KEYS[1])
+if redis.call('ZADD', KEYS[4], 'LT', 'CH', due, KEYS[1]) == 1 then
+  redis.call('PUBLISH', (string.gsub(KEYS[4], ':due$', ':wake')), due)
+end
 return 1
 "#;
 

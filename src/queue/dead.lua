@@ -27,7 +27,9 @@ for i = 2, #ARGV do
       if not ok or type(payload) ~= 'string' then payload = data or '' end
       if redis.call('ZADD', KEYS[4], 'NX', now_ms, entry) == 1 then
         redis.call('HSET', KEYS[5], entry, payload)
-        redis.call('ZADD', KEYS[6], 'LT', now_ms, KEYS[4])
+        if redis.call('ZADD', KEYS[6], 'LT', 'CH', now_ms, KEYS[4]) == 1 then
+          redis.call('PUBLISH', (string.gsub(KEYS[6], ':due$', ':wake')), now_ms)
+        end
       else
         remove = false
         kept = kept + 1

@@ -49,6 +49,10 @@ const HINT_SLACK_MS: i64 = 20;
 /// Every this many trim passes every queue is trimmed (dead jobs past retention, done jobs acked
 /// for jobs another pod fed); in between only the queues this pod fed lately.
 const FULL_TRIM_EVERY: u64 = 12;
+/// While the feeder may skip ticks (nothing due by the earliest time it knows of, and the
+/// announcements live), it still reads the due hint every this many ticks (1 s at the default
+/// 200 ms): the bound on what a message lost on a silently dead subscription can delay.
+pub const QUIET_READ_EVERY_TICKS: u64 = 5;
 
 static FEED: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("feed.lua")));
 static TRIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("trim.lua")));
@@ -124,29 +128,41 @@ pub async fn feed(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Re
     Ok(result)
 }
 
-/// The queues (indices into `queues`) whose due hint is at or before `now_ms`: those that may
-/// have an entry due. One command for every queue of the deployment.
+/// What the due hint says at `now_ms`: the queues (indices into `queues`) whose hint is at or
+/// before it, those that may have an entry due, and the earliest hint after it (`None`: no
+/// queue has one). One command for every queue of the deployment.
 pub async fn due_queues(
     conn: &mut ConnectionManager,
     queues: &[QueueName],
     now_ms: i64,
-) -> anyhow::Result<Vec<usize>> {
+) -> anyhow::Result<(Vec<usize>, Option<i64>)> {
     let Some(first) = queues.first() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
-    let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+    // The whole hint (one member per queue): which are due, and when the next one is.
+    let hint: Vec<(String, f64)> = redis::cmd("ZRANGE")
         .arg(&first.due_hint)
-        .arg("-inf")
-        .arg(now_ms)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
         .query_async(conn)
         .await
         .context("reading the intakes' due hint")?;
-    Ok(queues
-        .iter()
-        .enumerate()
-        .filter(|(_, q)| due.contains(&q.intake))
-        .map(|(i, _)| i)
-        .collect())
+    let mut due = Vec::new();
+    let mut next: Option<i64> = None;
+    for (i, q) in queues.iter().enumerate() {
+        let Some((_, at)) = hint.iter().find(|(k, _)| *k == q.intake) else {
+            continue;
+        };
+        if *at <= now_ms as f64 {
+            due.push(i);
+        } else {
+            // Rounded down: waking a millisecond early costs one read, late would cost latency.
+            let at = at.floor() as i64;
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+    }
+    Ok((due, next))
 }
 
 /// The sweep of [`Feeder::feed_tick`]: reads the earliest entry of every intake and the whole due
@@ -341,6 +357,10 @@ pub struct Feeder {
     /// The Redis probe's verdict: while Redis is down the feeder skips its ticks instead of
     /// logging one failure per queue every interval.
     pub redis: crate::telemetry::RedisStatus,
+    /// The process's subscription to earlier-due announcements ([`super::announce`]): while it
+    /// is live, a tick with nothing due by the time the feeder knows of sends nothing. `None`:
+    /// the due hint is read on every tick.
+    pub announcements: Option<super::announce::Announcements>,
 }
 
 /// What a [`Feeder`] remembers between its ticks.
@@ -354,6 +374,17 @@ pub struct FeedState {
     offset_ms: i64,
     /// The trim pass at which this pod last fed each queue.
     fed_at: Vec<Option<u64>>,
+    /// The earliest due hint after the last read that found nothing due (unix ms on the Redis
+    /// clock), `Some(i64::MAX)` when no queue had one; `None` when unknown, so the next tick
+    /// reads. Only meaningful together with a live subscription of [`Self::generation`].
+    horizon_ms: Option<i64>,
+    /// The subscription generation the horizon was read under.
+    generation: u64,
+    /// Ticks since the hint was last read.
+    quiet_ticks: u64,
+    /// The queues this feeder moved jobs into on its last tick: their workers are woken once
+    /// more on the next one ([`Feeder::feed_tick`]).
+    fed_last_tick: Vec<bool>,
 }
 
 impl Feeder {
@@ -389,21 +420,48 @@ impl Feeder {
     }
 
     /// One feed tick: feeds the queues the due hint names (on a sweep tick, the first one
-    /// included, those whose earliest entry is due). Returns the entries moved. Errors are logged and counted.
+    /// included, those whose earliest entry is due). Returns the entries moved. Errors are logged
+    /// and counted.
+    ///
+    /// With live announcements, a tick sends nothing while the earliest due time the feeder
+    /// knows of (from its last read of the hint, or announced since) is still ahead, for at
+    /// most [`QUIET_READ_EVERY_TICKS`] ticks in a row ([`super::announce`]).
     pub async fn feed_tick(&mut self, state: &mut FeedState) -> usize {
         state.fed_at.resize(self.queues.len(), None);
+        state.fed_last_tick.resize(self.queues.len(), false);
+        // A second wake-up, a tick after the first: a worker whose fetch was already on its way
+        // when the feeder pushed got nothing from it, and would otherwise wait for its next
+        // heartbeat (up to 5 s) for a job that was there all along. Local, no Redis command.
+        for (queue, fed) in self.queues.iter().zip(state.fed_last_tick.iter_mut()) {
+            if std::mem::take(fed) {
+                super::wake::notify(&queue.apalis);
+            }
+        }
         let sweep = state.ticks.is_multiple_of(SWEEP_EVERY_TICKS);
         state.ticks += 1;
         let now_ms = local_ms() + state.offset_ms + HINT_SLACK_MS;
+        if !sweep && self.may_skip(state, now_ms) {
+            state.quiet_ticks += 1;
+            return 0;
+        }
+        state.quiet_ticks = 0;
+        // Taken before the read: an announcement racing it stays for the next decision.
+        if let Some(a) = &self.announcements {
+            a.take();
+            state.generation = a.generation();
+        }
         let due = if sweep {
-            sweep_queues(&mut self.conn, &self.queues, now_ms).await
+            sweep_queues(&mut self.conn, &self.queues, now_ms)
+                .await
+                .map(|due| (due, None))
         } else {
             due_queues(&mut self.conn, &self.queues, now_ms).await
         };
-        let due: Vec<usize> = {
+        let (due, next) = {
             match due {
                 Ok(due) => due,
                 Err(e) => {
+                    state.horizon_ms = None;
                     metrics::counter!("cardworker_intake_errors_total", "op" => "feed")
                         .increment(1);
                     tracing::warn!(error = %format!("{e:#}"), "reading the intakes' due hint failed; will retry");
@@ -411,6 +469,9 @@ impl Feeder {
                 }
             }
         };
+        // Nothing due: sleep until the next hinted time. Something due (or a sweep, which reads
+        // no scores): read again next tick, since a feed changes the hint.
+        state.horizon_ms = (!sweep && due.is_empty()).then(|| next.unwrap_or(i64::MAX));
         let mut moved = 0;
         for i in due {
             let queue = &self.queues[i];
@@ -420,6 +481,7 @@ impl Feeder {
                     if fed.moved + fed.poisoned > 0 {
                         state.fed_at[i] = Some(state.trims);
                     }
+                    state.fed_last_tick[i] = fed.moved > 0;
                     moved += fed.moved;
                 }
                 Err(e) => {
@@ -430,6 +492,21 @@ impl Feeder {
             }
         }
         moved
+    }
+
+    /// Whether this tick may send nothing: the announcements are live and of the generation the
+    /// horizon was read under, nothing is due by the horizon or by an announcement, and the
+    /// hint was read within [`QUIET_READ_EVERY_TICKS`] ticks.
+    fn may_skip(&self, state: &FeedState, now_ms: i64) -> bool {
+        let Some(a) = &self.announcements else {
+            return false;
+        };
+        let Some(horizon) = state.horizon_ms else {
+            return false;
+        };
+        let quiet = state.quiet_ticks + 1 < QUIET_READ_EVERY_TICKS;
+        let next = a.earliest().map_or(horizon, |at| at.min(horizon));
+        quiet && a.live() && a.generation() == state.generation && now_ms < next
     }
 
     /// One trim pass: the queues this pod fed within the last two passes, or every queue on a

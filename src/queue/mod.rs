@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`intake`]: the feeder (intake -> apalis under a high-water mark) and the trimmer.
 //! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
+//! - [`announce`]: the subscription that tells the feeder of entries due earlier than it knew.
 //! - [`wake`]: the feeder's local wake-up of a queue's workers when it moved jobs in.
 //! - this module: [`QueueName`].
 //!
@@ -15,6 +16,7 @@
 //! bookkeeping. Re-runs (next poll, back-off after a failure, deferral) go back through the
 //! intake, never through apalis-redis's hard-coded 25 retries.
 
+pub mod announce;
 pub mod dead;
 pub mod intake;
 pub mod wake;

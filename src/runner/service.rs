@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -25,6 +26,8 @@ use crate::telemetry::metrics as m;
 /// The service of job `J`'s worker.
 pub struct JobService<J> {
     ctx: Arc<AppContext>,
+    /// Jobs of this worker running now, when counted ([`Self::counting_in`]).
+    in_flight: Option<Arc<AtomicUsize>>,
     job: PhantomData<fn() -> J>,
 }
 
@@ -33,14 +36,45 @@ impl<J> JobService<J> {
     pub fn new(ctx: Arc<AppContext>) -> Self {
         Self {
             ctx,
+            in_flight: None,
             job: PhantomData,
         }
+    }
+
+    /// Counts the jobs running now in `in_flight` (the worker's heartbeat keeper reads it).
+    pub fn counting_in(mut self, in_flight: Arc<AtomicUsize>) -> Self {
+        self.in_flight = Some(in_flight);
+        self
     }
 }
 
 impl<J> Clone for JobService<J> {
     fn clone(&self) -> Self {
-        Self::new(self.ctx.clone())
+        Self {
+            ctx: self.ctx.clone(),
+            in_flight: self.in_flight.clone(),
+            job: PhantomData,
+        }
+    }
+}
+
+/// One job counted in a worker's in-flight count for as long as it lives.
+struct InFlight(Option<Arc<AtomicUsize>>);
+
+impl InFlight {
+    fn start(count: Option<Arc<AtomicUsize>>) -> Self {
+        if let Some(c) = &count {
+            c.fetch_add(1, Ordering::AcqRel);
+        }
+        Self(count)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            c.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -60,6 +94,7 @@ impl<J: RunJob + Send + 'static> Service<Task<String>> for JobService<J> {
             .map(ToString::to_string)
             .unwrap_or_default();
         let (raw, _) = task.take();
+        let counted = InFlight::start(self.in_flight.clone());
         // The job runs in a task of its own: if the worker's stream ends under it (a Redis
         // outage), the job still finishes and schedules what comes next; only its
         // acknowledgement is lost, and apalis's orphan recovery (or the job's own successor)
@@ -69,6 +104,7 @@ impl<J: RunJob + Send + 'static> Service<Task<String>> for JobService<J> {
             .shutdown
             .spawn_job(J::carry(handle::<J>(raw, self.ctx.clone(), id)));
         async move {
+            let _counted = counted;
             match run.await {
                 Ok(Some(result)) => result,
                 Ok(None) => Err(AbortError::new(JobError::Failed(

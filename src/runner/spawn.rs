@@ -22,6 +22,7 @@
 //! with the default `handler_timeout_secs = 15`) instead of 15 s.
 
 use std::str::FromStr as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,13 +45,13 @@ use super::{JobService, RunJob, Scheduled, Supervisor};
 use crate::context::AppContext;
 use crate::pod;
 
-/// How often an idle worker asks apalis for work on its own (it also asks after each heartbeat,
-/// and at once when this process's feeder moved jobs into its queue: [`crate::queue::wake`]).
-/// Jobs moved by another pod's feeder, or re-queued by apalis itself (an orphan, a retry of
-/// `keep_for_apalis`), are fetched by this pod within this; the feeding pod's own workers fetch
-/// them at once. Was 200 ms: 5 fetches a second per worker, 8 workers, 200 commands a second
-/// from an idle pod (issue 16).
-pub const IDLE_POLL: Duration = Duration::from_secs(5);
+// An idle worker asks apalis for work after each of its heartbeats (every [`HEARTBEAT`]: apalis
+// fetches when its stream is driven again) and at once when this process's feeder moved jobs into
+// its queue ([`crate::queue::wake`]). Jobs moved by another pod's feeder, or re-queued by apalis
+// itself (an orphan, a retry of `keep_for_apalis`), are fetched by this pod within a heartbeat;
+// the feeding pod's own workers fetch them at once. It used to poll every 200 ms as well (5
+// fetches a second per worker, 200 commands a second from an idle pod), then every 5 s beside the
+// heartbeat's fetch, which doubled an idle pod's fetches for nothing (issue 16).
 
 /// How often a worker's heartbeat is written (by apalis, and by [`keep_heartbeat`]).
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -95,13 +96,24 @@ pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String
 }
 
 /// Refreshes worker `name`'s heartbeat in `workers_set` every [`HEARTBEAT`], independently of
-/// its slots, until the returned future is dropped. Only a worker still registered is
-/// refreshed (`ZADD XX`), with apalis's own score (unix seconds of this process's clock).
-pub async fn keep_heartbeat(mut conn: ConnectionManager, workers_set: String, name: String) {
+/// its slots, until the returned future is dropped, while the worker has a job in flight
+/// (`in_flight` > 0): that is when busy slots can keep apalis from driving its own heartbeat
+/// (notes §8); an idle worker's stream is driven, and heartbeats, on its own. Only a worker still
+/// registered is refreshed (`ZADD XX`), with apalis's own score (unix seconds of this process's
+/// clock).
+pub async fn keep_heartbeat(
+    mut conn: ConnectionManager,
+    workers_set: String,
+    name: String,
+    in_flight: Arc<AtomicUsize>,
+) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if in_flight.load(Ordering::Acquire) == 0 {
+            continue;
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -187,18 +199,18 @@ where
             let workers_set = storage.get_config().workers_set();
             let wake =
                 crate::queue::wake::handle(&cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE));
-            let strategy = Strategy::new()
-                .apply(LocalWake::new(wake))
-                .interval(IDLE_POLL);
+            let strategy = Strategy::new().apply(LocalWake::new(wake));
             let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
                 .backend(storage.poll_with_strategy(strategy))
                 .concurrency(concurrency)
                 .layer(layer.clone());
-            let worker = builder.build(JobService::<J>::new(ctx.clone()));
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            let worker =
+                builder.build(JobService::<J>::new(ctx.clone()).counting_in(in_flight.clone()));
             // The heartbeat of our own runs beside the worker, on its own task, until the
             // worker ends (this build of it: a rebuilt worker gets a keeper of its own).
             let ended = CancellationToken::new();
-            let keeper = keep_heartbeat(ctx.redis.clone(), workers_set, name.clone());
+            let keeper = keep_heartbeat(ctx.redis.clone(), workers_set, name.clone(), in_flight);
             let worker_ended = ended.clone();
             shutdown.spawn(async move {
                 tokio::select! {

@@ -1,6 +1,6 @@
 //! What an idle pod's feeder sends to Redis (issue 16), counted by a private redis-server's
 //! `INFO commandstats` (the shared Redis would count other clients too). Counted per feed tick,
-//! never timed.
+//! never timed; the announcements' subscription is real (`queue::announce`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,7 +8,8 @@ use std::time::Duration;
 use cardworker::config::Task;
 use cardworker::context;
 use cardworker::polling::chain;
-use cardworker::queue::intake::{FeedState, Feeder, SWEEP_EVERY_TICKS};
+use cardworker::queue::announce::Announcements;
+use cardworker::queue::intake::{FeedState, Feeder, QUIET_READ_EVERY_TICKS, SWEEP_EVERY_TICKS};
 use cardworker_jobs::{Job, Producer, SubmitPayment};
 use redis::aio::ConnectionManager;
 
@@ -55,17 +56,40 @@ async fn reset(conn: &mut ConnectionManager) {
         .expect("resetstat");
 }
 
-#[tokio::test]
-async fn an_idle_pod_s_feeder_sends_one_small_command_per_tick_and_a_job_that_becomes_due_is_fed_at_the_next_tick(
-) {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
-    let prefix = "idle";
-    // 200 polling chains and a payment job, all due in an hour.
+/// Subscribes `announcements` to the deployment's channel on `redis` and waits until it listens.
+async fn subscribed(redis: &PrivateRedis, prefix: &str) -> Announcements {
+    let announcements = Announcements::default();
+    let client = redis::Client::open(redis.url()).expect("client");
+    tokio::spawn(announcements.clone().run(
+        client,
+        cardworker_jobs::keys::intake_wake(prefix),
+        std::future::pending(),
+    ));
+    wait_for(|| announcements.live()).await;
+    announcements
+}
+
+/// Waits (up to 10 s) until `cond` holds, checking every few milliseconds.
+async fn wait_for(cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// 200 polling chains and a payment job, all due in an hour.
+async fn nothing_due_for_an_hour(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+) -> Producer<ConnectionManager> {
     for i in 0..100 {
         for task in Task::ALL {
             chain::start(
-                &mut conn,
+                conn,
                 prefix,
                 task,
                 &format!("c-{i:03}"),
@@ -85,35 +109,52 @@ async fn an_idle_pod_s_feeder_sends_one_small_command_per_tick_and_a_job_that_be
         )
         .await
         .expect("enqueue");
+    producer
+}
+
+#[tokio::test]
+async fn an_idle_pod_s_feeder_reads_the_due_hint_once_a_second_and_a_job_that_becomes_due_is_fed_at_the_next_tick(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let prefix = "idle";
+    let producer = nothing_due_for_an_hour(&mut conn, prefix).await;
+    let announcements = subscribed(&redis, prefix).await;
     let mut feeder = Feeder {
         conn: conn.clone(),
         queues: cardworker::workers::queue_names(prefix),
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
         redis: Default::default(),
+        announcements: Some(announcements.clone()),
     };
     let mut state = FeedState::default();
-    // The first tick feeds every queue (a sweep): nothing is due.
+    // The first tick feeds every queue (a sweep), the second reads the hint: nothing is due for
+    // an hour.
+    assert_eq!(feeder.feed_tick(&mut state).await, 0);
     assert_eq!(feeder.feed_tick(&mut state).await, 0);
 
     reset(&mut conn).await;
-    let ticks = SWEEP_EVERY_TICKS - 2;
+    let ticks = 9 * QUIET_READ_EVERY_TICKS;
+    assert!(ticks + 2 < SWEEP_EVERY_TICKS, "no sweep among them");
     for _ in 0..ticks {
         assert_eq!(feeder.feed_tick(&mut state).await, 0);
     }
     let (calls, input) = counted(&mut conn).await;
-    // One ZRANGEBYSCORE of the due hint per tick, for all 8 queues; no script call, no ids.
+    // One read of the due hint (all 8 queues) every QUIET_READ_EVERY_TICKS ticks; nothing else.
     assert_eq!(
         calls,
-        BTreeMap::from([("zrangebyscore".to_owned(), ticks)]),
-        "an idle tick must send only the due-hint read"
+        BTreeMap::from([("zrange".to_owned(), ticks / QUIET_READ_EVERY_TICKS)]),
+        "an idle tick must send nothing but the periodic due-hint read"
     );
     assert!(
-        input < ticks * 120,
+        input < 9 * 120,
         "{input} bytes into Redis for {ticks} idle ticks"
     );
 
-    // A chain started due now and a job enqueued due now: both moved by the very next tick.
+    // A chain started due now and a job enqueued due now announce themselves, and the very next
+    // tick moves both (the last tick read the hint, so without the announcements this one would
+    // send nothing).
     chain::start(&mut conn, prefix, Task::Carddata, "now", Duration::ZERO)
         .await
         .expect("chain");
@@ -121,7 +162,38 @@ async fn an_idle_pod_s_feeder_sends_one_small_command_per_tick_and_a_job_that_be
         .enqueue_raw(SubmitPayment::QUEUE, "due-now", "{}", Duration::ZERO)
         .await
         .expect("enqueue");
+    wait_for(|| announcements.earliest().is_some()).await;
     assert_eq!(feeder.feed_tick(&mut state).await, 2);
+}
+
+#[tokio::test]
+async fn without_announcements_the_feeder_reads_the_due_hint_on_every_tick() {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let prefix = "deaf";
+    let producer = nothing_due_for_an_hour(&mut conn, prefix).await;
+    let mut feeder = Feeder {
+        conn: conn.clone(),
+        queues: cardworker::workers::queue_names(prefix),
+        interval: Duration::from_millis(200),
+        trim_every: Duration::from_secs(5),
+        redis: Default::default(),
+        announcements: None,
+    };
+    let mut state = FeedState::default();
+    assert_eq!(feeder.feed_tick(&mut state).await, 0);
+    reset(&mut conn).await;
+    let ticks = 10;
+    for _ in 0..ticks {
+        assert_eq!(feeder.feed_tick(&mut state).await, 0);
+    }
+    let (calls, _) = counted(&mut conn).await;
+    assert_eq!(calls, BTreeMap::from([("zrange".to_owned(), ticks)]));
+    producer
+        .enqueue_raw(SubmitPayment::QUEUE, "due-now", "{}", Duration::ZERO)
+        .await
+        .expect("enqueue");
+    assert_eq!(feeder.feed_tick(&mut state).await, 1);
 }
 
 #[tokio::test]
@@ -135,6 +207,7 @@ async fn an_entry_written_without_the_due_hint_is_fed_by_the_next_sweep() {
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
         redis: Default::default(),
+        announcements: None,
     };
     let mut state = FeedState::default();
     assert_eq!(feeder.feed_tick(&mut state).await, 0);
