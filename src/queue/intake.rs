@@ -4,17 +4,20 @@
 //! Every process runs one [`Feeder`]; the Lua scripts are atomic, so any number of pods can feed
 //! and trim the same queues concurrently without moving an entry twice.
 //!
-//! What it costs Redis (issue 16). A feed tick (every 200 ms) first reads the deployment's due
-//! hint ([`cardworker_jobs::keys::intake_due_hint`]: intake key -> a time never later than its
-//! earliest entry; every intake writer lowers it, each feed sets it exactly): one command for every
-//! queue. Only a queue whose hint is due is fed, and the feed script makes the apalis task ids
-//! itself, so a tick with nothing due sends one small command instead of a script call with 500
-//! ULIDs per queue. Every [`SWEEP_EVERY_TICKS`] ticks it sweeps instead: the earliest entry of
-//! every intake, in one pipeline, feeding what is due and repairing the hint; an entry written by
-//! a producer that does not lower the hint (an older build) waits at most that long (10 s), and a
-//! hint lost with Redis comes back. Trimming visits the queues this pod fed lately, and
-//! every queue once a minute. When a feed moves jobs, this process's workers of that queue are
-//! woken at once ([`super::wake`]), so a job that becomes due is fetched within one tick.
+//! What it costs Redis (issue 16). A feed tick (every 200 ms) reads the deployment's due hint
+//! ([`cardworker_jobs::keys::intake_due_hint`]: intake key -> a time never later than its earliest
+//! entry; every intake writer lowers it, each feed sets it exactly): one command for every queue.
+//! Only a queue whose hint is due is fed, and the feed script makes the apalis task ids itself.
+//! When a read finds nothing due, the feeder remembers the earliest hinted time and sends nothing
+//! on the ticks before it, unless a writer announces an earlier entry ([`super::announce`]: the
+//! writer publishes when it lowered the hint), the subscription was lost or renewed, or
+//! [`QUIET_READ_EVERY_TICKS`] ticks passed: an idle pod reads the hint once a second. Every
+//! [`SWEEP_EVERY_TICKS`] ticks it sweeps instead: the earliest entry of every intake, in one
+//! pipeline, feeding what is due and repairing the hint; an entry written by a producer that does
+//! not lower the hint (an older build) waits at most that long (10 s), and a hint lost with Redis
+//! comes back. Trimming visits the queues this pod fed lately, and every queue once a minute. When
+//! a feed moves jobs, this process's workers of that queue are woken at once and again on the
+//! next tick ([`super::wake`]), so a job that becomes due is fetched within one tick.
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -1,10 +1,11 @@
 //! Local wake-ups of a queue's workers in this process.
 //!
-//! An idle apalis-redis worker asks Redis for work on its own only every
-//! `runner::spawn::IDLE_POLL` (and after each heartbeat). Jobs reach apalis through the intake
-//! feeder alone, so the feeder, when it moves jobs into a queue, wakes this process's workers of
-//! that queue at once: a job that becomes due is fetched within one feeder tick, as before, while
-//! an idle pod no longer sends a fetch per worker five times a second (issue 16).
+//! An idle apalis-redis worker asks Redis for work on its own only after each heartbeat (every
+//! `runner::spawn::HEARTBEAT`). Jobs reach apalis through the intake feeder alone, so the feeder,
+//! when it moves jobs into a queue, wakes this process's workers of that queue at once, and once
+//! more on its next tick (a fetch already on its way when the jobs landed comes back empty): a job
+//! that becomes due is fetched within one feeder tick, as before, while an idle pod no longer
+//! sends a fetch per worker five times a second (issue 16).
 //!
 //! Keyed by the apalis queue name, which carries the deployment's key prefix, so that several
 //! deployments in one process (the integration tests) do not wake each other.
