@@ -24,7 +24,7 @@ reset-demo: build
 ## recorder per process); `.ci/run` installs it when missing.
 test: services browser
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { echo "cargo-nextest is required: cargo install cargo-nextest --locked" >&2; exit 1; }
-	$(CARGO) nextest run --workspace --no-fail-fast
+	CARDWORKER_REQUIRE_BROWSER=1 $(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
 	$(MAKE) scrape-check
 

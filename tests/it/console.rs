@@ -352,6 +352,12 @@ async fn a_requeue_keeps_a_newer_waiting_entry_of_the_same_id_and_leaves_the_dea
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_html_is_text() {
     if let Some(why) = webdriver::unavailable() {
+        // `make test` installs the browser first and sets this: there a missing browser is a
+        // failure, never a silent pass.
+        assert!(
+            std::env::var_os("CARDWORKER_REQUIRE_BROWSER").is_none(),
+            "CARDWORKER_REQUIRE_BROWSER is set but {why}"
+        );
         eprintln!("SKIPPED: the console's browser test needs headless Chromium: {why}");
         return;
     }
