@@ -56,6 +56,18 @@ async fn reset(conn: &mut ConnectionManager) {
         .expect("resetstat");
 }
 
+/// The feeder of every queue of deployment `prefix`, at the product's tick.
+fn feeder(conn: &ConnectionManager, prefix: &str, announcements: Option<Announcements>) -> Feeder {
+    Feeder {
+        conn: conn.clone(),
+        queues: cardworker::workers::queue_names(prefix),
+        interval: Duration::from_millis(200),
+        trim_every: Duration::from_secs(5),
+        redis: Default::default(),
+        announcements,
+    }
+}
+
 /// Subscribes `announcements` to the deployment's channel on `redis` and waits until it listens.
 async fn subscribed(redis: &PrivateRedis, prefix: &str) -> Announcements {
     let announcements = Announcements::default();
@@ -120,14 +132,7 @@ async fn an_idle_pod_s_feeder_reads_the_due_hint_once_a_second_and_a_job_that_be
     let prefix = "idle";
     let producer = nothing_due_for_an_hour(&mut conn, prefix).await;
     let announcements = subscribed(&redis, prefix).await;
-    let mut feeder = Feeder {
-        conn: conn.clone(),
-        queues: cardworker::workers::queue_names(prefix),
-        interval: Duration::from_millis(200),
-        trim_every: Duration::from_secs(5),
-        redis: Default::default(),
-        announcements: Some(announcements.clone()),
-    };
+    let mut feeder = feeder(&conn, prefix, Some(announcements.clone()));
     let mut state = FeedState::default();
     // The first tick feeds every queue (a sweep), the second reads the hint: nothing is due for
     // an hour.
@@ -172,14 +177,7 @@ async fn without_announcements_the_feeder_reads_the_due_hint_on_every_tick() {
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
     let prefix = "deaf";
     let producer = nothing_due_for_an_hour(&mut conn, prefix).await;
-    let mut feeder = Feeder {
-        conn: conn.clone(),
-        queues: cardworker::workers::queue_names(prefix),
-        interval: Duration::from_millis(200),
-        trim_every: Duration::from_secs(5),
-        redis: Default::default(),
-        announcements: None,
-    };
+    let mut feeder = feeder(&conn, prefix, None);
     let mut state = FeedState::default();
     assert_eq!(feeder.feed_tick(&mut state).await, 0);
     reset(&mut conn).await;
@@ -201,14 +199,7 @@ async fn an_entry_written_without_the_due_hint_is_fed_by_the_next_sweep() {
     let redis = PrivateRedis::start_new(false);
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
     let prefix = "nohint";
-    let mut feeder = Feeder {
-        conn: conn.clone(),
-        queues: cardworker::workers::queue_names(prefix),
-        interval: Duration::from_millis(200),
-        trim_every: Duration::from_secs(5),
-        redis: Default::default(),
-        announcements: None,
-    };
+    let mut feeder = feeder(&conn, prefix, None);
     let mut state = FeedState::default();
     assert_eq!(feeder.feed_tick(&mut state).await, 0);
     // A producer from before the hint: the entry and its payload, no hint.
