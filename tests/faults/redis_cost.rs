@@ -231,3 +231,50 @@ async fn an_entry_written_without_the_due_hint_is_fed_by_the_next_sweep() {
         "fed by the sweep tick, not before"
     );
 }
+
+#[tokio::test]
+async fn after_a_redis_restart_the_announcements_come_back_and_a_sleeping_feeder_still_feeds_a_new_entry_at_the_next_tick(
+) {
+    let mut redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let prefix = "restart";
+    nothing_due_for_an_hour(&mut conn, prefix).await;
+    let announcements = subscribed(&redis, prefix).await;
+    let before = announcements.generation();
+    let mut feeder = feeder(&conn, prefix, Some(announcements.clone()));
+    let mut state = FeedState::default();
+    assert_eq!(feeder.feed_tick(&mut state).await, 0);
+    assert_eq!(feeder.feed_tick(&mut state).await, 0);
+
+    // Redis goes away (and comes back empty): the subscription is lost, then renewed.
+    redis.stop();
+    wait_for(|| !announcements.live()).await;
+    redis.start();
+    wait_for(|| announcements.live() && announcements.generation() > before).await;
+
+    // The entries were lost with Redis; a new one due now is announced on the new subscription
+    // and fed by the next tick.
+    let producer = Producer::new(conn.clone(), prefix);
+    let mut enqueued = false;
+    for _ in 0..50 {
+        // The shared connection reconnects on its own; the first writes may still fail.
+        if producer
+            .enqueue_raw(SubmitPayment::QUEUE, "after", "{}", Duration::ZERO)
+            .await
+            .is_ok()
+        {
+            enqueued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(enqueued, "the producer writes again once Redis is back");
+    wait_for(|| announcements.earliest().is_some()).await;
+    let mut moved = 0;
+    // The first tick after the restart may read a hint the restart emptied; within two ticks the
+    // entry is moved (a tick without announcements would be a full read anyway).
+    for _ in 0..2 {
+        moved += feeder.feed_tick(&mut state).await;
+    }
+    assert_eq!(moved, 1);
+}
