@@ -349,13 +349,22 @@ pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow:
 /// Jobs waiting in one queue, fleet-wide: intake entries (and waiting chains) plus the apalis
 /// backlog.
 pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
-    let (active, scheduled): (u64, u64) = redis::pipe()
+    let mut pipe = redis::pipe();
+    pipe.zcard(&queue.intake)
         .llen(format!("{}:active", queue.apalis))
-        .zcard(format!("{}:scheduled", queue.apalis))
+        .zcard(format!("{}:scheduled", queue.apalis));
+    if let Some(chains) = &queue.chains {
+        pipe.zcount(
+            &chains.due,
+            "-inf",
+            format!("({}", cardworker_jobs::chain::FED),
+        );
+    }
+    let counts: Vec<u64> = pipe
         .query_async(conn)
         .await
         .with_context(|| format!("reading the depth of queue {}", queue.apalis))?;
-    Ok(waiting(conn, queue).await? + active + scheduled)
+    Ok(counts.iter().sum())
 }
 
 /// Publishes `cardworker_queue_depth` for every queue.

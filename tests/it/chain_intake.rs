@@ -70,8 +70,13 @@ async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
     assert!(waiting < FED);
 
     let q = QueueName::new(prefix, PollCardData::QUEUE);
+    // The queue depth counts the waiting chain, then the job in apalis: one either way.
+    assert_eq!(intake::waiting(&mut conn, &q).await.expect("waiting"), 1);
+    assert_eq!(intake::depth(&mut conn, &q).await.expect("depth"), 1);
     let fed = feed_once(&mut conn, &q).await.expect("feed");
     assert_eq!((fed.moved, fed.waiting), (1, 0));
+    assert_eq!(intake::waiting(&mut conn, &q).await.expect("waiting"), 0);
+    assert_eq!(intake::depth(&mut conn, &q).await.expect("depth"), 1);
     let jobs = apalis_payloads(&redis, PollCardData::QUEUE).await;
     assert_eq!(
         jobs,
