@@ -1,10 +1,10 @@
 //! `make bench-reconcile`: how long reconcile takes to find and restart dead chains among many
-//! live ones, through the due index (`reconcile::restart_overdue`), against the cursor walk it
+//! live ones, through the chain due set (`reconcile::restart_overdue`), against the cursor walk it
 //! used to rely on (`reconcile::run_once`, `polling.reconcile_batch` cards per run).
 //!
 //! Sets up `BENCH_CARDS` cards (default 100000) in a fresh database, each with a live card-status
 //! chain in Redis (due in an hour), then for each count in `BENCH_DEAD` (default `0,100,1000,10000`)
-//! makes that many chains dead (due a day ago, no job) and times one `restart_overdue`. Also times
+//! makes that many chains dead (fed a day ago, their job gone) and times one `restart_overdue`. Also times
 //! one cursor batch and says how many scheduled runs a full cursor cycle takes.
 //!
 //! Env: `CARDWORKER_BENCH_PG_ADMIN` (default `postgres://root@127.0.0.1:5432/postgres`),
@@ -23,24 +23,27 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// Writes the chain hash and the due index of `cards` directly (the layout `chain.lua` keeps),
-/// due at `due_ms`, in pipelines.
+/// Writes the chain hash and the chain due set of `cards` directly (the layout `chain.lua` keeps),
+/// in pipelines: due at `due_ms` and waiting to be fed, or, with `fed`, fed for that due time (a
+/// job that exists, or vanished if `due_ms` is long past).
 async fn set_chains(
     conn: &mut redis::aio::ConnectionManager,
     prefix: &str,
     cards: &[String],
     due_ms: u64,
+    fed: bool,
 ) -> anyhow::Result<()> {
+    let score = if fed { chain::FED + due_ms } else { due_ms };
     for chunk in cards.chunks(2000) {
         let mut pipe = redis::pipe();
         for card in chunk {
             pipe.hset(
                 chain::chain_key(prefix, Task::CardStatus),
                 card,
-                format!("01BENCHCHAIN|{due_ms}"),
+                "benchchn|0|0|s0|0",
             )
             .ignore()
-            .zadd(chain::due_key(prefix, Task::CardStatus), card, due_ms)
+            .zadd(chain::due_key(prefix, Task::CardStatus), card, score)
             .ignore();
         }
         pipe.query_async::<()>(conn).await?;
@@ -78,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
         sqlx::query("ANALYZE cards").execute(&ctx.pool).await?;
         let mut conn = ctx.redis.clone();
         let now = chain::redis_now_ms(&mut conn).await?;
-        set_chains(&mut conn, &prefix, &cards, now + 3_600_000).await?;
+        set_chains(&mut conn, &prefix, &cards, now + 3_600_000, false).await?;
 
         println!(
             "bench-reconcile: {n} cards with a live card_status chain; one restart_overdue per dead count\n"
@@ -87,7 +90,8 @@ async fn main() -> anyhow::Result<()> {
         println!("| ---: | ---: | ---: | ---: | ---: |");
         for &dead in &dead_counts {
             let victims: Vec<String> = cards.iter().step_by((n / dead.max(1)).max(1)).take(dead).cloned().collect();
-            set_chains(&mut conn, &prefix, &victims, now - 86_400_000).await?;
+            // Their jobs were fed a day ago and vanished.
+            set_chains(&mut conn, &prefix, &victims, now - 86_400_000, true).await?;
             let started = Instant::now();
             let done = reconcile::restart_overdue(&ctx, Task::CardStatus).await?;
             let ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -97,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
                 done.found, done.restarted
             );
             // Back to live for the next round.
-            set_chains(&mut conn, &prefix, &victims, now + 3_600_000).await?;
+            set_chains(&mut conn, &prefix, &victims, now + 3_600_000, false).await?;
         }
         let started = Instant::now();
         let pass = reconcile::run_once(&ctx, Task::CardStatus).await?;

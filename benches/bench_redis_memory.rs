@@ -6,7 +6,7 @@
 //!    in-process Gateway simulator at 0 ms answering every card as stored (every poll unchanged).
 //! 2. One worker (the product's `app::start`, in process) and a full reconcile sweep of both tasks
 //!    (`reconcile::sweep`: first polls spread over a minute), then the first round: every card
-//!    polled once per task, every successor waiting in the intake, apalis's finished jobs trimmed.
+//!    polled once per task, every successor waiting (in the chain due set), apalis's finished jobs trimmed.
 //!    used_memory is read then (minus the empty deployment's, read after the worker started and
 //!    before any chain existed), with `MEMORY USAGE` per key pattern.
 //! 3. 48 hours of hour boundaries, with the clock pushed ahead instead of waited for: for each
@@ -269,9 +269,10 @@ async fn run(
         reconcile::sweep(&ctx, task).await?;
     }
     let swept = started.elapsed();
-    let intakes: Vec<String> = Task::ALL
+    // A chain's waiting poll is its entry in the chain due set, below FED (issue 19).
+    let due_sets: Vec<String> = Task::ALL
         .iter()
-        .map(|t| keys::intake(prefix, chain::queue_of(*t)))
+        .map(|t| chain::due_key(prefix, *t))
         .collect();
     let apalis_data: Vec<String> = Task::ALL
         .iter()
@@ -291,16 +292,18 @@ async fn run(
     // From the sweep's start: the first polls are due within a minute of their chain's start, so
     // the round runs alongside the sweep.
     let round = started.elapsed();
-    // Every successor written (every chain waits in the intake, due in about an hour), and
+    // Every successor written (every chain waits in its due set, due in about an hour), and
     // apalis's finished jobs trimmed.
     let settle = wait_for(
         "every successor waiting and apalis trimmed",
         Duration::from_secs(300),
         async || {
             let mut waiting = 0u64;
-            for k in &intakes {
-                waiting += redis::cmd("ZCARD")
+            for k in &due_sets {
+                waiting += redis::cmd("ZCOUNT")
                     .arg(k)
+                    .arg("-inf")
+                    .arg(format!("({}", chain::FED))
                     .query_async::<u64>(&mut conn.clone())
                     .await?;
             }
@@ -337,6 +340,9 @@ async fn run(
             count_at(&ctx.redis, prefix, task, &sample, at).await?;
         }
     }
+    // The fleet-wide counters are added up in process and written every few seconds: write them
+    // now.
+    cardworker::polling::unchanged::flush(&mut ctx.redis.clone(), prefix).await?;
     let hours_took = hours_started.elapsed();
     let steady = info_field(conn, "memory", "used_memory").await?;
     let steady_rows = breakdown(conn, prefix).await?;

@@ -85,6 +85,13 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
         announcements: Some(announcements),
     };
     ctx.shutdown.spawn(feeder.run(ctx.shutdown.stopping()));
+    // This process's unchanged polls, added up in memory, go to the fleet's hourly counters every
+    // few seconds (the last ones in `workers::on_shutdown`, after the drain).
+    ctx.shutdown.spawn(crate::polling::unchanged::flush_every(
+        ctx.redis.clone(),
+        ctx.prefix().to_owned(),
+        ctx.shutdown.stopping(),
+    ));
 
     let watch = RedisWatch {
         conn: ctx.redis.clone(),

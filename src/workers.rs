@@ -133,10 +133,17 @@ pub async fn refresh_gauges(ctx: &AppContext, queues: &[QueueName]) {
     ctx.budget.refresh_gauges().await;
 }
 
-/// Runs after every worker stopped, before the process exits: releases every polling lease this
-/// process still holds, in one call, so the fleet gets its tokens back now instead of after
+/// Runs after every worker stopped, before the process exits: writes the unchanged polls this
+/// process counted to the fleet's hourly counters, and releases every polling lease it still
+/// holds, in one call, so the fleet gets its tokens back now instead of after
 /// `polling.lease_ttl_secs`.
 pub async fn on_shutdown(ctx: &AppContext) {
+    match crate::polling::unchanged::flush(&mut ctx.redis.clone(), ctx.prefix()).await {
+        Ok(polls) => tracing::debug!(polls, "unchanged-poll counters written"),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "the last unchanged polls are not in the fleet's hourly counters")
+        }
+    }
     let held = ctx.budget.held_count();
     match ctx.budget.release_held().await {
         Ok(released) => tracing::info!(held, released, "polling leases released"),

@@ -1,18 +1,24 @@
 -- Polling chains: at most one live chain per card and task. The one script every chain write goes
 -- through: the worker (start, schedule, check, finish, reconcile) and the producer API (merge).
--- KEYS[1] chain hash (card_ref -> "chain_id|unchanged|last|since", see below)   KEYS[2] intake zset
--- KEYS[3] intake payload hash
--- KEYS[4] due index zset (card_ref -> due_ms of its chain: reconcile finds overdue chains in it)
--- KEYS[5] (schedule with tally 'u' only) the fleet-wide counter of unchanged polls of this task and
---         hour: INCR, and its expiry set by the increment that creates it
+--
+-- KEYS[1] chain hash (card_ref -> "chain_id|unchanged|last|since|state", see below)
+-- KEYS[2] intake zset of the queue (entries with a payload of their own: a raw producer's, `dead
+--         requeue`'s, or one written by a release from before issue 19)
+-- KEYS[3] intake payload hash of the queue
+-- KEYS[4] the chain due set (card_ref -> score): the chains' one sorted set, both the polling intake
+--         and the index reconcile reads (issue 19). Score = the due ms of the chain's next poll
+--         while it waits to be fed; FED + that due ms once its job exists elsewhere (fed into
+--         apalis, running, or waiting in KEYS[2] with a payload of its own). The feeder reads only
+--         scores below FED, so it never feeds a chain whose job may still be alive; reconcile reads
+--         both ranges past the grace.
 -- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge
 -- ARGV[2] card_ref  ARGV[3] chain id (job's; the new one for start*/merge)
 -- ARGV[4] delay ms (start*/schedule/merge), or a fresh id (check)
--- ARGV[5] payload JSON (start*/schedule/merge)
--- ARGV[6] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
+-- ARGV[5] failures, ARGV[6] deferrals of the job to schedule (start*/schedule/merge): kept in the
+--         chain entry, from which the feeder builds the job's payload
+-- ARGV[7] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
 --         live past its due time (merge), or the tally (schedule): 'u' one more unchanged poll,
 --         'r' reset by a recorded change or failure, anything else keeps it
--- ARGV[7] (schedule with tally 'u') expiry of the hourly counter, seconds
 -- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: {state, chain id}
 --          with state 'live' | 'stale' | 'adopted'; finish: 1 / 0 stale;
 --          merge: {'merged' | 'started', chain id}.
@@ -22,12 +28,32 @@
 -- of the `last` one (base-36 unix seconds, '0' for none), and `since` as a kind letter plus base-36
 -- unix seconds: 'c' the chain's last recorded change or failure, 's' the chain's start (a first
 -- start, `enqueue`, reconcile, an adoption after Redis lost its data): nothing before it is known.
--- An entry written before the tally (`chain_id|due_ms`) still parses; it gains a tally ('s', now)
--- at its next write. The due time lives in the due index only (ZSCORE, off the hot path).
-local t = redis.call('TIME')
-local now_s = tonumber(t[1])
-local now = now_s * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Then `state`, the next job's failures, or `failures.deferrals` when it was deferred: a waiting
+-- poll has no payload of its own.
+--
+-- Older entries still parse: `chain_id|due_ms` (before the tally) and `chain_id|u|l|s` (before
+-- issue 19's payload-less intake). Those two are written only by an older release, whose jobs
+-- carry their own payload in KEYS[2]/KEYS[3]: the feeder never builds a payload from them (it
+-- tells them by their fewer fields), it only moves their KEYS[4] entry to the FED range (their
+-- job lives in the intake or in apalis).
+--
+-- The fleet-wide hourly counter of unchanged polls is not written here: each process adds its
+-- unchanged polls up and writes them every few seconds (`polling::unchanged`, issue 16).
+--
+-- The Redis clock is read only by the ops that need it: a live `check` (every poll, before its
+-- Gateway call) and `finish` read none (issue 16).
+local FED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
 local op, card, chain = ARGV[1], ARGV[2], ARGV[3]
+local now_s, now
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now_s = tonumber(t[1])
+    now = now_s * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
+
 local cur = redis.call('HGET', KEYS[1], card)
 local cur_id, legacy_due, cur_tally = nil, nil, nil
 if cur then
@@ -54,24 +80,46 @@ local function b36(n)
 end
 
 local function fresh()
+  clock()
   return {0, '0', 's' .. b36(now_s)}
+end
+
+-- The card's entry in the due set: (score, whether it is in the FED range), or nil.
+local function cur_score()
+  local s = redis.call('ZSCORE', KEYS[4], card)
+  if not s then return nil end
+  s = tonumber(s)
+  return s, s >= FED
 end
 
 -- The due time of the card's current chain (nil when unknown: counts as dead).
 local function cur_due()
-  local s = redis.call('ZSCORE', KEYS[4], card)
-  if s then return tonumber(s) end
+  local s, fed = cur_score()
+  if s then
+    if fed then return s - FED end
+    return s
+  end
   return legacy_due
 end
 
-local function mark(id, due, tally)
-  redis.call('HSET', KEYS[1], card, id .. '|' .. tally[1] .. '|' .. tally[2] .. '|' .. tally[3])
-  redis.call('ZADD', KEYS[4], due, card)
+-- The next job's state as the entry's fifth field: `failures`, or `failures.deferrals` when it
+-- was deferred (most entries end in `|0`: an entry's size class is what costs memory).
+local function state_field(failures, deferrals)
+  local f, d = tonumber(failures) or 0, tonumber(deferrals) or 0
+  if d > 0 then return f .. '.' .. d end
+  return tostring(f)
+end
+
+local function mark(id, tally, failures, deferrals, score)
+  redis.call('HSET', KEYS[1], card, id .. '|' .. tally[1] .. '|' .. tally[2] .. '|' .. tally[3]
+    .. '|' .. state_field(failures, deferrals))
+  redis.call('ZADD', KEYS[4], score, card)
 end
 
 -- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
--- time, so that the feeder looks at this intake by then (issue 16). Its name is made from the
--- intake key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it.
+-- time, so that the feeder looks at this queue by then (issue 16). Its member is the queue's intake
+-- key (KEYS[2]), whichever of the queue's two sets holds the entry; its name is made from that
+-- key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it.
 local function hint(due)
   local prefix = string.match(KEYS[2], '^(.*):intake:[^:]*$')
   if prefix and redis.call('ZADD', prefix .. ':intakes:due', 'LT', 'CH', due, KEYS[2]) == 1 then
@@ -80,72 +128,78 @@ local function hint(due)
   end
 end
 
-local function put(id, delay, payload, tally)
-  local due = now + tonumber(delay)
-  mark(id, due, tally)
-  redis.call('HSET', KEYS[3], card, payload)
-  redis.call('ZADD', KEYS[2], due, card)
+local function put(id, delay, tally)
+  local due = clock() + tonumber(delay)
+  mark(id, tally, ARGV[5], ARGV[6], due)
   hint(due)
 end
 
+-- A job of a replaced chain that waits with a payload of its own would only run as stale.
+local function drop_payload_entry()
+  redis.call('ZREM', KEYS[2], card)
+  redis.call('HDEL', KEYS[3], card)
+end
+
 if op == 'start' then
-  put(chain, ARGV[4], ARGV[5], fresh())
+  put(chain, ARGV[4], fresh())
+  drop_payload_entry()
   return 1
-elseif op == 'start_if_dead' then
+elseif op == 'start_if_dead' or op == 'drop_if_dead' then
+  local s = cur_score()
   local due = cur_id and cur_due()
-  if due and due + tonumber(ARGV[6]) > now then
-    -- Live: keep the index in step with the hash (reconcile reads the index).
-    redis.call('ZADD', KEYS[4], due, card)
+  if due and due + tonumber(ARGV[7]) > clock() then
+    -- Live. An entry from before the due index had its due time in the hash: index it (its job
+    -- exists elsewhere), since reconcile reads the index.
+    if not s then redis.call('ZADD', KEYS[4], FED + due, card) end
     return 0
   end
-  put(chain, ARGV[4], ARGV[5], fresh())
-  return 1
-elseif op == 'drop_if_dead' then
-  -- Reconcile found an overdue chain of a card that needs no polling any more.
-  local due = cur_id and cur_due()
-  if due and due + tonumber(ARGV[6]) > now then
-    redis.call('ZADD', KEYS[4], due, card)
-    return 0
+  if op == 'start_if_dead' then
+    put(chain, ARGV[4], fresh())
+    drop_payload_entry()
+  else
+    -- Reconcile found an overdue chain of a card that needs no polling any more.
+    redis.call('HDEL', KEYS[1], card)
+    redis.call('ZREM', KEYS[4], card)
   end
-  redis.call('HDEL', KEYS[1], card)
-  redis.call('ZREM', KEYS[4], card)
   return 1
 elseif op == 'schedule' then
   -- A chain whose entry is gone (Redis lost it while the job ran) is adopted by its job: the
   -- successor is written, so the card is never left without one.
   if cur_id and cur_id ~= chain then return 0 end
   local tally = cur_tally or fresh()
-  local mode = ARGV[6]
+  local mode = ARGV[7]
   if mode == 'u' then
+    clock()
     tally[1] = tally[1] + 1
     tally[2] = b36(now_s)
-    if KEYS[5] and redis.call('INCR', KEYS[5]) == 1 then
-      redis.call('EXPIRE', KEYS[5], tonumber(ARGV[7]))
-    end
   elseif mode == 'r' then
+    clock()
     tally[1] = 0
     tally[3] = 'c' .. b36(now_s)
   end
-  put(chain, ARGV[4], ARGV[5], tally)
+  put(chain, ARGV[4], tally)
   return 1
 elseif op == 'check' then
   if not cur_id then
     -- The chain state was lost (Redis flushed, or a legacy producer enqueued without a chain):
-    -- adopt the job. Worst case one extra poll if reconcile also restarted the card.
+    -- adopt the job, which is running (FED). Worst case one extra poll if reconcile also
+    -- restarted the card.
     local id = chain
     if id == '' then id = ARGV[4] end
-    mark(id, now, fresh())
+    mark(id, fresh(), 0, 0, FED + clock())
     return {'adopted', id}
   elseif cur_id == chain then
     return {'live', chain}
-  elseif chain == '' and not redis.call('ZSCORE', KEYS[2], card) then
-    -- A chain-less job (written raw, or by a producer from before the merge) that took the
-    -- place of the chain's own waiting entry: it joins the chain instead of ending it.
-    mark(cur_id, now, cur_tally or fresh())
-    return {'adopted', cur_id}
-  else
-    return {'stale', cur_id}
+  elseif chain == '' then
+    local s, fed = cur_score()
+    if (not s or fed) and not redis.call('ZSCORE', KEYS[2], card) then
+      -- A chain-less job (written raw, or by a producer from before the merge) that took the
+      -- place of the chain's own waiting entry: it joins the chain instead of ending it.
+      mark(cur_id, cur_tally or fresh(), 0, 0, FED + clock())
+      return {'adopted', cur_id}
+    end
   end
+  return {'stale', cur_id}
 elseif op == 'finish' then
   if cur_id and cur_id ~= chain then return 0 end
   redis.call('HDEL', KEYS[1], card)
@@ -155,24 +209,32 @@ elseif op == 'merge' then
   -- A producer asks for a poll of a card. A live chain keeps its own job (with its failure count
   -- and deferrals); its waiting poll is only brought forward. Without a live chain, a new one
   -- starts with the producer's job.
-  local due = now + tonumber(ARGV[4])
+  local due = clock() + tonumber(ARGV[4])
   if cur_id then
-    local waiting = redis.call('ZSCORE', KEYS[2], card)
-    if waiting then
-      if tonumber(waiting) > due then
+    local with_payload = redis.call('ZSCORE', KEYS[2], card)
+    if with_payload then
+      if tonumber(with_payload) > due then
         redis.call('ZADD', KEYS[2], due, card)
         hint(due)
-        mark(cur_id, due, cur_tally or fresh())
+      end
+      return {'merged', cur_id}
+    end
+    local s, fed = cur_score()
+    if s and not fed then
+      if s > due then
+        redis.call('ZADD', KEYS[4], due, card)
+        hint(due)
       end
       return {'merged', cur_id}
     end
     -- Nothing waits: the chain's job is being fed or run, unless the chain is long overdue.
     local was_due = cur_due()
-    if was_due and was_due + tonumber(ARGV[6]) > now then
+    if was_due and was_due + tonumber(ARGV[7]) > now then
       return {'merged', cur_id}
     end
   end
-  put(chain, ARGV[4], ARGV[5], fresh())
+  put(chain, ARGV[4], fresh())
+  drop_payload_entry()
   return {'started', chain}
 end
 return redis.error_reply('unknown chain op ' .. tostring(op))

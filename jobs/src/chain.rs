@@ -14,8 +14,25 @@ use redis::aio::ConnectionLike;
 
 use crate::{keys, ChainState, EnqueueError};
 
-/// The chain script. Keys: chain hash, intake, intake payloads, due index (see the file's header).
+/// The chain script. Keys: chain hash, intake, intake payloads, chain due set (see the file's
+/// header).
 pub const SCRIPT: &str = include_str!("chain.lua");
+
+/// The score offset of a chain whose job exists (fed into apalis, running, or waiting with a
+/// payload of its own in the intake): its entry in the chain due set ([`keys::chain_due`]) is
+/// `FED + due ms` instead of `due ms`, so the feeder, which reads scores below `FED` only, never
+/// feeds it twice, while reconcile still finds it overdue. 2^50 ms is about 35,000 years: above
+/// every due time, and `FED + due` stays an exact integer in a double. Also in `chain.lua` and
+/// the worker's feed script.
+pub const FED: u64 = 1 << 50;
+
+/// A fresh chain id: 8 random Crockford base32 characters (40 bits). A chain id only has to
+/// differ from the card's earlier chains' (a job of a replaced chain is stale); nothing parses it.
+/// Shorter than a ULID: 18 bytes less in every chain entry and every poll payload (issue 19).
+pub fn fresh_chain_id() -> String {
+    // The last 8 characters of a fresh ULID are 40 of its 80 random bits.
+    ulid::Ulid::new().to_string()[18..].to_owned()
+}
 
 /// A chain with nothing waiting in the intake still counts as live for this long past its due
 /// time (its job is being fed or run); after that a producer's poll starts a new chain. The same
@@ -41,7 +58,9 @@ impl Merged {
 }
 
 /// Hands one poll job (`payload`, whose flattened [`ChainState`] is `state`) of `queue` for
-/// `card_ref` to the card's chain, due after `delay`.
+/// `card_ref` to the card's chain, due after `delay`. Only `card_ref` and `state` are kept (a poll
+/// payload has no other fields): the chain entry holds them, and the feeder builds the job's
+/// payload from it.
 pub async fn merge<C: ConnectionLike>(
     conn: &mut C,
     prefix: &str,
@@ -51,17 +70,16 @@ pub async fn merge<C: ConnectionLike>(
     state: &ChainState,
     delay: Duration,
 ) -> Result<Merged, EnqueueError> {
-    // The fresh chain's id goes into the payload's flattened `chain` field; an id the producer
-    // chose itself is kept.
+    // A poll payload is card_ref plus the flattened chain state, and a waiting poll keeps that
+    // state in its chain entry (issue 19): the payload itself is not stored (the feeder builds
+    // the job's from the chain entry).
+    let _ = payload;
+    // An id the producer chose itself is kept.
     let id = if state.chain.is_empty() {
-        ulid::Ulid::new().to_string()
+        fresh_chain_id()
     } else {
         state.chain.clone()
     };
-    let mut payload = payload;
-    if let Some(fields) = payload.as_object_mut() {
-        fields.insert("chain".to_owned(), serde_json::Value::String(id.clone()));
-    }
     let (verdict, chain): (String, String) = redis::Script::new(SCRIPT)
         .key(keys::chain(prefix, queue))
         .key(keys::intake(prefix, queue))
@@ -71,7 +89,8 @@ pub async fn merge<C: ConnectionLike>(
         .arg(card_ref)
         .arg(&id)
         .arg(ms(delay))
-        .arg(serde_json::to_string(&payload)?)
+        .arg(state.failures)
+        .arg(state.deferrals)
         .arg(ms(MERGE_LIVE_FOR))
         .invoke_async(conn)
         .await?;

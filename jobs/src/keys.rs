@@ -11,7 +11,9 @@ pub fn intake(prefix: &str, queue: &str) -> String {
     format!("{prefix}:intake:{queue}")
 }
 
-/// The intake payload hash of a queue (entry id -> JSON payload).
+/// The intake payload hash of a queue (entry id -> JSON payload). A polling chain's waiting poll
+/// has none (its state is in the chain entry, [`chain_due`]); only entries with a payload of their
+/// own are here.
 pub fn intake_payload(prefix: &str, queue: &str) -> String {
     format!("{prefix}:intake:{queue}:payload")
 }
@@ -37,14 +39,17 @@ pub fn claim(prefix: &str, claim: &str) -> String {
     format!("{prefix}:claim:{claim}")
 }
 
-/// The chain hash of a polling queue (card_ref -> `chain_id|unchanged|last|since`: the chain and
-/// its unchanged-poll tally, see `chain.lua`): one live chain per card.
+/// The chain hash of a polling queue (card_ref -> `chain_id|unchanged|last|since|state`:
+/// the chain, its unchanged-poll tally and its next job's state, see `chain.lua`): one live chain
+/// per card.
 pub fn chain(prefix: &str, queue: &str) -> String {
     format!("{prefix}:chain:{queue}")
 }
 
-/// The due index of a polling queue's chains (member: card_ref, score: the chain's next due time,
-/// unix ms on the Redis clock): reconcile reads the overdue end of it.
+/// The chain due set of a polling queue (member: card_ref; score: the due time of the chain's next
+/// poll, unix ms on the Redis clock, while it waits to be fed, and [`crate::chain::FED`] + that
+/// time once its job exists): the polling intake and the index reconcile reads, in one sorted set
+/// (issue 19). The feeder feeds the scores below `FED`; reconcile reads both ranges past a grace.
 pub fn chain_due(prefix: &str, queue: &str) -> String {
     format!("{prefix}:chain:{queue}:due")
 }

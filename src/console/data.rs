@@ -28,7 +28,7 @@ pub const DEAD_LIMIT: usize = 50;
 pub struct QueueCounts {
     /// Short name.
     pub queue: String,
-    /// Entries waiting in the intake (due or not).
+    /// Entries waiting in the intake (due or not); for a polling queue, its waiting chains too.
     pub intake: u64,
     /// apalis's active list (fed, not yet fetched).
     pub active: u64,
@@ -275,7 +275,11 @@ async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec
     let now = Utc::now().timestamp();
     let mut counts = Vec::new();
     let mut workers = Vec::new();
-    for (q, (intake, active, scheduled, dead, ws)) in names.iter().zip(rows) {
+    for (q, (mut intake, active, scheduled, dead, ws)) in names.iter().zip(rows) {
+        if q.chains.is_some() {
+            // A polling queue's waiting polls are its chains' (issue 19), not intake entries.
+            intake = crate::queue::intake::waiting(&mut conn, q).await?;
+        }
         counts.push(QueueCounts {
             queue: q.short.clone(),
             intake,

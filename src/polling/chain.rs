@@ -1,14 +1,19 @@
 //! Polling chains in Redis: at most one live chain per card and task.
 //!
-//! A chain is an id in `{prefix}:chain:{task}` (card_ref -> `chain_id|unchanged|last|since`: the
-//! id and the chain's unchanged-poll tally, [`super::unchanged`]), with its due time in the index
-//! `{prefix}:chain:{task}:due`. Every job carries its chain id; a job whose id
-//! is no longer the card's chain is stale and is acknowledged without calling the Gateway.
-//! Scheduling the next poll writes the card's single intake entry (entry id = card_ref) only if
-//! the job's chain is still live (or gone: the job then adopts the card), atomically, so a stale
-//! job can never overwrite the entry of the chain that replaced it. The script is
-//! `cardworker_jobs::chain::SCRIPT`, shared with the producer API, whose poll jobs merge into the
-//! live chain instead of replacing its entry.
+//! A chain is an entry in `{prefix}:chain:{task}` (card_ref ->
+//! `chain_id|unchanged|last|since|state`: the id, the chain's unchanged-poll tally,
+//! [`super::unchanged`], and the state of its next job) and one in the chain due set
+//! `{prefix}:chain:{task}:due` ([`cardworker_jobs::keys::chain_due`]): the due time of its next
+//! poll while that waits, or [`FED`] + that time once its job exists (fed into apalis, running).
+//! That one sorted set is both the polling intake (the feeder reads the waiting range and builds
+//! each job's payload from its chain entry) and the index reconcile reads (issue 19: no payload
+//! hash entry and no second sorted set per waiting poll). Every job carries its chain id; a job
+//! whose id is no longer the card's chain is stale and is acknowledged without calling the
+//! Gateway. Scheduling the next poll writes the card's entry only if the job's chain is still
+//! live (or gone: the job then adopts the card), atomically, so a stale job can never overwrite
+//! the entry of the chain that replaced it. The script is `cardworker_jobs::chain::SCRIPT`,
+//! shared with the producer API, whose poll jobs merge into the live chain instead of replacing
+//! its entry.
 //!
 //! Every way out of a poll leaves one successor or a deliberate finish: the regular paths in
 //! `poll`, an abnormal end (error, panic, timeout) in `poll::after_abnormal_end`, and a successor
@@ -18,13 +23,14 @@
 //! Redis holds the schedule, not authoritative state: if it is lost, reconcile restarts every
 //! card that should be polled (parking lives in PostgreSQL), and a job that finds no chain adopts
 //! the card. The worst case is one extra poll, never a stuck card. A chain that died without its
-//! job (its entry outlived it) is found through the due index, in time proportional to the
-//! number of overdue chains.
+//! job (its job vanished after it was fed) is found through the due set's FED range, in time
+//! proportional to the number of overdue chains ([`overdue`]).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::Context as _;
+pub use cardworker_jobs::chain::FED;
 use cardworker_jobs::{keys, ChainState, Job, PollCardData, PollCardStatus};
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
@@ -40,7 +46,8 @@ pub fn chain_key(prefix: &str, task: Task) -> String {
     keys::chain(prefix, queue_of(task))
 }
 
-/// The due index of one task's chains.
+/// The chain due set of one task: its polling intake and reconcile's index (member card_ref;
+/// score the next poll's due ms while it waits, [`FED`] + that once its job exists).
 pub fn due_key(prefix: &str, task: Task) -> String {
     keys::chain_due(prefix, queue_of(task))
 }
@@ -122,23 +129,9 @@ pub fn queue_of(task: Task) -> &'static str {
     }
 }
 
-fn payload(card_ref: &str, state: &ChainState) -> anyhow::Result<String> {
-    // Both payloads have the same shape: card_ref plus the flattened chain state.
-    serde_json::to_string(&PollCardData {
-        card_ref: card_ref.to_owned(),
-        state: state.clone(),
-    })
-    .context("serialising a poll payload")
-}
-
-/// A new chain id and the payload of its first job.
-fn fresh_chain(card_ref: &str) -> anyhow::Result<(String, String)> {
-    let state = ChainState {
-        chain: ulid::Ulid::new().to_string(),
-        ..ChainState::default()
-    };
-    let job = payload(card_ref, &state)?;
-    Ok((state.chain, job))
+/// A new chain id ([`cardworker_jobs::chain::fresh_chain_id`]: 8 random characters).
+fn fresh_chain() -> String {
+    cardworker_jobs::chain::fresh_chain_id()
 }
 
 use cardworker_jobs::chain::ms;
@@ -152,10 +145,11 @@ pub async fn start(
     card_ref: &str,
     delay: Duration,
 ) -> anyhow::Result<String> {
-    let (id, payload) = fresh_chain(card_ref)?;
+    let id = fresh_chain();
     let _: i64 = invoke(prefix, task, "start", card_ref, &id)
         .arg(ms(delay))
-        .arg(payload)
+        .arg(0)
+        .arg(0)
         .invoke_async(conn)
         .await
         .with_context(|| format!("starting the {task} chain of {card_ref}"))?;
@@ -172,10 +166,11 @@ pub async fn start_if_dead(
     delay: Duration,
     grace: Duration,
 ) -> anyhow::Result<bool> {
-    let (id, payload) = fresh_chain(card_ref)?;
+    let id = fresh_chain();
     let started: i64 = invoke(prefix, task, "start_if_dead", card_ref, &id)
         .arg(ms(delay))
-        .arg(payload)
+        .arg(0)
+        .arg(0)
         .arg(ms(grace))
         .invoke_async(conn)
         .await
@@ -194,7 +189,8 @@ pub async fn drop_if_dead(
 ) -> anyhow::Result<bool> {
     let dropped: i64 = invoke(prefix, task, "drop_if_dead", card_ref, "")
         .arg(0)
-        .arg("")
+        .arg(0)
+        .arg(0)
         .arg(ms(grace))
         .invoke_async(conn)
         .await
@@ -228,28 +224,21 @@ pub async fn schedule_counted(
     count: &Count,
 ) -> anyhow::Result<bool> {
     let mut inv = invoke(prefix, task, "schedule", card_ref, &next.chain);
-    inv.arg(ms(delay)).arg(payload(card_ref, next)?);
-    match count {
-        Count::Keep => {
-            inv.arg("k");
-        }
-        Count::Reset => {
-            inv.arg("r");
-        }
-        Count::Unchanged(at) => {
-            inv.key(unchanged::hour_key(
-                prefix,
-                task,
-                &unchanged::hour_bucket(*at),
-            ))
-            .arg("u")
-            .arg(unchanged::HOUR_TTL_SECS);
-        }
-    }
+    inv.arg(ms(delay)).arg(next.failures).arg(next.deferrals);
+    inv.arg(match count {
+        Count::Keep => "k",
+        Count::Reset => "r",
+        Count::Unchanged(_) => "u",
+    });
     let done: i64 = inv
         .invoke_async(conn)
         .await
         .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
+    if let (1, Count::Unchanged(at)) = (done, count) {
+        // The fleet-wide hourly counter is added up in this process and written every few
+        // seconds (issue 16: one INCRBY per counter and flush, not one INCR per poll).
+        unchanged::count_fleet(prefix, task, *at);
+    }
     Ok(done == 1)
 }
 
@@ -260,7 +249,9 @@ pub enum Count {
     Keep,
     /// The poll recorded a change or a failure: the count starts again from 0, since now.
     Reset,
-    /// The poll was unchanged (at this time, which picks the fleet-wide hourly counter): one more.
+    /// The poll was unchanged (at this time, which picks the fleet-wide hourly counter): one more
+    /// in the chain entry's tally, and one more in this process's count for that hour
+    /// ([`unchanged::count_fleet`], written every few seconds).
     Unchanged(DateTime<Utc>),
 }
 
@@ -272,7 +263,7 @@ pub async fn check(
     card_ref: &str,
     state: &ChainState,
 ) -> anyhow::Result<Liveness> {
-    let fresh = ulid::Ulid::new().to_string();
+    let fresh = fresh_chain();
     let (verdict, id): (String, String) = invoke(prefix, task, "check", card_ref, &state.chain)
         .arg(fresh)
         .invoke_async(conn)
@@ -406,8 +397,10 @@ pub async fn schedule_counted_or_retry(
     }
 }
 
-/// Up to `limit` cards whose chain is due before `before_ms` (unix ms, Redis clock), oldest
-/// first: one range read of the due index, however many cards there are.
+/// Up to `limit` cards of each range of the due set whose chain was due before `before_ms` (unix
+/// ms, Redis clock), oldest first: first the chains whose job was fed that long ago and never
+/// wrote a successor (the FED range: the job vanished), then those still waiting (the feeder fell
+/// that far behind). Two range reads in one round trip, however many cards there are.
 pub async fn overdue(
     conn: &mut ConnectionManager,
     prefix: &str,
@@ -415,8 +408,17 @@ pub async fn overdue(
     before_ms: u64,
     limit: usize,
 ) -> anyhow::Result<Vec<String>> {
-    redis::cmd("ZRANGEBYSCORE")
-        .arg(due_key(prefix, task))
+    let key = due_key(prefix, task);
+    let (mut fed, waiting): (Vec<String>, Vec<String>) = redis::pipe()
+        .cmd("ZRANGEBYSCORE")
+        .arg(&key)
+        .arg(FED)
+        .arg(format!("({}", FED + before_ms))
+        .arg("LIMIT")
+        .arg(0)
+        .arg(limit)
+        .cmd("ZRANGEBYSCORE")
+        .arg(&key)
         .arg("-inf")
         .arg(format!("({before_ms}"))
         .arg("LIMIT")
@@ -424,7 +426,34 @@ pub async fn overdue(
         .arg(limit)
         .query_async(conn)
         .await
-        .with_context(|| format!("reading the overdue {task} chains"))
+        .with_context(|| format!("reading the overdue {task} chains"))?;
+    fed.extend(waiting);
+    Ok(fed)
+}
+
+/// When the card's next poll is due (Redis clock), and whether its job already exists (fed into
+/// apalis or running: it is then the due time it was fed for). `None` without an entry.
+pub async fn next_due(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+) -> anyhow::Result<Option<(DateTime<Utc>, bool)>> {
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(due_key(prefix, task))
+        .arg(card_ref)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("reading when the {task} chain of {card_ref} is due"))?;
+    Ok(score.and_then(|s| {
+        let s = s as u64;
+        let (due, fed) = if s >= FED {
+            (s - FED, true)
+        } else {
+            (s, false)
+        };
+        DateTime::from_timestamp_millis(i64::try_from(due).ok()?).map(|d| (d, fed))
+    }))
 }
 
 /// The Redis clock, unix milliseconds (every due time is on it).

@@ -2,10 +2,12 @@
 //!
 //! Each scheduled run does two things per task, and only **reads** PostgreSQL:
 //! 1. **Overdue chains** ([`restart_overdue`]): every chain whose next poll is overdue by more
-//!    than the grace is read from the due index (`{prefix}:chain:{task}:due`) in batches, so the
-//!    work is proportional to the number of overdue chains, not of cards; each is restarted if
-//!    its card still should be polled (one `card_ref = ANY(…)` lookup per batch), or dropped. A
-//!    chain that lost its job (a crash between two writes, say) is thus back within grace + one
+//!    than the grace is read from the chain due set (`{prefix}:chain:{task}:due`, also the
+//!    polling intake: [`chain::overdue`] reads its fed range, jobs that were fed that long ago and
+//!    never wrote a successor, and its waiting range) in batches, so the work is proportional to
+//!    the number of overdue chains, not of cards; each is restarted if its card still should be
+//!    polled (one `card_ref = ANY(…)` lookup per batch), or dropped. A chain that lost its job (a
+//!    pod killed while the job waited in apalis or ran, say) is thus back within grace + one
 //!    reconcile period, at any number of cards.
 //! 2. **The cursor walk** ([`run_once`]): `polling.reconcile_batch` cards, walking the partial
 //!    indexes of the cards that should be polled and are not parked (`cards_carddata_due_idx`,
@@ -107,7 +109,7 @@ const MAX_OVERDUE_BATCHES: usize = 1_000;
 /// What [`restart_overdue`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overdue {
-    /// Overdue chains found in the due index.
+    /// Overdue chains found in the chain due set.
     pub found: u64,
     /// Restarted (their card should still be polled).
     pub restarted: u64,
@@ -116,7 +118,7 @@ pub struct Overdue {
 }
 
 /// Restarts (or drops) every chain of `task` overdue by more than the grace, reading only the
-/// overdue end of the due index.
+/// overdue ends of the chain due set (fed and waiting).
 pub async fn restart_overdue(ctx: &AppContext, task: Task) -> anyhow::Result<Overdue> {
     let mut conn = ctx.redis.clone();
     let grace = grace(&ctx.config, task);

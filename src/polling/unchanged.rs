@@ -10,8 +10,13 @@
 //!   chain goes. It replaced a hash per task and UTC hour with one field per card, kept 48 h:
 //!   about 58 bytes per card, task and hour, 2.8 KB per card at steady state for one task.
 //! - **fleet-wide, per task and UTC hour**: one counter `{prefix}:unchanged_total:{task}:{YYYYMMDDHH}`
-//!   (a plain string, INCR), which expires [`HOUR_TTL_SECS`] after its first increment: at most
-//!   49 counters per task, whatever the fleet size.
+//!   (a plain string), which expires [`HOUR_TTL_SECS`] after its first increment: at most
+//!   49 counters per task, whatever the fleet size. Each process adds its unchanged polls up in
+//!   memory ([`count_fleet`]) and writes them with one `INCRBY` per counter every
+//!   [`FLUSH_EVERY`] and when it stops ([`flush`]): one command per counter and flush instead of
+//!   one per poll (issue 16). So the fleet totals `investigate` shows lag the polls by up to
+//!   [`FLUSH_EVERY`], and a process killed with `kill -9` loses at most that much of its count;
+//!   the per-card tally is written with the poll's successor and never lags.
 //!
 //! After Redis loses its data (a flush, a restart without persistence), both restart from zero:
 //! a chain re-created by reconcile or adopted by its job starts its tally at that moment, marked as
@@ -19,9 +24,14 @@
 //! wrong one; and the fleet counters begin with the deployment's epoch marker
 //! ([`crate::runner::redis_watch`]).
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
+use redis::Script;
 
 use super::chain;
 use crate::config::Task;
@@ -35,6 +45,98 @@ pub const HOUR_TTL_SECS: i64 = (HOURS_KEPT + 1) * 3600;
 /// The fleet-wide counter of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
 pub fn hour_key(prefix: &str, task: Task, hour: &str) -> String {
     format!("{prefix}:unchanged_total:{}:{hour}", task.label())
+}
+
+/// How often each process writes the unchanged polls it counted to the fleet-wide counters.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
+
+/// This process's unchanged polls not yet written: hourly counter key -> count. A handful of keys
+/// (one per task and hour of the last [`FLUSH_EVERY`]); keyed by the full key, so that processes
+/// of several deployments in one binary (tests) each write their own.
+static PENDING: LazyLock<Mutex<HashMap<String, u64>>> = LazyLock::new(Mutex::default);
+
+/// Adds to a counter and sets its expiry when this increment created it (as a first `INCR` did).
+static ADD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+         if n == tonumber(ARGV[1]) then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+         return n",
+    )
+});
+
+fn pending() -> std::sync::MutexGuard<'static, HashMap<String, u64>> {
+    // A poisoned lock only means a panic while adding a number: the map is still usable.
+    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts one unchanged poll of `task` at `at` for the fleet-wide hourly counter; written by the
+/// next [`flush`].
+pub fn count_fleet(prefix: &str, task: Task, at: DateTime<Utc>) {
+    *pending()
+        .entry(hour_key(prefix, task, &hour_bucket(at)))
+        .or_default() += 1;
+}
+
+/// Writes this process's counted unchanged polls of deployment `prefix` to the hourly counters:
+/// one script call per counter (a handful). What Redis refused is kept for the next flush.
+/// Returns the polls written.
+pub async fn flush(conn: &mut ConnectionManager, prefix: &str) -> anyhow::Result<u64> {
+    let mine = format!("{prefix}:unchanged_total:");
+    let taken: Vec<(String, u64)> = {
+        let mut map = pending();
+        let keys: Vec<String> = map
+            .keys()
+            .filter(|k| k.starts_with(&mine))
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| map.remove(&k).map(|n| (k, n)))
+            .collect()
+    };
+    if taken.is_empty() {
+        return Ok(0);
+    }
+    let mut written = 0;
+    let mut left = taken.into_iter();
+    while let Some((key, n)) = left.next() {
+        let added: redis::RedisResult<u64> = ADD
+            .key(&key)
+            .arg(n)
+            .arg(HOUR_TTL_SECS)
+            .invoke_async(conn)
+            .await;
+        if let Err(e) = added {
+            let mut map = pending();
+            for (key, n) in std::iter::once((key, n)).chain(left) {
+                *map.entry(key).or_default() += n;
+            }
+            return Err(anyhow::Error::new(e).context("writing the hourly unchanged-poll counters"));
+        }
+        written += n;
+    }
+    Ok(written)
+}
+
+/// Flushes every [`FLUSH_EVERY`] until `stop` resolves (the process's final flush is in its
+/// shutdown hooks, after the drain: `workers::on_shutdown`).
+pub async fn flush_every(
+    mut conn: ConnectionManager,
+    prefix: String,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {
+                if let Err(e) = flush(&mut conn, &prefix).await {
+                    tracing::warn!(error = %format!("{e:#}"), "unchanged-poll counters not written; kept for the next flush");
+                }
+            }
+        }
+    }
 }
 
 /// The hour bucket (`YYYYMMDDHH`, UTC) of `at`.
@@ -73,6 +175,10 @@ pub struct Entry {
     pub chain: String,
     /// Its tally; `None` for an entry written before tallies existed (`chain_id|due_ms`).
     pub tally: Option<Tally>,
+    /// The failures and deferrals of the chain's next job (the feeder builds its payload from
+    /// them); `None` for an entry written by a release from before issue 19, whose job carries
+    /// them in its own payload.
+    pub next_job: Option<(u32, u32)>,
 }
 
 fn seconds36(s: &str) -> Option<DateTime<Utc>> {
@@ -83,7 +189,9 @@ fn seconds36(s: &str) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp(secs, 0)
 }
 
-/// Parses a chain entry (`chain_id|unchanged|last|since`, or the older `chain_id|due_ms`).
+/// Parses a chain entry (`chain_id|unchanged|last|since|state`, state being the next job's
+/// `failures` or `failures.deferrals`; or the older
+/// `chain_id|unchanged|last|since` and `chain_id|due_ms`).
 pub fn parse_entry(raw: &str) -> Entry {
     let fields: Vec<&str> = raw.split('|').collect();
     let chain = fields.first().copied().unwrap_or_default().to_owned();
@@ -103,7 +211,21 @@ pub fn parse_entry(raw: &str) -> Entry {
         }
         _ => None,
     };
-    Entry { chain, tally }
+    let next_job = match fields.as_slice() {
+        [_, _, _, _, state, ..] => {
+            let (failures, deferrals) = state.split_once('.').unwrap_or((state, "0"));
+            Some((
+                failures.parse().unwrap_or(0),
+                deferrals.parse().unwrap_or(0),
+            ))
+        }
+        _ => None,
+    };
+    Entry {
+        chain,
+        tally,
+        next_job,
+    }
 }
 
 /// The card's chain entry for `task` (`None` when the card has no chain in Redis).
@@ -166,6 +288,16 @@ mod tests {
         let fresh = parse_entry("01JDCHAIN|0|0|ssnucio").tally.expect("tally");
         assert_eq!((fresh.count, fresh.last), (0, None));
         assert_eq!(fresh.since_kind, Since::ChainStart);
+        assert_eq!(e.next_job, None, "an entry from before issue 19");
+    }
+
+    #[test]
+    fn a_chain_entry_carries_its_next_jobs_failures_and_deferrals() {
+        let e = parse_entry("k3x9q2zt|4|snucio|csnuci0|3.1");
+        assert_eq!(e.chain, "k3x9q2zt");
+        assert_eq!(e.tally.map(|t| t.count), Some(4));
+        assert_eq!(e.next_job, Some((3, 1)));
+        assert_eq!(parse_entry("k3x9q2zt|0|0|ssnucio|2").next_job, Some((2, 0)));
     }
 
     #[test]

@@ -171,13 +171,17 @@ pub async fn act(
     };
     let mut total = DeadOutcome::default();
     for chunk in ids.chunks(BATCH) {
-        let (acted, not_dead, kept): (u64, u64, u64) = DEAD
-            .key(format!("{}:dead", queue.apalis))
+        let mut inv = DEAD.prepare_invoke();
+        inv.key(format!("{}:dead", queue.apalis))
             .key(format!("{}:data", queue.apalis))
             .key(format!("{}:meta", queue.apalis))
             .key(&queue.intake)
             .key(&queue.intake_payload)
-            .key(&queue.due_hint)
+            .key(&queue.due_hint);
+        if let Some(chains) = &queue.chains {
+            inv.key(&chains.due);
+        }
+        let (acted, not_dead, kept): (u64, u64, u64) = inv
             .arg(action.arg())
             .arg(chunk)
             .invoke_async(conn)

@@ -67,7 +67,7 @@ pub struct Fed {
     pub moved: usize,
     /// apalis backlog (active + scheduled) afterwards.
     pub backlog: usize,
-    /// Entries still in the intake (due or not).
+    /// Entries still waiting (due or not): the intake's, and a polling queue's waiting chains.
     pub waiting: usize,
     /// Entries moved straight to the dead set (not valid UTF-8: apalis could not decode them).
     pub poisoned: usize,
@@ -84,8 +84,8 @@ fn id_nonce() -> String {
 
 /// Moves up to [`FEED_BATCH`] due entries of one queue into apalis.
 pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<Fed> {
-    let (moved, backlog, waiting, poisoned, redis_now_ms): (usize, usize, usize, usize, i64) = FEED
-        .key(&queue.intake)
+    let mut inv = FEED.prepare_invoke();
+    inv.key(&queue.intake)
         .key(&queue.intake_payload)
         .key(format!("{}:active", queue.apalis))
         .key(format!("{}:scheduled", queue.apalis))
@@ -93,7 +93,11 @@ pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyho
         .key(format!("{}:signal", queue.apalis))
         .key(format!("{}:meta", queue.apalis))
         .key(format!("{}:dead", queue.apalis))
-        .key(&queue.due_hint)
+        .key(&queue.due_hint);
+    if let Some(chains) = &queue.chains {
+        inv.key(&chains.hash).key(&chains.due);
+    }
+    let (moved, backlog, waiting, poisoned, redis_now_ms): (usize, usize, usize, usize, i64) = inv
         .arg(HIGH_WATER_MARK)
         .arg(FEED_BATCH)
         .arg(id_nonce())
@@ -168,10 +172,11 @@ pub async fn due_queues(
     Ok((due, next))
 }
 
-/// The sweep of [`Feeder::feed_tick`]: reads the earliest entry of every intake and the whole due
-/// hint in one pipeline, repairs the hint where it is missing or later than an intake's earliest
-/// entry (an entry written without lowering it), and returns the queues with an entry due by
-/// `now_ms`. One command per queue, plus one; the repair only when something needs it.
+/// The sweep of [`Feeder::feed_tick`]: reads the earliest entry of every intake (and of every
+/// polling queue's waiting chains) and the whole due hint in one pipeline, repairs the hint where
+/// it is missing or later than a queue's earliest waiting entry (an entry written without lowering
+/// it), and returns the queues with an entry due by `now_ms`. One command per set, plus one; the
+/// repair only when something needs it.
 pub async fn sweep_queues(
     conn: &mut ConnectionManager,
     queues: &[QueueName],
@@ -192,6 +197,17 @@ pub async fn sweep_queues(
             .arg(0)
             .arg(0)
             .arg("WITHSCORES");
+        // A polling queue's waiting chains too: the first score below FED (fed ones do not wait).
+        if let Some(chains) = &q.chains {
+            pipe.cmd("ZRANGEBYSCORE")
+                .arg(&chains.due)
+                .arg("-inf")
+                .arg(format!("({}", cardworker_jobs::chain::FED))
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(1);
+        }
     }
     let mut answers: Vec<Vec<(String, f64)>> = pipe
         .query_async(conn)
@@ -202,11 +218,18 @@ pub async fn sweep_queues(
     } else {
         answers.remove(0)
     };
+    let mut answers = answers.into_iter();
     let mut due = Vec::new();
     let mut repair = redis::pipe();
     let mut repairs = 0;
-    for (i, (q, earliest)) in queues.iter().zip(answers).enumerate() {
-        let Some((_, at)) = earliest.first() else {
+    for (i, q) in queues.iter().enumerate() {
+        let mut earliest: Option<f64> = answers.next().and_then(|e| e.first().map(|(_, s)| *s));
+        if q.chains.is_some() {
+            if let Some(at) = answers.next().and_then(|e| e.first().map(|(_, s)| *s)) {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+        }
+        let Some(at) = earliest.as_ref() else {
             continue;
         };
         let hinted = hint.iter().find(|(k, _)| *k == q.intake).map(|(_, s)| *s);
@@ -323,16 +346,44 @@ pub async fn trim_workers(
     }
 }
 
-/// Jobs waiting in one queue, fleet-wide: intake entries plus the apalis backlog.
+/// Entries waiting in one queue's intake: the intake's, plus a polling queue's waiting chains
+/// (the chain due set below `FED`). One round trip.
+pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
+    let mut pipe = redis::pipe();
+    pipe.zcard(&queue.intake);
+    if let Some(chains) = &queue.chains {
+        pipe.zcount(
+            &chains.due,
+            "-inf",
+            format!("({}", cardworker_jobs::chain::FED),
+        );
+    }
+    let counts: Vec<u64> = pipe
+        .query_async(conn)
+        .await
+        .with_context(|| format!("reading the intake of queue {}", queue.apalis))?;
+    Ok(counts.iter().sum())
+}
+
+/// Jobs waiting in one queue, fleet-wide: intake entries (and waiting chains) plus the apalis
+/// backlog.
 pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
-    let (intake, active, scheduled): (u64, u64, u64) = redis::pipe()
-        .zcard(&queue.intake)
+    let mut pipe = redis::pipe();
+    pipe.zcard(&queue.intake)
         .llen(format!("{}:active", queue.apalis))
-        .zcard(format!("{}:scheduled", queue.apalis))
+        .zcard(format!("{}:scheduled", queue.apalis));
+    if let Some(chains) = &queue.chains {
+        pipe.zcount(
+            &chains.due,
+            "-inf",
+            format!("({}", cardworker_jobs::chain::FED),
+        );
+    }
+    let counts: Vec<u64> = pipe
         .query_async(conn)
         .await
         .with_context(|| format!("reading the depth of queue {}", queue.apalis))?;
-    Ok(intake + active + scheduled)
+    Ok(counts.iter().sum())
 }
 
 /// Publishes `cardworker_queue_depth` for every queue.

@@ -5,7 +5,7 @@
 //! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
 //! - [`announce`]: the subscription that tells the feeder of entries due earlier than it knew.
 //! - [`wake`]: the feeder's local wake-up of a queue's workers when it moved jobs in.
-//! - this module: [`QueueName`].
+//! - this module: [`QueueName`], [`ChainKeys`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
 //!
@@ -15,13 +15,19 @@
 //! (done, or dead for a payload that cannot be decoded); the trimmer then removes apalis's
 //! bookkeeping. Re-runs (next poll, back-off after a failure, deferral) go back through the
 //! intake, never through apalis-redis's hard-coded 25 retries.
+//!
+//! A polling queue's own polls skip the intake (issue 19): a chain's next poll waits as the
+//! card's entry in the chain due set, with no payload (the chain entry holds its state), and the
+//! feeder builds the job's payload when it moves it into apalis, then keeps the entry, re-scored
+//! to the fed range, for reconcile (`jobs/src/chain.lua`, `feed.lua`). The intake of a polling
+//! queue holds only entries with a payload of their own (raw, requeued, or an older release's).
 
 pub mod announce;
 pub mod dead;
 pub mod intake;
 pub mod wake;
 
-use cardworker_jobs::keys;
+use cardworker_jobs::{keys, Job as _, PollCardData, PollCardStatus};
 
 /// The Redis names of one queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,12 +36,24 @@ pub struct QueueName {
     pub short: String,
     /// The apalis queue (`{prefix}:q:{short}`); apalis's keys hang under it.
     pub apalis: String,
-    /// The intake sorted set.
+    /// The intake sorted set (entries with a payload of their own).
     pub intake: String,
     /// The intake payload hash.
     pub intake_payload: String,
     /// The deployment's due hint (shared by every queue): intake key -> earliest due ms.
     pub due_hint: String,
+    /// A polling queue's chains, whose waiting polls are fed from the chain due set (issue 19);
+    /// `None` for every other queue.
+    pub chains: Option<ChainKeys>,
+}
+
+/// The two chain keys of a polling queue the feeder reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainKeys {
+    /// The chain hash (card_ref -> chain entry, from which a waiting poll's payload is built).
+    pub hash: String,
+    /// The chain due set ([`keys::chain_due`]): waiting polls below `FED`, fed ones above.
+    pub due: String,
 }
 
 impl QueueName {
@@ -47,6 +65,12 @@ impl QueueName {
             intake: keys::intake(prefix, short),
             intake_payload: keys::intake_payload(prefix, short),
             due_hint: keys::intake_due_hint(prefix),
+            chains: [PollCardData::QUEUE, PollCardStatus::QUEUE]
+                .contains(&short)
+                .then(|| ChainKeys {
+                    hash: keys::chain(prefix, short),
+                    due: keys::chain_due(prefix, short),
+                }),
         }
     }
 }

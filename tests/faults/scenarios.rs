@@ -158,8 +158,8 @@ async fn polls_per_card(conn: &mut ConnectionManager, task: Task) -> BTreeMap<St
         .collect()
 }
 
-/// Every card has exactly one live chain per task, whose next job waits in the intake, is in
-/// apalis or runs, and whose due time is in the due index.
+/// Every card has exactly one live chain per task, whose next job waits (in the chain due set),
+/// is in apalis or runs, and which has its entry in the chain due set (waiting or fed).
 async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
     for task in Task::ALL {
         let chains = chain::live_chains(conn, "cw", task, cards)
@@ -179,12 +179,16 @@ async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
         assert_eq!(
             indexed,
             cards.len(),
-            "{task}: every chain is in the due index"
+            "{task}: every chain is in the chain due set"
         );
         let waiting: usize = conn
-            .zcard(cardworker_jobs::keys::intake("cw", chain::queue_of(task)))
+            .zcount(
+                chain::due_key("cw", task),
+                "-inf",
+                format!("({}", chain::FED),
+            )
             .await
-            .expect("zcard");
+            .expect("zcount");
         assert!(
             waiting <= cards.len(),
             "{task}: at most one waiting poll per card"
@@ -748,13 +752,16 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
     .await;
     assert!(handed, "refused now, handed to the background");
     redis.start();
-    let payload_key = cardworker_jobs::keys::intake_payload("cw", "card_status");
+    // The successor's state is in the chain entry (issue 19: no payload of its own).
     wait_until(Duration::from_secs(30), "the successor is written", || {
         let mut conn = conn.clone();
-        let payload_key = payload_key.clone();
         async move {
-            let payload: Option<String> = conn.hget(&payload_key, "c-1").await.unwrap_or(None);
-            payload.is_some_and(|p| p.contains("\"failures\":3"))
+            cardworker::polling::unchanged::entry(&mut conn, "cw", Task::CardStatus, "c-1")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| e.next_job)
+                .is_some_and(|(failures, _)| failures == 3)
         }
     })
     .await;

@@ -64,12 +64,12 @@ pub const INVENTORY: &[KeyPattern] = &[
     // Polling chains (src/polling/chain.rs, jobs/src/chain.lua).
     k(
         "<prefix>:chain:<task>",
-        "polling chains (chain.lua): card -> chain id + unchanged-poll tally",
+        "polling chains (chain.lua): card -> chain id + unchanged-poll tally + next job's failures and deferrals",
         PerChain,
     ),
     k(
         "<prefix>:chain:<task>:due",
-        "polling chains (chain.lua): due index, card -> due ms",
+        "polling chains (chain.lua): the chain due set, card -> due ms (waiting: the polling intake) or FED + due ms (fed: reconcile's index)",
         PerChain,
     ),
     k(
@@ -86,7 +86,7 @@ pub const INVENTORY: &[KeyPattern] = &[
     // Intake (src/queue, jobs/src/lib.rs).
     k(
         "<prefix>:intake:<queue>",
-        "intake: waiting entries, entry id -> due ms",
+        "intake: waiting entries with a payload of their own (not a chain's poll), entry id -> due ms",
         Jobs,
     ),
     k(
@@ -96,7 +96,7 @@ pub const INVENTORY: &[KeyPattern] = &[
     ),
     k(
         "<prefix>:intakes:due",
-        "intake feeder (issue 16): the earliest due time of each intake",
+        "intake feeder (issue 16): the earliest waiting entry of each queue (intake or chain due set)",
         Deployment,
     ),
     k(

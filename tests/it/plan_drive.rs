@@ -928,8 +928,9 @@ impl Driver<'_> {
     /// `reconcile_batch`, as the scheduled reconcile runs it (the chains it starts poll once
     /// each, in the background: more executions of the poll statements at volume).
     async fn reconcile(&self) {
-        // Overdue chains (the due index): one card of each task made overdue by hand, so the
-        // lookup of their cards runs.
+        // Overdue chains (the chain due set): one card of each task whose job was fed long ago
+        // and vanished (a FED-range entry, which no feeder touches), so the lookup of their
+        // cards runs.
         let mut conn = self.ctx().redis.clone();
         for task in Task::ALL {
             let _: i64 = redis::cmd("ZADD")
@@ -937,7 +938,7 @@ impl Driver<'_> {
                     self.ctx().prefix(),
                     task,
                 ))
-                .arg(0)
+                .arg(cardworker::polling::chain::FED)
                 .arg(format!("{}-overdue", self.tag))
                 .query_async(&mut conn)
                 .await

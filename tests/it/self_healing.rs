@@ -1,5 +1,5 @@
 //! Self-healing (issue 11) on the shared services, within one test prefix: producer poll jobs
-//! merge into live chains, reconcile finds overdue chains through the due index, money queued
+//! merge into live chains, reconcile finds overdue chains through the chain due set, money queued
 //! before a Redis loss is recovered from PostgreSQL, and text PostgreSQL refuses is cleaned.
 
 use std::time::Duration;
@@ -79,13 +79,25 @@ async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_liv
         .redis
         .conn
         .clone()
+        .zcount(
+            chain::due_key(&app.redis.prefix, Task::CardStatus),
+            "-inf",
+            format!("({}", chain::FED),
+        )
+        .await
+        .expect("zcount");
+    assert!(waiting <= 1, "one waiting poll at most");
+    let with_payload: usize = app
+        .redis
+        .conn
+        .clone()
         .zcard(cardworker_jobs::keys::intake(
             &app.redis.prefix,
             "card_status",
         ))
         .await
         .expect("zcard");
-    assert!(waiting <= 1, "one waiting poll at most");
+    assert_eq!(with_payload, 0, "the merged job left no intake entry");
 
     // Without a live chain, the producer's job starts one.
     app.insert_card("c-2").await;
@@ -311,18 +323,26 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
             deferrals: 0,
         },
     };
+    // The successor waits as the chain's entry (issue 19: its state is there, not in a payload).
     let waiting_payload = || async {
-        let payload: String = app
-            .redis
-            .conn
-            .clone()
-            .hget(
-                cardworker_jobs::keys::intake_payload(&app.redis.prefix, "card_status"),
-                "c-1",
-            )
-            .await
-            .expect("the successor waits in the intake");
-        serde_json::from_str::<PollCardStatus>(&payload).expect("payload")
+        let entry = cardworker::polling::unchanged::entry(
+            &mut app.redis.conn.clone(),
+            &app.redis.prefix,
+            Task::CardStatus,
+            "c-1",
+        )
+        .await
+        .expect("entry")
+        .expect("the chain lives");
+        let (failures, deferrals) = entry.next_job.expect("the successor's state");
+        PollCardStatus {
+            card_ref: "c-1".into(),
+            state: ChainState {
+                chain: entry.chain,
+                failures,
+                deferrals,
+            },
+        }
     };
 
     cardworker::polling::poll::after_abnormal_end(

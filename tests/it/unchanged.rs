@@ -64,6 +64,8 @@ async fn an_unchanged_poll_adds_one_to_the_cards_tally_and_the_hours_fleet_count
     assert!(t.last.is_some_and(|l| l >= started.since));
     assert_eq!(t.since, started.since, "an unchanged poll keeps `since`");
 
+    // The fleet-wide counter is written by the process's next flush (every few seconds).
+    unchanged::flush(&mut conn, prefix).await.expect("flush");
     let hour_key = unchanged::hour_key(prefix, task, &unchanged::hour_bucket(at));
     let total: u64 = conn.get(&hour_key).await.expect("get");
     assert_eq!(total, 2);
@@ -86,6 +88,7 @@ async fn an_unchanged_poll_adds_one_to_the_cards_tally_and_the_hours_fleet_count
     .await
     .expect("schedule");
     assert!(!stale);
+    unchanged::flush(&mut conn, prefix).await.expect("flush");
     let total: u64 = conn.get(&hour_key).await.expect("get");
     assert_eq!(total, 2, "a stale successor counts nothing");
     assert_eq!(tally(&redis, task, "c-1").await.map(|t| t.count), Some(2));
@@ -237,12 +240,14 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
             .expect("start");
         }
     }
+    // The fleet totals lag the polls by up to one flush (unchanged::FLUSH_EVERY).
     wait_until(
         Duration::from_secs(30),
-        "unchanged polls of both cards",
+        "unchanged polls of both cards, in the fleet totals too",
         || async {
             card_status_view(&app, "c-changes").await.card_count >= Some(2)
                 && card_status_view(&app, "c-steady").await.card_count >= Some(2)
+                && card_status_view(&app, "c-steady").await.all_cards_total >= 4
         },
     )
     .await;

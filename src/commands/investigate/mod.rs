@@ -1,6 +1,7 @@
 //! What is on record for one card (`cardworker investigate`): its state, its timeline of changes
 //! and failures (integration logs and audit events, online and archived, newest first), its
-//! chains, its payments and callbacks, the unchanged-poll counts kept in Redis, its manual facts
+//! chains (with when each one's next poll is due), its payments and callbacks, the unchanged-poll
+//! counts kept in Redis, its manual facts
 //! (the operator actions on the card: `operator.*` events with who and why) and the latest
 //! fleet-wide polling facts (circuit openings and closings, budget and maintenance actions).
 //!
@@ -94,6 +95,11 @@ pub struct ChainView {
     pub chain_id: Option<String>,
     /// When it was parked, if it is.
     pub parked_at: Option<DateTime<Utc>>,
+    /// When the chain's next poll is due (Redis clock), read from the chain due set; `None`
+    /// without a chain in Redis.
+    pub next_poll_due_at: Option<DateTime<Utc>>,
+    /// Whether that poll's job already exists (fed into apalis or running); false while it waits.
+    pub next_poll_fed: bool,
 }
 
 /// One entry of the timeline.
@@ -390,11 +396,14 @@ pub async fn investigate(
         } else {
             "none"
         };
+        let due = chain::next_due(&mut conn, ctx.prefix(), task, card_ref).await?;
         chains.push(ChainView {
             task: task.label(),
             state,
             chain_id: live,
             parked_at,
+            next_poll_due_at: due.map(|(at, _)| at),
+            next_poll_fed: due.is_some_and(|(_, fed)| fed),
         });
     }
 
@@ -539,7 +548,8 @@ async fn fleet_facts(pool: &sqlx::PgPool, limit: i64) -> sqlx::Result<Vec<FactVi
 pub const NOTE: &str = "unchanged polls are counted, not recorded: a successful poll that changed \
     nothing writes no database row. Redis keeps, per card and task, the count since the chain's \
     last change or failure (or since the chain started) and the time of the last one, in the \
-    card's chain entry (gone when the chain ends), and fleet-wide totals per UTC hour for 48 h. \
+    card's chain entry (gone when the chain ends), and fleet-wide totals per UTC hour for 48 h, \
+    which each worker writes every 5 s (so they lag the polls by up to that). \
     After Redis loses its data, both restart from zero.";
 
 /// The card's unchanged-poll tally per task and the fleet's hourly counts, and when Redis's

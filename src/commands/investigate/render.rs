@@ -33,12 +33,19 @@ pub fn render_text(inv: &Investigation) -> String {
     for ch in &inv.chains {
         let _ = writeln!(
             s,
-            "  {:<12} {}{}{}",
+            "  {:<12} {}{}{}{}",
             ch.task,
             ch.state,
             ch.chain_id
                 .as_deref()
                 .map(|id| format!(" (chain {id})"))
+                .unwrap_or_default(),
+            ch.next_poll_due_at
+                .map(|at| if ch.next_poll_fed {
+                    format!(", next poll (due {at}) handed to a worker")
+                } else {
+                    format!(", next poll due {at}")
+                })
                 .unwrap_or_default(),
             ch.parked_at
                 .map(|p| format!(

@@ -1,0 +1,353 @@
+//! The polling intake without payloads (issue 19): a chain's waiting poll is its entry in the
+//! chain due set, its job's payload is built from the chain entry when the feeder moves it into
+//! apalis, and the entry stays, re-scored to the fed range, for reconcile.
+
+use std::time::Duration;
+
+use cardworker::commands::investigate;
+use cardworker::config::Task;
+use cardworker::polling::chain::{self, Count, FED};
+use cardworker::polling::reconcile;
+use cardworker::queue::intake::{self, feed_once};
+use cardworker::queue::QueueName;
+use cardworker_jobs::{keys, ChainState, Job as _, PollCardData, PollCardStatus};
+use redis::AsyncCommands as _;
+
+use crate::harness::{spawn_app_with, wait_until, TestRedis};
+
+/// The payloads apalis holds for `queue`, decoded (the feeder stores each as a JSON string).
+async fn apalis_payloads(redis: &TestRedis, queue: &str) -> Vec<PollCardData> {
+    let data: Vec<String> = redis
+        .conn
+        .clone()
+        .hvals(format!("{}:data", keys::queue(&redis.prefix, queue)))
+        .await
+        .expect("hvals");
+    data.iter()
+        .map(|raw| {
+            let inner: String = serde_json::from_str(raw).expect("a JSON string");
+            serde_json::from_str(&inner).expect("a poll payload")
+        })
+        .collect()
+}
+
+async fn score(redis: &TestRedis, task: Task, card: &str) -> Option<u64> {
+    let s: Option<f64> = redis
+        .conn
+        .clone()
+        .zscore(chain::due_key(&redis.prefix, task), card)
+        .await
+        .expect("zscore");
+    s.map(|s| s as u64)
+}
+
+#[tokio::test]
+async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
+    let id = chain::start(&mut conn, prefix, task, "c-1", Duration::from_secs(60))
+        .await
+        .expect("start");
+    assert_eq!(id.len(), 8, "a short chain id: {id}");
+    // A deferred retry after two failures: its state goes into the chain entry, no payload.
+    let next = ChainState {
+        chain: id.clone(),
+        failures: 2,
+        deferrals: 1,
+    };
+    assert!(
+        chain::schedule(&mut conn, prefix, task, "c-1", &next, Duration::ZERO)
+            .await
+            .expect("schedule")
+    );
+    let payloads: i64 = conn
+        .hlen(keys::intake_payload(prefix, PollCardData::QUEUE))
+        .await
+        .expect("hlen");
+    assert_eq!(payloads, 0, "no payload hash entry for a chain's poll");
+    let waiting = score(&redis, task, "c-1").await.expect("waiting");
+    assert!(waiting < FED);
+
+    let q = QueueName::new(prefix, PollCardData::QUEUE);
+    // The queue depth counts the waiting chain, then the job in apalis: one either way.
+    assert_eq!(intake::waiting(&mut conn, &q).await.expect("waiting"), 1);
+    assert_eq!(intake::depth(&mut conn, &q).await.expect("depth"), 1);
+    let fed = feed_once(&mut conn, &q).await.expect("feed");
+    assert_eq!((fed.moved, fed.waiting), (1, 0));
+    assert_eq!(intake::waiting(&mut conn, &q).await.expect("waiting"), 0);
+    assert_eq!(intake::depth(&mut conn, &q).await.expect("depth"), 1);
+    let jobs = apalis_payloads(&redis, PollCardData::QUEUE).await;
+    assert_eq!(
+        jobs,
+        vec![PollCardData {
+            card_ref: "c-1".into(),
+            state: next.clone(),
+        }]
+    );
+    // The entry stays, in the fed range at the due time it was fed for.
+    assert_eq!(score(&redis, task, "c-1").await, Some(FED + waiting));
+    // Nothing waits: the due hint names no carddata entry.
+    let hinted: Option<f64> = conn.zscore(&q.due_hint, &q.intake).await.expect("hint");
+    assert_eq!(hinted, None);
+    let due = intake::due_queues(&mut conn, std::slice::from_ref(&q), i64::MAX / 2)
+        .await
+        .expect("due");
+    assert!(due.is_empty());
+}
+
+#[tokio::test]
+async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::CardStatus);
+    let now = chain::redis_now_ms(&mut conn).await.expect("now");
+    let due = now - 1_000;
+    // What the release before issue 19 writes for a waiting poll: a four-field chain entry, the
+    // due index, and the intake entry with its payload.
+    let old_id = "01JDOLDRELEASECHAIN0000000";
+    let payload = format!(r#"{{"card_ref":"c-old","chain":"{old_id}","failures":3}}"#);
+    let _: () = redis::pipe()
+        .hset(
+            chain::chain_key(prefix, task),
+            "c-old",
+            format!("{old_id}|0|0|s0"),
+        )
+        .ignore()
+        .zadd(chain::due_key(prefix, task), "c-old", due)
+        .ignore()
+        .zadd(keys::intake(prefix, PollCardStatus::QUEUE), "c-old", due)
+        .ignore()
+        .hset(
+            keys::intake_payload(prefix, PollCardStatus::QUEUE),
+            "c-old",
+            &payload,
+        )
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("an old release's entry");
+    let q = QueueName::new(prefix, PollCardStatus::QUEUE);
+    let fed = feed_once(&mut conn, &q).await.expect("feed");
+    assert_eq!(fed.moved, 1, "fed once, from its own payload");
+    let jobs = apalis_payloads(&redis, PollCardStatus::QUEUE).await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(
+        (
+            jobs[0].card_ref.as_str(),
+            jobs[0].state.chain.as_str(),
+            jobs[0].state.failures
+        ),
+        ("c-old", old_id, 3)
+    );
+    // Its chain's entry is only moved to the fed range: its job is the one just fed.
+    assert_eq!(score(&redis, task, "c-old").await, Some(FED + due));
+    assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 0);
+    // The job runs through the new release: still live, and its successor has no payload.
+    let seen = ChainState {
+        chain: old_id.into(),
+        failures: 3,
+        deferrals: 0,
+    };
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-old", &seen)
+            .await
+            .expect("check"),
+        chain::Liveness::Live
+    );
+    let successor = ChainState {
+        failures: 4,
+        ..seen.clone()
+    };
+    assert!(
+        chain::schedule(&mut conn, prefix, task, "c-old", &successor, Duration::ZERO)
+            .await
+            .expect("schedule")
+    );
+    let payloads: i64 = conn
+        .hlen(keys::intake_payload(prefix, PollCardStatus::QUEUE))
+        .await
+        .expect("hlen");
+    assert_eq!(payloads, 0);
+    assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
+    let jobs = apalis_payloads(&redis, PollCardStatus::QUEUE).await;
+    assert!(jobs.iter().any(|j| j.state == successor), "{jobs:?}");
+}
+
+#[tokio::test]
+async fn a_fed_entry_is_never_fed_twice_while_its_job_lives_even_behind_a_backlog_longer_than_the_grace(
+) {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::CardStatus);
+    let id = chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
+        .await
+        .expect("start");
+    let q = QueueName::new(prefix, PollCardStatus::QUEUE);
+    assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
+    // The job waits in a long apalis backlog: as if it had been fed a day ago.
+    let now = chain::redis_now_ms(&mut conn).await.expect("now");
+    let _: () = conn
+        .zadd(chain::due_key(prefix, task), "c-1", FED + now - 86_400_000)
+        .await
+        .expect("zadd");
+    for _ in 0..3 {
+        assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 0);
+    }
+    let swept = intake::sweep_queues(&mut conn, std::slice::from_ref(&q), i64::MAX / 2)
+        .await
+        .expect("sweep");
+    assert!(swept.is_empty(), "the sweep sees nothing waiting");
+    assert_eq!(
+        apalis_payloads(&redis, PollCardStatus::QUEUE).await.len(),
+        1,
+        "one job of the card"
+    );
+    // The job finally runs: still the card's live chain.
+    let seen = ChainState {
+        chain: id.clone(),
+        ..ChainState::default()
+    };
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &seen)
+            .await
+            .expect("check"),
+        chain::Liveness::Live
+    );
+    // Past the grace the chain counts as dead (its job may have vanished): a producer's poll (or
+    // reconcile) starts a new chain, fed at once, and the old job, should it still run, is stale
+    // and calls nothing: the card is never polled twice at once.
+    let merged = redis_producer(&redis)
+        .enqueue(&PollCardStatus {
+            card_ref: "c-1".into(),
+            state: ChainState::default(),
+        })
+        .await
+        .expect("enqueue");
+    assert_ne!(merged, id);
+    assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &seen)
+            .await
+            .expect("check"),
+        chain::Liveness::Stale
+    );
+}
+
+fn redis_producer(redis: &TestRedis) -> cardworker_jobs::Producer<redis::aio::ConnectionManager> {
+    cardworker_jobs::Producer::new(redis.conn.clone(), redis.prefix.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_still_restarts_a_chain_whose_job_vanished_after_it_was_fed() {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.card_status.interval_secs = 1;
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-1").await;
+    let mut conn = app.redis.conn.clone();
+    let prefix = app.redis.prefix.clone();
+    let old = chain::start(
+        &mut conn,
+        &prefix,
+        Task::CardStatus,
+        "c-1",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start");
+    // Fed an hour ago, and its job never wrote a successor (a pod killed under it, say).
+    let hour_ago = chain::redis_now_ms(&mut conn).await.expect("now") - 3_600_000;
+    let _: () = conn
+        .zadd(
+            chain::due_key(&prefix, Task::CardStatus),
+            "c-1",
+            FED + hour_ago,
+        )
+        .await
+        .expect("zadd");
+    let done = reconcile::restart_overdue(&app.ctx, Task::CardStatus)
+        .await
+        .expect("reconcile");
+    assert_eq!((done.found, done.restarted), (1, 1));
+    let live = chain::live_chains(&mut conn, &prefix, Task::CardStatus, &["c-1".to_owned()])
+        .await
+        .expect("live");
+    assert!(live[0].as_deref().is_some_and(|id| id != old), "{live:?}");
+    wait_until(
+        Duration::from_secs(20),
+        "the restarted chain polls",
+        || async {
+            app.sim
+                .stats()
+                .calls_total
+                .get("card_status")
+                .copied()
+                .unwrap_or(0)
+                >= 1
+        },
+    )
+    .await;
+    let again = reconcile::restart_overdue(&app.ctx, Task::CardStatus)
+        .await
+        .expect("reconcile");
+    assert_eq!(again.found, 0, "nothing overdue any more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn investigate_still_shows_the_due_time_and_the_unchanged_facts() {
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    app.insert_card("c-1").await;
+    let mut conn = app.redis.conn.clone();
+    let prefix = app.redis.prefix.clone();
+    let task = Task::CardStatus;
+    let id = chain::start(&mut conn, &prefix, task, "c-1", Duration::from_secs(3600))
+        .await
+        .expect("start");
+    let next = ChainState {
+        chain: id,
+        ..ChainState::default()
+    };
+    for _ in 0..2 {
+        assert!(chain::schedule_counted(
+            &mut conn,
+            &prefix,
+            task,
+            "c-1",
+            &next,
+            Duration::from_secs(3600),
+            &Count::Unchanged(chrono::Utc::now()),
+        )
+        .await
+        .expect("schedule"));
+    }
+    cardworker::polling::unchanged::flush(&mut conn, &prefix)
+        .await
+        .expect("flush");
+    let inv = investigate::investigate(&app.ctx, "c-1")
+        .await
+        .expect("investigate");
+    let ch = inv
+        .chains
+        .iter()
+        .find(|c| c.task == "card_status")
+        .expect("card_status chain");
+    let due = ch.next_poll_due_at.expect("a due time");
+    let in_secs = (due - chrono::Utc::now()).num_seconds();
+    assert!((3500..=3601).contains(&in_secs), "due in {in_secs} s");
+    assert!(!ch.next_poll_fed);
+    let u = inv
+        .unchanged_polls
+        .iter()
+        .find(|u| u.task == "card_status")
+        .expect("card_status view");
+    assert_eq!(u.card_count, Some(2));
+    assert!(u.last_unchanged_at.is_some());
+    assert!(u.all_cards_total >= 2, "{u:?}");
+    let text = investigate::render_text(&inv);
+    assert!(text.contains("next poll due"), "{text}");
+}
