@@ -90,10 +90,11 @@ async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
     // Nothing waits: the due hint names no carddata entry.
     let hinted: Option<f64> = conn.zscore(&q.due_hint, &q.intake).await.expect("hint");
     assert_eq!(hinted, None);
-    let due = intake::due_queues(&mut conn, std::slice::from_ref(&q), i64::MAX / 2)
+    let (due, next) = intake::due_queues(&mut conn, std::slice::from_ref(&q), i64::MAX / 2)
         .await
         .expect("due");
     assert!(due.is_empty());
+    assert_eq!(next, None, "and no later time either");
 }
 
 #[tokio::test]
