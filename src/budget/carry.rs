@@ -17,6 +17,12 @@
 //!
 //! What is carried is released at most [`CARRY_FOR`] later than before: other processes see the
 //! slot that much later. Shutdown flushes before it releases what is still held.
+//!
+//! A granted acquire of the polling layer ([`Budget::acquire_slot`]) takes over one carried
+//! finish's lease id (its own task's if it carries one): the script re-scores that member instead
+//! of removing it and adding a fresh one. A lease id therefore lives in exactly one place at a
+//! time: held by a running poll, in the carried list, or in the one call that carries it; when
+//! that call does not answer, the batch's drop releases it, whichever poll it was going to.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
