@@ -382,7 +382,7 @@ impl Budget {
             Vec<carry::CarriedAnswer>,
             String,
         );
-        let carried = self.take_carried();
+        let carried = self.take_carried(take_over.then_some(task));
         let mut inv = self.invocation("acquire");
         inv.arg(Self::task_index(task))
             .arg(task.label())

@@ -261,6 +261,41 @@ async fn a_slot_that_turns_over_keeps_its_lease_id_re_scored_in_place_with_a_fre
 }
 
 #[tokio::test]
+async fn an_acquire_carries_its_own_task_s_finishes_first_and_the_rest_are_flushed_within_ms() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    for (task, lease) in [(Task::Carddata, "d"), (Task::CardStatus, "s")] {
+        assert_eq!(
+            b.acquire_slot(task, lease).await.unwrap(),
+            (Acquired::Acquired, lease.to_owned())
+        );
+    }
+    b.finish_carried(Task::CardStatus, "s".to_owned(), CallReport::Ok, 0, "c");
+    b.finish_carried(Task::Carddata, "d".to_owned(), CallReport::Ok, 0, "c");
+    // A carddata acquire takes the carddata finish over and leaves the card_status one...
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "d2").await.unwrap(),
+        (Acquired::Acquired, "d".to_owned())
+    );
+    assert_eq!(b.carried_count(), 1);
+    // ...which the flush releases on its own within a few ms.
+    let start = std::time::Instant::now();
+    while b.carried_count() > 0
+        || !members(&mut conn, &budget::task_key(&r.prefix, Task::CardStatus))
+            .await
+            .is_empty()
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "never flushed");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        members(&mut conn, &budget::total_key(&r.prefix)).await,
+        ["d"]
+    );
+}
+
+#[tokio::test]
 async fn a_slot_taken_over_still_obeys_a_lowered_limit_a_pause_and_an_open_circuit() {
     let r = TestRedis::new().await;
     let mut conn = r.conn.clone();
