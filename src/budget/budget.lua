@@ -1,7 +1,8 @@
 -- The polling budget: leases in sorted sets scored by expiry (unix ms on the REDIS clock).
 -- Every key shares the hash tag {budget}, so the script stays valid on Redis Cluster.
 -- circuit.lua is prepended to this text (budget/circuit.rs): acquire also asks the task's
--- circuit, and finish also counts the poll's outcome in it.
+-- circuit, and finish also counts the poll's outcome in it. It also defines clock(): Redis TIME,
+-- read at most once per call and only by the ops that need it (a release needs none).
 --
 -- KEYS[1] total lease zset   KEYS[2] carddata lease zset   KEYS[3] card_status lease zset
 -- KEYS[4] overrides hash (task -> limit)   KEYS[5] paused set (task labels)
@@ -13,13 +14,20 @@
 -- acquire: ARGV[2] task index (2 = carddata, 3 = card_status, i.e. its KEYS index)
 --          ARGV[3] task label  ARGV[4] lease id  ARGV[5] total limit  ARGV[6] config task limit
 --          ARGV[7] limit ceiling  ARGV[8] lease ttl ms  ARGV[9] circuit cfg (circuit_cfg)
---          ARGV[10] how many finishes it carries, then 5 values per finish: task index, lease
+--          ARGV[10] '1' when the acquire may take over the lease of a carried finish (below)
+--          ARGV[11] how many finishes it carries, then 5 values per finish: task index, lease
 --          id, outcome, probe round, card (as for finish). They run first, in the same call, so a
 --          slot that turns over costs one round trip, not two (issue 16).
+--   Taking over (ARGV[10] = '1'): the poll admitted by this call gets the lease id of one carried
+--   finish (one of its own task if any, else the first), and that member is re-scored in place
+--   (one ZADD per set) instead of removed and added again. The slot never looks free in
+--   between, so the limits are checked counting it as this poll's: a limit lowered meanwhile
+--   still refuses (and the carried lease is then removed, as a plain finish would).
 --   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused'|'circuit_open', effective task
 --            limit, invalid override as stored ('' when none or valid), probe round (0: not a
 --            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends,
---            {the carried finishes' answers, each as finish returns it}}
+--            {the carried finishes' answers, each as finish returns it}, the lease id granted
+--            ('' when none: ARGV[4], or the carried lease taken over)}
 -- release: ARGV[2..] lease ids; removes each from every set. Returns how many leases existed.
 -- finish:  ARGV[2] task index  ARGV[3] lease id  ARGV[4] outcome 'ok'|'fail'|'none'
 --          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg  ARGV[7] the card
@@ -28,13 +36,10 @@
 -- finish_batch: ARGV[2] circuit cfg, ARGV[3] how many finishes, then 5 values each (as the
 --   finishes an acquire carries); returns their answers. A process flushes with it the finishes
 --   that no acquire picked up within a few ms.
--- Every op reads TIME once, at the top.
 -- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
 --          [task, raw, ...], paused [task, ...], carddata circuit flat, card_status circuit flat,
 --          carddata window, card_status window, now ms}; counts only unexpired leases.
 -- circuit_force: ARGV[2] task index  ARGV[3] 'open'|'close'; returns circuit_force's answer.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
 
 -- A limit as `budget set` writes it: plain digits, 1..=ceiling. Anything else (garbage written
@@ -46,28 +51,37 @@ local function valid_limit(raw, ceiling)
   return n
 end
 
--- Releases one lease of task `index` and counts its poll's outcome in the task's circuit (the
--- `finish` op, and the finishes an acquire carries). Returns {existed 1|0, transition, {numbers}}.
-local function finish_one(index, lease, outcome, round, cfg, card)
+-- Removes one lease of task `index` from both sets; 1 when it existed.
+local function release_lease(index, lease)
   local a = redis.call('ZREM', KEYS[1], lease)
   local b = redis.call('ZREM', KEYS[index], lease)
-  local existed = 0
-  if a + b > 0 then existed = 1 end
-  local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], now, cfg, outcome, round, card)
+  if a + b > 0 then return 1 end
+  return 0
+end
+
+-- Counts one finished poll's outcome in its task's circuit. Returns {existed, transition,
+-- {numbers}} with `existed` as given.
+local function record_one(index, existed, outcome, round, cfg, card)
+  local answer = circuit_record(KEYS[index + 4], KEYS[index + 6], cfg, outcome, round, card)
   local numbers = {}
   for i = 2, #answer do numbers[#numbers + 1] = answer[i] end
   return {existed, answer[1], numbers}
 end
 
 -- The finishes a call carries: ARGV[at] of them, then 5 values each (task index, lease id,
--- outcome, probe round, card). Returns their answers in order.
-local function carried_finishes(at, cfg)
+-- outcome, probe round, card). Each lease is released and its outcome counted, except the one at
+-- position `keep` (1-based; nil for none), whose outcome is counted but whose lease is left for
+-- the caller (an acquire taking it over); its answer's `existed` is filled in later. Returns
+-- their answers in order.
+local function carried_finishes(at, cfg, keep)
   local out = {}
   local count = tonumber(ARGV[at] or '0') or 0
-  for i = 0, count - 1 do
-    local b = at + 1 + i * 5
-    out[#out + 1] = finish_one(tonumber(ARGV[b]), ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3]),
-      cfg, ARGV[b + 4])
+  for i = 1, count do
+    local b = at + 1 + (i - 1) * 5
+    local index = tonumber(ARGV[b])
+    local existed = 0
+    if i ~= keep then existed = release_lease(index, ARGV[b + 1]) end
+    out[i] = record_one(index, existed, ARGV[b + 2], tonumber(ARGV[b + 3]), cfg, ARGV[b + 4])
   end
   return out
 end
@@ -77,24 +91,54 @@ end
 -- matters only then, so a healthy acquire pays one ZCARD per set instead of a purge.
 local function has_room(key, limit)
   if redis.call('ZCARD', key) < limit then return true end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', clock())
   return redis.call('ZCARD', key) < limit
 end
 
+-- Puts `member` in the set with `score`: re-scored in place when it is there (the usual case), or
+-- added when it is not (it expired and was purged meanwhile). Either way it is in the set
+-- afterwards, and the caller counts it as its own. Returns 1 when it was already there.
+local function take_over(key, member, score)
+  return 1 - redis.call('ZADD', key, score, member)
+end
+
 if op == 'acquire' then
-  local task_key = KEYS[tonumber(ARGV[2])]
+  local index = tonumber(ARGV[2])
+  local task_key = KEYS[index]
   local task, lease = ARGV[3], ARGV[4]
   local total_limit = tonumber(ARGV[5])
   local task_limit = tonumber(ARGV[6])
   local ceiling = tonumber(ARGV[7])
   local ttl = tonumber(ARGV[8])
-  local expiry = now + ttl
-  local circuit = KEYS[tonumber(ARGV[2]) + 4]
+  local circuit = KEYS[index + 4]
   local cfg = circuit_cfg(ARGV[9])
 
-  -- The finishes this call carries (ARGV[10] of them, 5 values each: task index, lease, outcome,
-  -- probe round, card): released first, so that their slots count as free for this acquire.
-  local finished = carried_finishes(10, cfg)
+  -- Which carried finish's lease this acquire may take over: one of its own task (both sets
+  -- re-scored), else the first (the total set re-scored).
+  local keep
+  local count = tonumber(ARGV[11] or '0') or 0
+  if ARGV[10] == '1' and count > 0 then
+    keep = 1
+    for i = 1, count do
+      if tonumber(ARGV[12 + (i - 1) * 5]) == index then
+        keep = i
+        break
+      end
+    end
+  end
+  -- The finishes this call carries are released first (all but the one kept), so that their
+  -- slots count as free for this acquire, and their outcomes counted before the circuit admits.
+  local finished = carried_finishes(11, cfg, keep)
+  local keep_index, keep_lease
+  if keep then
+    local b = 12 + (keep - 1) * 5
+    keep_index, keep_lease = tonumber(ARGV[b]), ARGV[b + 1]
+  end
+  -- Not admitted: the kept lease goes back as a plain finish's would.
+  local function refuse(reason, limit, invalid, transition, wait)
+    if keep then finished[keep][1] = release_lease(keep_index, keep_lease) end
+    return {0, reason, limit, invalid, 0, transition, wait, finished, ''}
+  end
 
   local invalid = ''
   local raw = redis.call('HGET', KEYS[4], task)
@@ -106,33 +150,54 @@ if op == 'acquire' then
   if task_limit > total_limit then task_limit = total_limit end
 
   if redis.call('SISMEMBER', KEYS[5], task) == 1 then
-    return {0, 'paused', task_limit, invalid, 0, '', 0, finished}
+    return refuse('paused', task_limit, invalid, '', 0)
   end
-  local verdict, detail, transition = circuit_admit(circuit, now, cfg)
+  local verdict, detail, transition = circuit_admit(circuit, cfg)
   if verdict == 'open' then
-    return {0, 'circuit_open', task_limit, invalid, 0, transition, detail, finished}
+    return refuse('circuit_open', task_limit, invalid, transition, detail)
   end
-  local total_room = has_room(KEYS[1], total_limit)
-  local task_room = has_room(task_key, task_limit)
+
+  local expiry = clock() + ttl
+  -- The slot this poll would hold, and whether it already sits in each set (1: taken over, so
+  -- the set's count includes it and the limit check counts it as this poll's).
+  local slot, in_total, in_task = lease, 0, 0
+  if keep then
+    slot = keep_lease
+    in_total = 1
+    local was = take_over(KEYS[1], slot, expiry)
+    if keep_index == index then
+      in_task = 1
+      was = math.max(was, take_over(task_key, slot, expiry))
+    elseif redis.call('ZREM', KEYS[keep_index], slot) == 1 then
+      was = 1
+    end
+    finished[keep][1] = was
+  end
+  local total_room = has_room(KEYS[1], total_limit + in_total)
+  local task_room = has_room(task_key, task_limit + in_task)
   if not (total_room and task_room) then
+    if keep then
+      if in_total == 1 then redis.call('ZREM', KEYS[1], slot) end
+      if in_task == 1 then redis.call('ZREM', task_key, slot) end
+    end
     -- The same lease again (a retry after a lost reply): it is already held, refresh it.
     if redis.call('ZSCORE', KEYS[1], lease) and redis.call('ZSCORE', task_key, lease) then
       redis.call('ZADD', KEYS[1], expiry, lease)
       redis.call('ZADD', task_key, expiry, lease)
-      return {1, 'ok', task_limit, invalid, 0, transition, 0, finished}
+      return {1, 'ok', task_limit, invalid, 0, transition, 0, finished, lease}
     end
-    if not total_room then return {0, 'total', task_limit, invalid, 0, transition, 0, finished} end
-    return {0, 'task', task_limit, invalid, 0, transition, 0, finished}
+    if not total_room then return {0, 'total', task_limit, invalid, 0, transition, 0, finished, ''} end
+    return {0, 'task', task_limit, invalid, 0, transition, 0, finished, ''}
   end
   local round = 0
   if verdict == 'probe' then
-    circuit_take_probe(circuit, now, ttl)
+    circuit_take_probe(circuit, ttl)
     round = detail
   end
   -- A retry of a granted lease with room to spare lands here too: ZADD refreshes it.
-  redis.call('ZADD', KEYS[1], expiry, lease)
-  redis.call('ZADD', task_key, expiry, lease)
-  return {1, 'ok', task_limit, invalid, round, transition, 0, finished}
+  if in_total == 0 then redis.call('ZADD', KEYS[1], expiry, slot) end
+  if in_task == 0 then redis.call('ZADD', task_key, expiry, slot) end
+  return {1, 'ok', task_limit, invalid, round, transition, 0, finished, slot}
 elseif op == 'release' then
   local existed = 0
   for i = 2, #ARGV do
@@ -143,14 +208,16 @@ elseif op == 'release' then
   end
   return existed
 elseif op == 'finish' then
-  return finish_one(tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), circuit_cfg(ARGV[6]),
-    ARGV[7])
+  local index = tonumber(ARGV[2])
+  local existed = release_lease(index, ARGV[3])
+  return record_one(index, existed, ARGV[4], tonumber(ARGV[5]), circuit_cfg(ARGV[6]), ARGV[7])
 elseif op == 'finish_batch' then
-  return carried_finishes(3, circuit_cfg(ARGV[2]))
+  return carried_finishes(3, circuit_cfg(ARGV[2]), nil)
 elseif op == 'circuit_force' then
   local index = tonumber(ARGV[2])
-  return circuit_force(KEYS[index + 4], KEYS[index + 6], now, ARGV[3])
+  return circuit_force(KEYS[index + 4], KEYS[index + 6], ARGV[3])
 elseif op == 'show' then
+  local now = clock()
   local live = '(' .. now
   return {
     redis.call('ZCOUNT', KEYS[1], live, '+inf'),

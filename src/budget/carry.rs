@@ -3,9 +3,10 @@
 //! A poll's end (release its lease, count its outcome in the task's circuit) used to be a script
 //! call of its own, after the acquire's: two round trips per poll, and the budget layer's share of
 //! a no-op job's cost was larger than apalis-redis's. Now a finished poll's lease is *carried*:
-//! it stays in this process's list for a moment, and the next acquire of this process (any task)
-//! releases it in the same script call, before it checks the limits, so a slot that turns over
-//! costs one round trip. When no acquire comes within [`CARRY_FOR`], a flush sends what is carried
+//! it stays in this process's list for a moment, and the next acquire of this process releases it
+//! in the same script call, before it checks the limits, so a slot that turns over costs one round
+//! trip. The polling layer's acquire carries its own task's finishes when there are any (it takes
+//! over one of their slots, below), else every task's. When no acquire comes within [`CARRY_FOR`], a flush sends what is carried
 //! in one call ([`Budget::flush_carried`]).
 //!
 //! Why the limits hold: a carried lease still counts until the call that releases it, so the
@@ -17,6 +18,12 @@
 //!
 //! What is carried is released at most [`CARRY_FOR`] later than before: other processes see the
 //! slot that much later. Shutdown flushes before it releases what is still held.
+//!
+//! A granted acquire of the polling layer ([`Budget::acquire_slot`]) takes over one carried
+//! finish's lease id (its own task's if it carries one): the script re-scores that member instead
+//! of removing it and adding a fresh one. A lease id therefore lives in exactly one place at a
+//! time: held by a running poll, in the carried list, or in the one call that carries it; when
+//! that call does not answer, the batch's drop releases it, whichever poll it was going to.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -143,13 +150,32 @@ impl Budget {
         }
     }
 
-    /// Takes up to [`MAX_CARRIED`] carried finishes for one call.
-    pub(super) fn take_carried(&self) -> CarriedBatch {
+    /// Takes up to [`MAX_CARRIED`] carried finishes for one call: with `prefer`, only that
+    /// task's when there are any (an acquire of a task takes over one of its own task's slots,
+    /// which re-scores the lease in both sets; the other task's finishes wait at most
+    /// [`CARRY_FOR`] for their own task's acquire or the flush), else every task's (so that a
+    /// waiter for a total token still frees the other task's finished slots in its call).
+    pub(super) fn take_carried(&self, prefer: Option<Task>) -> CarriedBatch {
         let items = match self.carried.lock() {
-            Ok(mut c) => {
-                let n = c.len().min(MAX_CARRIED);
-                c.drain(..n).collect()
-            }
+            Ok(mut c) => match prefer {
+                Some(task) if c.iter().any(|f| f.task == task) => {
+                    let mut taken = Vec::new();
+                    let mut rest = Vec::with_capacity(c.len());
+                    for f in c.drain(..) {
+                        if f.task == task && taken.len() < MAX_CARRIED {
+                            taken.push(f);
+                        } else {
+                            rest.push(f);
+                        }
+                    }
+                    *c = rest;
+                    taken
+                }
+                _ => {
+                    let n = c.len().min(MAX_CARRIED);
+                    c.drain(..n).collect()
+                }
+            },
             Err(_) => Vec::new(),
         };
         CarriedBatch {
@@ -168,7 +194,7 @@ impl Budget {
         use anyhow::Context as _;
         let mut sent = 0;
         loop {
-            let batch = self.take_carried();
+            let batch = self.take_carried(None);
             if batch.items.is_empty() {
                 return Ok(sent);
             }

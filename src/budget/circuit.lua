@@ -11,9 +11,47 @@
 --     forced ('1' while an operator forced it open), open_calls / open_fails (the window when it
 --     opened), reopens (failed probe rounds in this outage).
 --   window list: the latest outcomes, newest first, each 'f<ms>:<card_ref>' (a failure, with its
---     card) or 's<ms>' (a success), at most cfg.calls of them. While the window holds no failure, successes are not pushed (nothing
---     to dilute): a healthy fleet pays one HMGET per acquire and one per release.
--- All times are Redis TIME in ms (the caller passes `now`).
+--     card) or 's<ms>' (a success), at most cfg.calls of them. While the window holds no
+--     failure, successes are not pushed (nothing to dilute): a healthy fleet pays one HMGET per
+--     task and script call (an acquire that carries a finish of its own task reads it once).
+-- All times are Redis TIME in ms, read at most once per script call and only when needed
+-- (clock()): a healthy poll's finish and a closed circuit's admission need no clock.
+--
+-- Each circuit hash is read at most once per script call (circuit_read, one HMGET of every field)
+-- and the copy is dropped whenever the call writes the hash (circuit_changed), so that an acquire
+-- that carries its own task's finish reads the circuit once, not twice (issue 16).
+
+local now_ms
+local function clock()
+  if not now_ms then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms
+end
+
+local CIRCUIT_FIELDS = {'state', 'fails', 'until', 'round', 'probes', 'probe_until', 'forced',
+  'cooldown', 'since', 'reopens', 'open_calls', 'open_fails'}
+local circuit_cache = {}
+
+-- The circuit hash as a table of its fields (absent ones nil), read once per call.
+local function circuit_read(hash)
+  local c = circuit_cache[hash]
+  if not c then
+    local raw = redis.call('HMGET', hash, unpack(CIRCUIT_FIELDS))
+    c = {}
+    for i, name in ipairs(CIRCUIT_FIELDS) do
+      if raw[i] then c[name] = raw[i] end
+    end
+    circuit_cache[hash] = c
+  end
+  return c
+end
+
+-- Forgets the copy after a write, so that the next read in the same call sees the write.
+local function circuit_changed(hash)
+  circuit_cache[hash] = nil
+end
 
 -- cfg: 'enabled,calls,window_ms,min_calls,min_cards,percent,cooldown_ms,max_cooldown_ms,probes'
 local function circuit_cfg(packed)
@@ -32,35 +70,39 @@ end
 --   'open', wait_ms     no call; wait_ms until the cool-down ends (0 when unknown: forced, or
 --                       every probe slot taken)
 -- transition is 'half_open' when this call ended the cool-down, else ''.
-local function circuit_admit(hash, now, cfg)
-  local st = redis.call('HMGET', hash, 'state', 'until', 'round', 'probes', 'probe_until', 'forced')
-  local state = st[1]
-  if st[6] == '1' then return 'open', 0, '' end
+local function circuit_admit(hash, cfg)
+  local st = circuit_read(hash)
+  local state = st.state
+  if st.forced == '1' then return 'open', 0, '' end
   if not state or state == 'closed' or not cfg.enabled then return 'pass', 0, '' end
+  local now = clock()
   local transition = ''
-  local round = tonumber(st[3]) or 0
-  local probes = tonumber(st[4]) or 0
+  local round = tonumber(st.round) or 0
+  local probes = tonumber(st.probes) or 0
   if state == 'open' then
-    local untl = tonumber(st[2]) or 0
+    local untl = tonumber(st['until']) or 0
     if now < untl then return 'open', untl - now, '' end
     round = round + 1
     probes = 0
     redis.call('HSET', hash, 'state', 'half_open', 'round', round, 'probes', 0)
+    circuit_changed(hash)
     transition = 'half_open'
-  elseif probes >= cfg.probes and now >= (tonumber(st[5]) or 0) then
+  elseif probes >= cfg.probes and now >= (tonumber(st.probe_until) or 0) then
     -- Every probe of this round was admitted and none reported within a lease: their pods died.
     -- Free the slots so that the circuit can still close.
     probes = 0
     redis.call('HSET', hash, 'probes', 0)
+    circuit_changed(hash)
   end
   if probes >= cfg.probes then return 'open', 0, transition end
   return 'probe', round, transition
 end
 
 -- Takes one probe slot of the current round (after the tokens were granted).
-local function circuit_take_probe(hash, now, ttl_ms)
+local function circuit_take_probe(hash, ttl_ms)
   redis.call('HINCRBY', hash, 'probes', 1)
-  redis.call('HSET', hash, 'probe_until', now + ttl_ms)
+  redis.call('HSET', hash, 'probe_until', clock() + ttl_ms)
+  circuit_changed(hash)
 end
 
 -- Counts the outcome of one poll ('ok' | 'fail' | 'none' = no Gateway call) about `card` and
@@ -70,28 +112,32 @@ end
 --   {'opened', counted calls, failed calls}
 --   {'reopened', new cool-down ms}
 --   {'closed', outage duration ms, failed probe rounds, calls when opened, failures when opened}
-local function circuit_record(hash, list, now, cfg, outcome, round, card)
-  local st = redis.call('HMGET', hash, 'state', 'fails', 'round', 'cooldown', 'since', 'forced',
-    'reopens', 'open_calls', 'open_fails')
-  local state = st[1] or 'closed'
+local function circuit_record(hash, list, cfg, outcome, round, card)
+  -- Outcomes of polls admitted while closed count only while enabled, and a poll that made no
+  -- Gateway call says nothing: neither needs the hash.
+  if round == 0 and (outcome == 'none' or not cfg.enabled) then return {''} end
+  local st = circuit_read(hash)
+  local state = st.state or 'closed'
   if round > 0 then
     -- A probe's verdict counts only in its own round, while half-open and not forced.
-    if state ~= 'half_open' or tonumber(st[3]) ~= round or st[6] == '1' then return {''} end
+    if state ~= 'half_open' or tonumber(st.round) ~= round or st.forced == '1' then return {''} end
+    circuit_changed(hash)
     if outcome == 'none' then
       -- It made no Gateway call (stale job, parked card, ...): give its slot to another poll.
       if redis.call('HINCRBY', hash, 'probes', -1) < 0 then redis.call('HSET', hash, 'probes', 0) end
       return {''}
     end
+    local now = clock()
     if outcome == 'ok' then
-      local since = tonumber(st[5]) or now
+      local since = tonumber(st.since) or now
       redis.call('DEL', list)
       redis.call('HDEL', hash, 'until', 'cooldown', 'since', 'probes', 'probe_until', 'reopens',
         'open_calls', 'open_fails')
       redis.call('HSET', hash, 'state', 'closed', 'fails', 0)
-      return {'closed', now - since, tonumber(st[7]) or 0, tonumber(st[8]) or 0,
-        tonumber(st[9]) or 0}
+      return {'closed', now - since, tonumber(st.reopens) or 0, tonumber(st.open_calls) or 0,
+        tonumber(st.open_fails) or 0}
     end
-    local cd = (tonumber(st[4]) or cfg.cooldown_ms) * 2
+    local cd = (tonumber(st.cooldown) or cfg.cooldown_ms) * 2
     if cd > cfg.max_cooldown_ms then cd = cfg.max_cooldown_ms end
     redis.call('HSET', hash, 'state', 'open', 'until', now + cd, 'cooldown', cd, 'probes', 0)
     redis.call('HINCRBY', hash, 'reopens', 1)
@@ -99,9 +145,11 @@ local function circuit_record(hash, list, now, cfg, outcome, round, card)
   end
   -- Outcomes of polls admitted while closed; late ones (the circuit opened meanwhile) are the
   -- outage's, already counted.
-  if state ~= 'closed' or outcome == 'none' or not cfg.enabled then return {''} end
-  local fails = tonumber(st[2]) or 0
+  if state ~= 'closed' then return {''} end
+  local fails = tonumber(st.fails) or 0
   if outcome == 'ok' and fails == 0 then return {''} end
+  circuit_changed(hash)
+  local now = clock()
   local failed_now = outcome == 'fail'
   local entry = 's' .. now
   if failed_now then entry = 'f' .. now .. ':' .. card end
@@ -152,11 +200,13 @@ end
 -- An operator forces the circuit: 'open' (stays open, no probes, until forced closed) or
 -- 'close' (closed now, window cleared). Returns {state before, ms since the outage began (0 when
 -- it was closed), '1' when it had been forced open}.
-local function circuit_force(hash, list, now, how)
-  local st = redis.call('HMGET', hash, 'state', 'since', 'forced')
-  local before = st[1] or 'closed'
-  local since = tonumber(st[2])
-  local was_forced = st[3] or ''
+local function circuit_force(hash, list, how)
+  local st = circuit_read(hash)
+  circuit_changed(hash)
+  local now = clock()
+  local before = st.state or 'closed'
+  local since = tonumber(st.since)
+  local was_forced = st.forced or ''
   local dur = 0
   if since and before ~= 'closed' then dur = now - since end
   if how == 'open' then

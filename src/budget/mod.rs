@@ -8,7 +8,11 @@
 //! ms on the Redis clock, from `TIME`, never the worker's clock). One Lua call removes expired
 //! leases when a set looks full (the TTL repair), reads the task's override and the pause set,
 //! checks both limits and adds the same lease to both sets or to neither. A crashed worker's leases therefore stop
-//! counting after `polling.lease_ttl_secs`, and nothing leaks for longer. The handler runs under
+//! counting after `polling.lease_ttl_secs`, and nothing leaks for longer. When a finished poll's
+//! slot turns over to the next poll of the same process ([`Budget::acquire_slot`], `carry`), the
+//! new poll takes over the finished one's lease id and the script re-scores that member in place
+//! (the id is then a per-process slot id): the limits are checked counting it as the new poll's,
+//! and each take-over refreshes its expiry from Redis `TIME`, so the TTL bound is the same. The handler runs under
 //! `polling.handler_timeout_secs`, which config validation keeps at least 5 s below the lease, so
 //! a lease never expires under a running job.
 //!
@@ -338,8 +342,34 @@ impl Budget {
     /// Takes a total token and a `task` token under `lease_id`, both or neither, in one script
     /// call, if the task's circuit admits the poll (closed, or half-open with a probe slot free).
     /// The expiry is computed by the script from Redis `TIME`: no timestamp of this process's
-    /// clock is passed.
+    /// clock is passed. The finishes this process carries are released by the same call
+    /// (`carry`); none of their leases is taken over, so a granted poll holds `lease_id`.
     pub async fn acquire(&self, task: Task, lease_id: &str) -> anyhow::Result<Acquired> {
+        Ok(self.acquire_call(task, lease_id, false).await?.0)
+    }
+
+    /// [`Budget::acquire`], but a granted poll may take over the lease of a finish this call
+    /// carries (one of its own task when there is one): that member is re-scored in place, in
+    /// both sets, instead of being removed and added again, so a slot that turns over costs two
+    /// commands fewer (issue 16). Returns the answer and the lease id the poll holds when
+    /// granted: `lease_id`, or the taken-over one. A lease id is then a per-process slot id
+    /// (still `{pod}-{pid}-{ulid}`) that passes from poll to poll while the slot stays busy; its
+    /// expiry is refreshed by each acquire that takes it, so a crashed process's slots still
+    /// expire within `polling.lease_ttl_secs`.
+    pub async fn acquire_slot(
+        &self,
+        task: Task,
+        lease_id: &str,
+    ) -> anyhow::Result<(Acquired, String)> {
+        self.acquire_call(task, lease_id, true).await
+    }
+
+    async fn acquire_call(
+        &self,
+        task: Task,
+        lease_id: &str,
+        take_over: bool,
+    ) -> anyhow::Result<(Acquired, String)> {
         let ttl_ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
         type Raw = (
             i64,
@@ -350,8 +380,9 @@ impl Budget {
             String,
             u64,
             Vec<carry::CarriedAnswer>,
+            String,
         );
-        let carried = self.take_carried();
+        let carried = self.take_carried(take_over.then_some(task));
         let mut inv = self.invocation("acquire");
         inv.arg(Self::task_index(task))
             .arg(task.label())
@@ -360,12 +391,15 @@ impl Budget {
             .arg(self.config_limit(task))
             .arg(LIMIT_CEILING)
             .arg(ttl_ms)
-            .arg(&*self.circuit);
+            .arg(&*self.circuit)
+            .arg(if take_over { "1" } else { "0" });
         carried.push_args(&mut inv);
-        let (granted, reason, _limit, invalid, round, transition, wait_ms, answers): Raw = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .with_context(|| format!("acquiring {task} polling tokens"))?;
+        let (granted, reason, _limit, invalid, round, transition, wait_ms, answers, slot): Raw =
+            inv.invoke_async(&mut self.conn.clone())
+                .await
+                .with_context(|| format!("acquiring {task} polling tokens"))?;
+        // Settled before the granted lease is recorded as held: a taken-over lease is both one
+        // of the carried (no longer held by its finished poll) and the new poll's.
         carried.settle(answers);
         if !invalid.is_empty() {
             self.warn_invalid_override(task, &invalid);
@@ -375,27 +409,36 @@ impl Budget {
             tracing::info!(%task, "Gateway circuit half-open: the cool-down is over, probe polls go through");
         }
         if granted == 1 {
+            let slot = if slot.is_empty() {
+                lease_id.to_owned()
+            } else {
+                slot
+            };
             if let Ok(mut held) = self.held.lock() {
-                held.insert(lease_id.to_owned());
+                held.insert(slot.clone());
             }
-            return Ok(if round > 0 {
+            let answer = if round > 0 {
                 Acquired::Probe { round }
             } else {
                 Acquired::Acquired
-            });
+            };
+            return Ok((answer, slot));
         }
         let reason = match reason.as_str() {
             "total" => ShortReason::Total,
             "task" => ShortReason::Task,
             "paused" => ShortReason::Paused,
             "circuit_open" => {
-                return Ok(Acquired::CircuitOpen {
-                    retry_in: Duration::from_millis(wait_ms),
-                })
+                return Ok((
+                    Acquired::CircuitOpen {
+                        retry_in: Duration::from_millis(wait_ms),
+                    },
+                    String::new(),
+                ))
             }
             other => anyhow::bail!("the budget script answered an unknown reason {other:?}"),
         };
-        Ok(Acquired::Short { reason })
+        Ok((Acquired::Short { reason }, String::new()))
     }
 
     /// Releases one lease and counts its poll's outcome (about `card_ref`) in the task's circuit,

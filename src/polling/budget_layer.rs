@@ -32,7 +32,9 @@
 //! which counts it in the circuit's window in the same script call; the one process whose call
 //! opened or closed the circuit writes its audit event ([`super::circuit::on_transition`]). The
 //! release itself rides on the process's next acquire (`budget::carry`): one budget round trip
-//! per admitted poll.
+//! per admitted poll. That acquire takes over the finished poll's lease id when it is granted
+//! (`Budget::acquire_slot`: the member is re-scored in place), so the lease a poll holds is the
+//! one the acquire answered with, not necessarily the fresh id it asked with.
 //!
 //! Redis unreachable at acquire: fail closed (no Gateway call), count `budget_unavailable`, and
 //! make sure the job comes back: see [`PollingBudgetService`]'s `unavailable`.
@@ -210,9 +212,9 @@ where
     S::Response: Default + Send + 'static,
     J: PollJob,
 {
-    let lease = shared.budget.new_lease_id();
-    match acquire_with_wait(&shared.budget, J::TASK, &lease).await {
-        Ok(granted @ (Acquired::Acquired | Acquired::Probe { .. })) => {
+    let fresh = shared.budget.new_lease_id();
+    match acquire_with_wait(&shared.budget, J::TASK, &fresh).await {
+        Ok((granted @ (Acquired::Acquired | Acquired::Probe { .. }), lease)) => {
             let held = Held {
                 task: J::TASK,
                 lease,
@@ -220,11 +222,11 @@ where
             };
             run_holding(&mut inner, &shared, held, task).await
         }
-        Ok(Acquired::Short { reason }) => {
+        Ok((Acquired::Short { reason }, _)) => {
             deferred(J::TASK.label(), reason.label());
             defer::<J, S::Response>(&shared, task, reason.label(), Duration::ZERO).await
         }
-        Ok(Acquired::CircuitOpen { retry_in }) => {
+        Ok((Acquired::CircuitOpen { retry_in }, _)) => {
             deferred(J::TASK.label(), CIRCUIT_OPEN_REASON);
             defer::<J, S::Response>(&shared, task, CIRCUIT_OPEN_REASON, retry_in).await
         }
@@ -240,10 +242,16 @@ fn deferred(task: &'static str, reason: &'static str) {
     metrics::counter!(m::POLL_DEFERRED, "task" => task, "reason" => reason).increment(1);
 }
 
-/// One acquire, bounded by [`REDIS_CALL_TIMEOUT`]. After a timeout the script may still have
-/// granted the lease: it is released in the background (release is idempotent).
-async fn acquire_once(budget: &Budget, task: PollTask, lease: &str) -> anyhow::Result<Acquired> {
-    match tokio::time::timeout(REDIS_CALL_TIMEOUT, budget.acquire(task, lease)).await {
+/// One acquire, bounded by [`REDIS_CALL_TIMEOUT`]; it may take over the lease of a finish it
+/// carries (`Budget::acquire_slot`), and answers with the lease the poll holds. After a timeout
+/// the script may still have granted a lease: `lease` is released in the background, and so is
+/// every carried finish's (their batch was dropped unanswered; release is idempotent).
+async fn acquire_once(
+    budget: &Budget,
+    task: PollTask,
+    lease: &str,
+) -> anyhow::Result<(Acquired, String)> {
+    match tokio::time::timeout(REDIS_CALL_TIMEOUT, budget.acquire_slot(task, lease)).await {
         Ok(result) => result,
         Err(_) => {
             budget.release_in_background(lease.to_owned());
@@ -252,12 +260,13 @@ async fn acquire_once(budget: &Budget, task: PollTask, lease: &str) -> anyhow::R
     }
 }
 
-/// Acquires, waiting up to [`WAIT_FOR_TOKEN`] while a budget (not a pause) is short.
+/// Acquires, waiting up to [`WAIT_FOR_TOKEN`] while a budget (not a pause) is short. Answers with
+/// the lease id the poll holds when granted (`lease`, or a finished poll's that it took over).
 async fn acquire_with_wait(
     budget: &Budget,
     task: PollTask,
     lease: &str,
-) -> anyhow::Result<Acquired> {
+) -> anyhow::Result<(Acquired, String)> {
     let deadline = Instant::now() + WAIT_FOR_TOKEN;
     let mut step = FIRST_RETRY_STEP;
     loop {
@@ -268,9 +277,12 @@ async fn acquire_with_wait(
         let answer = acquire_once(budget, task, lease).await?;
         let now = Instant::now();
         match answer {
-            Acquired::Short {
-                reason: ShortReason::Total | ShortReason::Task,
-            } if now < deadline => {
+            (
+                Acquired::Short {
+                    reason: ShortReason::Total | ShortReason::Task,
+                },
+                _,
+            ) if now < deadline => {
                 let pause = step.min(deadline - now);
                 tokio::select! {
                     () = released => {}

@@ -196,6 +196,165 @@ async fn a_finished_poll_s_release_rides_on_the_next_acquire_so_each_admitted_jo
     assert_eq!(b.carried_count(), 0);
 }
 
+async fn score(conn: &mut ConnectionManager, key: &str, member: &str) -> Option<i64> {
+    let s: Option<f64> = redis::cmd("ZSCORE")
+        .arg(key)
+        .arg(member)
+        .query_async(conn)
+        .await
+        .expect("zscore");
+    s.map(|s| s as i64)
+}
+
+#[tokio::test]
+async fn a_slot_that_turns_over_keeps_its_lease_id_re_scored_in_place_with_a_fresh_expiry() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let total = budget::total_key(&r.prefix);
+    let cd = budget::task_key(&r.prefix, Task::Carddata);
+    let cs = budget::task_key(&r.prefix, Task::CardStatus);
+    // One total token: each acquire is granted only because it takes the finished poll's slot.
+    let b = Budget::new(r.conn.clone(), &config(&r, 1, 1, 1));
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "l-0").await.unwrap(),
+        (Acquired::Acquired, "l-0".to_owned())
+    );
+    let first = score(&mut conn, &total, "l-0").await.expect("held");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    b.finish_carried(Task::Carddata, "l-0".to_owned(), CallReport::Ok, 0, "c");
+    // Same task: the finished poll's lease id passes to the next poll, re-scored in both sets.
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "l-1").await.unwrap(),
+        (Acquired::Acquired, "l-0".to_owned())
+    );
+    assert_eq!(members(&mut conn, &total).await, ["l-0"]);
+    assert_eq!(members(&mut conn, &cd).await, ["l-0"]);
+    let now = redis_now_ms(&mut conn).await;
+    let second = score(&mut conn, &total, "l-0").await.expect("held");
+    assert!(
+        second > first,
+        "the expiry is refreshed: {first} -> {second}"
+    );
+    assert!(second <= now + 60_000, "Redis now + the lease TTL at most");
+    assert_eq!(score(&mut conn, &cd, "l-0").await, Some(second));
+    // The other task: the total set keeps the member, the task sets swap it.
+    b.finish_carried(Task::Carddata, "l-0".to_owned(), CallReport::Ok, 0, "c");
+    assert_eq!(
+        b.acquire_slot(Task::CardStatus, "l-2").await.unwrap(),
+        (Acquired::Acquired, "l-0".to_owned())
+    );
+    assert_eq!(members(&mut conn, &total).await, ["l-0"]);
+    assert!(members(&mut conn, &cd).await.is_empty());
+    assert_eq!(members(&mut conn, &cs).await, ["l-0"]);
+    assert_eq!(b.round_trips(), 3, "one call per admitted job");
+    assert_eq!(b.held_count(), 1);
+    assert_eq!(b.carried_count(), 0);
+    // `acquire` never takes a lease over: the poll holds the id it asked with.
+    b.finish_carried(Task::CardStatus, "l-0".to_owned(), CallReport::Ok, 0, "c");
+    assert_eq!(
+        b.acquire(Task::Carddata, "l-3").await.unwrap(),
+        Acquired::Acquired
+    );
+    assert_eq!(members(&mut conn, &total).await, ["l-3"]);
+    assert_eq!(b.release_held().await.unwrap(), 1);
+    assert_eq!(b.show().await.unwrap().total.in_use, 0);
+}
+
+#[tokio::test]
+async fn an_acquire_carries_its_own_task_s_finishes_first_and_the_rest_are_flushed_within_ms() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    for (task, lease) in [(Task::Carddata, "d"), (Task::CardStatus, "s")] {
+        assert_eq!(
+            b.acquire_slot(task, lease).await.unwrap(),
+            (Acquired::Acquired, lease.to_owned())
+        );
+    }
+    b.finish_carried(Task::CardStatus, "s".to_owned(), CallReport::Ok, 0, "c");
+    b.finish_carried(Task::Carddata, "d".to_owned(), CallReport::Ok, 0, "c");
+    // A carddata acquire takes the carddata finish over and leaves the card_status one...
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "d2").await.unwrap(),
+        (Acquired::Acquired, "d".to_owned())
+    );
+    assert_eq!(b.carried_count(), 1);
+    // ...which the flush releases on its own within a few ms.
+    let start = std::time::Instant::now();
+    while b.carried_count() > 0
+        || !members(&mut conn, &budget::task_key(&r.prefix, Task::CardStatus))
+            .await
+            .is_empty()
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "never flushed");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        members(&mut conn, &budget::total_key(&r.prefix)).await,
+        ["d"]
+    );
+}
+
+#[tokio::test]
+async fn a_slot_taken_over_still_obeys_a_lowered_limit_a_pause_and_an_open_circuit() {
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let total = budget::total_key(&r.prefix);
+    let cd = budget::task_key(&r.prefix, Task::Carddata);
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    for lease in ["a", "b"] {
+        assert_eq!(
+            b.acquire_slot(Task::Carddata, lease).await.unwrap(),
+            (Acquired::Acquired, lease.to_owned())
+        );
+    }
+    // Limit lowered to 1 while 2 run: the slot that turns over is not kept, it is given back.
+    b.set_override(Task::Carddata, 1).await.unwrap();
+    b.finish_carried(Task::Carddata, "a".to_owned(), CallReport::Ok, 0, "c");
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "c").await.unwrap(),
+        (SHORT_TASK, String::new())
+    );
+    assert_eq!(members(&mut conn, &total).await, ["b"]);
+    assert_eq!(members(&mut conn, &cd).await, ["b"]);
+    // At the lowered limit now: the next turnover keeps its slot.
+    b.finish_carried(Task::Carddata, "b".to_owned(), CallReport::Ok, 0, "c");
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "d").await.unwrap(),
+        (Acquired::Acquired, "b".to_owned())
+    );
+    assert_eq!(members(&mut conn, &cd).await, ["b"]);
+    // Paused: the carried lease is released, nothing is taken.
+    b.pause(&[Task::Carddata]).await.unwrap();
+    b.finish_carried(Task::Carddata, "b".to_owned(), CallReport::Ok, 0, "c");
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "e").await.unwrap(),
+        (
+            Acquired::Short {
+                reason: ShortReason::Paused
+            },
+            String::new()
+        )
+    );
+    assert!(members(&mut conn, &total).await.is_empty());
+    assert!(members(&mut conn, &cd).await.is_empty());
+    b.resume(&[Task::Carddata]).await.unwrap();
+    // Circuit forced open: likewise.
+    assert_eq!(
+        b.acquire_slot(Task::Carddata, "f").await.unwrap(),
+        (Acquired::Acquired, "f".to_owned())
+    );
+    b.force_circuit(Task::Carddata, true).await.unwrap();
+    b.finish_carried(Task::Carddata, "f".to_owned(), CallReport::Ok, 0, "c");
+    assert!(matches!(
+        b.acquire_slot(Task::Carddata, "g").await.unwrap(),
+        (Acquired::CircuitOpen { .. }, ref s) if s.is_empty()
+    ));
+    assert!(members(&mut conn, &total).await.is_empty());
+    assert!(members(&mut conn, &cd).await.is_empty());
+    assert_eq!(b.held_count(), 0);
+}
+
 #[tokio::test]
 async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_what_is_carried() {
     let r = TestRedis::new().await;

@@ -1,0 +1,105 @@
+//! What the polling budget sends to Redis per admitted poll (issue 16), counted by a private
+//! redis-server's `INFO commandstats` (the shared Redis would count other clients too), including
+//! the commands that run inside the script. Counted, never timed.
+
+use std::collections::BTreeMap;
+
+use cardworker::budget::{Acquired, Budget, CallReport};
+use cardworker::config::{Config, Task};
+use cardworker::context;
+use redis::aio::ConnectionManager;
+
+use crate::private::PrivateRedis;
+
+/// Calls per command since the last `CONFIG RESETSTAT`, the test's own INFO and CONFIG left out.
+async fn counted(conn: &mut ConnectionManager) -> BTreeMap<String, u64> {
+    let text: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("info");
+    let mut calls = BTreeMap::new();
+    for line in text.lines() {
+        if let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        {
+            if name == "info" || name.starts_with("config") {
+                continue;
+            }
+            let n = rest
+                .split("calls=")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            calls.insert(name.to_owned(), n);
+        }
+    }
+    calls
+}
+
+#[tokio::test]
+async fn a_slot_that_turns_over_costs_one_call_of_nine_commands() {
+    let redis = PrivateRedis::start_new(false);
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let mut c = Config::default();
+    c.redis.key_prefix = "cost".to_owned();
+    c.polling.total_limit = 8;
+    c.polling.carddata.limit = 4;
+    c.polling.card_status.limit = 4;
+    let b = Budget::new(conn.clone(), &c);
+    // Steady state: a few slots busy, then each poll's end is carried by the next acquire of the
+    // same task, which takes its slot over.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (got, lease) = b
+            .acquire_slot(Task::Carddata, &b.new_lease_id())
+            .await
+            .unwrap();
+        assert_eq!(got, Acquired::Acquired);
+        held.push(lease);
+    }
+    let mut stats = conn.clone();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut stats)
+        .await
+        .expect("resetstat");
+    const POLLS: u64 = 200;
+    for i in 0..POLLS as usize {
+        let done = held.remove(0);
+        b.finish_carried(Task::Carddata, done, CallReport::Ok, 0, &format!("c-{i}"));
+        let (got, lease) = b
+            .acquire_slot(Task::Carddata, &b.new_lease_id())
+            .await
+            .unwrap();
+        assert_eq!(got, Acquired::Acquired);
+        held.push(lease);
+    }
+    let calls = counted(&mut stats).await;
+    let per = |name: &str| calls.get(name).copied().unwrap_or(0) as f64 / POLLS as f64;
+    let all: u64 = calls.values().sum();
+    eprintln!("per poll: {calls:?}");
+    assert_eq!(
+        per("evalsha"),
+        1.0,
+        "one round trip per admitted poll: {calls:?}"
+    );
+    // TIME, the circuit's HMGET (once for the finish and the admission), the override HGET, the
+    // pause SISMEMBER, two ZCARD, two ZADD XX (the slot re-scored in both sets).
+    assert_eq!(per("time"), 1.0, "{calls:?}");
+    assert_eq!(per("hmget"), 1.0, "{calls:?}");
+    assert_eq!(per("zadd"), 2.0, "{calls:?}");
+    assert_eq!(
+        per("zrem"),
+        0.0,
+        "no remove-and-add on a turnover: {calls:?}"
+    );
+    assert!(
+        all as f64 / POLLS as f64 <= 9.0,
+        "{} commands per poll: {calls:?}",
+        all as f64 / POLLS as f64
+    );
+    assert_eq!(b.show().await.unwrap().total.in_use, 3);
+}
