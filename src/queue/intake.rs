@@ -346,10 +346,9 @@ pub async fn trim_workers(
     }
 }
 
-/// Entries waiting in one queue's intake: the intake's, plus a polling queue's waiting chains
-/// (the chain due set below `FED`). One round trip.
-pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
-    let mut pipe = redis::pipe();
+/// Adds the reads of one queue's waiting entries to `pipe`: the intake's, plus a polling queue's
+/// waiting chains (the chain due set below `FED`).
+fn waiting_reads(pipe: &mut redis::Pipeline, queue: &QueueName) {
     pipe.zcard(&queue.intake);
     if let Some(chains) = &queue.chains {
         pipe.zcount(
@@ -358,6 +357,13 @@ pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow:
             format!("({}", cardworker_jobs::chain::FED),
         );
     }
+}
+
+/// Entries waiting in one queue's intake: the intake's, plus a polling queue's waiting chains
+/// (the chain due set below `FED`). One round trip.
+pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
+    let mut pipe = redis::pipe();
+    waiting_reads(&mut pipe, queue);
     let counts: Vec<u64> = pipe
         .query_async(conn)
         .await
@@ -369,16 +375,9 @@ pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow:
 /// backlog.
 pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
     let mut pipe = redis::pipe();
-    pipe.zcard(&queue.intake)
-        .llen(format!("{}:active", queue.apalis))
+    waiting_reads(&mut pipe, queue);
+    pipe.llen(format!("{}:active", queue.apalis))
         .zcard(format!("{}:scheduled", queue.apalis));
-    if let Some(chains) = &queue.chains {
-        pipe.zcount(
-            &chains.due,
-            "-inf",
-            format!("({}", cardworker_jobs::chain::FED),
-        );
-    }
     let counts: Vec<u64> = pipe
         .query_async(conn)
         .await

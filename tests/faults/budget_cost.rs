@@ -2,42 +2,12 @@
 //! redis-server's `INFO commandstats` (the shared Redis would count other clients too), including
 //! the commands that run inside the script. Counted, never timed.
 
-use std::collections::BTreeMap;
-
 use cardworker::budget::{Acquired, Budget, CallReport};
 use cardworker::config::{Config, Task};
 use cardworker::context;
-use redis::aio::ConnectionManager;
 
 use crate::private::PrivateRedis;
-
-/// Calls per command since the last `CONFIG RESETSTAT`, the test's own INFO and CONFIG left out.
-async fn counted(conn: &mut ConnectionManager) -> BTreeMap<String, u64> {
-    let text: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("info");
-    let mut calls = BTreeMap::new();
-    for line in text.lines() {
-        if let Some((name, rest)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|l| l.split_once(':'))
-        {
-            if name == "info" || name.starts_with("config") {
-                continue;
-            }
-            let n = rest
-                .split("calls=")
-                .nth(1)
-                .and_then(|r| r.split(',').next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            calls.insert(name.to_owned(), n);
-        }
-    }
-    calls
-}
+use crate::redis_cost::{counted, reset};
 
 #[tokio::test]
 async fn a_slot_that_turns_over_costs_one_call_of_nine_commands() {
@@ -61,11 +31,7 @@ async fn a_slot_that_turns_over_costs_one_call_of_nine_commands() {
         held.push(lease);
     }
     let mut stats = conn.clone();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut stats)
-        .await
-        .expect("resetstat");
+    reset(&mut stats).await;
     const POLLS: u64 = 200;
     for i in 0..POLLS as usize {
         let done = held.remove(0);
@@ -77,7 +43,7 @@ async fn a_slot_that_turns_over_costs_one_call_of_nine_commands() {
         assert_eq!(got, Acquired::Acquired);
         held.push(lease);
     }
-    let calls = counted(&mut stats).await;
+    let (calls, _) = counted(&mut stats).await;
     let per = |name: &str| calls.get(name).copied().unwrap_or(0) as f64 / POLLS as f64;
     let all: u64 = calls.values().sum();
     eprintln!("per poll: {calls:?}");

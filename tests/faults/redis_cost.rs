@@ -17,7 +17,7 @@ use crate::private::PrivateRedis;
 
 /// Calls per command since the last `CONFIG RESETSTAT` (the test's own INFO and CONFIG left out),
 /// and the bytes Redis read from its clients.
-async fn counted(conn: &mut ConnectionManager) -> (BTreeMap<String, u64>, u64) {
+pub(crate) async fn counted(conn: &mut ConnectionManager) -> (BTreeMap<String, u64>, u64) {
     let text: String = redis::cmd("INFO")
         .arg("all")
         .query_async(conn)
@@ -48,7 +48,8 @@ async fn counted(conn: &mut ConnectionManager) -> (BTreeMap<String, u64>, u64) {
     (calls, input)
 }
 
-async fn reset(conn: &mut ConnectionManager) {
+/// Zeroes Redis's command statistics.
+pub(crate) async fn reset(conn: &mut ConnectionManager) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(conn)
