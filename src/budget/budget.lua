@@ -8,21 +8,27 @@
 -- KEYS[4] overrides hash (task -> limit)   KEYS[5] paused set (task labels)
 -- KEYS[6] carddata circuit hash   KEYS[7] card_status circuit hash
 -- KEYS[8] carddata circuit window list   KEYS[9] card_status circuit window list
+-- KEYS[10] waiters zset (process id -> until ms: it was refused a token lately)
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
--- ARGV[1] op: acquire | release | finish | finish_batch | show | circuit_force
+-- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force
 --
 -- acquire: ARGV[2] task index (2 = carddata, 3 = card_status, i.e. its KEYS index)
 --          ARGV[3] task label  ARGV[4] lease id  ARGV[5] total limit  ARGV[6] config task limit
 --          ARGV[7] limit ceiling  ARGV[8] lease ttl ms  ARGV[9] circuit cfg (circuit_cfg)
 --          ARGV[10] '1' when the acquire may take over the lease of a carried finish (below)
---          ARGV[11] how many finishes it carries, then 5 values per finish: task index, lease
---          id, outcome, probe round, card (as for finish). They run first, in the same call, so a
---          slot that turns over costs one round trip, not two (issue 16).
+--          ARGV[11] the process id (its entry in the waiters set when it is refused a token)
+--          ARGV[12] how many finishes it carries, then 6 values per finish: task index, lease
+--          id, outcome, probe round, card (as for finish), successes of that task to count
+--          before it (circuit_successes). They run first, in the same call, so a slot that turns
+--          over costs one round trip, not two (issue 16).
 --   Taking over (ARGV[10] = '1'): the poll admitted by this call gets the lease id of one carried
 --   finish (one of its own task if any, else the first), and that member is re-scored in place
 --   (one ZADD per set) instead of removed and added again. The slot never looks free in
 --   between, so the limits are checked counting it as this poll's: a limit lowered meanwhile
 --   still refuses (and the carried lease is then removed, as a plain finish would).
+--   A refusal for want of a token (total or task) also writes the process into the waiters set
+--   for WAITER_MS: while another process waits, renew stops every process from keeping idle slots
+--   (budget/pool.rs), so a busy pod cannot keep the budget to itself.
 --   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused'|'circuit_open', effective task
 --            limit, invalid override as stored ('' when none or valid), probe round (0: not a
 --            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends,
@@ -33,9 +39,20 @@
 --          ARGV[5] probe round (0: not a probe)  ARGV[6] circuit cfg  ARGV[7] the card
 --   releases the lease and counts the outcome; returns {existed 1|0, transition name ('' for
 --   none), {its numbers}} (see circuit_record).
--- finish_batch: ARGV[2] circuit cfg, ARGV[3] how many finishes, then 5 values each (as the
+-- finish_batch: ARGV[2] circuit cfg, ARGV[3] how many finishes, then 6 values each (as the
 --   finishes an acquire carries); returns their answers. A process flushes with it the finishes
 --   that no acquire picked up within a few ms.
+-- renew: the slots a process keeps between its polls (budget/pool.rs). ARGV[2] process id
+--   ARGV[3] lease ttl ms  ARGV[4] total limit  ARGV[5] limit ceiling  ARGV[6] circuit cfg, then
+--   for each task in KEYS order (carddata, card_status): its label, config limit, successes to
+--   count (circuit_successes), how many idle slots it keeps, how many it gives back, then those
+--   slot ids (kept first). Gives back the latter, refreshes the expiry of the kept ones that still
+--   exist (ZADD XX: a slot lost with a Redis flush is never re-created past the limits) and
+--   decides per task whether the process may go on starting polls on kept slots without asking:
+--   only while the task is not paused, its circuit is closed (or disabled) and not forced open,
+--   neither set holds more than its limit (an override lowered meanwhile), and no OTHER process
+--   was refused a token in the last WAITER_MS. Returns per task {reuse 1|0, effective limit,
+--   invalid override as stored ('' when none or valid), {kept ids that no longer exist}}.
 -- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
 --          [task, raw, ...], paused [task, ...], carddata circuit flat, card_status circuit flat,
 --          carddata window, card_status window, now ms}; counts only unexpired leases.
@@ -68,8 +85,12 @@ local function record_one(index, existed, outcome, round, cfg, card)
   return {existed, answer[1], numbers}
 end
 
--- The finishes a call carries: ARGV[at] of them, then 5 values each (task index, lease id,
--- outcome, probe round, card). Each lease is released and its outcome counted, except the one at
+-- How long a refused process counts as waiting for a token (twice a process's renewal period).
+local WAITER_MS = 2000
+
+-- The finishes a call carries: ARGV[at] of them, then 6 values each (task index, lease id,
+-- outcome, probe round, card, successes before it). Each lease is released and its outcome
+-- counted (after the successes the process added up since its last report), except the one at
 -- position `keep` (1-based; nil for none), whose outcome is counted but whose lease is left for
 -- the caller (an acquire taking it over); its answer's `existed` is filled in later. Returns
 -- their answers in order.
@@ -77,10 +98,11 @@ local function carried_finishes(at, cfg, keep)
   local out = {}
   local count = tonumber(ARGV[at] or '0') or 0
   for i = 1, count do
-    local b = at + 1 + (i - 1) * 5
+    local b = at + 1 + (i - 1) * 6
     local index = tonumber(ARGV[b])
     local existed = 0
     if i ~= keep then existed = release_lease(index, ARGV[b + 1]) end
+    circuit_successes(KEYS[index + 4], KEYS[index + 6], cfg, tonumber(ARGV[b + 5]) or 0)
     out[i] = record_one(index, existed, ARGV[b + 2], tonumber(ARGV[b + 3]), cfg, ARGV[b + 4])
   end
   return out
@@ -116,11 +138,12 @@ if op == 'acquire' then
   -- Which carried finish's lease this acquire may take over: one of its own task (both sets
   -- re-scored), else the first (the total set re-scored).
   local keep
-  local count = tonumber(ARGV[11] or '0') or 0
+  local owner = ARGV[11]
+  local count = tonumber(ARGV[12] or '0') or 0
   if ARGV[10] == '1' and count > 0 then
     keep = 1
     for i = 1, count do
-      if tonumber(ARGV[12 + (i - 1) * 5]) == index then
+      if tonumber(ARGV[13 + (i - 1) * 6]) == index then
         keep = i
         break
       end
@@ -128,10 +151,10 @@ if op == 'acquire' then
   end
   -- The finishes this call carries are released first (all but the one kept), so that their
   -- slots count as free for this acquire, and their outcomes counted before the circuit admits.
-  local finished = carried_finishes(11, cfg, keep)
+  local finished = carried_finishes(12, cfg, keep)
   local keep_index, keep_lease
   if keep then
-    local b = 12 + (keep - 1) * 5
+    local b = 13 + (keep - 1) * 6
     keep_index, keep_lease = tonumber(ARGV[b]), ARGV[b + 1]
   end
   -- Not admitted: the kept lease goes back as a plain finish's would.
@@ -186,6 +209,8 @@ if op == 'acquire' then
       redis.call('ZADD', task_key, expiry, lease)
       return {1, 'ok', task_limit, invalid, 0, transition, 0, finished, lease}
     end
+    redis.call('ZADD', KEYS[10], clock() + WAITER_MS, owner)
+    redis.call('PEXPIRE', KEYS[10], WAITER_MS)
     if not total_room then return {0, 'total', task_limit, invalid, 0, transition, 0, finished, ''} end
     return {0, 'task', task_limit, invalid, 0, transition, 0, finished, ''}
   end
@@ -213,6 +238,77 @@ elseif op == 'finish' then
   return record_one(index, existed, ARGV[4], tonumber(ARGV[5]), circuit_cfg(ARGV[6]), ARGV[7])
 elseif op == 'finish_batch' then
   return carried_finishes(3, circuit_cfg(ARGV[2]), nil)
+elseif op == 'renew' then
+  local owner, ttl = ARGV[2], tonumber(ARGV[3])
+  local total_limit, ceiling = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local cfg = circuit_cfg(ARGV[6])
+  -- Give back first, so that the counts below are the ones other processes see next.
+  local tasks, at = {}, 7
+  for index = 2, 3 do
+    local t = {index = index, label = ARGV[at], limit = tonumber(ARGV[at + 1]), keep = {}}
+    local successes, nkeep, nback = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+    for i = 1, nkeep do t.keep[i] = ARGV[at + 4 + i] end
+    if nback > 0 then
+      local back = {}
+      for i = 1, nback do back[i] = ARGV[at + 4 + nkeep + i] end
+      redis.call('ZREM', KEYS[1], unpack(back))
+      redis.call('ZREM', KEYS[index], unpack(back))
+    end
+    circuit_successes(KEYS[index + 4], KEYS[index + 6], cfg, successes)
+    at = at + 5 + nkeep + nback
+    tasks[#tasks + 1] = t
+  end
+  local now = clock()
+  local others_wait = false
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. now, '+inf')) do
+    if w ~= owner then
+      others_wait = true
+      break
+    end
+  end
+  local paused = {}
+  for _, p in ipairs(redis.call('SMEMBERS', KEYS[5])) do paused[p] = true end
+  local overrides = redis.call('HMGET', KEYS[4], tasks[1].label, tasks[2].label)
+  local total_fits = redis.call('ZCARD', KEYS[1]) <= total_limit
+  local expiry = now + ttl
+  local out = {}
+  for i, t in ipairs(tasks) do
+    local limit, invalid = t.limit, ''
+    local raw = overrides[i]
+    if raw then
+      local n = valid_limit(raw, ceiling)
+      if n then limit = n else invalid = raw end
+    end
+    if limit > total_limit then limit = total_limit end
+    local reuse = total_fits and not others_wait and not paused[t.label]
+    if reuse then
+      local st = circuit_read(KEYS[t.index + 4])
+      reuse = st.forced ~= '1' and (not st.state or st.state == 'closed' or not cfg.enabled)
+    end
+    if reuse then reuse = redis.call('ZCARD', KEYS[t.index]) <= limit end
+    local lost = {}
+    if #t.keep > 0 then
+      local scores = redis.call('ZMSCORE', KEYS[1], unpack(t.keep))
+      local live = {}
+      for j, id in ipairs(t.keep) do
+        if scores[j] then
+          live[#live + 1] = expiry
+          live[#live + 1] = id
+        else
+          lost[#lost + 1] = id
+        end
+      end
+      if #live > 0 then
+        redis.call('ZADD', KEYS[1], 'XX', unpack(live))
+        redis.call('ZADD', KEYS[t.index], 'XX', unpack(live))
+      end
+      if #lost > 0 then redis.call('ZREM', KEYS[t.index], unpack(lost)) end
+    end
+    local r = 0
+    if reuse then r = 1 end
+    out[i] = {r, limit, invalid, lost}
+  end
+  return out
 elseif op == 'circuit_force' then
   local index = tonumber(ARGV[2])
   return circuit_force(KEYS[index + 4], KEYS[index + 6], ARGV[3])

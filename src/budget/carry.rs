@@ -47,6 +47,23 @@ pub(super) struct Carried {
     report: CallReport,
     probe_round: u64,
     card: String,
+    /// Successes of the task's polls on kept slots, counted in the circuit before this outcome
+    /// (`budget::pool`).
+    successes: u64,
+}
+
+impl Carried {
+    /// A kept slot going back (no poll outcome of its own), with the successes to count first.
+    pub(super) fn back(task: Task, lease: String, successes: u64) -> Self {
+        Self {
+            task,
+            lease,
+            report: CallReport::NoCall,
+            probe_round: 0,
+            card: String::new(),
+            successes,
+        }
+    }
 }
 
 /// The answer of the script for one carried finish: existed, transition name, its numbers.
@@ -61,7 +78,7 @@ pub(super) struct CarriedBatch {
 }
 
 impl CarriedBatch {
-    /// Appends the batch to a script call: how many, then 5 values each.
+    /// Appends the batch to a script call: how many, then 6 values each.
     pub(super) fn push_args(&self, inv: &mut redis::ScriptInvocation<'_>) {
         inv.arg(self.items.len());
         for c in &self.items {
@@ -69,7 +86,8 @@ impl CarriedBatch {
                 .arg(&c.lease)
                 .arg(c.report.lua())
                 .arg(c.probe_round)
-                .arg(&c.card);
+                .arg(&c.card)
+                .arg(c.successes);
         }
     }
 
@@ -90,6 +108,10 @@ impl CarriedBatch {
         for (c, (_existed, name, numbers)) in items.iter().zip(answers) {
             if let Some(t) = Transition::parse(&name, &numbers) {
                 t.count(c.task);
+                if matches!(t, Transition::Opened { .. }) {
+                    // This process opened it: it stops starting polls on kept slots at once.
+                    self.budget.stop_reuse(c.task);
+                }
                 match &hook {
                     Some(hook) => hook(c.task, t),
                     None => {
@@ -128,6 +150,19 @@ impl Budget {
         probe_round: u64,
         card_ref: &str,
     ) {
+        self.finish_carried_after(task, lease_id, report, probe_round, card_ref, 0);
+    }
+
+    /// [`Budget::finish_carried`], counting `successes` of the task's polls in its circuit first.
+    pub(super) fn finish_carried_after(
+        &self,
+        task: Task,
+        lease_id: String,
+        report: CallReport,
+        probe_round: u64,
+        card_ref: &str,
+        successes: u64,
+    ) {
         if let Ok(mut carried) = self.carried.lock() {
             carried.push(Carried {
                 task,
@@ -135,9 +170,15 @@ impl Budget {
                 report,
                 probe_round,
                 card: card_ref.to_owned(),
+                successes,
             });
         }
         self.released.notify_waiters();
+        self.arm_flush();
+    }
+
+    /// Schedules a flush of what is carried within [`CARRY_FOR`], unless one is scheduled.
+    pub(super) fn arm_flush(&self) {
         if !self.flush_armed.swap(true, Ordering::AcqRel) {
             let budget = self.clone();
             self.shutdown.spawn_detached(async move {

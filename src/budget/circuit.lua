@@ -197,6 +197,41 @@ local function circuit_record(hash, list, cfg, outcome, round, card)
   return {'opened', recent, failed}
 end
 
+-- Counts `n` successful outcomes that a process did not report one by one: polls that ran on a
+-- slot it kept between polls (budget/pool.rs) and whose answers it added up. They arrive with the
+-- process's next failure of the task (before it, so that the window keeps them in about their
+-- order) or with its next renewal. As for a single success: nothing to do while the window holds
+-- no failure, or when the circuit is not closed (late outcomes of an outage are already counted).
+-- At most window-calls of them are pushed, in chunks that Lua's unpack can take.
+local function circuit_successes(hash, list, cfg, n)
+  if n <= 0 or not cfg.enabled then return end
+  local st = circuit_read(hash)
+  if (st.state or 'closed') ~= 'closed' or st.forced == '1' then return end
+  local fails = tonumber(st.fails) or 0
+  if fails == 0 then return end
+  if n > cfg.calls then n = cfg.calls end
+  circuit_changed(hash)
+  local entry = 's' .. clock()
+  local len = 0
+  local left = n
+  while left > 0 do
+    local chunk = math.min(left, 500)
+    local batch = {}
+    for i = 1, chunk do batch[i] = entry end
+    len = redis.call('LPUSH', list, unpack(batch))
+    left = left - chunk
+  end
+  -- Only our own entries: the failures it counted are gone (the list had expired or was cleared).
+  if len == n then fails = 0 end
+  if len > cfg.calls then
+    for _, old in ipairs(redis.call('RPOP', list, len - cfg.calls)) do
+      if string.sub(old, 1, 1) == 'f' then fails = fails - 1 end
+    end
+  end
+  if fails < 0 then fails = 0 end
+  redis.call('HSET', hash, 'fails', fails)
+end
+
 -- An operator forces the circuit: 'open' (stays open, no probes, until forced closed) or
 -- 'close' (closed now, window cleared). Returns {state before, ms since the outage began (0 when
 -- it was closed), '1' when it had been forced open}.

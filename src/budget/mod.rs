@@ -48,6 +48,7 @@
 
 pub mod carry;
 pub mod circuit;
+pub mod pool;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +62,7 @@ use serde::Serialize;
 
 pub use carry::TransitionHook;
 pub use circuit::{CallReport, CircuitState, CircuitView, Forced, Transition};
+pub use pool::Slot;
 
 use crate::config::{Config, Task, LIMIT_CEILING};
 use crate::shutdown::Shutdown;
@@ -88,6 +90,12 @@ pub fn overrides_key(prefix: &str) -> String {
 /// The set of paused task labels.
 pub fn paused_key(prefix: &str) -> String {
     format!("{prefix}:{{budget}}:paused")
+}
+
+/// The processes refused a token lately (process id -> until ms), so that the others stop keeping
+/// idle slots ([`pool`]).
+pub fn waiters_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:waiters")
 }
 
 /// Why a job did not get its tokens. Also the `reason` label of `cardworker_poll_deferred_total`
@@ -234,6 +242,14 @@ pub struct Budget {
     flush_armed: Arc<std::sync::atomic::AtomicBool>,
     /// Where the circuit transitions of carried finishes go.
     on_transition: Arc<Mutex<Option<TransitionHook>>>,
+    /// Idle slots this process keeps between polls, per task ([`pool`]).
+    pool: Arc<Mutex<pool::Pool>>,
+    /// Whether the renewal loop of the kept slots runs.
+    renew_armed: Arc<std::sync::atomic::AtomicBool>,
+    /// Polls started on a kept slot, without a Redis call (for tests and the benchmarks).
+    reused: Arc<AtomicU64>,
+    /// `polling.handler_timeout_secs`: a kept slot is reused only while its lease outlasts a poll.
+    handler_timeout: Duration,
 }
 
 impl Budget {
@@ -260,6 +276,10 @@ impl Budget {
             carried: Arc::default(),
             flush_armed: Arc::default(),
             on_transition: Arc::default(),
+            pool: Arc::default(),
+            renew_armed: Arc::default(),
+            reused: Arc::default(),
+            handler_timeout: p.handler_timeout(),
         }
     }
 
@@ -328,6 +348,7 @@ impl Budget {
             .key(circuit::circuit_key(&self.prefix, Task::CardStatus))
             .key(circuit::window_key(&self.prefix, Task::Carddata))
             .key(circuit::window_key(&self.prefix, Task::CardStatus))
+            .key(waiters_key(&self.prefix))
             .arg(op);
         inv
     }
@@ -392,7 +413,8 @@ impl Budget {
             .arg(LIMIT_CEILING)
             .arg(ttl_ms)
             .arg(&*self.circuit)
-            .arg(if take_over { "1" } else { "0" });
+            .arg(if take_over { "1" } else { "0" })
+            .arg(&*self.owner);
         carried.push_args(&mut inv);
         let (granted, reason, _limit, invalid, round, transition, wait_ms, answers, slot): Raw =
             inv.invoke_async(&mut self.conn.clone())
@@ -549,6 +571,7 @@ impl Budget {
     /// finishes still carried (so that their outcomes count in the circuits). Returns how many
     /// went back: the carried finishes sent plus the held leases Redis still had.
     pub async fn release_held(&self) -> anyhow::Result<u64> {
+        self.drain_pool();
         let carried = match self.flush_carried().await {
             Ok(sent) => sent as u64,
             Err(e) => {

@@ -53,7 +53,7 @@ use super::chain::{self, Liveness, PollJob};
 use super::circuit::{self, Reported};
 use crate::backoff::{Backoff, Jitter};
 use crate::budget::circuit::CIRCUIT_OPEN_REASON;
-use crate::budget::{Acquired, Budget, ShortReason};
+use crate::budget::{Acquired, Budget, ShortReason, Slot};
 use crate::config::{PollingConfig, Task as PollTask};
 use crate::runner::JobError;
 use crate::shutdown::Shutdown;
@@ -214,10 +214,10 @@ where
 {
     let fresh = shared.budget.new_lease_id();
     match acquire_with_wait(&shared.budget, J::TASK, &fresh).await {
-        Ok((granted @ (Acquired::Acquired | Acquired::Probe { .. }), lease)) => {
+        Ok((granted @ (Acquired::Acquired | Acquired::Probe { .. }), slot)) => {
             let held = Held {
                 task: J::TASK,
-                lease,
+                slot,
                 probe_round: granted.probe_round(),
             };
             run_holding(&mut inner, &shared, held, task).await
@@ -242,16 +242,17 @@ fn deferred(task: &'static str, reason: &'static str) {
     metrics::counter!(m::POLL_DEFERRED, "task" => task, "reason" => reason).increment(1);
 }
 
-/// One acquire, bounded by [`REDIS_CALL_TIMEOUT`]; it may take over the lease of a finish it
-/// carries (`Budget::acquire_slot`), and answers with the lease the poll holds. After a timeout
-/// the script may still have granted a lease: `lease` is released in the background, and so is
-/// every carried finish's (their batch was dropped unanswered; release is idempotent).
+/// One admission, bounded by [`REDIS_CALL_TIMEOUT`]: on a slot this process kept, or with an
+/// acquire that may take over the lease of a finish it carries (`Budget::admit`); answers with
+/// the slot the poll holds. After a timeout the script may still have granted a lease: `lease`
+/// is released in the background, and so is every carried finish's (their batch was dropped
+/// unanswered; release is idempotent).
 async fn acquire_once(
     budget: &Budget,
     task: PollTask,
     lease: &str,
-) -> anyhow::Result<(Acquired, String)> {
-    match tokio::time::timeout(REDIS_CALL_TIMEOUT, budget.acquire_slot(task, lease)).await {
+) -> anyhow::Result<(Acquired, Slot)> {
+    match tokio::time::timeout(REDIS_CALL_TIMEOUT, budget.admit(task, lease)).await {
         Ok(result) => result,
         Err(_) => {
             budget.release_in_background(lease.to_owned());
@@ -261,12 +262,13 @@ async fn acquire_once(
 }
 
 /// Acquires, waiting up to [`WAIT_FOR_TOKEN`] while a budget (not a pause) is short. Answers with
-/// the lease id the poll holds when granted (`lease`, or a finished poll's that it took over).
+/// the slot the poll holds when granted (a kept one, `lease`, or a finished poll's that it took
+/// over).
 async fn acquire_with_wait(
     budget: &Budget,
     task: PollTask,
     lease: &str,
-) -> anyhow::Result<(Acquired, String)> {
+) -> anyhow::Result<(Acquired, Slot)> {
     let deadline = Instant::now() + WAIT_FOR_TOKEN;
     let mut step = FIRST_RETRY_STEP;
     loop {
@@ -298,7 +300,7 @@ async fn acquire_with_wait(
 /// A granted lease: whose it is and whether its poll probes a half-open circuit.
 struct Held {
     task: PollTask,
-    lease: String,
+    slot: Slot,
     /// The half-open round it probes for (0: not a probe).
     probe_round: u64,
 }
@@ -312,13 +314,14 @@ struct LeaseGuard {
 }
 
 impl LeaseGuard {
-    /// Ends the poll: the lease's release and the outcome ride on this process's next acquire
-    /// (or a flush a few ms later: `budget::carry`), so the poll costs one budget round trip.
+    /// Ends the poll: its slot is kept for this process's next poll (`budget::pool`), or its
+    /// release and outcome ride on this process's next acquire (or a flush a few ms later:
+    /// `budget::carry`), so a poll costs at most one budget round trip.
     fn finish(mut self, reported: Reported) {
         if let Some(held) = self.held.take() {
-            self.budget.finish_carried(
+            self.budget.finish_poll(
                 held.task,
-                held.lease,
+                held.slot,
                 reported.report,
                 held.probe_round,
                 &reported.card_ref,
@@ -330,7 +333,7 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            self.budget.release_in_background(held.lease);
+            self.budget.release_in_background(held.slot.lease);
         }
     }
 }
