@@ -21,6 +21,7 @@
 //! - `{prefix}:{budget}:task:carddata`, `{prefix}:{budget}:task:card_status`: the same, per task;
 //! - `{prefix}:{budget}:overrides`: HASH task label -> limit (`budget set` / `budget clear`);
 //! - `{prefix}:{budget}:paused`: SET of paused task labels (`budget pause` / `budget resume`).
+//! - `{prefix}:{budget}:waiters`: ZSET of processes refused a token lately -> until ms ([`pool`]).
 //!
 //! - `{prefix}:{budget}:circuit:{task}` and `…:circuit:{task}:window`: the task's Gateway circuit
 //!   breaker ([`circuit`]).
@@ -29,10 +30,12 @@
 //! (see docs/BUDGET.md), so the config values are the conservative ones, and circuits close.
 //!
 //! # Layout
-//! - `budget.lua`: the one script (`acquire`, `release`, `finish`, `finish_batch`, `show`,
-//!   `circuit_force`), with `circuit.lua` prepended to it.
+//! - `budget.lua`: the one script (`acquire`, `release`, `finish`, `finish_batch`, `renew`,
+//!   `show`, `circuit_force`), with `circuit.lua` prepended to it.
+//! - [`pool`]: the slots a process keeps between its polls, so that most polls start without a
+//!   Redis call ([`Budget::admit`], [`Budget::finish_poll`]), and their renewal.
 //! - [`carry`]: a finished poll's release rides on the process's next acquire (one round trip
-//!   per admitted poll).
+//!   per admitted poll that asks Redis).
 //! - [`circuit`]: the fleet-wide Gateway circuit breaker of each task, admitted by the same call
 //!   as the tokens (an open circuit is one more reason not to admit a poll).
 //! - this module: [`Budget`], the Rust API over it (leases, overrides, pauses, circuits), and the
@@ -287,6 +290,13 @@ impl Budget {
     /// process waits for them before it exits.
     pub fn tracked_by(mut self, shutdown: Shutdown) -> Self {
         self.shutdown = shutdown;
+        self
+    }
+
+    /// This budget as process `id` sees it (its lease ids' prefix and its entry in the waiters
+    /// set): for tests and benchmarks that play several processes in one.
+    pub fn with_process_id(mut self, id: &str) -> Self {
+        self.owner = Arc::from(id);
         self
     }
 

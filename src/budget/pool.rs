@@ -234,14 +234,7 @@ impl Budget {
         } else {
             0
         };
-        self.finish_carried_after(
-            task,
-            slot.lease,
-            report,
-            probe_round,
-            card_ref,
-            successes,
-        );
+        self.finish_carried_after(task, slot.lease, report, probe_round, card_ref, successes);
     }
 
     /// Stops reusing `task`'s slots until the next renewal says otherwise (its circuit opened).

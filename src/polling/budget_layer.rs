@@ -9,7 +9,8 @@
 //! maps the handler's result to a status) -> the job service (`runner::JobService`).
 //!
 //! For every job it takes both tokens before the inner service and releases them after it on
-//! every path. The job service always returns: it catches panics and applies
+//! every path (`Budget::admit` / `Budget::finish_poll`: most polls start on a slot their process
+//! kept from its previous poll, without a Redis call; see `budget::pool`). The job service always returns: it catches panics and applies
 //! `polling.handler_timeout_secs` (the one policy, `runner::service::guarded`), which config
 //! validation keeps below the lease. Should the job's future be dropped anyway (shutdown's grace
 //! ran out), the lease guard releases in the background. The inner service is reachable only with

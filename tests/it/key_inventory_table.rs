@@ -182,6 +182,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         Deployment,
     ),
     k(
+        "<prefix>:{budget}:waiters",
+        "budget: processes refused a token lately (the others stop keeping idle slots)",
+        Ttl(2),
+    ),
+    k(
         "<prefix>:{budget}:circuit:<task>",
         "Gateway circuit: one task's state",
         Deployment,

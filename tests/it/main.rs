@@ -10,6 +10,7 @@ mod scripted_gateway;
 
 mod approvals;
 mod budget;
+mod budget_pool;
 mod chain_intake;
 mod circuit;
 mod config_cli;
