@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 use super::carry::Carried;
-use super::{Acquired, Budget, CallReport, Task};
+use super::{Acquired, Budget, CallReport, ShortReason, Task};
 use crate::config::LIMIT_CEILING;
 
 /// How often a process with idle slots renews them (and learns whether it may go on reusing).
@@ -175,13 +175,32 @@ impl Budget {
         let sent = Instant::now();
         let (answer, lease) = self.acquire_slot(task, lease_id).await?;
         match answer {
-            Acquired::Short { .. } | Acquired::CircuitOpen { .. } => {
-                // Refused: this process gives its slots of the task back, as before, for a while.
-                if let Ok(mut pool) = self.pool.lock() {
-                    pool.task(task).verdict = Some(Verdict::Return(Instant::now() + VERDICT_FOR));
+            Acquired::Short {
+                reason: ShortReason::Paused,
+            }
+            | Acquired::CircuitOpen { .. } => self.stop_reuse(task),
+            Acquired::Short {
+                reason: ShortReason::Total,
+            } => {
+                // The other task's idle slots hold total tokens this task's polls need now.
+                let other = match task {
+                    Task::Carddata => Task::CardStatus,
+                    Task::CardStatus => Task::Carddata,
+                };
+                let idle = self
+                    .pool
+                    .lock()
+                    .map(|mut p| std::mem::take(&mut p.task(other).idle))
+                    .unwrap_or_default();
+                for i in idle {
+                    self.carry_back(other, i.slot.lease, 0);
                 }
             }
-            Acquired::Acquired | Acquired::Probe { .. } => {}
+            Acquired::Short {
+                reason: ShortReason::Task,
+            }
+            | Acquired::Acquired
+            | Acquired::Probe { .. } => {}
         }
         Ok((
             answer,

@@ -69,3 +69,61 @@ async fn a_slot_that_turns_over_costs_one_call_of_nine_commands() {
     );
     assert_eq!(b.show().await.unwrap().total.in_use, 3);
 }
+
+#[tokio::test]
+async fn polls_on_kept_slots_cost_the_budget_only_its_renewals() {
+    let redis = PrivateRedis::start_new(false);
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let mut c = Config::default();
+    c.redis.key_prefix = "cost".to_owned();
+    c.polling.total_limit = 8;
+    c.polling.carddata.limit = 4;
+    c.polling.card_status.limit = 4;
+    let b = Budget::new(conn.clone(), &c);
+    // Three polls at once, kept, then a renewal allows reuse.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
+        assert_eq!(got, Acquired::Acquired);
+        held.push(slot);
+    }
+    for slot in held.drain(..) {
+        b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, "c");
+    }
+    b.renew().await.unwrap();
+    let mut stats = conn.clone();
+    reset(&mut stats).await;
+    let (trips, started) = (b.round_trips(), std::time::Instant::now());
+    const POLLS: u64 = 1_000;
+    for i in 0..POLLS {
+        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
+        assert_eq!(got, Acquired::Acquired);
+        b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, &format!("c-{i}"));
+        if i == POLLS / 2 {
+            b.renew().await.unwrap();
+        }
+    }
+    b.renew().await.unwrap();
+    let (calls, _) = counted(&mut stats).await;
+    let all: u64 = calls.values().sum();
+    eprintln!("{POLLS} polls: {calls:?}");
+    // Our two renewals, plus the background loop's (one a second) on a slow machine: no call
+    // per poll.
+    let renewals = calls.get("evalsha").copied().unwrap_or(0);
+    assert_eq!(renewals, b.round_trips() - trips, "{calls:?}");
+    assert!(
+        (2..=3 + started.elapsed().as_secs()).contains(&renewals),
+        "{renewals} budget calls for {POLLS} polls: {calls:?}"
+    );
+    // A renewal of one task's slots: TIME, the waiters read, SMEMBERS, HMGET of the overrides,
+    // two ZCARD, the circuit's HMGET (both tasks), ZMSCORE and two ZADD XX for the kept slots.
+    assert!(
+        all <= renewals * 14,
+        "{all} commands for {POLLS} polls: {calls:?}"
+    );
+    assert_eq!(
+        b.show().await.unwrap().total.in_use,
+        3,
+        "the three slots are still counted"
+    );
+}

@@ -311,3 +311,49 @@ async fn a_process_with_nothing_to_do_gives_its_kept_slots_back_and_stops_renewi
     }
     assert_eq!(b.round_trips(), trips);
 }
+
+#[tokio::test]
+async fn a_poll_refused_a_total_token_makes_its_own_process_give_back_the_other_task_s_idle_slots()
+{
+    let r = TestRedis::new().await;
+    let mut conn = r.conn.clone();
+    let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
+    let mut slots = Vec::new();
+    for _ in 0..2 {
+        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
+        assert_eq!(got, Acquired::Acquired);
+        slots.push(slot);
+    }
+    for slot in slots {
+        b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, "c");
+    }
+    b.renew().await.expect("renew");
+    assert_eq!(b.idle_count(), 2);
+    let (got, _) = b.admit(Task::CardStatus, &b.new_lease_id()).await.unwrap();
+    assert_eq!(
+        got,
+        Acquired::Short {
+            reason: ShortReason::Total
+        }
+    );
+    assert_eq!(b.idle_count(), 0);
+    b.flush_carried().await.unwrap();
+    assert_eq!(card(&mut conn, &budget::total_key(&r.prefix)).await, 0);
+    let (got, _) = b.admit(Task::CardStatus, &b.new_lease_id()).await.unwrap();
+    assert_eq!(got, Acquired::Acquired);
+}
+
+#[tokio::test]
+async fn a_circuit_forced_open_reaches_a_process_that_keeps_slots_at_its_next_renewal() {
+    let r = TestRedis::new().await;
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    poll_once(&b, Task::CardStatus, CallReport::Ok).await;
+    b.renew().await.expect("renew");
+    b.force_circuit(Task::CardStatus, true).await.unwrap();
+    b.renew().await.expect("renew");
+    assert_eq!(b.idle_count(), 0, "the kept slot is given back");
+    let before = b.reused();
+    let (got, _) = b.admit(Task::CardStatus, &b.new_lease_id()).await.unwrap();
+    assert!(matches!(got, Acquired::CircuitOpen { .. }), "{got:?}");
+    assert_eq!(b.reused(), before);
+}
