@@ -163,11 +163,17 @@ impl Budget {
                     }
                 }
                 _ => {
-                    // Ask Redis; the acquire takes over one of these (or gives them back).
-                    let successes = std::mem::take(&mut tp.successes);
+                    // Ask Redis; the acquire takes over one of these (or gives them back). The
+                    // successes ride on the first; with no slot to carry them they wait for the
+                    // next failure or renewal.
                     let idle = std::mem::take(&mut tp.idle);
-                    for (i, idle) in idle.into_iter().enumerate() {
-                        self.carry_back(task, idle.slot.lease, if i == 0 { successes } else { 0 });
+                    let mut successes = if idle.is_empty() {
+                        0
+                    } else {
+                        std::mem::take(&mut tp.successes)
+                    };
+                    for idle in idle {
+                        self.carry_back(task, idle.slot.lease, std::mem::take(&mut successes));
                     }
                 }
             }

@@ -47,6 +47,19 @@ async fn poll_once(b: &Budget, task: Task, report: CallReport) -> String {
     lease
 }
 
+/// `n` polls of `task` at once, all finished: their slots are kept, idle.
+async fn keep_slots(b: &Budget, task: Task, n: usize) {
+    let mut slots = Vec::new();
+    for _ in 0..n {
+        let (got, slot) = b.admit(task, &b.new_lease_id()).await.expect("admit");
+        assert_eq!(got, Acquired::Acquired);
+        slots.push(slot);
+    }
+    for slot in slots {
+        b.finish_poll(task, slot, CallReport::Ok, 0, "c");
+    }
+}
+
 #[tokio::test]
 async fn after_a_renewal_allows_it_a_poll_starts_on_the_kept_slot_without_a_redis_call() {
     let r = TestRedis::new().await;
@@ -137,15 +150,7 @@ async fn a_lowered_limit_makes_a_process_give_back_the_slots_it_keeps_over_it() 
     let mut conn = r.conn.clone();
     let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 4));
     // Three polls at once, then all three slots kept.
-    let mut slots = Vec::new();
-    for _ in 0..3 {
-        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
-        assert_eq!(got, Acquired::Acquired);
-        slots.push(slot);
-    }
-    for slot in slots {
-        b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, "c");
-    }
+    keep_slots(&b, Task::Carddata, 3).await;
     b.renew().await.expect("renew");
     assert_eq!(b.idle_count(), 3);
     b.set_override(Task::Carddata, 1).await.unwrap();
@@ -318,15 +323,7 @@ async fn a_poll_refused_a_total_token_makes_its_own_process_give_back_the_other_
     let r = TestRedis::new().await;
     let mut conn = r.conn.clone();
     let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
-    let mut slots = Vec::new();
-    for _ in 0..2 {
-        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
-        assert_eq!(got, Acquired::Acquired);
-        slots.push(slot);
-    }
-    for slot in slots {
-        b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, "c");
-    }
+    keep_slots(&b, Task::Carddata, 2).await;
     b.renew().await.expect("renew");
     assert_eq!(b.idle_count(), 2);
     let (got, _) = b.admit(Task::CardStatus, &b.new_lease_id()).await.unwrap();
