@@ -67,6 +67,9 @@ async fn info(
 struct RedisSample {
     /// Calls per command name (without INFO, CONFIG and the bench's own reads).
     calls: BTreeMap<String, u64>,
+    /// Microseconds spent executing each command (`usec=`; a script's inner commands are counted
+    /// both on their own lines and in the script's).
+    usec: BTreeMap<String, u64>,
     cpu_secs: f64,
     input_bytes: u64,
 }
@@ -79,17 +82,30 @@ impl RedisSample {
 
 async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisSample> {
     let stats = info(conn, "commandstats").await?;
-    let calls = stats
-        .iter()
-        .filter_map(|(k, v)| {
-            let name = k.strip_prefix("cmdstat_")?;
-            if matches!(name, "info" | "config" | "flushall" | "memory") {
-                return None;
-            }
-            let n = v.split("calls=").nth(1)?.split(',').next()?.parse().ok()?;
-            Some((name.to_owned(), n))
-        })
-        .collect();
+    let field = |v: &str, f: &str| -> Option<u64> {
+        v.split(&format!("{f}="))
+            .nth(1)?
+            .split(',')
+            .next()?
+            .parse()
+            .ok()
+    };
+    let mut calls = BTreeMap::new();
+    let mut usec = BTreeMap::new();
+    for (k, v) in &stats {
+        let Some(name) = k.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        if matches!(name, "info" | "config" | "flushall" | "memory") {
+            continue;
+        }
+        if let Some(n) = field(v, "calls") {
+            calls.insert(name.to_owned(), n);
+        }
+        if let Some(n) = field(v, "usec") {
+            usec.insert(name.to_owned(), n);
+        }
+    }
     let cpu = info(conn, "cpu").await?;
     let cpu_secs = ["used_cpu_sys", "used_cpu_user"]
         .iter()
@@ -102,6 +118,7 @@ async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisSampl
         .unwrap_or(0);
     Ok(RedisSample {
         calls,
+        usec,
         cpu_secs,
         input_bytes,
     })
@@ -207,18 +224,27 @@ async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<f64> {
 }
 
 fn by_name(before: &RedisSample, after: &RedisSample, per: f64) -> String {
+    per_name(&before.calls, &after.calls, per, 2)
+}
+
+/// `name value` pairs of `after - before`, divided by `per`, largest first.
+fn per_name(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    per: f64,
+    decimals: usize,
+) -> String {
     let mut rows: Vec<(String, f64)> = after
-        .calls
         .iter()
         .map(|(k, v)| {
-            let d = v.saturating_sub(before.calls.get(k).copied().unwrap_or(0));
+            let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
             (k.clone(), d as f64 / per)
         })
         .filter(|(_, d)| *d > 0.0)
         .collect();
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     rows.iter()
-        .map(|(k, d)| format!("{k} {d:.2}"))
+        .map(|(k, d)| format!("{k} {d:.decimals$}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -501,6 +527,11 @@ async fn run(
     println!("| worker warnings/errors logged | {problems} |");
     println!();
     println!("commands per poll by name: {}", by_name(&r0, &r1, polls));
+    println!();
+    println!(
+        "µs of command execution per poll by name (scripts include their inner commands): {}",
+        per_name(&r0.usec, &r1.usec, polls, 1)
+    );
     println!();
     println!("idle commands/s by name: {}", by_name(&i0, &i1, isecs));
     if idle_polls > 0 {

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::gateway::GatewayClient;
+use crate::queue::batch::ScriptCalls;
 use crate::shutdown::Shutdown;
 use crate::telemetry::{Health, RedisStatus};
 
@@ -39,6 +40,8 @@ pub struct AppContext {
     pub budget: Budget,
     /// The process's shutdown signal and the tracker of every task it spawns.
     pub shutdown: Shutdown,
+    /// The polls' chain-script calls, sent several to a script call (`queue::batch`).
+    pub chain_calls: ScriptCalls,
 }
 
 impl AppContext {
@@ -52,6 +55,7 @@ impl AppContext {
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
+        let chain_calls = chain_calls(&redis);
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -62,6 +66,7 @@ impl AppContext {
             redis_status: RedisStatus::default(),
             budget,
             shutdown,
+            chain_calls,
         }))
     }
 
@@ -69,6 +74,15 @@ impl AppContext {
     pub fn prefix(&self) -> &str {
         &self.config.redis.key_prefix
     }
+}
+
+/// The polls' chain-script calls on `redis` (a task of their own; needs a Tokio runtime).
+pub fn chain_calls(redis: &ConnectionManager) -> ScriptCalls {
+    ScriptCalls::new(
+        redis.clone(),
+        redis::Script::new(cardworker_jobs::chain::SCRIPT),
+        cardworker_jobs::chain::BATCH_WIDTH,
+    )
 }
 
 /// Opens the shared Redis connection (`redis://` or `rediss://`).

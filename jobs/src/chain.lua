@@ -11,7 +11,10 @@
 --         apalis, running, or waiting in KEYS[2] with a payload of its own). The feeder reads only
 --         scores below FED, so it never feeds a chain whose job may still be alive; reconcile reads
 --         both ranges past the grace.
--- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge
+-- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge, or `batch`:
+--         then ARGV[2..] are groups of exactly 7 values, each the ARGV[1..7] of one call (unused
+--         ones ''), and the script returns the list of their results, in order (issue 16: one
+--         process's concurrent checks and successors cost one script call per task, not one each)
 -- ARGV[2] card_ref  ARGV[3] chain id (job's; the new one for start*/merge)
 -- ARGV[4] delay ms (start*/schedule/merge), or a fresh id (check)
 -- ARGV[5] failures, ARGV[6] deferrals of the job to schedule (start*/schedule/merge): kept in the
@@ -43,7 +46,8 @@
 -- The Redis clock is read only by the ops that need it: a live `check` (every poll, before its
 -- Gateway call) and `finish` read none (issue 16).
 local FED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
-local op, card, chain = ARGV[1], ARGV[2], ARGV[3]
+-- One call's arguments (ARGV[1..7], or one group of a batch), set before each call.
+local op, card, chain, A4, A5, A6, A7
 local now_s, now
 local function clock()
   if not now then
@@ -54,16 +58,20 @@ local function clock()
   return now
 end
 
-local cur = redis.call('HGET', KEYS[1], card)
-local cur_id, legacy_due, cur_tally = nil, nil, nil
-if cur then
-  local f = {}
-  for p in string.gmatch(cur, '[^|]+') do f[#f + 1] = p end
-  cur_id = f[1]
-  if #f == 2 then
-    legacy_due = tonumber(f[2])
-  elseif #f >= 4 then
-    cur_tally = {tonumber(f[2]) or 0, f[3], f[4]}
+-- The card's chain entry, read before each call.
+local cur_id, legacy_due, cur_tally
+local function load()
+  cur_id, legacy_due, cur_tally = nil, nil, nil
+  local cur = redis.call('HGET', KEYS[1], card)
+  if cur then
+    local f = {}
+    for p in string.gmatch(cur, '[^|]+') do f[#f + 1] = p end
+    cur_id = f[1]
+    if #f == 2 then
+      legacy_due = tonumber(f[2])
+    elseif #f >= 4 then
+      cur_tally = {tonumber(f[2]) or 0, f[3], f[4]}
+    end
   end
 end
 
@@ -130,7 +138,7 @@ end
 
 local function put(id, delay, tally)
   local due = clock() + tonumber(delay)
-  mark(id, tally, ARGV[5], ARGV[6], due)
+  mark(id, tally, A5, A6, due)
   hint(due)
 end
 
@@ -140,101 +148,117 @@ local function drop_payload_entry()
   redis.call('HDEL', KEYS[3], card)
 end
 
-if op == 'start' then
-  put(chain, ARGV[4], fresh())
-  drop_payload_entry()
-  return 1
-elseif op == 'start_if_dead' or op == 'drop_if_dead' then
-  local s = cur_score()
-  local due = cur_id and cur_due()
-  if due and due + tonumber(ARGV[7]) > clock() then
-    -- Live. An entry from before the due index had its due time in the hash: index it (its job
-    -- exists elsewhere), since reconcile reads the index.
-    if not s then redis.call('ZADD', KEYS[4], FED + due, card) end
-    return 0
-  end
-  if op == 'start_if_dead' then
-    put(chain, ARGV[4], fresh())
+local function run()
+  if op == 'start' then
+    put(chain, A4, fresh())
     drop_payload_entry()
-  else
-    -- Reconcile found an overdue chain of a card that needs no polling any more.
+    return 1
+  elseif op == 'start_if_dead' or op == 'drop_if_dead' then
+    local s = cur_score()
+    local due = cur_id and cur_due()
+    if due and due + tonumber(A7) > clock() then
+      -- Live. An entry from before the due index had its due time in the hash: index it (its job
+      -- exists elsewhere), since reconcile reads the index.
+      if not s then redis.call('ZADD', KEYS[4], FED + due, card) end
+      return 0
+    end
+    if op == 'start_if_dead' then
+      put(chain, A4, fresh())
+      drop_payload_entry()
+    else
+      -- Reconcile found an overdue chain of a card that needs no polling any more.
+      redis.call('HDEL', KEYS[1], card)
+      redis.call('ZREM', KEYS[4], card)
+    end
+    return 1
+  elseif op == 'schedule' then
+    -- A chain whose entry is gone (Redis lost it while the job ran) is adopted by its job: the
+    -- successor is written, so the card is never left without one.
+    if cur_id and cur_id ~= chain then return 0 end
+    local tally = cur_tally or fresh()
+    local mode = A7
+    if mode == 'u' then
+      clock()
+      tally[1] = tally[1] + 1
+      tally[2] = b36(now_s)
+    elseif mode == 'r' then
+      clock()
+      tally[1] = 0
+      tally[3] = 'c' .. b36(now_s)
+    end
+    put(chain, A4, tally)
+    return 1
+  elseif op == 'check' then
+    if not cur_id then
+      -- The chain state was lost (Redis flushed, or a legacy producer enqueued without a chain):
+      -- adopt the job, which is running (FED). Worst case one extra poll if reconcile also
+      -- restarted the card.
+      local id = chain
+      if id == '' then id = A4 end
+      mark(id, fresh(), 0, 0, FED + clock())
+      return {'adopted', id}
+    elseif cur_id == chain then
+      return {'live', chain}
+    elseif chain == '' then
+      local s, fed = cur_score()
+      if (not s or fed) and not redis.call('ZSCORE', KEYS[2], card) then
+        -- A chain-less job (written raw, or by a producer from before the merge) that took the
+        -- place of the chain's own waiting entry: it joins the chain instead of ending it.
+        mark(cur_id, cur_tally or fresh(), 0, 0, FED + clock())
+        return {'adopted', cur_id}
+      end
+    end
+    return {'stale', cur_id}
+  elseif op == 'finish' then
+    if cur_id and cur_id ~= chain then return 0 end
     redis.call('HDEL', KEYS[1], card)
     redis.call('ZREM', KEYS[4], card)
-  end
-  return 1
-elseif op == 'schedule' then
-  -- A chain whose entry is gone (Redis lost it while the job ran) is adopted by its job: the
-  -- successor is written, so the card is never left without one.
-  if cur_id and cur_id ~= chain then return 0 end
-  local tally = cur_tally or fresh()
-  local mode = ARGV[7]
-  if mode == 'u' then
-    clock()
-    tally[1] = tally[1] + 1
-    tally[2] = b36(now_s)
-  elseif mode == 'r' then
-    clock()
-    tally[1] = 0
-    tally[3] = 'c' .. b36(now_s)
-  end
-  put(chain, ARGV[4], tally)
-  return 1
-elseif op == 'check' then
-  if not cur_id then
-    -- The chain state was lost (Redis flushed, or a legacy producer enqueued without a chain):
-    -- adopt the job, which is running (FED). Worst case one extra poll if reconcile also
-    -- restarted the card.
-    local id = chain
-    if id == '' then id = ARGV[4] end
-    mark(id, fresh(), 0, 0, FED + clock())
-    return {'adopted', id}
-  elseif cur_id == chain then
-    return {'live', chain}
-  elseif chain == '' then
-    local s, fed = cur_score()
-    if (not s or fed) and not redis.call('ZSCORE', KEYS[2], card) then
-      -- A chain-less job (written raw, or by a producer from before the merge) that took the
-      -- place of the chain's own waiting entry: it joins the chain instead of ending it.
-      mark(cur_id, cur_tally or fresh(), 0, 0, FED + clock())
-      return {'adopted', cur_id}
-    end
-  end
-  return {'stale', cur_id}
-elseif op == 'finish' then
-  if cur_id and cur_id ~= chain then return 0 end
-  redis.call('HDEL', KEYS[1], card)
-  redis.call('ZREM', KEYS[4], card)
-  return 1
-elseif op == 'merge' then
-  -- A producer asks for a poll of a card. A live chain keeps its own job (with its failure count
-  -- and deferrals); its waiting poll is only brought forward. Without a live chain, a new one
-  -- starts with the producer's job.
-  local due = clock() + tonumber(ARGV[4])
-  if cur_id then
-    local with_payload = redis.call('ZSCORE', KEYS[2], card)
-    if with_payload then
-      if tonumber(with_payload) > due then
-        redis.call('ZADD', KEYS[2], due, card)
-        hint(due)
+    return 1
+  elseif op == 'merge' then
+    -- A producer asks for a poll of a card. A live chain keeps its own job (with its failure count
+    -- and deferrals); its waiting poll is only brought forward. Without a live chain, a new one
+    -- starts with the producer's job.
+    local due = clock() + tonumber(A4)
+    if cur_id then
+      local with_payload = redis.call('ZSCORE', KEYS[2], card)
+      if with_payload then
+        if tonumber(with_payload) > due then
+          redis.call('ZADD', KEYS[2], due, card)
+          hint(due)
+        end
+        return {'merged', cur_id}
       end
-      return {'merged', cur_id}
-    end
-    local s, fed = cur_score()
-    if s and not fed then
-      if s > due then
-        redis.call('ZADD', KEYS[4], due, card)
-        hint(due)
+      local s, fed = cur_score()
+      if s and not fed then
+        if s > due then
+          redis.call('ZADD', KEYS[4], due, card)
+          hint(due)
+        end
+        return {'merged', cur_id}
       end
-      return {'merged', cur_id}
+      -- Nothing waits: the chain's job is being fed or run, unless the chain is long overdue.
+      local was_due = cur_due()
+      if was_due and was_due + tonumber(A7) > now then
+        return {'merged', cur_id}
+      end
     end
-    -- Nothing waits: the chain's job is being fed or run, unless the chain is long overdue.
-    local was_due = cur_due()
-    if was_due and was_due + tonumber(ARGV[7]) > now then
-      return {'merged', cur_id}
-    end
+    put(chain, A4, fresh())
+    drop_payload_entry()
+    return {'started', chain}
   end
-  put(chain, ARGV[4], fresh())
-  drop_payload_entry()
-  return {'started', chain}
+  return redis.error_reply('unknown chain op ' .. tostring(op))
 end
-return redis.error_reply('unknown chain op ' .. tostring(op))
+
+if ARGV[1] == 'batch' then
+  local out = {}
+  for i = 2, #ARGV - 6, 7 do
+    op, card, chain, A4, A5, A6, A7 =
+      ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+    load()
+    out[#out + 1] = run()
+  end
+  return out
+end
+op, card, chain, A4, A5, A6, A7 = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+load()
+return run()

@@ -26,7 +26,7 @@
 //! job (its job vanished after it was fed) is found through the due set's FED range, in time
 //! proportional to the number of overdue chains ([`overdue`]).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -38,6 +38,7 @@ use redis::Script;
 
 use super::unchanged;
 use crate::config::Task;
+use crate::queue::batch::ScriptCalls;
 
 static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::chain::SCRIPT));
 
@@ -109,16 +110,95 @@ fn invoke<'a>(
     card_ref: &str,
     chain: &str,
 ) -> redis::ScriptInvocation<'a> {
-    let queue = queue_of(task);
     let mut inv = CHAIN.prepare_invoke();
-    inv.key(chain_key(prefix, task))
-        .key(keys::intake(prefix, queue))
-        .key(keys::intake_payload(prefix, queue))
-        .key(due_key(prefix, task))
-        .arg(op)
-        .arg(card_ref)
-        .arg(chain);
+    for key in keys_of(prefix, task) {
+        inv.key(key);
+    }
+    inv.arg(op).arg(card_ref).arg(chain);
     inv
+}
+
+/// The chain script's keys for `task`: chain hash, intake, intake payloads, chain due set.
+fn keys_of(prefix: &str, task: Task) -> [String; 4] {
+    let queue = queue_of(task);
+    [
+        chain_key(prefix, task),
+        keys::intake(prefix, queue),
+        keys::intake_payload(prefix, queue),
+        due_key(prefix, task),
+    ]
+}
+
+/// Where a chain call goes: straight to Redis on a connection (the CLI, reconcile, tests), or
+/// into the process's batched calls ([`ScriptCalls`], `AppContext::chain_calls`), which the polls
+/// use: their checks and successors then share script calls (issue 16).
+pub enum Via<'a> {
+    /// One script call of its own on this connection.
+    Direct(&'a mut ConnectionManager),
+    /// The next script call of the process's batched calls.
+    Batched(&'a ScriptCalls),
+}
+
+impl<'a> From<&'a mut ConnectionManager> for Via<'a> {
+    fn from(conn: &'a mut ConnectionManager) -> Self {
+        Via::Direct(conn)
+    }
+}
+
+impl<'a> From<&'a ScriptCalls> for Via<'a> {
+    fn from(calls: &'a ScriptCalls) -> Self {
+        Via::Batched(calls)
+    }
+}
+
+impl Via<'_> {
+    /// Calls the chain script for `task` with `args` (ARGV[1..], at most
+    /// [`cardworker_jobs::chain::BATCH_WIDTH`]).
+    async fn call<T: redis::FromRedisValue>(
+        self,
+        prefix: &str,
+        task: Task,
+        args: Vec<String>,
+    ) -> anyhow::Result<T> {
+        match self {
+            Via::Direct(conn) => {
+                let mut inv = CHAIN.prepare_invoke();
+                for key in keys_of(prefix, task) {
+                    inv.key(key);
+                }
+                for arg in &args {
+                    inv.arg(arg);
+                }
+                Ok(inv.invoke_async(conn).await?)
+            }
+            Via::Batched(calls) => {
+                let value = calls.call(Arc::from(keys_of(prefix, task)), args).await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+}
+
+/// The owned form of a [`Via`], for a call retried in the background.
+enum Link {
+    Direct(ConnectionManager),
+    Batched(ScriptCalls),
+}
+
+impl Link {
+    fn of(via: &Via<'_>) -> Self {
+        match via {
+            Via::Direct(conn) => Link::Direct((**conn).clone()),
+            Via::Batched(calls) => Link::Batched((*calls).clone()),
+        }
+    }
+
+    fn via(&mut self) -> Via<'_> {
+        match self {
+            Link::Direct(conn) => Via::Direct(conn),
+            Link::Batched(calls) => Via::Batched(calls),
+        }
+    }
 }
 
 /// The queue of a polling task (its label).
@@ -201,21 +281,21 @@ pub async fn drop_if_dead(
 /// Schedules the job's successor (next poll, back-off after a failure, or a deferral) after
 /// `delay`, if the job's chain is still live or gone (the job then adopts the card), leaving the
 /// chain's unchanged-poll tally as it is. Returns false for a stale chain (nothing written).
-pub async fn schedule(
-    conn: &mut ConnectionManager,
+pub async fn schedule<'a>(
+    via: impl Into<Via<'a>>,
     prefix: &str,
     task: Task,
     card_ref: &str,
     next: &ChainState,
     delay: Duration,
 ) -> anyhow::Result<bool> {
-    schedule_counted(conn, prefix, task, card_ref, next, delay, &Count::Keep).await
+    schedule_counted(via, prefix, task, card_ref, next, delay, &Count::Keep).await
 }
 
 /// [`schedule`], and in the same script call what the poll did to the chain's unchanged-poll
 /// tally ([`Count`]): an unchanged poll costs no round trip of its own.
-pub async fn schedule_counted(
-    conn: &mut ConnectionManager,
+pub async fn schedule_counted<'a>(
+    via: impl Into<Via<'a>>,
     prefix: &str,
     task: Task,
     card_ref: &str,
@@ -223,15 +303,23 @@ pub async fn schedule_counted(
     delay: Duration,
     count: &Count,
 ) -> anyhow::Result<bool> {
-    let mut inv = invoke(prefix, task, "schedule", card_ref, &next.chain);
-    inv.arg(ms(delay)).arg(next.failures).arg(next.deferrals);
-    inv.arg(match count {
+    let tally = match count {
         Count::Keep => "k",
         Count::Reset => "r",
         Count::Unchanged(_) => "u",
-    });
-    let done: i64 = inv
-        .invoke_async(conn)
+    };
+    let args = vec![
+        "schedule".to_owned(),
+        card_ref.to_owned(),
+        next.chain.clone(),
+        ms(delay).to_string(),
+        next.failures.to_string(),
+        next.deferrals.to_string(),
+        tally.to_owned(),
+    ];
+    let done: i64 = via
+        .into()
+        .call(prefix, task, args)
         .await
         .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
     if let (1, Count::Unchanged(at)) = (done, count) {
@@ -256,17 +344,22 @@ pub enum Count {
 }
 
 /// Checks a running job against the card's chain (adopting the card if it has none).
-pub async fn check(
-    conn: &mut ConnectionManager,
+pub async fn check<'a>(
+    via: impl Into<Via<'a>>,
     prefix: &str,
     task: Task,
     card_ref: &str,
     state: &ChainState,
 ) -> anyhow::Result<Liveness> {
-    let fresh = fresh_chain();
-    let (verdict, id): (String, String) = invoke(prefix, task, "check", card_ref, &state.chain)
-        .arg(fresh)
-        .invoke_async(conn)
+    let args = vec![
+        "check".to_owned(),
+        card_ref.to_owned(),
+        state.chain.clone(),
+        fresh_chain(),
+    ];
+    let (verdict, id): (String, String) = via
+        .into()
+        .call(prefix, task, args)
         .await
         .with_context(|| format!("checking the {task} chain of {card_ref}"))?;
     Ok(match verdict.as_str() {
@@ -320,8 +413,8 @@ pub const RETRY_SUCCESSOR_FOR: Duration = Duration::from_secs(3600);
 /// in the background with back-off until Redis answers: the successor is the chain's only future,
 /// and the chain-checked write stays safe however late it lands. Returns `false` only for a stale
 /// chain (nothing to write); `true` when written now or handed to the background.
-pub async fn schedule_or_retry(
-    conn: &mut ConnectionManager,
+pub async fn schedule_or_retry<'a>(
+    via: impl Into<Via<'a>>,
     shutdown: &crate::shutdown::Shutdown,
     prefix: &str,
     task: Task,
@@ -330,7 +423,7 @@ pub async fn schedule_or_retry(
     delay: Duration,
 ) -> bool {
     schedule_counted_or_retry(
-        conn,
+        via,
         shutdown,
         prefix,
         task,
@@ -344,8 +437,8 @@ pub async fn schedule_or_retry(
 
 /// [`schedule_or_retry`] with the tally change of [`schedule_counted`] (retried with it).
 #[allow(clippy::too_many_arguments)]
-pub async fn schedule_counted_or_retry(
-    conn: &mut ConnectionManager,
+pub async fn schedule_counted_or_retry<'a>(
+    via: impl Into<Via<'a>>,
     shutdown: &crate::shutdown::Shutdown,
     prefix: &str,
     task: Task,
@@ -354,15 +447,13 @@ pub async fn schedule_counted_or_retry(
     delay: Duration,
     count: Count,
 ) -> bool {
-    match schedule_counted(conn, prefix, task, card_ref, next, delay, &count).await {
+    let via = via.into();
+    let link = Link::of(&via);
+    match schedule_counted(via, prefix, task, card_ref, next, delay, &count).await {
         Ok(written) => written,
         Err(e) => {
-            let (mut conn, prefix, card_ref, next) = (
-                conn.clone(),
-                prefix.to_owned(),
-                card_ref.to_owned(),
-                next.clone(),
-            );
+            let (mut link, prefix, card_ref, next) =
+                (link, prefix.to_owned(), card_ref.to_owned(), next.clone());
             tracing::warn!(%task, %card_ref, error = %format!("{e:#}"), "successor refused by Redis; retrying in the background");
             shutdown.spawn(async move {
                 let backoff = crate::backoff::Backoff::new(
@@ -375,8 +466,16 @@ pub async fn schedule_counted_or_retry(
                 loop {
                     attempt += 1;
                     tokio::time::sleep(backoff.delay(attempt)).await;
-                    match schedule_counted(&mut conn, &prefix, task, &card_ref, &next, delay, &count)
-                        .await
+                    match schedule_counted(
+                        link.via(),
+                        &prefix,
+                        task,
+                        &card_ref,
+                        &next,
+                        delay,
+                        &count,
+                    )
+                    .await
                     {
                         Ok(written) => {
                             tracing::info!(%task, %card_ref, attempt, written, "successor written after Redis came back");

@@ -5,6 +5,7 @@
 //! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
 //! - [`announce`]: the subscription that tells the feeder of entries due earlier than it knew.
 //! - [`wake`]: the feeder's local wake-up of a queue's workers when it moved jobs in.
+//! - [`batch`]: one process's concurrent chain-script calls, sent several to a script call.
 //! - this module: [`QueueName`], [`ChainKeys`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
@@ -23,6 +24,7 @@
 //! queue holds only entries with a payload of their own (raw, requeued, or an older release's).
 
 pub mod announce;
+pub mod batch;
 pub mod dead;
 pub mod intake;
 pub mod wake;

@@ -224,7 +224,7 @@ impl<'a, J: PollTask> Run<'a, J> {
         // Redis refusing the successor (after a PostgreSQL commit, say) never ends the chain:
         // the write is retried in the background until Redis answers.
         Ok(chain::schedule_counted_or_retry(
-            &mut self.conn,
+            &self.ctx.chain_calls,
             &self.ctx.shutdown,
             &prefix,
             J::TASK,
@@ -284,10 +284,12 @@ impl<'a, J: PollTask> Run<'a, J> {
 /// Runs one poll of job `job` (the body of both polling handlers).
 pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Result<PollOutcome> {
     let task = J::TASK;
-    let mut conn = ctx.redis.clone();
+    let conn = ctx.redis.clone();
     let card_ref = job.card_ref().to_owned();
     let seen = job.state().clone();
-    let chain_id = match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen).await? {
+    let chain_id = match chain::check(&ctx.chain_calls, ctx.prefix(), task, &card_ref, &seen)
+        .await?
+    {
         Liveness::Live => seen.chain.clone(),
         Liveness::Adopted(id) => {
             tracing::info!(%task, %card_ref, chain = %id, "card had no live chain; job adopted it");

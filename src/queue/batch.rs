@@ -1,0 +1,160 @@
+//! One process's concurrent calls of a script, sent together: [`ScriptCalls`].
+//!
+//! Every poll calls the chain script twice (its check before the Gateway call, its successor
+//! after), and those two script calls were most of a poll's Redis CPU: each costs Redis a script
+//! invocation, a request to read and a reply to write, for two or three commands of real work
+//! (issue 16). A process runs many polls at once, and apalis starts the jobs of one fetch together,
+//! so their calls come in bursts. [`ScriptCalls`] queues the calls and a task of its own sends
+//! them: whatever queued while the previous script call was in flight goes in the next one, as the
+//! script's `batch` op (groups of a fixed number of arguments, one per call, answered in order).
+//! It adds no wait of its own: a call that finds nothing in flight is sent at once, alone.
+//!
+//! Calls with different keys (the two polling tasks) go in separate script calls of the same
+//! round trip. A failed script call fails every call it carried, with the same error, exactly
+//! as each would have failed alone; the script runs atomically either way, call after call.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use tokio::sync::{mpsc, oneshot};
+
+/// The most calls one script call carries.
+pub const MAX_BATCH: usize = 64;
+
+/// Why a call sent through [`ScriptCalls`] has no answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BatchError {
+    /// Redis refused or did not answer the script call that carried it.
+    #[error("{0}")]
+    Redis(String),
+    /// The script answered something other than one result per call.
+    #[error("the script answered {got} results for {sent} calls")]
+    Shape {
+        /// Results answered.
+        got: usize,
+        /// Calls sent.
+        sent: usize,
+    },
+    /// The sending task has ended (the process is going away).
+    #[error("the script call task has ended")]
+    Gone,
+}
+
+/// One queued call.
+struct Call {
+    /// The script's keys (the same for every call of one script call).
+    keys: Arc<[String]>,
+    /// Its arguments, at most the script's group width.
+    args: Vec<String>,
+    /// Where its result goes.
+    reply: oneshot::Sender<Result<Value, BatchError>>,
+}
+
+/// A queue of calls of one script, sent several to a script call by a task of its own. Cheap to
+/// clone; the task ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct ScriptCalls {
+    /// Into the sending task.
+    tx: mpsc::UnboundedSender<Call>,
+    /// The connection the task sends on (also for callers that must retry on their own).
+    conn: ConnectionManager,
+}
+
+impl ScriptCalls {
+    /// Starts the task that sends `script`'s calls on `conn`; each call's arguments are padded
+    /// with empty strings to `width`, the group size of the script's `batch` op. Needs a Tokio
+    /// runtime.
+    pub fn new(conn: ConnectionManager, script: Script, width: usize) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(send_calls(conn.clone(), Arc::new(script), width, rx));
+        Self { tx, conn }
+    }
+
+    /// The connection the calls go out on.
+    pub fn conn(&self) -> &ConnectionManager {
+        &self.conn
+    }
+
+    /// Calls the script with `keys` and `args` (at most the width), in the next script call.
+    pub async fn call(&self, keys: Arc<[String]>, args: Vec<String>) -> Result<Value, BatchError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Call { keys, args, reply })
+            .map_err(|_| BatchError::Gone)?;
+        answer.await.map_err(|_| BatchError::Gone)?
+    }
+}
+
+/// The sending task: takes what has queued (at least one call), sends it, and waits for the
+/// answers before taking the next calls.
+async fn send_calls(
+    conn: ConnectionManager,
+    script: Arc<Script>,
+    width: usize,
+    mut rx: mpsc::UnboundedReceiver<Call>,
+) {
+    let mut queued = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
+        // Group by keys; there are as many groups as polling tasks, so a scan is enough.
+        let mut groups: Vec<(Arc<[String]>, Vec<Call>)> = Vec::new();
+        for call in queued.drain(..) {
+            match groups.iter_mut().find(|(k, _)| *k == call.keys) {
+                Some((_, calls)) => calls.push(call),
+                None => groups.push((call.keys.clone(), vec![call])),
+            }
+        }
+        join_all(
+            groups
+                .into_iter()
+                .map(|(keys, calls)| send_group(conn.clone(), &script, width, keys, calls)),
+        )
+        .await;
+    }
+}
+
+/// One script call with `calls` (all with `keys`), and their answers.
+async fn send_group(
+    mut conn: ConnectionManager,
+    script: &Script,
+    width: usize,
+    keys: Arc<[String]>,
+    calls: Vec<Call>,
+) {
+    let mut inv = script.prepare_invoke();
+    for key in keys.iter() {
+        inv.key(key);
+    }
+    inv.arg("batch");
+    for call in &calls {
+        for i in 0..width {
+            inv.arg(call.args.get(i).map_or("", String::as_str));
+        }
+    }
+    let answered: Result<Vec<Value>, BatchError> = inv
+        .invoke_async(&mut conn)
+        .await
+        .map_err(|e| BatchError::Redis(e.to_string()));
+    match answered {
+        Ok(results) if results.len() == calls.len() => {
+            for (call, result) in calls.into_iter().zip(results) {
+                let _ = call.reply.send(Ok(result));
+            }
+        }
+        Ok(results) => {
+            let e = BatchError::Shape {
+                got: results.len(),
+                sent: calls.len(),
+            };
+            for call in calls {
+                let _ = call.reply.send(Err(e.clone()));
+            }
+        }
+        Err(e) => {
+            for call in calls {
+                let _ = call.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
