@@ -223,6 +223,96 @@ async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<f64> {
     Ok(rate)
 }
 
+/// Redis's time per poll by call over `span`, from its slow log with every command logged: a
+/// script call is labelled by its first key (the deployment prefix and worker names left out) and
+/// its first argument when that names an op (the chain script's `check`, `schedule`, `batch`).
+async fn time_by_call(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    span: Duration,
+    polls: impl Fn() -> u64,
+) -> anyhow::Result<String> {
+    let set =
+        |k: &'static str, v: &'static str| redis::cmd("CONFIG").arg("SET").arg(k).arg(v).clone();
+    let _: () = set("slowlog-max-len", "100000").query_async(conn).await?;
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await?;
+    let _: () = set("slowlog-log-slower-than", "0")
+        .query_async(conn)
+        .await?;
+    let p0 = polls();
+    tokio::time::sleep(span).await;
+    let _: () = set("slowlog-log-slower-than", "10000")
+        .query_async(conn)
+        .await?;
+    let n = (polls() - p0).max(1) as f64;
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(conn)
+        .await?;
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await?;
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    let mut totals: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for entry in &log {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        let args: Vec<String> = args.iter().map(text).collect();
+        let name = args.first().map(|a| a.to_lowercase()).unwrap_or_default();
+        if matches!(name.as_str(), "slowlog" | "config" | "info") {
+            continue;
+        }
+        let label = if name == "evalsha" || name == "eval" {
+            let keys: usize = args.get(2).and_then(|k| k.parse().ok()).unwrap_or(0);
+            let key = args
+                .get(3)
+                .map(|k| k.replace(prefix, "{p}"))
+                .unwrap_or_default();
+            // Worker names and task ids vary per call: keep the key's shape only.
+            let key: String = key
+                .split(':')
+                .map(|part| if part.len() > 20 { "…" } else { part })
+                .collect::<Vec<_>>()
+                .join(":");
+            let op = args
+                .get(3 + keys)
+                .filter(|a| a.len() <= 14 && a.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                .cloned()
+                .unwrap_or_default();
+            format!("script({key}) {op}")
+        } else {
+            name
+        };
+        let t = totals.entry(label).or_default();
+        t.0 += 1;
+        t.1 += u64::try_from(*us).unwrap_or(0);
+    }
+    let mut rows: Vec<(String, (u64, u64))> = totals.into_iter().collect();
+    rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+    Ok(rows
+        .iter()
+        .take(12)
+        .map(|(k, (calls, us))| {
+            format!(
+                "{k}: {:.1} µs ({:.2} calls, {:.1} µs each)",
+                *us as f64 / n,
+                *calls as f64 / n,
+                *us as f64 / (*calls).max(1) as f64
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; "))
+}
+
 fn by_name(before: &RedisSample, after: &RedisSample, per: f64) -> String {
     per_name(&before.calls, &after.calls, per, 2)
 }
@@ -418,6 +508,10 @@ async fn run(
     let polls = (p1 - p0) as f64;
     anyhow::ensure!(polls > 0.0, "no polls in the window");
 
+    // 2b. Where Redis's time goes, by script and command: every command in the slow log for 2 s
+    // (after the window: logging every command costs Redis time of its own).
+    let by_call = time_by_call(conn, &stage.prefix, Duration::from_secs(2), || calls()).await?;
+
     // 3. Memory after mem_early and mem_late of steady polling (from the end of the warm-up).
     let until = |d: Duration| async move {
         let left = d.saturating_sub(started.elapsed());
@@ -532,6 +626,8 @@ async fn run(
         "µs of command execution per poll by name (scripts include their inner commands): {}",
         per_name(&r0.usec, &r1.usec, polls, 1)
     );
+    println!();
+    println!("Redis time per poll by call (slow log of every command over 2 s; µs wall time, so inflated on a loaded machine): {by_call}");
     println!();
     println!("idle commands/s by name: {}", by_name(&i0, &i1, isecs));
     if idle_polls > 0 {

@@ -127,12 +127,19 @@ end
 -- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
 -- time, so that the feeder looks at this queue by then (issue 16). Its member is the queue's intake
 -- key (KEYS[2]), whichever of the queue's two sets holds the entry; its name is made from that
--- key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it.
+-- key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it. The
+-- hint is written once per script call, with the earliest due time of all its calls (a batch of
+-- successors costs one hint write, not one each): `hint` notes it, `write_hint` writes it.
+local hint_due
 local function hint(due)
+  if not hint_due or due < hint_due then hint_due = due end
+end
+local function write_hint()
+  if not hint_due then return end
   local prefix = string.match(KEYS[2], '^(.*):intake:[^:]*$')
-  if prefix and redis.call('ZADD', prefix .. ':intakes:due', 'LT', 'CH', due, KEYS[2]) == 1 then
+  if prefix and redis.call('ZADD', prefix .. ':intakes:due', 'LT', 'CH', hint_due, KEYS[2]) == 1 then
     -- Lowered: announce it, so that a feeder sleeping until a later time feeds it in time.
-    redis.call('PUBLISH', prefix .. ':intakes:wake', due)
+    redis.call('PUBLISH', prefix .. ':intakes:wake', hint_due)
   end
 end
 
@@ -257,8 +264,11 @@ if ARGV[1] == 'batch' then
     load()
     out[#out + 1] = run()
   end
+  write_hint()
   return out
 end
 op, card, chain, A4, A5, A6, A7 = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 load()
-return run()
+local result = run()
+write_hint()
+return result

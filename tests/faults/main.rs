@@ -8,6 +8,7 @@
 //! runs there.
 
 mod budget_cost;
+mod chain_cost;
 #[path = "../it/harness.rs"]
 mod harness;
 mod private;
