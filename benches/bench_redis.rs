@@ -297,7 +297,7 @@ async fn time_by_call(
         t.1 += u64::try_from(*us).unwrap_or(0);
     }
     let mut rows: Vec<(String, (u64, u64))> = totals.into_iter().collect();
-    rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
     Ok(rows
         .iter()
         .take(12)
@@ -510,7 +510,7 @@ async fn run(
 
     // 2b. Where Redis's time goes, by script and command: every command in the slow log for 2 s
     // (after the window: logging every command costs Redis time of its own).
-    let by_call = time_by_call(conn, &stage.prefix, Duration::from_secs(2), || calls()).await?;
+    let by_call = time_by_call(conn, &stage.prefix, Duration::from_secs(2), &calls).await?;
 
     // 3. Memory after mem_early and mem_late of steady polling (from the end of the warm-up).
     let until = |d: Duration| async move {
