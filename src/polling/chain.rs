@@ -15,6 +15,11 @@
 //! shared with the producer API, whose poll jobs merge into the live chain instead of replacing
 //! its entry.
 //!
+//! A poll's check and successor go through the process's batched calls ([`Via::Batched`],
+//! `AppContext::chain_calls`, `queue::batch`): concurrent polls share script calls, each call
+//! answered as it would be alone. Everything else calls the script on a connection
+//! ([`Via::Direct`]).
+//!
 //! Every way out of a poll leaves one successor or a deliberate finish: the regular paths in
 //! `poll`, an abnormal end (error, panic, timeout) in `poll::after_abnormal_end`, and a successor
 //! that Redis refused after the PostgreSQL commit through [`schedule_or_retry`], which keeps
