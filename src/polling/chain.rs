@@ -181,6 +181,10 @@ pub async fn start_if_dead(
 /// Cards whose liveness [`maybe_dead`] reads per round trip.
 pub const LIVENESS_BATCH: usize = 500;
 
+/// One round trip of [`maybe_dead`]: the Redis clock (`TIME`), the cards' chain entries
+/// (`HMGET`) and their due scores (`ZMSCORE`).
+type LivenessRead = ((u64, u64), Vec<Option<String>>, Vec<Option<f64>>);
+
 /// The cards of `card_refs` that [`start_if_dead`] may act on: those without a live chain (no
 /// entry, or one overdue by more than `grace`), and those whose entry is missing from the due
 /// index (an entry from before it, which the script indexes). Reconcile's filter: it reads the
@@ -199,18 +203,17 @@ pub async fn maybe_dead<'a>(
     let grace_ms = ms(grace);
     let mut out = Vec::new();
     for batch in card_refs.chunks(LIVENESS_BATCH) {
-        let ((secs, micros), entries, scores): ((u64, u64), Vec<Option<String>>, Vec<Option<f64>>) =
-            redis::pipe()
-                .cmd("TIME")
-                .cmd("HMGET")
-                .arg(&hash)
-                .arg(batch)
-                .cmd("ZMSCORE")
-                .arg(&due)
-                .arg(batch)
-                .query_async(conn)
-                .await
-                .with_context(|| format!("reading the liveness of {} {task} chains", batch.len()))?;
+        let ((secs, micros), entries, scores): LivenessRead = redis::pipe()
+            .cmd("TIME")
+            .cmd("HMGET")
+            .arg(&hash)
+            .arg(batch)
+            .cmd("ZMSCORE")
+            .arg(&due)
+            .arg(batch)
+            .query_async(conn)
+            .await
+            .with_context(|| format!("reading the liveness of {} {task} chains", batch.len()))?;
         let now_ms = secs * 1000 + micros / 1000;
         for ((card, entry), score) in batch.iter().zip(entries).zip(scores) {
             if !indexed_live(entry.as_deref(), score, now_ms, grace_ms) {
