@@ -522,7 +522,7 @@ async fn context_on(db: &TestDb, redis: &PrivateRedis, prefix: &str) -> std::syn
 }
 
 #[tokio::test]
-async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_three_round_trips_and_runs_the_script_only_for_the_card_without_one(
+async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_three_script_calls_and_starts_only_the_card_without_one(
 ) {
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
@@ -535,6 +535,18 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
         .execute(&db.pool)
         .await
         .expect("insert");
+    // The filter's script loaded, as in a pod that reconciled before.
+    chain::maybe_dead(
+        &mut conn,
+        prefix,
+        Task::Carddata,
+        &["c-0000"],
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("filter");
+    let batches = 1201_u64.div_ceil(chain::LIVENESS_BATCH as u64);
+    assert_eq!(batches, 3);
 
     reset(&mut conn).await;
     let pass = reconcile::pass(&ctx, Task::Carddata, 0, 2000)
@@ -542,14 +554,13 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
         .expect("pass");
     assert_eq!((pass.examined, pass.started), (1201, 1));
     let (calls, _) = counted(&mut conn).await;
-    let batches = 1201_u64.div_ceil(chain::LIVENESS_BATCH as u64);
-    assert_eq!(batches, 3);
     assert_eq!(calls.get("hmget"), Some(&batches), "{calls:?}");
     assert_eq!(calls.get("zmscore"), Some(&batches), "{calls:?}");
     assert_eq!(
         calls.get("evalsha"),
-        Some(&1),
-        "one script call, for the card without a chain: {calls:?}"
+        Some(&(batches + 1)),
+        "one filter call per 500 cards, one chain script call for the card without a chain: \
+         {calls:?}"
     );
     assert!(
         chain::next_due(&mut conn, prefix, Task::Carddata, "lost")
@@ -559,20 +570,84 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
         "the card without a chain has one now"
     );
 
-    // Every chain live now: the next pass is the three reads and nothing else.
+    // Every chain live now: the next pass is the three filter calls and nothing else.
     reset(&mut conn).await;
     let pass = reconcile::pass(&ctx, Task::Carddata, 0, 2000)
         .await
         .expect("pass");
     assert_eq!((pass.examined, pass.started), (1201, 0));
-    let (calls, _) = counted(&mut conn).await;
+    let (calls, input) = counted(&mut conn).await;
     assert_eq!(
         calls,
         BTreeMap::from([
+            ("evalsha".to_owned(), batches),
             ("hmget".to_owned(), batches),
             ("time".to_owned(), batches),
             ("zmscore".to_owned(), batches),
         ]),
-        "an idle pass: one pipelined read of 500 cards per round trip"
+        "an idle pass: one call of the filter per 500 cards"
+    );
+    // Each card ref travels once (about 16 bytes with its framing), not once per command.
+    assert!(input < 1201 * 20, "{input} bytes for 1201 cards");
+}
+
+#[tokio::test]
+async fn reconcile_s_filter_passes_every_chain_the_chain_script_could_restart_or_index_and_no_live_one(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (prefix, task) = ("filter", Task::Carddata);
+    let (hash, due) = (chain::chain_key(prefix, task), chain::due_key(prefix, task));
+    let grace = Duration::from_secs(60);
+    let now = chain::redis_now_ms(&mut conn).await.expect("clock");
+    let overdue = now - 61_000;
+    let entry = "abcd1234|0|0|s0|0";
+    let mut pipe = redis::pipe();
+    for (card, entry, score) in [
+        ("live-waiting", Some(entry), Some(now + 3_600_000)),
+        ("live-fed", Some(entry), Some(chain::FED + now)),
+        ("live-overdue-within-grace", Some(entry), Some(now - 30_000)),
+        ("dead-waiting", Some(entry), Some(overdue)),
+        ("dead-fed", Some(entry), Some(chain::FED + overdue)),
+        ("no-entry", None, Some(now + 3_600_000)),
+        ("no-chain-id", Some("|"), Some(now + 3_600_000)),
+        ("not-indexed", Some(entry), None),
+        ("legacy-not-indexed", Some("abcd1234|99999999999999"), None),
+    ] {
+        if let Some(e) = entry {
+            pipe.hset(&hash, card, e).ignore();
+        }
+        if let Some(s) = score {
+            pipe.zadd(&due, card, s).ignore();
+        }
+    }
+    let _: () = pipe.query_async(&mut conn).await.expect("write");
+    let cards = [
+        "live-waiting",
+        "no-entry",
+        "live-fed",
+        "dead-waiting",
+        "live-overdue-within-grace",
+        "dead-fed",
+        "absent",
+        "no-chain-id",
+        "not-indexed",
+        "legacy-not-indexed",
+    ];
+    let dead = chain::maybe_dead(&mut conn, prefix, task, &cards, grace)
+        .await
+        .expect("filter");
+    assert_eq!(
+        dead,
+        [
+            "no-entry",
+            "dead-waiting",
+            "dead-fed",
+            "absent",
+            "no-chain-id",
+            "not-indexed",
+            "legacy-not-indexed",
+        ],
+        "in the callers' order"
     );
 }
