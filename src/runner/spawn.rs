@@ -125,9 +125,9 @@ pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String
 
 /// Refreshes worker `name`'s heartbeat in `workers_set` every `beat` (its queue's,
 /// [`RunJob::HEARTBEAT`]), independently of its slots, until the returned future is dropped,
-/// while the worker has a job in flight
-/// (`in_flight` > 0): that is when busy slots can keep apalis from driving its own heartbeat
-/// (notes §8); an idle worker's stream is driven, and heartbeats, on its own. Only a worker still
+/// while the worker has a job in flight (`in_flight` > 0): that is when busy slots can keep
+/// apalis from driving its own heartbeat (notes §8); an idle worker's stream is driven, and
+/// heartbeats, on its own. Only a worker still
 /// registered is refreshed (`ZADD XX`), with apalis's own score (unix seconds of this process's
 /// clock).
 pub async fn keep_heartbeat(
