@@ -127,9 +127,8 @@ pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String
 /// [`RunJob::HEARTBEAT`]), independently of its slots, until the returned future is dropped,
 /// while the worker has a job in flight (`in_flight` > 0): that is when busy slots can keep
 /// apalis from driving its own heartbeat (notes §8); an idle worker's stream is driven, and
-/// heartbeats, on its own. Only a worker still
-/// registered is refreshed (`ZADD XX`), with apalis's own score (unix seconds of this process's
-/// clock).
+/// heartbeats, on its own. Only a worker still registered is refreshed (`ZADD XX`), with
+/// apalis's own score (unix seconds of this process's clock).
 pub async fn keep_heartbeat(
     mut conn: ConnectionManager,
     workers_set: String,
