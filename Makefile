@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-memory browser console-screenshots
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-idle bench-redis-memory browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -97,6 +97,13 @@ bench-approvals: services
 ## (memory after 10 minutes). `make bench-redis SHORT=1`: about 2 minutes.
 bench-redis: services
 	BENCH_SHORT=$(SHORT) $(CARGO) bench --bench bench_redis
+
+## Phase 4 of bench-redis alone: an idle pod (every chain due in an hour) on a private redis-server,
+## commands/s, KB/s into Redis and the commands by name over BENCH_IDLE_SECS (default 60) after an
+## 8 s settle. Counts, not speed: the dev profile, no release build. About 2 minutes.
+BENCH_IDLE_SECS ?= 60
+bench-redis-idle: services
+	BENCH_IDLE_ONLY=1 BENCH_IDLE_SECS=$(BENCH_IDLE_SECS) $(CARGO) bench --profile dev --bench bench_redis
 
 ## Gateway outages of 60 s and 10 min at 1,000 cards: records written, chains parked, time to
 ## resume (CARDWORKER_BIN=path runs another build, e.g. main's, for the "before" numbers).

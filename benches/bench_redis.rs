@@ -16,8 +16,11 @@
 //! 3. Redis `used_memory` after 1 and after 10 minutes of steady polling (`BENCH_SHORT=1`: after
 //!    20 s and 60 s, and a 10 s window);
 //! 4. an idle pod: Redis wiped, every chain due in an hour, a fresh worker; commands/s, KB/s into
-//!    Redis and Redis CPU while nothing is due, and the commands by name.
+//!    Redis and Redis CPU while nothing is due, and the commands by name, over `BENCH_IDLE_SECS`
+//!    (default: the window of phase 2) after an 8 s settle.
 //!
+//! `BENCH_IDLE_ONLY=1` (`make bench-redis-idle`) runs phase 4 alone, over `BENCH_IDLE_SECS`
+//! (default 60: a minute holds one run of each per-minute recovery schedule), with no warm-up.
 //! `CARDWORKER_BIN` runs another build (main's, for the "before" figures). Prints markdown.
 
 use std::collections::BTreeMap;
@@ -411,11 +414,23 @@ async fn main() -> anyhow::Result<()> {
     } else {
         (Duration::from_secs(60), Duration::from_secs(600))
     };
+    let idle_only = std::env::var("BENCH_IDLE_ONLY").is_ok_and(|v| v == "1");
+    let idle_window = Duration::from_secs(
+        env_or(
+            "BENCH_IDLE_SECS",
+            &if idle_only { 60 } else { window.as_secs() }.to_string(),
+        )
+        .parse()?,
+    );
     let (redis, mut conn) = private_redis().await?;
 
     // 1. Raw apalis-redis on the same Redis (a warm-up run first).
-    let _ = raw_apalis(&conn, 300).await?;
-    let raw = raw_apalis(&conn, intake::HIGH_WATER_MARK).await?;
+    let raw = if idle_only {
+        0.0
+    } else {
+        let _ = raw_apalis(&conn, 300).await?;
+        raw_apalis(&conn, intake::HIGH_WATER_MARK).await?
+    };
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
 
     // 2. The worker.
@@ -435,10 +450,23 @@ async fn main() -> anyhow::Result<()> {
         dir: tempfile::tempdir()?,
         sim_url: sim_handle.base_url(),
     };
-    let result = run(
-        &stage, &sim, &mut conn, cards, window, short, mem_early, mem_late, raw,
-    )
-    .await;
+    let result = if idle_only {
+        run_idle_only(&stage, &sim, &mut conn, cards, idle_window).await
+    } else {
+        run(
+            &stage,
+            &sim,
+            &mut conn,
+            cards,
+            window,
+            idle_window,
+            short,
+            mem_early,
+            mem_late,
+            raw,
+        )
+        .await
+    };
     stage.pool.close().await;
     support::drop_database(&stage.admin_url, &stage.db).await;
     drop(redis);
@@ -452,22 +480,14 @@ async fn run(
     conn: &mut ConnectionManager,
     cards: usize,
     window: Duration,
+    idle_window: Duration,
     short: bool,
     mem_early: Duration,
     mem_late: Duration,
     raw: f64,
 ) -> anyhow::Result<()> {
-    let path = stage.config(cards)?;
-    let refs: Vec<String> = (0..cards).map(|i| format!("r-{i:06}")).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&refs)
-        .execute(&stage.pool)
-        .await?;
-    let calls = || {
-        let s = sim.stats();
-        s.calls_total.get("carddata").copied().unwrap_or(0)
-            + s.calls_total.get("card_status").copied().unwrap_or(0)
-    };
+    let (path, refs) = seed(stage, cards).await?;
+    let calls = || gateway_calls(sim);
     let worker = Worker::spawn(&binary(), &path)?;
     start_chains(
         conn,
@@ -540,25 +560,7 @@ async fn run(
     stop(worker);
 
     // 4. An idle pod: every chain due in an hour.
-    let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
-    start_chains(
-        conn,
-        &stage.prefix,
-        &refs,
-        Duration::from_secs(3600),
-        Duration::from_secs(60),
-    )
-    .await?;
-    let idle_calls_before = calls();
-    let idle_worker = Worker::spawn(&binary(), &path)?;
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let i0 = redis_sample(conn).await?;
-    let it = Instant::now();
-    tokio::time::sleep(window).await;
-    let i1 = redis_sample(conn).await?;
-    let isecs = it.elapsed().as_secs_f64();
-    let idle_polls = calls() - idle_calls_before;
-    stop(idle_worker);
+    let idle = idle(stage, sim, conn, &path, &refs, idle_window).await?;
 
     let cmds = (r1.total() - r0.total()) as f64;
     let rcpu = r1.cpu_secs - r0.cpu_secs;
@@ -606,18 +608,7 @@ async fn run(
         m_late as f64 / 1e6,
         (m_late as f64 / m_early.max(1) as f64 - 1.0) * 100.0
     );
-    println!(
-        "| idle pod (every chain due in an hour): commands/s | {:.1} |",
-        (i1.total() - i0.total()) as f64 / isecs
-    );
-    println!(
-        "| idle pod: KB/s into Redis | {:.2} |",
-        (i1.input_bytes - i0.input_bytes) as f64 / isecs / 1000.0
-    );
-    println!(
-        "| idle pod: Redis CPU | {:.2} % of a core |",
-        (i1.cpu_secs - i0.cpu_secs) / isecs * 100.0
-    );
+    idle.print_rows();
     println!("| worker warnings/errors logged | {problems} |");
     println!();
     println!("commands per poll by name: {}", by_name(&r0, &r1, polls));
@@ -629,15 +620,140 @@ async fn run(
     println!();
     println!("Redis time per poll by call (slow log of every command over 2 s; µs wall time, so inflated on a loaded machine): {by_call}");
     println!();
-    println!("idle commands/s by name: {}", by_name(&i0, &i1, isecs));
-    if idle_polls > 0 {
-        println!("(the idle phase made {idle_polls} Gateway calls)");
-    }
+    idle.print_by_name();
     if short {
         println!(
             "(short mode: memory at 20 s / 60 s, window {} s)",
             window.as_secs()
         );
     }
+    Ok(())
+}
+
+/// Migrates the stage's database and inserts `cards` cards; returns the config and the card refs.
+async fn seed(stage: &Stage, cards: usize) -> anyhow::Result<(std::path::PathBuf, Vec<String>)> {
+    let path = stage.config(cards)?;
+    let refs: Vec<String> = (0..cards).map(|i| format!("r-{i:06}")).collect();
+    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
+        .bind(&refs)
+        .execute(&stage.pool)
+        .await?;
+    Ok((path, refs))
+}
+
+/// Gateway calls of both tasks so far.
+fn gateway_calls(sim: &Simulator) -> u64 {
+    let s = sim.stats();
+    s.calls_total.get("carddata").copied().unwrap_or(0)
+        + s.calls_total.get("card_status").copied().unwrap_or(0)
+}
+
+/// What phase 4 measured.
+struct Idle {
+    before: RedisSample,
+    after: RedisSample,
+    secs: f64,
+    /// Gateway calls during the phase (0: nothing was due).
+    polls: u64,
+    /// Whether a reconcile tick (`polling.reconcile_cron`, every 10 minutes) fell in the window.
+    reconciled: bool,
+}
+
+impl Idle {
+    fn print_rows(&self) {
+        let (i0, i1, isecs) = (&self.before, &self.after, self.secs);
+        println!(
+            "| idle pod (every chain due in an hour): commands/s | {:.1} |",
+            (i1.total() - i0.total()) as f64 / isecs
+        );
+        println!(
+            "| idle pod: KB/s into Redis | {:.2} |",
+            (i1.input_bytes - i0.input_bytes) as f64 / isecs / 1000.0
+        );
+        println!(
+            "| idle pod: Redis CPU | {:.2} % of a core |",
+            (i1.cpu_secs - i0.cpu_secs) / isecs * 100.0
+        );
+    }
+
+    fn print_by_name(&self) {
+        println!(
+            "idle commands/s by name: {}",
+            by_name(&self.before, &self.after, self.secs)
+        );
+        if self.polls > 0 {
+            println!("(the idle phase made {} Gateway calls)", self.polls);
+        }
+        if self.reconciled {
+            println!("(a reconcile tick fell in the idle window: its pass is counted)");
+        }
+    }
+}
+
+/// Phase 4: Redis wiped, every chain due in an hour (spread over a minute), a fresh worker; after
+/// an 8 s settle, `window` of Redis counters.
+async fn idle(
+    stage: &Stage,
+    sim: &Simulator,
+    conn: &mut ConnectionManager,
+    path: &std::path::Path,
+    refs: &[String],
+    window: Duration,
+) -> anyhow::Result<Idle> {
+    let _: () = redis::cmd("FLUSHALL").query_async(conn).await?;
+    start_chains(
+        conn,
+        &stage.prefix,
+        refs,
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let calls_before = gateway_calls(sim);
+    let worker = Worker::spawn(&binary(), path)?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let before = redis_sample(conn).await?;
+    let started = std::time::SystemTime::now();
+    let it = Instant::now();
+    tokio::time::sleep(window).await;
+    let after = redis_sample(conn).await?;
+    let secs = it.elapsed().as_secs_f64();
+    let polls = gateway_calls(sim) - calls_before;
+    stop(worker);
+    // The default reconcile schedule ticks at every tenth minute (whole minutes in any zone).
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    let (from, to) = (unix(started), unix(started) + window.as_secs() + 1);
+    let reconciled = (from / 600) != (to / 600);
+    Ok(Idle {
+        before,
+        after,
+        secs,
+        polls,
+        reconciled,
+    })
+}
+
+/// `BENCH_IDLE_ONLY=1`: phase 4 alone.
+async fn run_idle_only(
+    stage: &Stage,
+    sim: &Simulator,
+    conn: &mut ConnectionManager,
+    cards: usize,
+    window: Duration,
+) -> anyhow::Result<()> {
+    let (path, refs) = seed(stage, cards).await?;
+    let idle = idle(stage, sim, conn, &path, &refs, window).await?;
+    println!(
+        "| measure ({cards} cards, every chain due in an hour, window {:.0} s) | value |",
+        idle.secs
+    );
+    println!("| --- | --- |");
+    idle.print_rows();
+    println!();
+    idle.print_by_name();
     Ok(())
 }

@@ -158,21 +158,29 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::runner::spawn::{orphan_window, ORPHAN_MARGIN};
+    use crate::runner::spawn::{
+        orphan_window, orphan_window_of, HEARTBEAT, MARGIN_BEATS, ORPHAN_MARGIN, QUIET_HEARTBEAT,
+    };
     use crate::runner::RunJob;
 
     fn window_covers<J: RunJob>(config: &crate::config::Config) {
         let timeout = J::timeout(config);
+        let window = orphan_window_of::<J>(config);
         assert!(
-            orphan_window(timeout) >= timeout + ORPHAN_MARGIN,
-            "{}: timeout {timeout:?}, window {:?}",
+            window >= timeout + ORPHAN_MARGIN,
+            "{}: timeout {timeout:?}, window {window:?}",
+            J::QUEUE
+        );
+        assert!(
+            window >= timeout + J::HEARTBEAT * MARGIN_BEATS,
+            "{}: timeout {timeout:?}, beat {:?}, window {window:?}",
             J::QUEUE,
-            orphan_window(timeout)
+            J::HEARTBEAT
         );
     }
 
     /// No configuration can make a queue's orphan window shorter than its jobs: the window is
-    /// derived from the same timeout the job service enforces.
+    /// derived from the same timeout the job service enforces, and from the queue's own beat.
     #[test]
     fn every_queue_s_orphan_window_outlasts_its_longest_job_under_any_config() {
         let mut longest = crate::config::Config::default();
@@ -192,8 +200,28 @@ mod tests {
             window_covers::<RunReconcile>(&config);
         }
         assert_eq!(
-            orphan_window(PollCardData::timeout(&crate::config::Config::default())),
+            orphan_window(
+                PollCardData::timeout(&crate::config::Config::default()),
+                HEARTBEAT
+            ),
             Duration::from_secs(25)
         );
+    }
+
+    /// The queues that see a job a minute or less beat every 30 s (an idle worker's heartbeat
+    /// and fetch cost Redis about ten commands); the busy ones keep the 5 s beat, so that a job
+    /// another pod fed, or an orphan, waits at most 5 s for them.
+    #[test]
+    fn the_quiet_queues_beat_every_30_s_and_the_busy_ones_every_5_s() {
+        assert_eq!(RecoverPayments::HEARTBEAT, QUIET_HEARTBEAT);
+        assert_eq!(RecoverApprovals::HEARTBEAT, QUIET_HEARTBEAT);
+        assert_eq!(RunReconcile::HEARTBEAT, QUIET_HEARTBEAT);
+        assert_eq!(RunArchive::HEARTBEAT, QUIET_HEARTBEAT);
+        assert_eq!(RunRetention::HEARTBEAT, QUIET_HEARTBEAT);
+        assert_eq!(PollCardData::HEARTBEAT, HEARTBEAT);
+        assert_eq!(PollCardStatus::HEARTBEAT, HEARTBEAT);
+        assert_eq!(SubmitPayment::HEARTBEAT, HEARTBEAT);
+        assert_eq!(ProcessCallback::HEARTBEAT, HEARTBEAT);
+        assert_eq!(SubmitApproval::HEARTBEAT, HEARTBEAT);
     }
 }

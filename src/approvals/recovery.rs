@@ -22,6 +22,9 @@ pub const RECOVERY_BATCH: i64 = 50;
 
 impl RunJob for RecoverApprovals {
     const KIND: &'static str = "approval_recovery";
+    // A job a minute at most (its cron): an idle worker beats and fetches every 30 s; this pod's
+    // feeder wakes it at once for a job it moved (`runner::spawn`).
+    const HEARTBEAT: Duration = crate::runner::spawn::QUIET_HEARTBEAT;
 
     fn timeout(config: &Config) -> Duration {
         (config.gateway.timeout() + Duration::from_secs(1)) * RECOVERY_BATCH as u32

@@ -45,6 +45,10 @@ pub trait MaintenanceJob: Job + Clone {
 }
 
 impl<J: MaintenanceJob> RunJob for J {
+    // A run a night (its cron): an idle worker beats and fetches every 30 s; this pod's feeder
+    // wakes it at once for a job it moved (`runner::spawn`).
+    const HEARTBEAT: std::time::Duration = crate::runner::spawn::QUIET_HEARTBEAT;
+
     fn timeout(_config: &Config) -> std::time::Duration {
         run::RUN_TIMEOUT
     }

@@ -29,6 +29,9 @@ pub const RECOVERY_BATCH: i64 = 50;
 
 impl RunJob for RecoverPayments {
     const KIND: &'static str = "payment_recovery";
+    // A job a minute at most (its cron): an idle worker beats and fetches every 30 s; this pod's
+    // feeder wakes it at once for a job it moved (`runner::spawn`).
+    const HEARTBEAT: Duration = crate::runner::spawn::QUIET_HEARTBEAT;
 
     fn timeout(config: &Config) -> Duration {
         (config.gateway.timeout() + Duration::from_secs(1)) * RECOVERY_BATCH as u32

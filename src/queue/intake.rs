@@ -484,7 +484,8 @@ impl Feeder {
         state.fed_last_tick.resize(self.queues.len(), false);
         // A second wake-up, a tick after the first: a worker whose fetch was already on its way
         // when the feeder pushed got nothing from it, and would otherwise wait for its next
-        // heartbeat (up to 5 s) for a job that was there all along. Local, no Redis command.
+        // heartbeat (up to 5 s, 30 s in a quiet queue) for a job that was there all along.
+        // Local, no Redis command.
         for (queue, fed) in self.queues.iter().zip(state.fed_last_tick.iter_mut()) {
             if std::mem::take(fed) {
                 super::wake::notify(&queue.apalis);

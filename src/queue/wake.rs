@@ -1,11 +1,13 @@
 //! Local wake-ups of a queue's workers in this process.
 //!
 //! An idle apalis-redis worker asks Redis for work on its own only after each heartbeat (every
-//! `runner::spawn::HEARTBEAT`). Jobs reach apalis through the intake feeder alone, so the feeder,
+//! beat of its queue, `RunJob::HEARTBEAT`: 5 s, or 30 s for the quiet queues). Jobs reach apalis
+//! through the intake feeder alone, so the feeder,
 //! when it moves jobs into a queue, wakes this process's workers of that queue at once, and once
 //! more on its next tick (a fetch already on its way when the jobs landed comes back empty): a job
 //! that becomes due is fetched within one feeder tick, as before, while an idle pod no longer
-//! sends a fetch per worker five times a second (issue 16).
+//! sends a fetch per worker five times a second (issue 16). A job another pod's feeder moved
+//! is fetched by that pod's workers at once, and by this pod's within a beat of its queue.
 //!
 //! Keyed by the apalis queue name, which carries the deployment's key prefix, so that several
 //! deployments in one process (the integration tests) do not wake each other.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use cardworker_jobs::Job;
 use futures::future::BoxFuture;
 
+use super::spawn;
 use crate::config::Config;
 use crate::context::AppContext;
 
@@ -18,6 +19,12 @@ use crate::context::AppContext;
 pub trait RunJob: Job + Clone {
     /// Worker kind, used in worker names and `cardworker_worker_up{worker}`.
     const KIND: &'static str = Self::QUEUE;
+
+    /// How often this queue's workers heartbeat, and so how often an idle one fetches
+    /// (`runner::spawn`): [`spawn::HEARTBEAT`], or [`spawn::QUIET_HEARTBEAT`] for a queue that
+    /// sees a job a minute or less, whose idle workers then cost Redis a sixth as much. The orphan
+    /// window follows it (at least the job's timeout plus two beats).
+    const HEARTBEAT: Duration = spawn::HEARTBEAT;
 
     /// How many jobs of this kind one process runs at once.
     fn concurrency(_config: &Config) -> usize {

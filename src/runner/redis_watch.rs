@@ -1,15 +1,17 @@
 //! The Redis probe of one process: is Redis answering, and did it lose its data?
 //!
-//! Every [`PROBE_INTERVAL`] it reads the deployment's epoch marker (`{prefix}:redis_epoch`) with a
-//! short timeout and records the verdict in [`RedisStatus`] (`cardworker_redis_up`), which the
-//! supervisor uses to ride out an outage and the feeder to stay quiet during one.
+//! Every [`PROBE_INTERVAL`] it reads the deployment's epoch marker (`{prefix}:redis_epoch`, one
+//! `EXISTS`) with a short timeout and records the verdict in [`RedisStatus`]
+//! (`cardworker_redis_up`), which the supervisor uses to ride out an outage and the feeder to stay
+//! quiet during one.
 //!
 //! The marker is written once and never expires, so finding it missing means Redis came back
 //! empty (a restart without persistence, a failover to an empty replica, a flush) or this is the
 //! deployment's first start. Then every chain, intake entry and lease is gone while PostgreSQL
-//! still says which cards should be polled: the first pod to re-create the marker (`SET NX`) runs
-//! the `on_data_lost` action (`workers` enqueues a full reconcile), so polling resumes within
-//! seconds instead of waiting for the reconcile cursor to come round.
+//! still says which cards should be polled: the first pod to re-create the marker (`SET NX`, sent
+//! only when `EXISTS` found it missing) runs the `on_data_lost` action (`workers` enqueues a full
+//! reconcile), so polling resumes within seconds instead of waiting for the reconcile cursor to
+//! come round.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,15 +64,25 @@ impl RedisWatch {
     /// Probes once and records the verdict.
     pub async fn probe(&mut self) -> Probe {
         let key = epoch_key(&self.prefix);
-        let epoch = ulid::Ulid::new().to_string();
         let answer = tokio::time::timeout(PROBE_TIMEOUT, async {
+            // A read first: the marker is nearly always there, and `EXISTS` writes nothing and
+            // sends no value (issue 16). Only a missing marker is re-created, with `SET NX`, so
+            // that of the pods that all found it missing exactly one runs `on_data_lost`.
+            let present: bool = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut self.conn)
+                .await?;
+            if present {
+                return Ok::<bool, redis::RedisError>(false);
+            }
+            let epoch = ulid::Ulid::new().to_string();
             let created: Option<String> = redis::cmd("SET")
                 .arg(&key)
                 .arg(&epoch)
                 .arg("NX")
                 .query_async(&mut self.conn)
                 .await?;
-            Ok::<bool, redis::RedisError>(created.is_some())
+            Ok(created.is_some())
         })
         .await;
         match answer {

@@ -1,6 +1,17 @@
 //! Spawning workers and cron schedules under the [`Supervisor`]: each is handed over as a recipe
 //! (a factory), so that the supervisor can build it again after a Redis outage.
 //!
+//! # Each queue beats at its own pace
+//! An idle apalis-redis worker costs Redis about ten commands per heartbeat: its keep-alive, the
+//! orphan check of its peers, and the fetch that follows each beat. Most queues beat every
+//! [`HEARTBEAT`] (5 s); the quiet ones, which see a job a minute or less (payment and approval
+//! recovery, reconcile, archive, retention), every [`QUIET_HEARTBEAT`] (30 s), through
+//! [`RunJob::HEARTBEAT`]: an idle pod's ten workers cost about 12 commands a second instead of 20
+//! (issue 16). A job this pod's feeder moves into a quiet queue is fetched at once all the same
+//! (the feeder wakes its own workers, [`crate::queue::wake`]); only a job that waits for another
+//! pod's quiet worker (its feeding pod's worker busy, or an orphan re-queued by apalis) may wait
+//! up to one quiet beat. Everything below uses the queue's own beat.
+//!
 //! # A worker is never declared dead while its jobs run within their timeouts
 //! apalis-redis writes a worker's heartbeat only when the worker's stream is polled in its
 //! ready state; while every slot holds a long job (and fetched jobs wait in its buffer) the
@@ -8,15 +19,16 @@
 //! worker's in-flight jobs (a second run of each) and drops the worker, whose own next heartbeat
 //! then fails (`worker not registered`) and stops the process. Two defences, both always on:
 //! - **a heartbeat of our own** ([`keep_heartbeat`]): a task beside each worker refreshes the
-//!   worker's score every [`HEARTBEAT`], whatever its slots are doing, for as long as the worker
-//!   runs. It only refreshes a worker that is still registered (`ZADD XX`): one that a peer has
-//!   already declared dead stays dead, as apalis expects.
+//!   worker's score every beat of its queue, whatever its slots are doing, while the worker has
+//!   a job in flight. It only refreshes a worker that is still registered (`ZADD XX`): one that a
+//!   peer has already declared dead stays dead, as apalis expects.
 //! - **an orphan window that follows the job's timeout** ([`missed_heartbeats`]): each queue's
-//!   window is at least its job's timeout plus two heartbeats, so that even apalis's own
-//!   heartbeat alone (which may pause for as long as one job holds the last slot) never lets the
-//!   window pass under a job that runs within its timeout. It is derived from the same
-//!   `RunJob::timeout` the job service enforces, at start-up, so no configuration can make the
-//!   window shorter than a job.
+//!   window is at least its job's timeout plus [`ORPHAN_MARGIN`] and plus two of its beats, and
+//!   never under [`MIN_MISSED_HEARTBEATS`] beats, so that even apalis's own heartbeat alone
+//!   (which may pause for as long as one job holds the last slot, and then comes up to a beat
+//!   later) never lets the window pass under a job that runs within its timeout. It is derived
+//!   from the same `RunJob::timeout` the job service enforces, at start-up, so no configuration
+//!   can make the window shorter than a job.
 //!
 //! The price: the jobs of a pod that really died come back after that window (25 s for polls
 //! with the default `handler_timeout_secs = 15`) instead of 15 s.
@@ -45,46 +57,62 @@ use super::{JobService, RunJob, Scheduled, Supervisor};
 use crate::context::AppContext;
 use crate::pod;
 
-// An idle worker asks apalis for work after each of its heartbeats (every [`HEARTBEAT`]: apalis
-// fetches when its stream is driven again) and at once when this process's feeder moved jobs into
-// its queue ([`crate::queue::wake`]). Jobs moved by another pod's feeder, or re-queued by apalis
-// itself (an orphan, a retry of `keep_for_apalis`), are fetched by this pod within a heartbeat;
-// the feeding pod's own workers fetch them at once. It used to poll every 200 ms as well (5
-// fetches a second per worker, 200 commands a second from an idle pod), then every 5 s beside the
-// heartbeat's fetch, which doubled an idle pod's fetches for nothing (issue 16).
+// An idle worker asks apalis for work after each of its heartbeats (every beat of its queue,
+// [`RunJob::HEARTBEAT`]: apalis fetches when its stream is driven again) and at once when this
+// process's feeder moved jobs into its queue ([`crate::queue::wake`]). Jobs moved by another pod's
+// feeder, or re-queued by apalis itself (an orphan, a retry of `keep_for_apalis`), are fetched by
+// this pod within a beat; the feeding pod's own workers fetch them at once. It used to poll every
+// 200 ms as well (5 fetches a second per worker, 200 commands a second from an idle pod), then
+// every 5 s beside the heartbeat's fetch, which doubled an idle pod's fetches for nothing
+// (issue 16).
 
-/// How often a worker's heartbeat is written (by apalis, and by [`keep_heartbeat`]).
+/// How often a worker's heartbeat is written (by apalis, and by [`keep_heartbeat`]), for every
+/// queue but the quiet ones.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The heartbeat of the quiet queues (a job a minute or less: the recoveries, reconcile,
+/// maintenance). A job that waits for another pod's quiet worker waits up to this long.
+pub const QUIET_HEARTBEAT: Duration = Duration::from_secs(30);
+/// Beats of a queue's heartbeat that its orphan window adds to its job's timeout at least: the
+/// worst gap between two of apalis's own heartbeats is one job in the last slot plus one beat.
+pub const MARGIN_BEATS: u32 = 2;
 /// The fewest missed heartbeats after which a worker counts as dead (apalis's default is 10).
 pub const MIN_MISSED_HEARTBEATS: usize = 3;
 /// What the orphan window adds to a job's timeout: the job service's acknowledgement and, for
 /// polls, the budget layer's acquire and release (each bounded by a 2 s Redis timeout).
 pub const ORPHAN_MARGIN: Duration = Duration::from_secs(10);
 
-/// Missed heartbeats after which a peer re-queues a worker's in-flight jobs, for a queue whose
-/// jobs run at most `job_timeout`: the window (`HEARTBEAT` × this) is at least
-/// `job_timeout + ORPHAN_MARGIN`, and never under [`MIN_MISSED_HEARTBEATS`].
-pub fn missed_heartbeats(job_timeout: Duration) -> usize {
-    let needed = (job_timeout + ORPHAN_MARGIN).as_millis();
-    let beat = HEARTBEAT.as_millis();
+/// Missed heartbeats after which a peer re-queues a worker's in-flight jobs, for a queue that
+/// beats every `beat` and whose jobs run at most `job_timeout`: the window (`beat` × this) is at
+/// least `job_timeout + ORPHAN_MARGIN` and `job_timeout` + [`MARGIN_BEATS`] beats, and never
+/// under [`MIN_MISSED_HEARTBEATS`] beats.
+pub fn missed_heartbeats(job_timeout: Duration, beat: Duration) -> usize {
+    let margin = ORPHAN_MARGIN.max(beat.saturating_mul(MARGIN_BEATS));
+    let needed = job_timeout.saturating_add(margin).as_millis();
+    let beat = beat.as_millis().max(1);
     let n = usize::try_from(needed.div_ceil(beat)).unwrap_or(usize::MAX);
     n.max(MIN_MISSED_HEARTBEATS)
 }
 
-/// The orphan window of a queue whose jobs run at most `job_timeout`.
-pub fn orphan_window(job_timeout: Duration) -> Duration {
-    let n = u32::try_from(missed_heartbeats(job_timeout)).unwrap_or(u32::MAX);
-    HEARTBEAT.saturating_mul(n)
+/// The orphan window of a queue that beats every `beat` and whose jobs run at most
+/// `job_timeout`.
+pub fn orphan_window(job_timeout: Duration, beat: Duration) -> Duration {
+    let n = u32::try_from(missed_heartbeats(job_timeout, beat)).unwrap_or(u32::MAX);
+    beat.saturating_mul(n)
 }
 
-/// The apalis storage of job `J`'s queue, on the shared connection, with the orphan window of
-/// `J`'s timeout under `ctx`'s configuration.
+/// The orphan window of job `J`'s queue under `config`.
+pub fn orphan_window_of<J: RunJob>(config: &crate::config::Config) -> Duration {
+    orphan_window(J::timeout(config), J::HEARTBEAT)
+}
+
+/// The apalis storage of job `J`'s queue, on the shared connection, with `J`'s heartbeat and the
+/// orphan window of `J`'s timeout under `ctx`'s configuration.
 pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String> {
     let config = apalis_redis::Config::default()
         .queue(cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE))
         .batch_size(batch.max(1))
-        .heartbeat_interval(HEARTBEAT)
-        .missed_heartbeats(missed_heartbeats(J::timeout(&ctx.config)))
+        .heartbeat_interval(J::HEARTBEAT)
+        .missed_heartbeats(missed_heartbeats(J::timeout(&ctx.config), J::HEARTBEAT))
         // No per-job lock: `fetch_next.lua` already moves each fetched job into this worker's
         // inflight set, which is what the orphan recovery reads. The lock script re-checked that
         // and ran an `LREM` over the whole active list per job (finding nothing), plus an `HSET`
@@ -95,19 +123,20 @@ pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String
     RedisStorage::new(ctx.redis.clone()).with_config(config)
 }
 
-/// Refreshes worker `name`'s heartbeat in `workers_set` every [`HEARTBEAT`], independently of
-/// its slots, until the returned future is dropped, while the worker has a job in flight
-/// (`in_flight` > 0): that is when busy slots can keep apalis from driving its own heartbeat
-/// (notes §8); an idle worker's stream is driven, and heartbeats, on its own. Only a worker still
-/// registered is refreshed (`ZADD XX`), with apalis's own score (unix seconds of this process's
-/// clock).
+/// Refreshes worker `name`'s heartbeat in `workers_set` every `beat` (its queue's,
+/// [`RunJob::HEARTBEAT`]), independently of its slots, until the returned future is dropped,
+/// while the worker has a job in flight (`in_flight` > 0): that is when busy slots can keep
+/// apalis from driving its own heartbeat (notes §8); an idle worker's stream is driven, and
+/// heartbeats, on its own. Only a worker still registered is refreshed (`ZADD XX`), with
+/// apalis's own score (unix seconds of this process's clock).
 pub async fn keep_heartbeat(
     mut conn: ConnectionManager,
     workers_set: String,
     name: String,
     in_flight: Arc<AtomicUsize>,
+    beat: Duration,
 ) {
-    let mut tick = tokio::time::interval(HEARTBEAT);
+    let mut tick = tokio::time::interval(beat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -210,7 +239,13 @@ where
             // The heartbeat of our own runs beside the worker, on its own task, until the
             // worker ends (this build of it: a rebuilt worker gets a keeper of its own).
             let ended = CancellationToken::new();
-            let keeper = keep_heartbeat(ctx.redis.clone(), workers_set, name.clone(), in_flight);
+            let keeper = keep_heartbeat(
+                ctx.redis.clone(),
+                workers_set,
+                name.clone(),
+                in_flight,
+                J::HEARTBEAT,
+            );
             let worker_ended = ended.clone();
             shutdown.spawn(async move {
                 tokio::select! {
@@ -296,27 +331,57 @@ mod tests {
 
     #[test]
     fn the_orphan_window_covers_the_job_timeout_plus_the_margin_and_never_goes_under_three_beats() {
-        assert_eq!(missed_heartbeats(Duration::from_secs(1)), 3);
+        assert_eq!(missed_heartbeats(Duration::from_secs(1), HEARTBEAT), 3);
         assert_eq!(
-            orphan_window(Duration::from_secs(1)),
+            orphan_window(Duration::from_secs(1), HEARTBEAT),
             Duration::from_secs(15)
         );
         // Polls with the default handler timeout: 15 + 10 s.
         assert_eq!(
-            orphan_window(Duration::from_secs(15)),
+            orphan_window(Duration::from_secs(15), HEARTBEAT),
             Duration::from_secs(25)
         );
         // The slow scenario of issue 10: handler 27 s.
         assert_eq!(
-            orphan_window(Duration::from_secs(27)),
+            orphan_window(Duration::from_secs(27), HEARTBEAT),
             Duration::from_secs(40)
         );
         for secs in [0, 1, 4, 5, 6, 29, 30, 31, 299, 3595, 3600, 86_400] {
             let timeout = Duration::from_millis(secs * 1000 + 1);
-            let window = orphan_window(timeout);
+            let window = orphan_window(timeout, HEARTBEAT);
             assert!(window >= timeout + ORPHAN_MARGIN, "{timeout:?}: {window:?}");
             assert!(
                 window < timeout + ORPHAN_MARGIN + HEARTBEAT,
+                "{timeout:?}: {window:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_quiet_queue_s_orphan_window_covers_its_job_timeout_plus_two_of_its_beats() {
+        // Reconcile: 600 s + 2 × 30 s.
+        assert_eq!(
+            orphan_window(Duration::from_secs(600), QUIET_HEARTBEAT),
+            Duration::from_secs(660)
+        );
+        assert_eq!(
+            orphan_window(Duration::from_secs(1), QUIET_HEARTBEAT),
+            QUIET_HEARTBEAT * 3
+        );
+        for secs in [0, 1, 29, 30, 31, 180, 600, 3600, 86_400] {
+            let timeout = Duration::from_millis(secs * 1000 + 1);
+            let window = orphan_window(timeout, QUIET_HEARTBEAT);
+            assert!(
+                window >= timeout + QUIET_HEARTBEAT * MARGIN_BEATS,
+                "{timeout:?}: {window:?}"
+            );
+            assert!(window >= timeout + ORPHAN_MARGIN, "{timeout:?}: {window:?}");
+            assert!(
+                window >= QUIET_HEARTBEAT * 3,
+                "never under three beats: {window:?}"
+            );
+            assert!(
+                window < timeout + QUIET_HEARTBEAT * (MARGIN_BEATS + 1),
                 "{timeout:?}: {window:?}"
             );
         }

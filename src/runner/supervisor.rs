@@ -35,7 +35,9 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::{Health, RedisStatus, WorkerState};
 
 /// A worker that ends this soon after an outage ended is still counted as its casualty (its
-/// heartbeat finds its registration gone a heartbeat or two after Redis returned).
+/// heartbeat finds its registration gone a heartbeat or two after Redis returned). A quiet
+/// queue's worker may find it later (its beat is 30 s): a lost registration counts as Redis
+/// trouble whenever it comes ([`is_redis_trouble`]).
 pub const RECOVERY_WINDOW: Duration = Duration::from_secs(30);
 /// A restarted worker that has run this long is healthy again: its next failure starts a new
 /// episode (fresh back-off, fresh grace).

@@ -3,9 +3,9 @@
 //! cluster on a free port, removed afterwards) or into the Gateway (a blackhole, or the
 //! simulator), never into the shared services. Each test asserts what the issue promises for its
 //! fault: no process exit (where the grace allows), no lost chain, no duplicate record, no double
-//! submission. [`redis_cost`] counts what an idle pod's feeder sends, on a private redis-server
-//! whose `INFO commandstats` sees no other client; [`budget_cost`] counts what a poll's budget call
-//! runs there.
+//! submission. [`redis_cost`] counts what an idle pod sends (its feeder, a whole `cardworker run`,
+//! the Redis probe, a reconcile pass), on a private redis-server whose `INFO commandstats` sees no
+//! other client; [`budget_cost`] counts what a poll's budget call runs there.
 
 mod budget_cost;
 mod chain_cost;

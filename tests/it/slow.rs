@@ -25,7 +25,7 @@ async fn two_workers_whose_slots_all_hold_20_s_polls_stay_alive_and_never_poll_a
 ) {
     // The scenario is only meaningful when a slow call outlasts apalis's own 3-heartbeat window.
     assert!(Duration::from_millis(SLOW_MS) > HEARTBEAT * 3);
-    assert!(orphan_window(Duration::from_secs(27)) > Duration::from_secs(27));
+    assert!(orphan_window(Duration::from_secs(27), HEARTBEAT) > Duration::from_secs(27));
     let db = TestDb::new().await;
     let redis = TestRedis::new().await;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
