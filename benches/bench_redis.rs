@@ -235,8 +235,12 @@ async fn time_by_call(
     span: Duration,
     polls: impl Fn() -> u64,
 ) -> anyhow::Result<String> {
-    let set =
-        |k: &'static str, v: &'static str| redis::cmd("CONFIG").arg("SET").arg(k).arg(v).clone();
+    // Redis's own settings are put back afterwards and the log emptied: a slow log left at
+    // 100,000 entries keeps every slow feed call and grows the memory measured later.
+    let get = |k: &'static str| redis::cmd("CONFIG").arg("GET").arg(k).clone();
+    let set = |k: &'static str, v: &str| redis::cmd("CONFIG").arg("SET").arg(k).arg(v).clone();
+    let (_, max_len): (String, String) = get("slowlog-max-len").query_async(conn).await?;
+    let (_, slower): (String, String) = get("slowlog-log-slower-than").query_async(conn).await?;
     let _: () = set("slowlog-max-len", "100000").query_async(conn).await?;
     let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await?;
     let _: () = set("slowlog-log-slower-than", "0")
@@ -244,7 +248,7 @@ async fn time_by_call(
         .await?;
     let p0 = polls();
     tokio::time::sleep(span).await;
-    let _: () = set("slowlog-log-slower-than", "10000")
+    let _: () = set("slowlog-log-slower-than", &slower)
         .query_async(conn)
         .await?;
     let n = (polls() - p0).max(1) as f64;
@@ -254,6 +258,7 @@ async fn time_by_call(
         .query_async(conn)
         .await?;
     let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await?;
+    let _: () = set("slowlog-max-len", &max_len).query_async(conn).await?;
     let text = |v: &redis::Value| match v {
         redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         redis::Value::SimpleString(s) => s.clone(),
