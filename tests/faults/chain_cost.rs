@@ -149,30 +149,12 @@ async fn a_batched_chain_call_answers_what_the_same_call_answers_alone() {
             });
         }
         for (card, id) in [("live", &live), ("replaced", &old)] {
-            let w = match via_batch {
-                Some(calls) => {
-                    chain::schedule(
-                        calls,
-                        prefix,
-                        task,
-                        card,
-                        &state(id),
-                        Duration::from_secs(5),
-                    )
-                    .await
-                }
-                None => {
-                    chain::schedule(
-                        &mut direct,
-                        prefix,
-                        task,
-                        card,
-                        &state(id),
-                        Duration::from_secs(5),
-                    )
-                    .await
-                }
+            let via: chain::Via<'_> = match via_batch {
+                Some(calls) => calls.into(),
+                None => (&mut direct).into(),
             };
+            let w =
+                chain::schedule(via, prefix, task, card, &state(id), Duration::from_secs(5)).await;
             out.push(format!("{card} written: {}", w.expect("schedule")));
         }
         out
