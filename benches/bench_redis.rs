@@ -533,9 +533,6 @@ async fn run(
     let polls = (p1 - p0) as f64;
     anyhow::ensure!(polls > 0.0, "no polls in the window");
 
-    // 2b. Where Redis's time goes, by script and command: every command in the slow log for 2 s
-    // (after the window: logging every command costs Redis time of its own).
-    let by_call = time_by_call(conn, &stage.prefix, Duration::from_secs(2), &calls).await?;
 
     // 3. Memory after mem_early and mem_late of steady polling (from the end of the warm-up).
     let until = |d: Duration| async move {
@@ -546,6 +543,11 @@ async fn run(
     let m_early = used_memory(conn).await?;
     until(mem_late).await;
     let m_late = used_memory(conn).await?;
+
+    // 3a. Where Redis's time goes, by script and command: every command in the slow log for 2 s
+    // (after the window, since logging every command costs Redis time of its own, and after the
+    // memory samples, since the log and its reply take memory until Redis shrinks its buffers).
+    let by_call = time_by_call(conn, &stage.prefix, Duration::from_secs(2), &calls).await?;
 
     // 3b. Changes: 5 % of the Gateway's answers differ from the card's state (each one is recorded).
     sim.set_change_rate(0.05);
