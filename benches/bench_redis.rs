@@ -135,6 +135,26 @@ async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
         .unwrap_or(0))
 }
 
+/// How long each memory figure is sampled (two trim periods of 5 s).
+const MEMORY_SPAN: Duration = Duration::from_secs(10);
+
+/// `used_memory` over `span`, sampled every 250 ms: (mean, min, max).
+async fn memory_over(
+    conn: &mut ConnectionManager,
+    span: Duration,
+) -> anyhow::Result<(f64, u64, u64)> {
+    let until = Instant::now() + span;
+    let mut samples = Vec::new();
+    while Instant::now() < until {
+        samples.push(used_memory(conn).await?);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mean = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64;
+    let min = samples.iter().copied().min().unwrap_or(0);
+    let max = samples.iter().copied().max().unwrap_or(0);
+    Ok((mean, min, max))
+}
+
 /// CPU seconds (user + system) of process `pid` so far.
 fn process_cpu(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -533,16 +553,17 @@ async fn run(
     let polls = (p1 - p0) as f64;
     anyhow::ensure!(polls > 0.0, "no polls in the window");
 
-
-    // 3. Memory after mem_early and mem_late of steady polling (from the end of the warm-up).
+    // 3. Memory after mem_early and mem_late of steady polling (from the end of the warm-up), each
+    // the mean of samples over MEMORY_SPAN: finished jobs' bookkeeping is trimmed every 5 s, so
+    // one instant's used_memory swings by megabytes with the trim's sawtooth.
     let until = |d: Duration| async move {
         let left = d.saturating_sub(started.elapsed());
         tokio::time::sleep(left).await;
     };
     until(mem_early).await;
-    let m_early = used_memory(conn).await?;
+    let m_early = memory_over(conn, MEMORY_SPAN).await?;
     until(mem_late).await;
-    let m_late = used_memory(conn).await?;
+    let m_late = memory_over(conn, MEMORY_SPAN).await?;
 
     // 3a. Where Redis's time goes, by script and command: every command in the slow log for 2 s
     // (after the window, since logging every command costs Redis time of its own, and after the
@@ -608,12 +629,16 @@ async fn run(
     );
     println!("| with 5 % of answers changed: polls/s, rows written per poll, commits/s | {:.0}, {:.3}, {:.0} |", cpolls / csecs, (cg1.written - cg0.written) as f64 / cpolls, (cg1.commits - cg0.commits) as f64 / csecs);
     println!(
-        "| Redis used_memory after {} s / {} s | {:.1} MB / {:.1} MB ({:+.1} %) |",
+        "| Redis used_memory after {} s / {} s (mean of 10 s of samples; min–max) | {:.1} MB / {:.1} MB ({:+.1} %; {:.1}–{:.1} / {:.1}–{:.1}) |",
         mem_early.as_secs(),
         mem_late.as_secs(),
-        m_early as f64 / 1e6,
-        m_late as f64 / 1e6,
-        (m_late as f64 / m_early.max(1) as f64 - 1.0) * 100.0
+        m_early.0 / 1e6,
+        m_late.0 / 1e6,
+        (m_late.0 / m_early.0.max(1.0) - 1.0) * 100.0,
+        m_early.1 as f64 / 1e6,
+        m_early.2 as f64 / 1e6,
+        m_late.1 as f64 / 1e6,
+        m_late.2 as f64 / 1e6
     );
     idle.print_rows();
     println!("| worker warnings/errors logged | {problems} |");
