@@ -10,8 +10,13 @@
 //! It adds no wait of its own: a call that finds nothing in flight is sent at once, alone.
 //!
 //! Calls with different keys (the two polling tasks) go in separate script calls of the same
-//! round trip. A failed script call fails every call it carried, with the same error, exactly
-//! as each would have failed alone; the script runs atomically either way, call after call.
+//! round trip. A failed script call fails every call it carried, with the same error, as each
+//! would have failed alone. One difference: a script that stops with an error part-way (Redis out
+//! of memory, say) keeps the writes of the calls before the failing one, and those calls are
+//! reported failed too; a successor so reported is retried in the background
+//! (`chain::schedule_or_retry`), which writes the same successor again (harmless) and may count an
+//! unchanged poll twice in the chain's tally (a display figure). A call that times out alone has
+//! the same ambiguity today.
 
 use std::sync::Arc;
 
