@@ -15,6 +15,12 @@
 //! shared with the producer API, whose poll jobs merge into the live chain instead of replacing
 //! its entry.
 //!
+//! One file of about 600 lines on purpose: it is the Rust side of one script
+//! (`jobs/src/chain.lua`), and every function here builds that script's keys and arguments and
+//! reads its answers the same way; split, the halves would share the key layout and the ops'
+//! argument order across files. Reconcile's filter (`live.lua`, [`maybe_dead`]) reads the same
+//! two keys.
+//!
 //! A poll's check and successor go through the process's batched calls ([`Via::Batched`],
 //! `AppContext::chain_calls`, `queue::batch`): concurrent polls share script calls, each call
 //! answered as it would be alone. Everything else calls the script on a connection
