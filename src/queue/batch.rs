@@ -63,8 +63,6 @@ struct Call {
 pub struct ScriptCalls {
     /// Into the sending task.
     tx: mpsc::UnboundedSender<Call>,
-    /// The connection the task sends on (also for callers that must retry on their own).
-    conn: ConnectionManager,
 }
 
 impl ScriptCalls {
@@ -73,13 +71,8 @@ impl ScriptCalls {
     /// runtime.
     pub fn new(conn: ConnectionManager, script: Script, width: usize) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(send_calls(conn.clone(), Arc::new(script), width, rx));
-        Self { tx, conn }
-    }
-
-    /// The connection the calls go out on.
-    pub fn conn(&self) -> &ConnectionManager {
-        &self.conn
+        tokio::spawn(send_calls(conn, Arc::new(script), width, rx));
+        Self { tx }
     }
 
     /// Calls the script with `keys` and `args` (at most the width), in the next script call.
