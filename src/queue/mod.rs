@@ -5,16 +5,21 @@
 //! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
 //! - [`announce`]: the subscription that tells the feeder of entries due earlier than it knew.
 //! - [`wake`]: the feeder's local wake-up of a queue's workers when it moved jobs in.
-//! - [`batch`]: one process's concurrent chain-script calls, sent several to a script call.
+//! - [`batch`]: one process's concurrent calls of a script (chain, acknowledgement), sent several
+//!   to a script call.
+//! - [`backend`]: the apalis backend every worker runs: apalis-redis's storage with a fetch and
+//!   an acknowledgement of cardworker's own (no per-job meta hash read, done jobs deleted at once).
 //! - this module: [`QueueName`], [`ChainKeys`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
 //!
 //! A job's life: a producer (`cardworker_jobs::Producer`, the CLI, a cron tick or a handler
 //! scheduling its successor) writes an entry into the intake; the feeder moves it into apalis
-//! when it is due and the apalis backlog allows; a worker runs it and always acknowledges it
-//! (done, or dead for a payload that cannot be decoded); the trimmer then removes apalis's
-//! bookkeeping. Re-runs (next poll, back-off after a failure, deferral) go back through the
+//! when it is due and the apalis backlog allows; a worker fetches it ([`backend`]: without
+//! reading its meta hash), runs it and always acknowledges it: a done job's payload and meta hash
+//! are deleted there and then, a dead one (a payload that cannot be decoded, a job that failed)
+//! goes to the dead set with its reason; the trimmer removes dead jobs past their retention and
+//! what an older release's acknowledgements left in the done set. Re-runs (next poll, back-off after a failure, deferral) go back through the
 //! intake, never through apalis-redis's hard-coded 25 retries.
 //!
 //! A polling queue's own polls skip the intake (issue 19): a chain's next poll waits as the
@@ -24,6 +29,7 @@
 //! queue holds only entries with a payload of their own (raw, requeued, or an older release's).
 
 pub mod announce;
+pub mod backend;
 pub mod batch;
 pub mod dead;
 pub mod intake;

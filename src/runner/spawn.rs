@@ -56,6 +56,7 @@ use tower::{Layer, Service};
 use super::{JobService, RunJob, Scheduled, Supervisor};
 use crate::context::AppContext;
 use crate::pod;
+use crate::queue::backend::QueueBackend;
 
 // An idle worker asks apalis for work after each of its heartbeats (every beat of its queue,
 // [`RunJob::HEARTBEAT`]: apalis fetches when its stream is driven again) and at once when this
@@ -106,7 +107,8 @@ pub fn orphan_window_of<J: RunJob>(config: &crate::config::Config) -> Duration {
 }
 
 /// The apalis storage of job `J`'s queue, on the shared connection, with `J`'s heartbeat and the
-/// orphan window of `J`'s timeout under `ctx`'s configuration.
+/// orphan window of `J`'s timeout under `ctx`'s configuration. Workers run it inside a
+/// [`QueueBackend`], which replaces its fetch and its acknowledgement of done jobs.
 pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String> {
     let config = apalis_redis::Config::default()
         .queue(cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE))
@@ -224,13 +226,13 @@ where
         Box::new(move || {
             let concurrency = J::concurrency(&ctx.config);
             let name = pod::worker_name(J::KIND);
-            let storage = storage::<J>(&ctx, concurrency);
-            let workers_set = storage.get_config().workers_set();
+            let backend = QueueBackend::new(storage::<J>(&ctx, concurrency), ctx.redis.clone());
+            let workers_set = backend.apalis_config().workers_set();
             let wake =
                 crate::queue::wake::handle(&cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE));
             let strategy = Strategy::new().apply(LocalWake::new(wake));
             let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
-                .backend(storage.poll_with_strategy(strategy))
+                .backend(backend.poll_with_strategy(strategy))
                 .concurrency(concurrency)
                 .layer(layer.clone());
             let in_flight = Arc::new(AtomicUsize::new(0));

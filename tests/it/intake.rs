@@ -249,16 +249,17 @@ async fn a_payload_that_does_not_decode_is_dead_and_the_worker_goes_on() {
 #[tokio::test]
 async fn a_worker_that_dies_takes_the_process_down_with_it() {
     let mut app = spawn_app().await;
-    // Corrupt the archive queue the way a bad deploy or a hand edit could: an id in the active
-    // list with no data and no metadata. apalis-redis fails the fetch, and the worker stops.
+    // Corrupt the archive queue the way a bad deploy or a hand edit could: its active list
+    // replaced by a string. Every fetch fails (WRONGTYPE), and the worker stops. (An id with no
+    // payload no longer does: the fetch drops it, `queue_backend` tests.)
     let active = backlog_key(&app, RunArchive::QUEUE, "active");
     let _: () = app
         .redis
         .conn
         .clone()
-        .rpush(&active, ulid::Ulid::new().to_string())
+        .set(&active, "not a list")
         .await
-        .expect("rpush");
+        .expect("set");
 
     let ended = app
         .exited_within(Duration::from_secs(30))

@@ -26,10 +26,12 @@ pub enum Lifetime {
     Deployment,
     /// Holds one entry per card with a live chain; the entry goes when the chain ends.
     PerChain,
-    /// Holds entries of jobs waiting or in flight; each leaves when its job is fed, done or
-    /// trimmed (`queue::intake::trim`: done at once, dead after 7 days).
+    /// Holds entries of jobs waiting or in flight; each leaves when its job is fed, done
+    /// (`queue::backend`'s acknowledgement) or trimmed (`queue::intake::trim`: dead after 7 days,
+    /// an older release's done jobs at once).
     Jobs,
-    /// One key per job, deleted by the trim when the job is done (dead: after 7 days).
+    /// One key per job, deleted by its acknowledgement when the job is done (dead: by the trim,
+    /// after 7 days).
     PerJob,
     /// One key per worker instance, removed once apalis drops the worker (`trim_workers`), or,
     /// for a set, gone with its last member.
@@ -127,7 +129,7 @@ pub const INVENTORY: &[KeyPattern] = &[
     ),
     k(
         "<prefix>:q:<queue>:done",
-        "apalis-redis: done ids until the trim",
+        "apalis-redis: done ids of an older release's acknowledgements, until the trim",
         Jobs,
     ),
     k(
@@ -142,7 +144,7 @@ pub const INVENTORY: &[KeyPattern] = &[
     ),
     k(
         "<prefix>:q:<queue>:meta:<id>",
-        "apalis-redis + feed.lua: one job's status",
+        "feed.lua: one job's status (read by an older release's fetch; deleted by the ack)",
         PerJob,
     ),
     k(

@@ -27,6 +27,7 @@ mod outage;
 mod payments;
 mod plans;
 mod polling;
+mod queue_backend;
 mod self_healing;
 mod sim_seed;
 mod slow;
