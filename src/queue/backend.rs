@@ -81,7 +81,7 @@ impl QueueBackend {
     /// The backend of queue `storage` (apalis-redis's storage with the queue's configuration),
     /// on the process's connection `conn`.
     pub fn new(storage: RedisStorage<String>, conn: ConnectionManager) -> Self {
-        let acks = ScriptCalls::new(conn.clone(), ACK.clone(), ACK_WIDTH);
+        let acks = ack_calls(conn.clone());
         Self {
             apalis: storage,
             conn,
@@ -220,6 +220,12 @@ impl WireFormatBackend for QueueBackend {
     fn codec(&self) -> &Self::Codec {
         self.apalis.codec()
     }
+}
+
+/// Acknowledgements (`ack.lua`) on `conn`, several to a script call; each call takes
+/// [`ack_keys`] and [`ACK_WIDTH`] arguments: task id, status, result (JSON), attempt.
+pub fn ack_calls(conn: ConnectionManager) -> ScriptCalls {
+    ScriptCalls::new(conn, ACK.clone(), ACK_WIDTH)
 }
 
 /// The keys of `ack.lua` for worker `worker` of the queue configured by `config`.

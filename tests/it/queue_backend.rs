@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use apalis_core::worker::context::WorkerContext;
 use cardworker::queue::backend;
-use cardworker::queue::batch::ScriptCalls;
 use cardworker::queue::intake;
 use cardworker::queue::QueueName;
 use cardworker_jobs::{Job as _, RunArchive};
@@ -182,11 +181,7 @@ async fn a_job_a_peer_took_back_is_left_to_the_peer_and_the_others_are_acknowled
         .await
         .expect("rpush");
 
-    let calls = ScriptCalls::new(
-        conn.clone(),
-        redis::Script::new(include_str!("../../src/queue/ack.lua")),
-        backend::ACK_WIDTH,
-    );
+    let calls = backend::ack_calls(conn.clone());
     let keys = backend::ack_keys(&config, &worker);
     let mut answers = Vec::new();
     for id in &ids {
@@ -244,11 +239,7 @@ async fn a_killed_job_is_acknowledged_into_the_dead_set_with_its_reason() {
         .await
         .expect("fetch");
     let id = tasks[0].ctx().task_id().expect("id").to_string();
-    let calls = ScriptCalls::new(
-        conn.clone(),
-        redis::Script::new(include_str!("../../src/queue/ack.lua")),
-        backend::ACK_WIDTH,
-    );
+    let calls = backend::ack_calls(conn.clone());
     let answer = calls
         .call(
             backend::ack_keys(&config, &worker),
