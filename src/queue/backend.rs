@@ -71,7 +71,7 @@ pub struct QueueBackend {
     fetching: Option<BoxFuture<'static, Result<Vec<RedisTask>, apalis_redis::Error>>>,
     /// Jobs fetched and not yet handed to the worker.
     buffer: VecDeque<RedisTask>,
-    /// Handing the buffered jobs back to the queue on close, once started.
+    /// Handing the buffered jobs back to the queue on close, while under way.
     releasing: Option<BoxFuture<'static, Result<(), apalis_redis::Error>>>,
     /// A fetch failed: the stream ends (the supervisor builds the worker again), as apalis's does.
     dead: bool,
@@ -167,7 +167,7 @@ impl Backend for QueueBackend {
                 self.buffer.extend(tasks);
             }
         }
-        if self.releasing.is_none() && !self.buffer.is_empty() {
+        if !self.buffer.is_empty() {
             let ids: Vec<String> = self
                 .buffer
                 .drain(..)
@@ -185,6 +185,8 @@ impl Backend for QueueBackend {
         }
         if let Some(releasing) = self.releasing.as_mut() {
             let released = futures::ready!(releasing.poll_unpin(cx));
+            // Done: never polled again, however often the close below is.
+            self.releasing = None;
             if let Err(e) = released {
                 // The jobs stay in the inflight set; the orphan recovery brings them back.
                 tracing::warn!(worker = %worker.name(), error = %e, "fetched jobs not handed back on close; the orphan recovery will");
