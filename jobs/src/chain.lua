@@ -63,15 +63,22 @@ local cur_id, legacy_due, cur_tally
 local function load()
   cur_id, legacy_due, cur_tally = nil, nil, nil
   local cur = redis.call('HGET', KEYS[1], card)
-  if cur then
-    local f = {}
-    for p in string.gmatch(cur, '[^|]+') do f[#f + 1] = p end
-    cur_id = f[1]
-    if #f == 2 then
-      legacy_due = tonumber(f[2])
-    elseif #f >= 4 then
-      cur_tally = {tonumber(f[2]) or 0, f[3], f[4]}
-    end
+  if not cur then return end
+  -- Every entry this release writes starts with four non-empty fields: one `string.match` reads
+  -- them (issue 16: splitting into a table cost as much Redis CPU as the HGET). Anything else
+  -- (an older format, or a field left empty by hand) is split as before, empty fields skipped.
+  local id, unchanged, last, since = string.match(cur, '^([^|]+)|([^|]+)|([^|]+)|([^|]+)')
+  if id then
+    cur_id, cur_tally = id, {tonumber(unchanged) or 0, last, since}
+    return
+  end
+  local f = {}
+  for p in string.gmatch(cur, '[^|]+') do f[#f + 1] = p end
+  cur_id = f[1]
+  if #f == 2 then
+    legacy_due = tonumber(f[2])
+  elseif #f >= 4 then
+    cur_tally = {tonumber(f[2]) or 0, f[3], f[4]}
   end
 end
 

@@ -121,6 +121,19 @@ local function push(i, entry, payload)
   end
 end
 
+-- A chain entry's id and state (its first and fifth fields), or nil for an older format (fewer
+-- than five fields). One `string.match` reads every entry this release writes (issue 16: splitting
+-- into a table cost a tenth of the feeder's time); an entry with an empty field is split as
+-- before, empty fields skipped.
+local function chain_fields(entry)
+  local id, state = string.match(entry, '^([^|]+)|[^|]+|[^|]+|[^|]+|([^|]+)')
+  if id then return id, state end
+  local f = {}
+  for p in string.gmatch(entry, '[^|]+') do f[#f + 1] = p end
+  if #f >= 5 then return f[1], f[5] end
+  return nil
+end
+
 local index = 0
 if n > 0 then
   local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, n)
@@ -147,12 +160,11 @@ if KEYS[11] and n > 0 then
       if entry then
         fed[#fed + 1] = FED + tonumber(due[2 * i])
         fed[#fed + 1] = card
-        local f = {}
-        for p in string.gmatch(entry, '[^|]+') do f[#f + 1] = p end
-        if #f >= 5 then
-          local failures, deferrals = string.match(f[5], '^(%d+)%.?(%d*)$')
+        local id, state = chain_fields(entry)
+        if id then
+          local failures, deferrals = string.match(state, '^(%d+)%.?(%d*)$')
           index = index + 1
-          push(index, card, '{"card_ref":' .. cjson.encode(card) .. ',"chain":' .. cjson.encode(f[1])
+          push(index, card, '{"card_ref":' .. cjson.encode(card) .. ',"chain":' .. cjson.encode(id)
             .. ',"failures":' .. (tonumber(failures) or 0) .. ',"deferrals":' .. (tonumber(deferrals) or 0) .. '}')
         end
       else

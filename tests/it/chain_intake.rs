@@ -176,6 +176,43 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
 }
 
 #[tokio::test]
+async fn a_chain_entry_with_an_empty_field_is_still_read_as_the_chain_it_names() {
+    // The scripts read the entries they write with one pattern of non-empty fields (issue 16);
+    // anything else falls back to the old split, which skips empty fields. An entry edited by
+    // hand with an empty field must still be fed with its state and checked as its own chain.
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
+    let now = chain::redis_now_ms(&mut conn).await.expect("now");
+    let _: () = redis::pipe()
+        .hset(
+            chain::chain_key(prefix, task),
+            "c-gap",
+            "01GAPCHAIN|3||0|s0|2",
+        )
+        .ignore()
+        .zadd(chain::due_key(prefix, task), "c-gap", now - 1_000)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("an entry with an empty field");
+    let q = QueueName::new(prefix, PollCardData::QUEUE);
+    assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
+    let jobs = apalis_payloads(&redis, PollCardData::QUEUE).await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(
+        (jobs[0].state.chain.as_str(), jobs[0].state.failures),
+        ("01GAPCHAIN", 2)
+    );
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-gap", &jobs[0].state)
+            .await
+            .expect("check"),
+        chain::Liveness::Live
+    );
+}
+
+#[tokio::test]
 async fn a_fed_entry_is_never_fed_twice_while_its_job_lives_even_behind_a_backlog_longer_than_the_grace(
 ) {
     let redis = TestRedis::new().await;
