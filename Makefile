@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-idle bench-redis-memory browser console-screenshots
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -114,6 +114,11 @@ bench-outage: services
 ## polled twice at once.
 bench-slowdown: services
 	BENCH_SCENARIO=slowdown $(CARGO) bench --profile dev --bench bench_faults
+
+## Each Lua script's cost per op on a private redis-server (benches/lua_cost.sh): µs, or with VG=1
+## the instructions redis-server ran (callgrind: the same on every run). About 20 s; VG=1 about 1 min.
+bench-lua:
+	VG=$(VG) bash benches/lua_cost.sh
 
 ## Redis memory per card (issue 19): a private redis-server, 100k cards (BENCH_CARDS), a full round
 ## of both tasks, then 48 simulated hour boundaries; used_memory per card after the first round and
