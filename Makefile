@@ -116,7 +116,7 @@ bench-slowdown: services
 	BENCH_SCENARIO=slowdown $(CARGO) bench --profile dev --bench bench_faults
 
 ## Each Lua script's cost per op on a private redis-server (benches/lua_cost.sh): µs, or with VG=1
-## the instructions redis-server ran (callgrind: the same on every run). About 20 s; VG=1 about 1 min.
+## the instructions redis-server ran (callgrind: within 0.5 % run to run). About 20 s; VG=1 about 1 min.
 bench-lua:
 	VG=$(VG) bash benches/lua_cost.sh
 

@@ -6,8 +6,9 @@
 #
 # `make bench-lua`: µs of command execution per op (commandstats, best of 3 runs; this VM's speed
 # changes by the hour, so compare within one run). `make bench-lua VG=1`: the instructions
-# redis-server ran per op, under callgrind: the same count on every run and every load, which is
-# what tells a change of a few per cent in a script from the VM's noise.
+# redis-server ran per op, under callgrind: within about 0.5 % from run to run whatever the load
+# (Redis's own hash seeds and clock still vary), which tells a change of a few per cent in a
+# script from the VM's noise.
 #
 # usage: benches/lua_cost.sh [chain.lua] [feed.lua] [rounds]; FETCH=, ACK= other scripts; B= ops
 # per chain call. Needs redis-server, redis-cli, python3, bc (and valgrind for VG=1).
@@ -64,31 +65,32 @@ measure1() {
   calls=$(echo "$line" | sed 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/'); usec=$(echo "$line" | sed 's/.*,usec=\([0-9]*\).*/\1/')
   echo "$usec/$calls" | bc -l
 }
-python3 - > $DIR/check.txt <<PY
-import random
+# One file of ROUNDS chain batches of B ops each on random cards (seeded: the same cards on every
+# run, so that VG=1 counts the same work each time): op name, then the op's four values after card and chain.
+chain_batches() {
+  python3 - "$@" <<PY
+import random, sys
+random.seed(1)
+op, rest = sys.argv[1], sys.argv[2:]
 for r in range($ROUNDS):
-    args=[]
+    args = []
     for k in range($B):
-        i=random.randrange($CARDS)
-        args += ["check", f"card-{i:06d}", f"ch{i:06d}", "freshid1", "''", "''", "''"]
+        i = random.randrange($CARDS)
+        args += [op, f"card-{i:06d}", f"ch{i:06d}"] + rest
     print(f"EVALSHA $CS 4 $CH $IN $IP $DUE batch " + " ".join(args))
 PY
+}
+chain_batches check freshid1 "''" "''" "''" > $DIR/check.txt
 measure check $DIR/check.txt $B
-python3 - > $DIR/sched.txt <<PY
-import random
-for r in range($ROUNDS):
-    args=[]
-    for k in range($B):
-        i=random.randrange($CARDS)
-        args += ["schedule", f"card-{i:06d}", f"ch{i:06d}", "1000", "0", "0", "u"]
-    print(f"EVALSHA $CS 4 $CH $IN $IP $DUE batch " + " ".join(args))
-PY
+chain_batches schedule 1000 0 0 u > $DIR/sched.txt
 measure schedule $DIR/sched.txt $B
-# feeder: 200 due chains per call; reset between calls (non-EVALSHA commands are not counted)
+# feeder: 200 due chains per call, reset between calls (commandstats counts only the EVALSHA
+# calls; under VG=1 the resets alone are run and subtracted)
 FB=200
 Q=$P:q:poll_card_data
 python3 - > $DIR/feed.txt <<PY
 import random
+random.seed(1)
 for r in range(max(1,$ROUNDS//10)):
     print(f"DEL {'$Q'}:active {'$Q'}:data {'$Q'}:signal")
     s=random.randrange($CARDS-$FB)
