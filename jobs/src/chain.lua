@@ -22,8 +22,9 @@
 -- ARGV[7] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
 --         live past its due time (merge), or the tally (schedule): 'u' one more unchanged poll,
 --         'r' reset by a recorded change or failure, anything else keeps it
--- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: {state, chain id}
---          with state 'live' | 'stale' | 'adopted'; finish: 1 / 0 stale;
+-- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: 1
+--          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted';
+--          finish: 1 / 0 stale;
 --          merge: {'merged' | 'started', chain id}.
 --
 -- The chain entry's tally (issue 19: the unchanged-poll facts live with the chain, so they cost no
@@ -94,9 +95,18 @@ local function b36(n)
   return s
 end
 
+-- The Redis clock's seconds in base 36, made once per script call (a batch's ops share it).
+local now_b36
+local function stamp()
+  if not now_b36 then
+    clock()
+    now_b36 = b36(now_s)
+  end
+  return now_b36
+end
+
 local function fresh()
-  clock()
-  return {0, '0', 's' .. b36(now_s)}
+  return {0, '0', 's' .. stamp()}
 end
 
 -- The card's entry in the due set: (score, whether it is in the FED range), or nil.
@@ -192,13 +202,11 @@ local function run()
     local tally = cur_tally or fresh()
     local mode = A7
     if mode == 'u' then
-      clock()
       tally[1] = tally[1] + 1
-      tally[2] = b36(now_s)
+      tally[2] = stamp()
     elseif mode == 'r' then
-      clock()
       tally[1] = 0
-      tally[3] = 'c' .. b36(now_s)
+      tally[3] = 'c' .. stamp()
     end
     put(chain, A4, tally)
     return 1
@@ -212,7 +220,9 @@ local function run()
       mark(id, fresh(), 0, 0, FED + clock())
       return {'adopted', id}
     elseif cur_id == chain then
-      return {'live', chain}
+      -- The common answer is a bare 1: the caller knows its own chain id, and a table per op
+      -- costs Redis about a fifth of the op (issue 16).
+      return 1
     elseif chain == '' then
       local s, fed = cur_score()
       if (not s or fed) and not redis.call('ZSCORE', KEYS[2], card) then

@@ -50,9 +50,12 @@ local function b32(n, width)
   return table.concat(out)
 end
 -- A ULID: 48 bits of ms (10 characters), then 80 bits: the call's nonce (60) and the index (20).
-local time_part = b32(now_ms, 10)
+local time_part = b32(now_ms, 10) .. ARGV[3]
+-- The index's 4 characters: one string.char of table lookups (issue 16: cheaper than b32's table).
+local B32_BYTES = {string.byte(B32, 1, 32)}
 local function task_id(i)
-  return time_part .. ARGV[3] .. b32(i, 4)
+  return time_part .. string.char(B32_BYTES[math.floor(i / 32768) % 32 + 1],
+    B32_BYTES[math.floor(i / 1024) % 32 + 1], B32_BYTES[math.floor(i / 32) % 32 + 1], B32_BYTES[i % 32 + 1])
 end
 
 -- Whether s is valid UTF-8 (shortest forms, no surrogates, at most U+10FFFF).
@@ -86,6 +89,8 @@ local function valid_utf8(s)
 end
 
 local FED = 1125899906842624 -- 2^50, as in jobs/src/chain.lua
+-- A card ref or chain id that JSON encodes as itself (no quote, backslash, slash or control byte).
+local SAFE = '^[%w%-_.:]+$'
 -- (Lua's `..` prints numbers with 14 digits: the bound is written out.)
 local BELOW_FED = '(1125899906842624'
 local backlog = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[4])
@@ -94,20 +99,26 @@ local n = math.min(room, tonumber(ARGV[2]))
 local moved, poisoned = 0, 0
 local data, ids = {}, {}
 
+-- One job into apalis, its payload already encoded as the JSON string apalis decodes.
+local function push_encoded(i, entry, encoded)
+  local id = task_id(i)
+  data[#data + 1] = id
+  data[#data + 1] = encoded
+  redis.call('HSET', KEYS[7] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
+    'status', 'Pending', 'idempotency_key', '', 'intake_entry', entry)
+  ids[#ids + 1] = id
+  moved = moved + 1
+end
+
 -- One job into apalis (or, poison, into the dead set) under the batch's index i.
 local function push(i, entry, payload)
-  local id = task_id(i)
   if valid_utf8(payload) then
     -- apalis decodes Q:data with its JSON codec into `String`: a JSON string never fails to
     -- decode, so a malformed payload reaches our handler (which records it as dead) instead
     -- of stopping the worker.
-    data[#data + 1] = id
-    data[#data + 1] = cjson.encode(payload)
-    redis.call('HSET', KEYS[7] .. ':' .. id, 'attempts', 0, 'max_attempts', 1,
-      'status', 'Pending', 'idempotency_key', '', 'intake_entry', entry)
-    ids[#ids + 1] = id
-    moved = moved + 1
+    push_encoded(i, entry, cjson.encode(payload))
   else
+    local id = task_id(i)
     local reason = 'payload is not valid UTF-8 (' .. #payload .. ' bytes); never handed to a worker'
     local hex = string.gsub(string.sub(payload, 1, 512), '.', function(c)
       return string.format('%02x', string.byte(c))
@@ -164,8 +175,17 @@ if KEYS[11] and n > 0 then
         if id then
           local failures, deferrals = string.match(state, '^(%d+)%.?(%d*)$')
           index = index + 1
-          push(index, card, '{"card_ref":' .. cjson.encode(card) .. ',"chain":' .. cjson.encode(id)
-            .. ',"failures":' .. (tonumber(failures) or 0) .. ',"deferrals":' .. (tonumber(deferrals) or 0) .. '}')
+          local f, d = tonumber(failures) or 0, tonumber(deferrals) or 0
+          -- A ref and id of SAFE characters encode as themselves, so the payload, and the JSON
+          -- string apalis decodes it from, are written as text: the bytes cjson would write,
+          -- without its three calls and the UTF-8 check (issue 16: a fifth of the feeder's time).
+          if string.find(card, SAFE) and string.find(id, SAFE) then
+            push_encoded(index, card, '"{\\"card_ref\\":\\"' .. card .. '\\",\\"chain\\":\\"' .. id
+              .. '\\",\\"failures\\":' .. f .. ',\\"deferrals\\":' .. d .. '}"')
+          else
+            push(index, card, '{"card_ref":' .. cjson.encode(card) .. ',"chain":' .. cjson.encode(id)
+              .. ',"failures":' .. f .. ',"deferrals":' .. d .. '}')
+          end
         end
       else
         gone[#gone + 1] = card
