@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
+.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -97,6 +97,15 @@ bench-approvals: services
 ## (memory after 10 minutes). `make bench-redis SHORT=1`: about 2 minutes.
 bench-redis: services
 	BENCH_SHORT=$(SHORT) $(CARGO) bench --bench bench_redis
+
+## Phase 2 of bench-redis alone (the steady window), for two builds in turns on the same Redis and
+## cards: BEFORE=<path of another release binary, e.g. main's>, then this build, AB_ROUNDS (default
+## 3) times, and each build's median. For a change too small for two separate runs to resolve on a
+## VM whose speed drifts by the hour. About 1 minute a round.
+AB_ROUNDS ?= 3
+bench-redis-ab: services
+	@test -x "$(BEFORE)" || { echo "usage: make bench-redis-ab BEFORE=path/to/other/cardworker"; exit 2; }
+	BENCH_AB=$(abspath $(BEFORE)) BENCH_AB_ROUNDS=$(AB_ROUNDS) $(CARGO) bench --bench bench_redis
 
 ## Phase 4 of bench-redis alone: an idle pod (every chain due in an hour) on a private redis-server,
 ## commands/s, KB/s into Redis and the commands by name over BENCH_IDLE_SECS (default 60) after an

@@ -19,6 +19,9 @@
 //!    Redis and Redis CPU while nothing is due, and the commands by name, over `BENCH_IDLE_SECS`
 //!    (default: the window of phase 2) after an 8 s settle.
 //!
+//! `BENCH_AB=<binary>` (`make bench-redis-ab BEFORE=<binary>`) runs phase 2's window alone, for
+//! that build and this one in turns (`run_ab`).
+//!
 //! `BENCH_IDLE_ONLY=1` (`make bench-redis-idle`) runs phase 4 alone, over `BENCH_IDLE_SECS`
 //! (default 60: a minute holds one run of each per-minute recovery schedule), with no warm-up.
 //! `CARDWORKER_BIN` runs another build (main's, for the "before" figures). Prints markdown.
@@ -73,6 +76,10 @@ struct RedisSample {
     /// Microseconds spent executing each command (`usec=`; a script's inner commands are counted
     /// both on their own lines and in the script's).
     usec: BTreeMap<String, u64>,
+    /// Redis's `used_cpu_user` and `used_cpu_sys` (seconds).
+    cpu_user: f64,
+    cpu_sys: f64,
+    /// `used_cpu_user + used_cpu_sys`.
     cpu_secs: f64,
     input_bytes: u64,
 }
@@ -110,10 +117,12 @@ async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisSampl
         }
     }
     let cpu = info(conn, "cpu").await?;
-    let cpu_secs = ["used_cpu_sys", "used_cpu_user"]
-        .iter()
-        .filter_map(|k| cpu.get(*k)?.parse::<f64>().ok())
-        .sum();
+    let secs = |k: &str| {
+        cpu.get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let (cpu_user, cpu_sys) = (secs("used_cpu_user"), secs("used_cpu_sys"));
     let s = info(conn, "stats").await?;
     let input_bytes = s
         .get("total_net_input_bytes")
@@ -122,7 +131,9 @@ async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisSampl
     Ok(RedisSample {
         calls,
         usec,
-        cpu_secs,
+        cpu_user,
+        cpu_sys,
+        cpu_secs: cpu_user + cpu_sys,
         input_bytes,
     })
 }
@@ -501,6 +512,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let result = if idle_only {
         run_idle_only(&stage, &sim, &mut conn, cards, idle_window).await
+    } else if let Ok(before) = std::env::var("BENCH_AB") {
+        let rounds = env_or("BENCH_AB_ROUNDS", "3").parse()?;
+        run_ab(&stage, &sim, &mut conn, cards, window, raw, &before, rounds).await
     } else {
         run(
             &stage,
@@ -637,8 +651,10 @@ async fn run(
         cmds / polls
     );
     println!(
-        "| Redis CPU per poll | {:.1} µs (one Redis core: {:.0} polls/s) |",
+        "| Redis CPU per poll | {:.1} µs (user {:.1}, system {:.1}; one Redis core: {:.0} polls/s) |",
         rcpu * 1e6 / polls,
+        (r1.cpu_user - r0.cpu_user) * 1e6 / polls,
+        (r1.cpu_sys - r0.cpu_sys) * 1e6 / polls,
         polls / rcpu.max(1e-9)
     );
     println!(
@@ -694,6 +710,145 @@ async fn run(
             window.as_secs()
         );
     }
+    Ok(())
+}
+
+/// One window of steady polling by one build (`run_ab`).
+struct Turn {
+    build: &'static str,
+    polls_per_sec: f64,
+    cmds: f64,
+    cpu_us: f64,
+    user_us: f64,
+    sys_us: f64,
+    worker_us: f64,
+}
+
+impl Turn {
+    fn row(&self, label: &str, raw: &Raw) -> String {
+        format!(
+            "| {label} | {} | {:.0} | {:.2} | {:.1} ({:.1} / {:.1}) | {:.2} | {:.1} |",
+            self.build,
+            self.polls_per_sec,
+            self.cmds,
+            self.cpu_us,
+            self.user_us,
+            self.sys_us,
+            self.cpu_us / raw.cpu_us.max(1e-9),
+            self.worker_us
+        )
+    }
+}
+
+/// Waits until the simulator has answered `target` calls in all (at most `limit`).
+async fn wait_for_calls(
+    calls: impl Fn() -> u64,
+    target: u64,
+    limit: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while calls() < target {
+        anyhow::ensure!(started.elapsed() < limit, "{what} did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// `BENCH_AB=<binary>` (`make bench-redis-ab BEFORE=<binary>`): phase 2's steady window only, for
+/// two builds in turns on the same Redis, database, cards and chains, `BENCH_AB_ROUNDS` (default 3)
+/// rounds of one window each, the other build first. This VM's speed drifts by tens of per cent
+/// within an hour, so two runs of the whole bench cannot tell a change of 10–20 % in a poll's
+/// Redis CPU; windows of the two builds a few seconds apart, repeated, can.
+#[allow(clippy::too_many_arguments)]
+async fn run_ab(
+    stage: &Stage,
+    sim: &Simulator,
+    conn: &mut ConnectionManager,
+    cards: usize,
+    window: Duration,
+    raw: Raw,
+    before: &str,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let (path, refs) = seed(stage, cards).await?;
+    let calls = || gateway_calls(sim);
+    start_chains(
+        conn,
+        &stage.prefix,
+        &refs,
+        Duration::ZERO,
+        Duration::from_secs(1),
+    )
+    .await?;
+    // Each card's first polls write its state: made once, by this build, before the turns.
+    let warm = Worker::spawn(&binary(), &path)?;
+    let limit = Duration::from_secs(300);
+    wait_for_calls(calls, 4 * cards as u64, limit, "the warm-up").await?;
+    stop(warm);
+    let builds = [("before", before.to_owned()), ("after", binary())];
+    println!("| round | build | polls/s | Redis commands per poll | Redis CPU per poll, µs (user / system) | ÷ raw apalis-redis job ({:.1} µs) | worker CPU per poll, µs |", raw.cpu_us);
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut turns = Vec::new();
+    for round in 1..=rounds {
+        for (build, bin) in &builds {
+            let worker = Worker::spawn(bin, &path)?;
+            // Settled: every card polled once by this worker, and 2 s more.
+            wait_for_calls(calls, calls() + 2 * cards as u64, limit, "a turn's settle").await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let (r0, p0, c0, t0) = (
+                redis_sample(conn).await?,
+                calls(),
+                process_cpu(worker.pid()),
+                Instant::now(),
+            );
+            tokio::time::sleep(window).await;
+            let (r1, p1, c1, secs) = (
+                redis_sample(conn).await?,
+                calls(),
+                process_cpu(worker.pid()),
+                t0.elapsed().as_secs_f64(),
+            );
+            stop(worker);
+            let polls = (p1 - p0).max(1) as f64;
+            let turn = Turn {
+                build,
+                polls_per_sec: polls / secs,
+                cmds: (r1.total() - r0.total()) as f64 / polls,
+                cpu_us: (r1.cpu_secs - r0.cpu_secs) * 1e6 / polls,
+                user_us: (r1.cpu_user - r0.cpu_user) * 1e6 / polls,
+                sys_us: (r1.cpu_sys - r0.cpu_sys) * 1e6 / polls,
+                worker_us: (c1 - c0) * 1e6 / polls,
+            };
+            println!("{}", turn.row(&round.to_string(), &raw));
+            turns.push(turn);
+        }
+    }
+    for (build, _) in &builds {
+        let median = |f: fn(&Turn) -> f64| {
+            let mut v: Vec<f64> = turns.iter().filter(|t| t.build == *build).map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        let m = Turn {
+            build,
+            polls_per_sec: median(|t| t.polls_per_sec),
+            cmds: median(|t| t.cmds),
+            cpu_us: median(|t| t.cpu_us),
+            user_us: median(|t| t.user_us),
+            sys_us: median(|t| t.sys_us),
+            worker_us: median(|t| t.worker_us),
+        };
+        println!("{}", m.row("median", &raw));
+    }
+    println!();
+    println!(
+        "(raw apalis-redis, same Redis before the turns: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
+        raw.rate,
+        raw.cmds,
+        raw.cpu_us,
+        window.as_secs()
+    );
     Ok(())
 }
 
