@@ -841,6 +841,23 @@ async fn run_ab(
         };
         println!("{}", m.row("median", &raw));
     }
+    // Each round's two windows are a minute apart at most, so their ratio takes out most of the
+    // drift that the medians above still carry.
+    let mut ratios: Vec<f64> = turns
+        .chunks(2)
+        .filter_map(|pair| match pair {
+            [before, after] => Some(after.cpu_us / before.cpu_us.max(1e-9)),
+            _ => None,
+        })
+        .collect();
+    let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    ratios.sort_by(f64::total_cmp);
+    println!();
+    println!(
+        "Redis CPU per poll, after ÷ before, round by round: {}; median {:.2}",
+        listed.join(", "),
+        ratios.get(ratios.len() / 2).copied().unwrap_or(0.0)
+    );
     println!();
     println!(
         "(raw apalis-redis, same Redis before the turns: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
