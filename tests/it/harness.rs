@@ -390,12 +390,32 @@ impl TestApp {
 }
 
 impl Drop for TestApp {
+    /// Stops the worker before the prefix and the database go (they drop after this). On a
+    /// multi-thread runtime the worker's tasks run while this drop blocks: without waiting for the
+    /// worker to end, its feeder, crons and probe wrote a few keys under the prefix after
+    /// `TestRedis` had cleaned it (3–11 keys a full run). On a current-thread runtime none of the
+    /// worker runs while the drop blocks, and the runtime drops its tasks unpolled when the test
+    /// returns, so the join is only aborted.
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(join) = self.join.take() {
-            join.abort();
+        let Some(mut join) = self.join.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                // Longer than the test config's shutdown grace (10 s), so a worker that ends
+                // gracefully is always waited for.
+                let ended = tokio::task::block_in_place(|| {
+                    handle.block_on(tokio::time::timeout(Duration::from_secs(15), &mut join))
+                });
+                if ended.is_err() {
+                    join.abort();
+                    eprintln!("TestApp: the worker did not stop within 15 s of its stop signal");
+                }
+            }
+            _ => join.abort(),
         }
     }
 }
