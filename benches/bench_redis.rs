@@ -549,26 +549,18 @@ async fn run(
     mem_late: Duration,
     raw: Raw,
 ) -> anyhow::Result<()> {
-    let (path, refs) = seed(stage, cards).await?;
+    let (path, refs) = seed_polling(stage, conn, cards).await?;
     let calls = || gateway_calls(sim);
     let worker = Worker::spawn(&binary(), &path)?;
-    start_chains(
-        conn,
-        &stage.prefix,
-        &refs,
-        Duration::ZERO,
-        Duration::from_secs(1),
-    )
-    .await?;
     let started = Instant::now();
     // Warm-up: every card polled at least twice (its first poll writes its state).
-    while calls() < 4 * cards as u64 {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(300),
-            "the warm-up did not finish"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_calls(
+        calls,
+        4 * cards as u64,
+        Duration::from_secs(300),
+        "the warm-up",
+    )
+    .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let (r0, p0, c0, g0) = (
@@ -771,16 +763,8 @@ async fn run_ab(
     before: &str,
     rounds: usize,
 ) -> anyhow::Result<()> {
-    let (path, refs) = seed(stage, cards).await?;
+    let (path, _) = seed_polling(stage, conn, cards).await?;
     let calls = || gateway_calls(sim);
-    start_chains(
-        conn,
-        &stage.prefix,
-        &refs,
-        Duration::ZERO,
-        Duration::from_secs(1),
-    )
-    .await?;
     // Each card's first polls write its state: made once, by this build, before the turns.
     let warm = Worker::spawn(&binary(), &path)?;
     let limit = Duration::from_secs(300);
@@ -877,6 +861,24 @@ async fn seed(stage: &Stage, cards: usize) -> anyhow::Result<(std::path::PathBuf
         .bind(&refs)
         .execute(&stage.pool)
         .await?;
+    Ok((path, refs))
+}
+
+/// [`seed`], and both tasks' chains of every card started, due over the next second.
+async fn seed_polling(
+    stage: &Stage,
+    conn: &ConnectionManager,
+    cards: usize,
+) -> anyhow::Result<(std::path::PathBuf, Vec<String>)> {
+    let (path, refs) = seed(stage, cards).await?;
+    start_chains(
+        conn,
+        &stage.prefix,
+        &refs,
+        Duration::ZERO,
+        Duration::from_secs(1),
+    )
+    .await?;
     Ok((path, refs))
 }
 
