@@ -714,12 +714,14 @@ struct Turn {
     user_us: f64,
     sys_us: f64,
     worker_us: f64,
+    /// PostgreSQL transactions committed per poll (`xact_commit`; a read is one).
+    pg_commits: f64,
 }
 
 impl Turn {
     fn row(&self, label: &str, raw: &Raw) -> String {
         format!(
-            "| {label} | {} | {:.0} | {:.2} | {:.1} ({:.1} / {:.1}) | {:.2} | {:.1} |",
+            "| {label} | {} | {:.0} | {:.2} | {:.1} ({:.1} / {:.1}) | {:.2} | {:.1} | {:.3} |",
             self.build,
             self.polls_per_sec,
             self.cmds,
@@ -727,7 +729,8 @@ impl Turn {
             self.user_us,
             self.sys_us,
             self.cpu_us / raw.cpu_us.max(1e-9),
-            self.worker_us
+            self.worker_us,
+            self.pg_commits
         )
     }
 }
@@ -771,8 +774,8 @@ async fn run_ab(
     wait_for_calls(calls, 4 * cards as u64, limit, "the warm-up").await?;
     stop(warm);
     let builds = [("before", before.to_owned()), ("after", binary())];
-    println!("| round | build | polls/s | Redis commands per poll | Redis CPU per poll, µs (user / system) | ÷ raw apalis-redis job ({:.1} µs) | worker CPU per poll, µs |", raw.cpu_us);
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| round | build | polls/s | Redis commands per poll | Redis CPU per poll, µs (user / system) | ÷ raw apalis-redis job ({:.1} µs) | worker CPU per poll, µs | PostgreSQL commits per poll |", raw.cpu_us);
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut turns = Vec::new();
     for round in 1..=rounds {
         for (build, bin) in &builds {
@@ -780,10 +783,11 @@ async fn run_ab(
             // Settled: every card polled once by this worker, and 2 s more.
             wait_for_calls(calls, calls() + 2 * cards as u64, limit, "a turn's settle").await?;
             tokio::time::sleep(Duration::from_secs(2)).await;
-            let (r0, p0, c0, t0) = (
+            let (r0, p0, c0, g0, t0) = (
                 redis_sample(conn).await?,
                 calls(),
                 process_cpu(worker.pid()),
+                pg_sample(&stage.pool, &stage.db).await?,
                 Instant::now(),
             );
             tokio::time::sleep(window).await;
@@ -794,6 +798,11 @@ async fn run_ab(
                 t0.elapsed().as_secs_f64(),
             );
             stop(worker);
+            // PostgreSQL publishes its counters at most every second or so; the worker is gone,
+            // so what it committed until the window's end is all counted by then (and a little
+            // of its shutdown).
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let g1 = pg_sample(&stage.pool, &stage.db).await?;
             let polls = (p1 - p0).max(1) as f64;
             let turn = Turn {
                 build,
@@ -803,6 +812,7 @@ async fn run_ab(
                 user_us: (r1.cpu_user - r0.cpu_user) * 1e6 / polls,
                 sys_us: (r1.cpu_sys - r0.cpu_sys) * 1e6 / polls,
                 worker_us: (c1 - c0) * 1e6 / polls,
+                pg_commits: (g1.commits - g0.commits) as f64 / polls,
             };
             println!("{}", turn.row(&round.to_string(), &raw));
             turns.push(turn);
@@ -822,6 +832,7 @@ async fn run_ab(
             user_us: median(|t| t.user_us),
             sys_us: median(|t| t.sys_us),
             worker_us: median(|t| t.worker_us),
+            pg_commits: median(|t| t.pg_commits),
         };
         println!("{}", m.row("median", &raw));
     }

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::gateway::GatewayClient;
 use crate::queue::batch::ScriptCalls;
 use crate::shutdown::Shutdown;
+use crate::storage::card_reads::CardReads;
 use crate::telemetry::{Health, RedisStatus};
 
 /// Everything a job needs, shared by every worker of the process.
@@ -42,6 +43,8 @@ pub struct AppContext {
     pub shutdown: Shutdown,
     /// The polls' chain-script calls, sent several to a script call (`queue::batch`).
     pub chain_calls: ScriptCalls,
+    /// The polls' card reads, sent several to a query (`storage::card_reads`).
+    pub card_reads: CardReads,
 }
 
 impl AppContext {
@@ -56,6 +59,7 @@ impl AppContext {
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
         let chain_calls = chain_calls(&redis);
+        let card_reads = CardReads::new(pool.clone());
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -67,6 +71,7 @@ impl AppContext {
             budget,
             shutdown,
             chain_calls,
+            card_reads,
         }))
     }
 

@@ -3,12 +3,14 @@
 //! # Layout
 //! - this file: [`connect`] and [`migrate`].
 //! - [`cards`]: the `cards` table, with optimistic version checks.
+//! - [`card_reads`]: one process's concurrent card reads, sent several to a query.
 //! - [`records`]: the audit writer, the terminal record path (changes and failures only) and the
 //!   outbox writer.
 //! - [`fault`]: transient or deterministic database errors, and text PostgreSQL refuses (NUL).
 //! - [`reliable`]: the reliable path for money-moving calls (pending before the call, finalised
 //!   with the domain change and an outbox event).
 
+pub mod card_reads;
 pub mod cards;
 pub mod fault;
 pub mod records;

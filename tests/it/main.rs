@@ -11,6 +11,7 @@ mod scripted_gateway;
 mod approvals;
 mod budget;
 mod budget_pool;
+mod card_reads;
 mod chain_intake;
 mod circuit;
 mod config_cli;

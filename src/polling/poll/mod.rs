@@ -302,7 +302,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
     };
     let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
 
-    let card = match cards::load(&ctx.pool, &run.card_ref).await {
+    let card = match ctx.card_reads.load(&run.card_ref).await {
         Ok(Some(card)) => card,
         Ok(None) => {
             tracing::warn!(%task, card_ref = %run.card_ref, "poll for an unknown card acknowledged without a Gateway call; chain ended");

@@ -1,0 +1,110 @@
+//! One process's concurrent card reads, sent together: [`CardReads`].
+//!
+//! Every poll reads its card once before the Gateway call (an unchanged poll's only PostgreSQL
+//! work), and a process runs many polls at once: apalis starts the jobs of one fetch together.
+//! One `SELECT … WHERE card_ref = $1` per poll cost the worker a round trip, a socket send that
+//! wakes PostgreSQL and a backend's parse-bind-execute each; on the 2-core VM, the sends alone
+//! were about a fifth of the worker's CPU per poll (perf, issue 16). [`CardReads`] queues the
+//! reads and a task of its own sends whatever queued meanwhile as one
+//! [`cards::load_many`] (`card_ref = ANY($1)`, the unique index), at most [`IN_FLIGHT`] queries at
+//! a time. It adds no wait of its own: a read that finds a query slot free is sent at once, alone.
+//!
+//! A query that fails is not the failure of every card it carried: one card_ref PostgreSQL refuses
+//! (a NUL byte in a hand-written payload) would fail the whole `ANY`, and a connection blip may be
+//! over by the next query. So each read of a failed query is made again on its own
+//! ([`cards::load`]), and answers with its own result, exactly as it would have alone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::cards::{self, Card};
+
+/// The most reads one query carries.
+pub const MAX_BATCH: usize = 64;
+
+/// The most batched queries in flight at once (of the pool's connections).
+pub const IN_FLIGHT: usize = 4;
+
+/// One queued read.
+struct Read {
+    card_ref: String,
+    reply: oneshot::Sender<sqlx::Result<Option<Card>>>,
+}
+
+/// A queue of card reads, sent several to a query by a task of its own. Cheap to clone; the task
+/// ends when the last clone is dropped.
+#[derive(Clone)]
+pub struct CardReads {
+    /// Into the sending task.
+    tx: mpsc::UnboundedSender<Read>,
+}
+
+impl CardReads {
+    /// Starts the task that reads cards from `pool`. Needs a Tokio runtime.
+    pub fn new(pool: PgPool) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(send_reads(pool, rx));
+        Self { tx }
+    }
+
+    /// The card `card_ref` (`None` for an unknown card), read in the next query.
+    pub async fn load(&self, card_ref: &str) -> sqlx::Result<Option<Card>> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Read {
+                card_ref: card_ref.to_owned(),
+                reply,
+            })
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        answer.await.map_err(|_| sqlx::Error::PoolClosed)?
+    }
+}
+
+/// The sending task: once a query slot is free, takes what has queued (at least one read) and
+/// sends it.
+async fn send_reads(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Read>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut queued = Vec::with_capacity(MAX_BATCH);
+        if rx.recv_many(&mut queued, MAX_BATCH).await == 0 {
+            return;
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            answer(&pool, queued).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One query for `reads`, and their answers.
+async fn answer(pool: &PgPool, reads: Vec<Read>) {
+    let mut refs: Vec<String> = reads.iter().map(|r| r.card_ref.clone()).collect();
+    refs.sort_unstable();
+    refs.dedup();
+    match cards::load_many(pool, &refs).await {
+        Ok(found) => {
+            let by_ref: HashMap<&str, &Card> =
+                found.iter().map(|c| (c.card_ref.as_str(), c)).collect();
+            for read in reads {
+                let card = by_ref.get(read.card_ref.as_str()).map(|c| (*c).clone());
+                let _ = read.reply.send(Ok(card));
+            }
+        }
+        Err(e) => {
+            tracing::debug!(reads = reads.len(), error = %e, "a batched card read failed; each read is made again on its own");
+            join_all(reads.into_iter().map(|read| async move {
+                let result = cards::load(pool, &read.card_ref).await;
+                let _ = read.reply.send(result);
+            }))
+            .await;
+        }
+    }
+}
