@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -33,6 +33,16 @@ test: services browser
 ## initdb/pg_ctl; as root, PostgreSQL runs as the `postgres` user).
 test-faults: services
 	$(CARGO) nextest run --test faults --no-fail-fast
+
+## Chaos with a checker (tests/chaos): a private Redis and PostgreSQL, the simulator and 3 workers
+## under a supervisor; a workload and a fault schedule drawn from CHAOS_SEED (a fresh one when
+## unset) for CHAOS_SECS (faults, then a quiet period), then one line per invariant. The seed is
+## printed first and last; CHAOS_SEED=N replays the same schedule. docs/RELIABILITY.md.
+CHAOS_SECS ?= 600
+chaos: services
+	@seed=$${CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "chaos seed $$seed ($(CHAOS_SECS) s)"; \
+	CHAOS_SEED=$$seed CHAOS_SECS=$(CHAOS_SECS) $(CARGO) nextest run --test chaos --run-ignored all --no-capture
 
 services:
 	@bash deploy/local/services.sh

@@ -79,6 +79,24 @@ impl PrivateRedis {
         });
     }
 
+    /// Stops the server and starts it again with nothing: every file of its directory is removed
+    /// in between, so it comes back empty even when persistent. (The chaos run uses it.)
+    #[allow(dead_code)]
+    pub fn restart_empty(&mut self) {
+        self.stop();
+        if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let _ = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+            }
+        }
+        self.start();
+    }
+
     /// Stops the server: gracefully (SIGTERM: a persistent one writes its data) and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
