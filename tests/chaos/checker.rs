@@ -620,6 +620,7 @@ pub fn check_exits(world: &World, report: &mut Report) {
     let mut other = 0;
     for e in &exits {
         let kind = match (e.as_scheduled(), e.expected) {
+            _ if e.startup_error.is_some() => "refused to start (a service down)".to_owned(),
             (true, Some(k)) => format!("scheduled {k:?}"),
             _ => {
                 other += 1;

@@ -37,7 +37,7 @@ pub enum Fault {
     /// Every Gateway call takes almost the client's timeout.
     GwSlow { secs: u64 },
     /// Payments are acted on and answered after the client's timeout (the answer is lost); an
-    /// operator then repeats `enqueue payment` on the rows left unknown.
+    /// operator who watches repeats `enqueue payment` on each row as soon as it is unknown.
     GwLostAnswers { secs: u64 },
     /// A share of Gateway answers are 200 with a bad body.
     GwGarbage { secs: u64, rate: f64 },
@@ -110,7 +110,7 @@ impl Fault {
             | Fault::OpBudgetSet { secs, .. }
             | Fault::OpBudgetPause { secs, .. }
             | Fault::OpCircuitOpen { secs, .. } => secs * 1000 + 5_000,
-            Fault::GwLostAnswers { secs } => secs * 1000 + 35_000,
+            Fault::GwLostAnswers { secs } => secs * 1000 + 32_000,
             Fault::StallUnderLoad { pause_ms } => pause_ms + 20_000,
             _ => 2_000,
         }
@@ -188,7 +188,7 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
                 secs: rng.random_range(15..40),
             },
             48..=53 => Fault::GwLostAnswers {
-                secs: rng.random_range(10..30),
+                secs: rng.random_range(15..40),
             },
             54..=58 => Fault::GwGarbage {
                 secs: rng.random_range(5..20),
@@ -419,11 +419,41 @@ async fn inject(world: &World, fault: &Fault) {
                 hang_ms: Some(timeout_ms + 5_000),
                 ..SimConfigPatch::default()
             };
-            gateway_window(world, patch, *secs).await;
-            // The answers are lost once the client's timeout has passed: then the rows are
-            // unknown, and the operator repeats.
-            tokio::time::sleep(Duration::from_millis(timeout_ms + 3_000)).await;
-            repeat_unsettled(world, "payment").await;
+            let _ = world.gw.sim.update_config(&patch);
+            // An operator watches: a payment whose answer was lost (unknown now) is submitted
+            // again at once, twice, before recovery's query settles it.
+            let watch_until = tokio::time::Instant::now()
+                + Duration::from_millis(secs * 1000 + timeout_ms + 10_000);
+            let restore_at = tokio::time::Instant::now() + Duration::from_secs(*secs);
+            let mut restored = false;
+            let mut repeated = std::collections::HashSet::new();
+            while tokio::time::Instant::now() < watch_until {
+                if !restored && tokio::time::Instant::now() >= restore_at {
+                    restore(world, &patch);
+                    restored = true;
+                }
+                let unknown: Vec<String> = sqlx::query_scalar(
+                    "SELECT payment_id::text FROM payments WHERE status = 'unknown' \
+                     AND updated_at > now() - interval '5 seconds'",
+                )
+                .fetch_all(&world.pool)
+                .await
+                .unwrap_or_default();
+                for id in unknown {
+                    if repeated.insert(id.clone()) {
+                        for _ in 0..2 {
+                            world
+                                .cli
+                                .run(&["enqueue", "payment", "--payment-id", &id])
+                                .await;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            if !restored {
+                restore(world, &patch);
+            }
         }
         Fault::GwGarbage { secs, rate } => {
             let patch = SimConfigPatch {

@@ -13,6 +13,7 @@
 //! period; `CHAOS_SEED` (default 30 here; `make chaos` draws one) seeds every random choice of the
 //! harness: the schedule, the workload, the callbacks. The seed is printed first and last.
 //! `CHAOS_KEEP=1` keeps the run's directory (config, worker logs, the journal's event list).
+//! `CHAOS_PLAN_ONLY=1` prints the seed's schedule and stops before building the world.
 //! `CARDWORKER_BIN` runs another build of `cardworker` (an older main, to show what it finds).
 
 mod checker;
@@ -175,6 +176,12 @@ async fn chaos_keeps_every_invariant_under_a_seeded_fault_schedule() {
         *kinds.entry(f.kind()).or_insert(0) += 1;
     }
     eprintln!("schedule: {} faults {kinds:?}", plan.len());
+    if std::env::var_os("CHAOS_PLAN_ONLY").is_some() {
+        for (at, fault) in &plan {
+            eprintln!("{:8.1}s {fault:?}", *at as f64 / 1000.0);
+        }
+        return;
+    }
 
     let dir = tempfile::Builder::new()
         .prefix("cardworker-chaos-")
@@ -294,6 +301,25 @@ async fn chaos_keeps_every_invariant_under_a_seeded_fault_schedule() {
         events
             .iter()
             .map(|(t, e)| format!("{:8.1}s {e}\n", *t as f64 / 1000.0))
+            .collect::<String>(),
+    );
+    let _ = std::fs::write(
+        dir.path().join("calls.tsv"),
+        world
+            .journal
+            .calls()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}\t{:?}\t{}\t{}\t{}\t{}\n",
+                    c.start_ms,
+                    c.end_ms,
+                    c.method,
+                    c.path,
+                    c.idempotency_key.as_deref().unwrap_or("-"),
+                    c.status.map_or("-".to_owned(), |s| s.to_string())
+                )
+            })
             .collect::<String>(),
     );
     eprintln!("\nfaults injected: {:?}", world.journal.faults());

@@ -105,12 +105,19 @@ pub struct Exit {
     pub signal: Option<i32>,
     /// The signal the schedule sent just before, if any.
     pub expected: Option<Kill>,
+    /// The error a process that never got going printed: `cardworker run` exits 1 when it
+    /// cannot connect to PostgreSQL or Redis at start (spec section 2: an unreachable database
+    /// is exit status 1), and the supervisor starts it again.
+    pub startup_error: Option<String>,
 }
 
 impl Exit {
     /// Whether this exit is one the schedule made: a SIGKILL that killed, or a SIGTERM answered
     /// with a clean exit 0.
     pub fn as_scheduled(&self) -> bool {
+        if self.startup_error.is_some() {
+            return true;
+        }
         match self.expected {
             Some(Kill::Kill9) => self.signal == Some(9),
             Some(Kill::Term) => self.code == Some(0),
@@ -238,7 +245,14 @@ impl Supervisor {
                 }
             };
             self.lock().slots[slot].pid = child.id();
+            let started = tokio::time::Instant::now();
+            let log_from = std::fs::metadata(&self.logs[slot]).map_or(0, |m| m.len());
             let status = child.wait().await;
+            let startup_error = if started.elapsed() < Duration::from_secs(30) {
+                start_failure(&self.logs[slot], log_from)
+            } else {
+                None
+            };
             let at_ms = journal.now_ms();
             let stopping = {
                 let mut st = self.lock();
@@ -251,6 +265,7 @@ impl Supervisor {
                         code: status.code(),
                         signal: status.signal(),
                         expected,
+                        startup_error,
                     });
                 }
                 st.stopping
@@ -326,6 +341,15 @@ impl Supervisor {
         }
         out
     }
+}
+
+/// The "could not connect" error a process printed after `from` in its log, if it failed so.
+fn start_failure(log: &Path, from: u64) -> Option<String> {
+    let text = std::fs::read(log).ok()?;
+    let tail = String::from_utf8_lossy(text.get(usize::try_from(from).ok()?..)?).into_owned();
+    tail.lines()
+        .find(|l| l.starts_with("error: connecting to"))
+        .map(str::to_owned)
 }
 
 /// The sum of the samples of `name` whose labels include every one of `labels`.
