@@ -20,9 +20,10 @@ impl RunJob for SubmitApproval {
         config.approvals.concurrency as usize
     }
 
-    /// The Gateway timeout bounds the call; the rest is two short transactions.
+    /// The Gateway timeout bounds the call; the rest is two short transactions. Recovery
+    /// leaves a `pending` row alone until this limit has passed since its pending commit.
     fn timeout(config: &Config) -> Duration {
-        config.gateway.timeout() + Duration::from_secs(30)
+        crate::settle::submit::attempt_limit(config)
     }
 
     #[tracing::instrument(name = "job.submit_approval", skip_all, fields(approval_id = %self.approval_id, retries = self.retries))]

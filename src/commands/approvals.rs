@@ -8,14 +8,18 @@ use super::operator::{self, Action};
 use super::CommandError;
 use crate::context::AppContext;
 use crate::settle::approval::Approval;
-use crate::settle::table;
-use crate::storage::cards;
+use crate::settle::recover;
+use crate::settle::{table, Kind as _};
 
 /// Submits one approval row through the reliable path.
 ///
-/// Refused (exit 1, nothing queued, nothing changed): an unknown approval, an unknown `kind`, a
-/// `limit_change` without an amount, a card that does not exist. A decided approval, or one
-/// already submitted and waiting (`pending`, `in_review`), is reported and not submitted again.
+/// A decided approval is reported and not submitted again. Refused (exit 1, nothing queued,
+/// nothing changed), with the reason the submission job gives (`Kind::refuse`): an unknown
+/// approval, an unknown `kind`, a `limit_change` without an amount, a card that does not exist.
+/// Only a `requested` approval is enqueued for submission; one that is `pending` or `unknown` is
+/// never POSTed again before a query: it is queried now, or left to recovery while its attempt
+/// may still be in flight, and it says which (see `enqueue_payment`). One `in_review` is left to
+/// recovery's review queries.
 ///
 /// PostgreSQL first: a `requested` approval is touched (committed) before the job goes to Redis,
 /// so that if Redis loses the job, approval recovery submits it once
@@ -31,29 +35,51 @@ pub async fn enqueue_approval(
         .ok_or_else(|| {
             anyhow::anyhow!("unknown approval {approval_id}: there is no such row in approvals; nothing enqueued")
         })?;
-    if let Some(why) = approval.refusal() {
+    if approval.is_decided() {
+        println!(
+            "approval {approval_id} is already {} (channel_ref {}{}); not submitted again",
+            approval.tracking.status,
+            approval.tracking.channel_ref.as_deref().unwrap_or("-"),
+            approval
+                .failure_reason
+                .as_deref()
+                .map(|r| format!(", reason: {r}"))
+                .unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let mut conn = ctx
+        .pool
+        .acquire()
+        .await
+        .context("connecting to PostgreSQL")?;
+    if let Some(why) = Approval::refuse(&mut conn, &approval)
+        .await
+        .context("checking the approval")?
+    {
         return Err(
             anyhow::anyhow!("approval {approval_id} refused: {why}; nothing enqueued").into(),
         );
     }
-    if cards::load(&ctx.pool, &approval.card_ref)
-        .await
-        .context("loading the approval's card")?
-        .is_none()
-    {
-        return Err(anyhow::anyhow!(
-            "approval {approval_id} refused: unknown card {:?} (no row in cards); nothing enqueued",
-            approval.card_ref
-        )
-        .into());
-    }
+    drop(conn);
     let status = table::touch_requested::<Approval>(&ctx.pool, approval_id)
         .await
         .context("recording the approval's submission request")?
         .ok_or_else(|| anyhow::anyhow!("unknown approval {approval_id}"))?;
-    if !matches!(status.as_str(), "requested" | "unknown") {
+    if matches!(status.as_str(), "pending" | "unknown") {
+        let asked = recover::query_now::<Approval>(ctx, approval_id)
+            .await
+            .context("asking the Gateway about the approval")?;
         println!(
-            "approval {approval_id} is already {status} (channel_ref {}); not submitted again",
+            "approval {approval_id} ({status}): {}",
+            super::payments::describe_asked("approval", &asked)
+        );
+        return Ok(());
+    }
+    if status != "requested" {
+        println!(
+            "approval {approval_id} is {status} (channel_ref {}); not submitted again: recovery \
+             asks the Gateway for its decision",
             approval.tracking.channel_ref.as_deref().unwrap_or("-")
         );
         return Ok(());

@@ -9,9 +9,10 @@
 //! The rules, per call kind:
 //! - card calls and payment queries are reads, safe to repeat: a request not sent, any
 //!   transport error (timeout included) and any non-2xx are `Failed`;
-//! - `POST /v1/payments` and `POST /v1/approvals` act on the Gateway's side: only a connection that was never opened, or a 4xx, is
-//!   `Failed`; a timeout, a connection dropped after sending, a lost body or a 5xx are
-//!   `Unknown`, because the Gateway may have acted;
+//! - `POST /v1/payments` and `POST /v1/approvals` act on the Gateway's side: only a connection
+//!   that was never opened, or a 4xx other than 409, is `Failed`; a timeout, a connection
+//!   dropped after sending, a lost body, a 5xx or a 409 (the Gateway is still processing the
+//!   same `Idempotency-Key`) are `Unknown`, because the Gateway may have acted;
 //! - a 404 on a payment or approval query is the valid answer `NotFound`;
 //! - a 2xx is `Valid` when its body decodes (see [`super::wire`]), else `Unknown`.
 //!
@@ -256,6 +257,13 @@ fn acting_call<T: Summarize>(
         ),
         HttpOutcome::Answer { status, body } => match status {
             200..=299 => decode_2xx(status, &body, decode),
+            // The Gateway is still processing a request with the same Idempotency-Key: it may
+            // act on it, so this answer decides nothing (spec section 9).
+            409 => Classified::unknown(
+                Some(status),
+                "HTTP 409: the Gateway is still processing this Idempotency-Key".to_owned(),
+                body_summary(&body),
+            ),
             400..=499 => {
                 Classified::failed(Some(status), format!("HTTP {status}"), body_summary(&body))
             }
@@ -443,6 +451,12 @@ mod tests {
             (body_lost(503), unknown, Some(503), lost_503),
             (answer(422, "no"), failed, Some(422), "HTTP 422"),
             (answer(404, ""), failed, Some(404), "HTTP 404"),
+            (
+                answer(409, ""),
+                unknown,
+                Some(409),
+                "HTTP 409: the Gateway is still processing this Idempotency-Key",
+            ),
             (answer(500, ""), unknown, Some(500), "HTTP 500"),
             (answer(503, ""), unknown, Some(503), "HTTP 503"),
             (answer(302, ""), unknown, Some(302), "HTTP 302"),

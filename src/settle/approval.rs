@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 use serde_json::json;
-use sqlx::FromRow;
+use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
 use super::{Answer, Kind, Names, Tracking, Via};
@@ -26,6 +26,8 @@ pub struct ApprovalRow {
     pub kind: String,
     /// The new limit in minor units (`limit_change` only).
     pub amount_minor: Option<i64>,
+    /// Why the worker refused to submit it (then `status` is the final `failed`).
+    pub failure_reason: Option<String>,
     /// `status` (`requested`, `pending`, `in_review`, `approved`, `declined`, `failed` or
     /// `unknown`) and the rest of the reliable path's columns.
     #[sqlx(flatten)]
@@ -34,7 +36,8 @@ pub struct ApprovalRow {
 }
 
 impl ApprovalRow {
-    /// Why this approval cannot be submitted (bad input), if it cannot.
+    /// Why this approval's own columns cannot be submitted (bad input), if they cannot. Its card
+    /// is checked by [`Approval::refuse`], which the job and the CLI ask.
     pub fn refusal(&self) -> Option<String> {
         if !APPROVAL_KINDS.contains(&self.kind.as_str()) {
             return Some(format!(
@@ -69,8 +72,8 @@ impl Kind for Approval {
     const TABLE: &'static str = "approvals";
     const ID: &'static str = "approval_id";
     const COLUMNS: &'static str =
-        "approval_id, card_ref, kind, amount_minor, status, channel_ref, \
-                                   submissions, attempt_log_id, created_at, updated_at";
+        "approval_id, card_ref, kind, amount_minor, failure_reason, status, channel_ref, \
+         submissions, attempt_log_id, attempt_deadline, created_at, updated_at";
     const FINAL_SQL: &'static str = "'approved', 'declined', 'failed'";
     const FINAL: &'static [&'static str] = &["approved", "declined", "failed"];
     const WAITING: Option<&'static str> = Some("in_review");
@@ -101,8 +104,22 @@ impl Kind for Approval {
         }
     }
 
-    fn refuse(row: &ApprovalRow) -> Option<String> {
-        row.refusal()
+    const REFUSED: Option<(&'static str, &'static str)> = Some(("failed", "failure_reason"));
+
+    async fn refuse(conn: &mut PgConnection, row: &ApprovalRow) -> sqlx::Result<Option<String>> {
+        if let Some(why) = row.refusal() {
+            return Ok(Some(why));
+        }
+        if crate::storage::cards::load(&mut *conn, &row.card_ref)
+            .await?
+            .is_none()
+        {
+            return Ok(Some(format!(
+                "unknown card {:?} (no row in cards)",
+                crate::gateway::redact_digits(&row.card_ref)
+            )));
+        }
+        Ok(None)
     }
 
     fn describe(a: &ApprovalRow) -> (String, String, serde_json::Value) {

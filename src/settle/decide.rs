@@ -29,6 +29,9 @@ pub enum Via {
     Query,
     /// A channel callback.
     Callback,
+    /// The worker refused to submit the row (bad input, unknown card): never counted in
+    /// `cardworker_approval_decisions_total`, whose `via` values are the three above.
+    Refused,
 }
 
 impl Via {
@@ -38,6 +41,7 @@ impl Via {
             Via::Response => "response",
             Via::Query => "query",
             Via::Callback => "callback",
+            Via::Refused => "refused",
         }
     }
 }

@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::context::AppContext;
@@ -93,6 +94,9 @@ pub struct Tracking {
     pub submissions: i32,
     /// The `pending` log of the latest submission attempt (closed once the attempt ends).
     pub attempt_log_id: Option<i64>,
+    /// When the latest attempt's job is certain to have ended (its own time limit, from its
+    /// pending commit). Before it, a `pending` row may still have its POST on the wire.
+    pub attempt_deadline: Option<DateTime<Utc>>,
     /// Created.
     pub created_at: DateTime<Utc>,
     /// Last changed, or last queried while waiting (recovery's order and thresholds).
@@ -122,6 +126,11 @@ pub trait Row: for<'r> sqlx::FromRow<'r, PgRow> + Send + Sync + Unpin + Clone + 
     /// Last changed (recovery's order and threshold).
     fn updated_at(&self) -> DateTime<Utc> {
         self.tracking().updated_at
+    }
+    /// Whether the row's latest attempt may still be in flight: `pending` and before its
+    /// deadline (a row without a deadline counts as in flight never).
+    fn attempt_in_flight(&self, now: DateTime<Utc>) -> bool {
+        self.status() == "pending" && self.tracking().attempt_deadline.is_some_and(|d| d > now)
     }
 }
 
@@ -173,6 +182,10 @@ pub trait Kind: Send + Sync + Sized + 'static {
     const CONFLICTING_CALLBACK_FAILS: bool;
     /// Its records' names.
     const NAMES: Names;
+    /// The final status of a row the worker refuses to submit (approvals: `failed`), and the
+    /// column its reason is kept in. `None`: the kind's rows are never refused (a payment's
+    /// columns are CHECKed by its table).
+    const REFUSED: Option<(&'static str, &'static str)> = None;
     /// Its row.
     type Row: Row;
     /// Its Gateway answer type.
@@ -183,9 +196,14 @@ pub trait Kind: Send + Sync + Sized + 'static {
     /// The submission job of row `id` after `retries` retries.
     fn job(id: Uuid, retries: u32) -> Self::Job;
 
-    /// Why the row cannot be submitted (bad input), if it cannot.
-    fn refuse(_row: &Self::Row) -> Option<String> {
-        None
+    /// Why the row cannot be submitted (bad input, a card that does not exist), if it cannot.
+    /// Asked on the caller's connection (inside its transaction); the submission job, recovery
+    /// and the CLI ask this same question, so they refuse the same rows with the same reason.
+    fn refuse(
+        _conn: &mut PgConnection,
+        _row: &Self::Row,
+    ) -> impl Future<Output = sqlx::Result<Option<String>>> + Send {
+        async { Ok(None) }
     }
 
     /// The request summary, audit summary and audit details of a submission.

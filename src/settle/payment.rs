@@ -49,7 +49,7 @@ impl Kind for PaymentCall {
     const TABLE: &'static str = "payments";
     const ID: &'static str = "payment_id";
     const COLUMNS: &'static str = "payment_id, card_ref, amount_minor, currency, status, \
-                                   channel_ref, submissions, attempt_log_id, created_at, updated_at";
+         channel_ref, submissions, attempt_log_id, attempt_deadline, created_at, updated_at";
     const FINAL_SQL: &'static str = "'accepted', 'rejected'";
     const FINAL: &'static [&'static str] = &["accepted", "rejected"];
     const WAITING: Option<&'static str> = None;
@@ -158,6 +158,7 @@ impl Kind for PaymentCall {
                     Via::Response => "submit",
                     Via::Query => "recovery",
                     Via::Callback => "callback",
+                    Via::Refused => "refused",
                 },
             }),
         }

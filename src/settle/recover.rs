@@ -47,6 +47,9 @@ pub struct RecoveryReport {
     pub settled: usize,
     /// Unknown to the Gateway: resubmitted with the same key.
     pub resubmitted: usize,
+    /// Unknown to the Gateway and refused by the worker (bad input, unknown card): made final
+    /// with the reason, never sent.
+    pub refused: usize,
     /// The Gateway could not answer, or the row is still waiting: left for the next run.
     pub left: usize,
     /// Changed meanwhile by another path: nothing done.
@@ -62,8 +65,52 @@ pub async fn recover<K: Kind>(
     let due = table::due::<K>(&ctx.pool, thresholds, batch)
         .await
         .with_context(|| format!("finding undecided rows of {}", K::TABLE))?;
+    settle_rows::<K>(ctx, due, thresholds).await
+}
+
+/// What [`query_now`] did with one row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// Its attempt may still be in flight (`pending` before its deadline): no query, nothing
+    /// sent; recovery asks once the deadline has passed.
+    InFlight {
+        /// The attempt's deadline.
+        deadline: Option<chrono::DateTime<Utc>>,
+    },
+    /// Asked the Gateway now; what recovery's step did with the answer.
+    Queried(RecoveryReport),
+}
+
+/// `enqueue payment|approval` on a row that is `pending` or `unknown`: the recovery step for
+/// this one row now, whatever `recovery_after_secs` says, except while its attempt may still be
+/// in flight. Never a POST before the query; a 404 resubmits it through the job, with the same
+/// key, as recovery does.
+pub async fn query_now<K: Kind>(ctx: &AppContext, id: Uuid) -> anyhow::Result<Asked> {
+    let row = table::load::<K>(&ctx.pool, id)
+        .await
+        .with_context(|| format!("loading {} {id}", K::RESOURCE))?;
+    if let Some(row) = &row {
+        if row.attempt_in_flight(Utc::now()) {
+            return Ok(Asked::InFlight {
+                deadline: row.tracking().attempt_deadline,
+            });
+        }
+    }
+    let now = Thresholds {
+        undecided: std::time::Duration::ZERO,
+        waiting: std::time::Duration::ZERO,
+    };
+    Ok(Asked::Queried(settle_rows::<K>(ctx, vec![id], now).await?))
+}
+
+/// The recovery step for each of `ids`, one after another.
+async fn settle_rows<K: Kind>(
+    ctx: &AppContext,
+    ids: Vec<Uuid>,
+    thresholds: Thresholds,
+) -> anyhow::Result<RecoveryReport> {
     let mut report = RecoveryReport::default();
-    for id in due {
+    for id in ids {
         report.examined += 1;
         let correlation_id = Uuid::new_v4();
         let result = K::query(ctx, id, correlation_id).await;
@@ -82,6 +129,7 @@ pub async fn recover<K: Kind>(
         };
         match step {
             Step::Settled => report.settled += 1,
+            Step::Refused => report.refused += 1,
             Step::Resubmit { submitted_before } => {
                 // After the commit: if this enqueue is lost, the row is still undecided and the
                 // next run asks again.
@@ -105,6 +153,7 @@ pub async fn recover<K: Kind>(
 
 enum Step {
     Settled,
+    Refused,
     Resubmit { submitted_before: bool },
     Left,
     Skipped,
@@ -124,7 +173,7 @@ async fn settle_one<K: Kind>(
     let status_before = row.status().to_owned();
     let waiting = K::WAITING == Some(status_before.as_str());
 
-    let (state, recovery_summary, step) = if !table::still_due::<K>(&row, thresholds) {
+    let (state, mut recovery_summary, mut step) = if !table::still_due::<K>(&row, thresholds) {
         (
             log_state(&result.outcome),
             format!(
@@ -190,6 +239,21 @@ async fn settle_one<K: Kind>(
             ),
         }
     };
+
+    // What the submission job would refuse is refused here, in this transaction, and never
+    // resubmitted: a final row is never asked about again.
+    let refusal = match step {
+        Step::Resubmit { .. } => K::refuse(&mut tx, &row).await?,
+        _ => None,
+    };
+    if let Some(reason) = &refusal {
+        step = Step::Refused;
+        recovery_summary = format!(
+            "the Gateway never saw this {} (404), and it cannot be submitted: {reason}; made \
+             final, never sent",
+            K::RESOURCE
+        );
+    }
 
     let started_at = Utc::now()
         - chrono::Duration::from_std(result.elapsed).unwrap_or_else(|_| chrono::Duration::zero());
@@ -257,6 +321,19 @@ async fn settle_one<K: Kind>(
             .await?;
             table::reopen_for_resubmission::<K>(&mut tx, id).await?;
         }
+        (Step::Refused, _) => {
+            closed = close_open_attempt::<K>(
+                &mut tx,
+                &row,
+                FinalState::Failed,
+                format!("(from recovery query log #{query_log}) the Gateway never saw it (404)"),
+                "refused by recovery: it cannot be submitted".to_owned(),
+            )
+            .await?;
+            if let Some(reason) = &refusal {
+                super::submit::refuse_in::<K>(&mut tx, &row, reason, "recovery").await?;
+            }
+        }
         _ => {}
     }
     if matches!(step, Step::Left) && !moved {
@@ -264,7 +341,7 @@ async fn settle_one<K: Kind>(
     }
 
     let event_type = match step {
-        Step::Settled => K::NAMES.recovered,
+        Step::Settled | Step::Refused => K::NAMES.recovered,
         Step::Resubmit { .. } => K::NAMES.resubmitted,
         Step::Left if result.outcome.is_valid() => K::NAMES.recovery_skipped,
         Step::Left => K::NAMES.recovery_query_failed,

@@ -1,12 +1,15 @@
 //! The submission job of any [`Kind`]: one row to its `POST`, through the reliable path.
 //!
-//! 1. One transaction locks the row, commits the `pending` integration log (with its audit event
-//!    and link), sets the row `pending`, counts the submission and remembers the log as the row's
-//!    open attempt. Nothing is sent before this commit. A row already `pending` has an open
-//!    attempt (in flight, or its worker died mid-call: a killed pod's job comes back through
-//!    apalis's orphan recovery): nothing is sent, and recovery asks the Gateway about it, so a
-//!    crash never turns into a second submission. A final row, or one waiting for its decision
-//!    (`in_review`), sends nothing either.
+//! 1. One transaction locks the row. Only a `requested` row goes on: a row already `pending`
+//!    has an open attempt (in flight, or its worker died mid-call: a killed pod's job comes back
+//!    through apalis's orphan recovery), and an `unknown` one may have been acted on; neither is
+//!    ever POSTed again before a query, which recovery (or `enqueue`) makes, and only a query
+//!    answered 404 makes a row `requested` again. A final row, or one waiting for its decision
+//!    (`in_review`), sends nothing either. A row the kind refuses (`Kind::refuse`: bad input, an
+//!    unknown card) is made final with the reason in this transaction, once. Otherwise the
+//!    transaction commits the `pending` integration log (with its audit event and link), sets
+//!    the row `pending`, counts the submission and remembers the log as the row's open attempt,
+//!    with its deadline ([`attempt_limit`] from now). Nothing is sent before this commit.
 //! 2. The call, always with `Idempotency-Key = id` (the client sets it from the request; there is
 //!    no other key anywhere), so a repeated submission can never act twice.
 //! 3. One transaction locks the row again and finalises that log row with the change and its
@@ -15,12 +18,12 @@
 //!      waits; a different decision after a final one is a conflict, on record);
 //!    - a refusal the kind reads as a decision (an approval's 4xx) is decided `failed` the same
 //!      way;
-//!    - **unknown** (timeout, dropped connection after sending, 5xx, unreadable 2xx): status
-//!      `unknown`, never assumed failed; recovery settles it by asking the Gateway;
-//!    - **not received** (refused before sending; a payment's 4xx): if no earlier attempt can
-//!      have reached the Gateway (the row was `requested`), the status goes back to `requested`
-//!      and a retry is scheduled through the intake with back-off, with the same key. If an
-//!      earlier attempt may have reached it, the status becomes `unknown`, so that recovery asks.
+//!    - **unknown** (timeout, dropped connection after sending, 5xx, 409 for a key the Gateway
+//!      is still processing, unreadable 2xx): status `unknown`, never assumed failed; recovery
+//!      settles it by asking the Gateway;
+//!    - **not received** (refused before sending; a payment's 4xx): the status goes back to
+//!      `requested`, and once that has committed a retry is scheduled through the intake with
+//!      back-off, with the same key.
 //!
 //! A database error before the pending commit sends nothing and retries through the intake with
 //! back-off. A database error after the call is retried briefly; if it persists, the pending row
@@ -65,7 +68,8 @@ const FINISH_ATTEMPTS: u32 = 3;
 pub enum Submitted {
     /// No such row: recorded (audit), nothing sent.
     UnknownRow,
-    /// The row cannot be submitted (bad input): recorded (audit) with the reason, nothing sent.
+    /// The row cannot be submitted (bad input, unknown card): made final with the reason (where
+    /// the kind has a refused status), on record (audit), nothing sent.
     Refused(String),
     /// Already decided (final): nothing sent.
     AlreadySettled(String),
@@ -76,7 +80,12 @@ pub enum Submitted {
     AttemptOpen {
         /// The open attempt's `pending` log.
         log_id: Option<i64>,
+        /// Until when the attempt may still be in flight (recovery leaves it alone until then).
+        deadline: Option<chrono::DateTime<chrono::Utc>>,
     },
+    /// `unknown`: the Gateway may have acted. Nothing sent: a row is POSTed again only after a
+    /// query answered 404 (recovery's, or the one `enqueue` asks for).
+    AwaitsQuery(String),
     /// A database error before the pending commit: nothing sent, retry scheduled after this.
     Deferred(Duration),
     /// The Gateway answered (or refused the request, which for some kinds is a decision).
@@ -116,7 +125,9 @@ pub async fn run_job<K: Kind>(ctx: &AppContext, id: Uuid, retries: u32) -> anyho
             anyhow::bail!("{} {id} does not exist; nothing was sent", K::RESOURCE)
         }
         Submitted::Refused(reason) => {
-            anyhow::bail!("{} {id} refused: {reason}; nothing was sent", K::RESOURCE)
+            // On record (final, with the reason): nothing to retry, so the job ends here.
+            tracing::warn!(%id, %reason, "refused: made final with the reason; nothing was sent");
+            Ok(())
         }
         other => {
             tracing::info!(outcome = ?other, "submission handled");
@@ -131,14 +142,14 @@ pub async fn submit<K: Kind>(
     id: Uuid,
     retries: u32,
 ) -> anyhow::Result<Submitted> {
-    let begun = match begin::<K>(ctx, id).await {
+    let begun = match begin::<K>(ctx, id, attempt_limit(&ctx.config)).await {
         Ok(begun) => begun,
         Err(e) => return defer::<K>(ctx, id, retries, &e).await,
     };
     let (row, pending) = match begun {
         Begun::Done(done) => {
-            if let Submitted::UnknownRow | Submitted::Refused(_) = &done {
-                record_refusal::<K>(ctx, id, &done).await;
+            if let Submitted::UnknownRow = &done {
+                record_unknown_row::<K>(ctx, id).await;
             }
             return Ok(done);
         }
@@ -147,41 +158,27 @@ pub async fn submit<K: Kind>(
 
     let result = K::submit(ctx, &row, pending.correlation_id).await;
     let decision = classify::<K>(&row, retries, &result);
-    let retry_note = match decision.retry_in {
-        // Scheduled before the outcome commits: if that commit is lost, the retry finds the row
-        // `pending` (an open attempt) and sends nothing; recovery asks the Gateway and resubmits
-        // if it never saw it.
-        Some(delay) => match ctx
-            .producer
-            .enqueue_after(&K::job(id, retries + 1), delay)
-            .await
-        {
-            Ok(_) => None,
-            Err(e) => Some(format!(
-                "the retry could not be scheduled ({e}); `cardworker enqueue {} --{}-id {id}` \
-                 resubmits it with the same key",
-                K::RESOURCE,
-                K::RESOURCE
-            )),
-        },
-        None => None,
-    };
 
     let mut last_error = None;
     for attempt in 0..FINISH_ATTEMPTS {
-        match record_outcome::<K>(
-            ctx,
-            &row,
-            &pending,
-            &result,
-            &decision,
-            retry_note.as_deref(),
-        )
-        .await
-        {
+        match record_outcome::<K>(ctx, &row, &pending, &result, &decision).await {
             Ok(submitted) => {
-                if let Some(note) = retry_note {
-                    anyhow::bail!("{} {id}: {note}", K::RESOURCE);
+                // Only after the outcome committed: a retry that ran before it would find the
+                // row `pending`, end, and leave it `requested` with no job once the commit landed.
+                if let Some(delay) = decision.retry_in {
+                    ctx.producer
+                        .enqueue_after(&K::job(id, retries + 1), delay)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "{} {id} is back to requested, but its retry could not be \
+                                 scheduled; recovery resubmits it after its recovery_after_secs \
+                                 (or `cardworker enqueue {} --{}-id {id}` now)",
+                                K::RESOURCE,
+                                K::RESOURCE,
+                                K::RESOURCE
+                            )
+                        })?;
                 }
                 return Ok(submitted);
             }
@@ -194,7 +191,8 @@ pub async fn submit<K: Kind>(
     }
     Err(anyhow::anyhow!(
         "{} {id}: the Gateway's answer ({}) could not be recorded: {}; the pending log #{} \
-         stays and recovery settles it from the Gateway's record",
+         stays and recovery settles it from the Gateway's record once the attempt's deadline \
+         has passed",
         K::RESOURCE,
         result.outcome.kind(),
         last_error.map_or_else(String::new, |e| e.to_string()),
@@ -202,13 +200,26 @@ pub async fn submit<K: Kind>(
     ))
 }
 
+/// The time limit of a submission job (the Gateway timeout bounds the call; the rest is two
+/// short transactions). An attempt whose pending commit is older than this has certainly ended:
+/// it is the attempt's deadline, before which recovery leaves a `pending` row alone.
+pub fn attempt_limit(config: &crate::config::Config) -> Duration {
+    config.gateway.timeout() + Duration::from_secs(30)
+}
+
 enum Begun<R> {
     Done(Submitted),
     Started { row: Box<R>, pending: Pending },
 }
 
-/// Step 1: one transaction; pending before the call.
-async fn begin<K: Kind>(ctx: &AppContext, id: Uuid) -> Result<Begun<K::Row>, ReliableError> {
+/// Step 1: one transaction; pending before the call. Only a `requested` row is sent: `pending`
+/// and `unknown` rows are never POSTed again before a query (recovery's, or the one `enqueue`
+/// asks for), and only a query answered 404 makes a row `requested` again.
+async fn begin<K: Kind>(
+    ctx: &AppContext,
+    id: Uuid,
+    limit: Duration,
+) -> Result<Begun<K::Row>, ReliableError> {
     let mut tx = ctx.pool.begin().await?;
     let Some(row) = table::lock::<K>(&mut tx, id).await? else {
         return Ok(Begun::Done(Submitted::UnknownRow));
@@ -223,9 +234,15 @@ async fn begin<K: Kind>(ctx: &AppContext, id: Uuid) -> Result<Begun<K::Row>, Rel
     if status == "pending" {
         return Ok(Begun::Done(Submitted::AttemptOpen {
             log_id: row.attempt_log_id(),
+            deadline: row.tracking().attempt_deadline,
         }));
     }
-    if let Some(reason) = K::refuse(&row) {
+    if status != "requested" {
+        return Ok(Begun::Done(Submitted::AwaitsQuery(status.to_owned())));
+    }
+    if let Some(reason) = K::refuse(&mut tx, &row).await? {
+        refuse_in::<K>(&mut tx, &row, &reason, "submission").await?;
+        tx.commit().await?;
         return Ok(Begun::Done(Submitted::Refused(reason)));
     }
     let (request_summary, audit_summary, mut audit_details) = K::describe(&row);
@@ -245,12 +262,56 @@ async fn begin<K: Kind>(ctx: &AppContext, id: Uuid) -> Result<Begun<K::Row>, Rel
         audit_details,
     };
     let pending = begin_in(&mut tx, &call).await?;
-    table::start_attempt::<K>(&mut tx, id, pending.log_id).await?;
+    table::start_attempt::<K>(&mut tx, id, pending.log_id, limit).await?;
     tx.commit().await?;
     Ok(Begun::Started {
         row: Box::new(row),
         pending,
     })
+}
+
+/// A row the worker refuses to submit (`K::refuse`): made final with the reason (where the kind
+/// has a refused status), one `<kind>.submit_refused` audit event and, when it changed the row,
+/// the decision's outbox event, in the caller's transaction. Once final, nobody submits, queries
+/// or refuses it again, so this is written once. `by` says who found it (`submission`,
+/// `recovery`).
+pub(super) async fn refuse_in<K: Kind>(
+    conn: &mut PgConnection,
+    row: &K::Row,
+    reason: &str,
+    by: &str,
+) -> Result<(), ReliableError> {
+    let id = row.id();
+    let reason = crate::gateway::redact_digits(reason);
+    let changed = table::mark_refused::<K>(conn, id, &reason).await?;
+    let final_note = match K::REFUSED {
+        Some((status, _)) if changed => format!("; {} is {status} (final)", K::RESOURCE),
+        _ => String::new(),
+    };
+    insert_audit(
+        conn,
+        &AuditRecord {
+            event_type: K::NAMES.submit_refused,
+            correlation_id: None,
+            summary: format!(
+                "{} {id} not submitted: {reason}; nothing was sent{final_note}",
+                K::RESOURCE
+            ),
+            details: json!({ K::ID: id, "reason": reason, "found_by": by, "changed": changed }),
+            resource_type: K::RESOURCE,
+            resource_id: id.to_string(),
+        },
+        None,
+    )
+    .await?;
+    if let (Some((status, _)), true) = (K::REFUSED, changed) {
+        let mut event = K::decided_event(row, status, None, Via::Refused);
+        if let Some(payload) = event.payload.as_object_mut() {
+            payload.insert("reason".into(), json!(reason));
+        }
+        event.insert(conn).await?;
+    }
+    Ok(())
 }
 
 /// A database error before anything was sent: retry through the intake with back-off.
@@ -282,12 +343,8 @@ async fn defer<K: Kind>(
     Ok(Submitted::Deferred(delay))
 }
 
-/// An unknown or refused row is recorded (audit) before the job is made dead.
-async fn record_refusal<K: Kind>(ctx: &AppContext, id: Uuid, done: &Submitted) {
-    let reason = match done {
-        Submitted::Refused(reason) => reason.clone(),
-        _ => format!("unknown {}", K::RESOURCE),
-    };
+/// A row that does not exist is recorded (audit) before the job is made dead.
+async fn record_unknown_row<K: Kind>(ctx: &AppContext, id: Uuid) {
     let written = async {
         let mut conn = ctx.pool.acquire().await?;
         insert_audit(
@@ -296,10 +353,11 @@ async fn record_refusal<K: Kind>(ctx: &AppContext, id: Uuid, done: &Submitted) {
                 event_type: K::NAMES.submit_refused,
                 correlation_id: None,
                 summary: format!(
-                    "{} {id} not submitted: {reason}; nothing was sent",
+                    "{} {id} not submitted: unknown {}; nothing was sent",
+                    K::RESOURCE,
                     K::RESOURCE
                 ),
-                details: json!({ K::ID: id, "reason": reason }),
+                details: json!({ K::ID: id, "reason": format!("unknown {}", K::RESOURCE) }),
                 resource_type: K::RESOURCE,
                 resource_id: id.to_string(),
             },
@@ -410,11 +468,10 @@ async fn record_outcome<K: Kind>(
     pending: &Pending,
     result: &CallResult<K::Response>,
     decision: &Decision,
-    retry_note: Option<&str>,
 ) -> Result<Submitted, ReliableError> {
     let mut tx = ctx.pool.begin().await?;
     let (finish, submitted, applied) =
-        apply_change::<K>(&mut tx, row, pending, result, decision, retry_note).await?;
+        apply_change::<K>(&mut tx, row, pending, result, decision).await?;
     match pending.finish_in(&mut tx, &finish).await {
         Ok(()) => {
             tx.commit().await?;
@@ -425,7 +482,7 @@ async fn record_outcome<K: Kind>(
             tx.rollback().await?;
             let mut tx = ctx.pool.begin().await?;
             let (mut finish, submitted, applied) =
-                apply_change::<K>(&mut tx, row, pending, result, decision, retry_note).await?;
+                apply_change::<K>(&mut tx, row, pending, result, decision).await?;
             finish.recovery_summary = Some(format!(
                 "late answer: pending log #{log_id} of this attempt had already been closed by \
                  another path; {}",
@@ -455,15 +512,11 @@ async fn apply_change<K: Kind>(
     pending: &Pending,
     result: &CallResult<K::Response>,
     decision: &Decision,
-    retry_note: Option<&str>,
 ) -> Result<(Finish, Submitted, Option<&'static str>), ReliableError> {
     let id = row.id();
     let log_id = pending.log_id;
     let mut applied = None;
     let mut recovery = decision.recovery_summary.clone();
-    if let Some(note) = retry_note {
-        recovery = format!("{recovery}; {note}");
-    }
     let current = table::lock::<K>(conn, id)
         .await?
         .ok_or(ReliableError::Domain(anyhow::anyhow!(

@@ -42,24 +42,53 @@ pub async fn lock<K: Kind>(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Op
     .await
 }
 
-/// A submission attempt begins: `pending`, one more submission, the attempt's log remembered.
+/// A submission attempt begins: `pending`, one more submission, the attempt's log remembered,
+/// and its deadline (`limit` from now: the job's own time limit, after which the attempt has
+/// certainly ended).
 pub async fn start_attempt<K: Kind>(
     conn: &mut PgConnection,
     id: Uuid,
     log_id: i64,
+    limit: Duration,
 ) -> sqlx::Result<()> {
     sqlx::query(&format!(
         "UPDATE {} SET status = 'pending', submissions = submissions + 1, attempt_log_id = $2,
-                updated_at = now()
+                attempt_deadline = now() + make_interval(secs => $3), updated_at = now()
           WHERE {} = $1",
         K::TABLE,
         K::ID
     ))
     .bind(id)
     .bind(log_id)
+    .bind(secs(limit))
     .execute(conn)
     .await
     .map(|_| ())
+}
+
+/// A row the worker refuses to submit is made final (`K::REFUSED`'s status) with its reason,
+/// unless it is final already. Returns whether it changed the row.
+pub async fn mark_refused<K: Kind>(
+    conn: &mut PgConnection,
+    id: Uuid,
+    reason: &str,
+) -> sqlx::Result<bool> {
+    let Some((status, column)) = K::REFUSED else {
+        return Ok(false);
+    };
+    let done = sqlx::query(&format!(
+        "UPDATE {} SET status = $2, {column} = $3, updated_at = now()
+          WHERE {} = $1 AND status NOT IN ({})",
+        K::TABLE,
+        K::ID,
+        K::FINAL_SQL
+    ))
+    .bind(id)
+    .bind(status)
+    .bind(crate::storage::fault::clean(reason))
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Writes the Gateway's answer (a final decision, or the waiting status) unless the row is final
@@ -163,7 +192,8 @@ pub async fn touch_requested<'e, K: Kind>(
 }
 
 /// Recovery's work, oldest first, at most `batch`: undecided rows (`requested`, `pending`,
-/// `unknown`) untouched for `thresholds.undecided` along `<table>_unsettled_idx`, then, for a
+/// `unknown`) untouched for `thresholds.undecided` along `<table>_unsettled_idx`, except a
+/// `pending` row before its attempt's deadline (its POST may still be on the wire), then, for a
 /// kind with a waiting status, rows in it untouched for `thresholds.waiting` along
 /// `<table>_in_review_idx`. The predicates repeat the partial indexes', so each scan is an index
 /// range scan.
@@ -176,6 +206,7 @@ pub async fn due<K: Kind>(
         "SELECT {} FROM {}
           WHERE status IN ('requested', 'pending', 'unknown')
             AND updated_at < now() - make_interval(secs => $1)
+            AND (status <> 'pending' OR attempt_deadline IS NULL OR attempt_deadline <= now())
           ORDER BY updated_at
           LIMIT $2",
         K::ID,
@@ -210,10 +241,11 @@ fn secs(d: Duration) -> f64 {
 }
 
 /// Whether a row is still due under the lock (a new attempt, a callback or another pod may have
-/// moved it since the scan).
+/// moved it since the scan): not final, not an attempt still in flight, untouched long enough.
 pub fn still_due<K: Kind>(row: &K::Row, thresholds: Thresholds) -> bool {
+    let now = chrono::Utc::now();
     let after = thresholds.of::<K>(row.status());
     !K::is_final(row.status())
-        && (chrono::Utc::now() - row.updated_at()).num_milliseconds() as f64
-            >= after.as_secs_f64() * 1000.0
+        && !row.attempt_in_flight(now)
+        && (now - row.updated_at()).num_milliseconds() as f64 >= after.as_secs_f64() * 1000.0
 }

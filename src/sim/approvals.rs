@@ -64,18 +64,15 @@ pub(crate) struct ApprovalDice {
     pub review_ms: u64,
 }
 
-/// Counts one POST and answers it (module docs).
+/// Acts on one POST (already counted with its key) and answers it (module docs).
 pub(crate) fn submit(
     approvals: &mut Approvals,
     req: &ApprovalRequest,
-    key: Option<&str>,
     dice: ApprovalDice,
     rng: &mut impl rand::Rng,
 ) -> ApprovalResult {
     let now = Instant::now();
     let rec = approvals.entry(req.approval_id).or_default();
-    rec.idempotency_keys
-        .push(key.unwrap_or_default().to_owned());
     rec.settle_due(now);
     if let Some(stored) = &rec.stored {
         return stored.clone();
@@ -126,6 +123,17 @@ pub(crate) async fn h_submit(
         }
     };
     let key = header_value(&headers, IDEMPOTENCY_HEADER);
+    // Counted before any simulated trouble or conflict: the Gateway did receive it.
+    sim.with_state(|st| {
+        st.approvals
+            .entry(req.approval_id)
+            .or_default()
+            .idempotency_keys
+            .push(key.clone().unwrap_or_default())
+    });
+    let Some(_post) = sim.begin_post(key.as_deref().unwrap_or_default()) else {
+        return super::routes::conflict();
+    };
     let disturbance = sim.prelude().await;
     if key.as_deref() != Some(req.approval_id.to_string().as_str()) {
         return (
@@ -141,20 +149,14 @@ pub(crate) async fn h_submit(
         None => {}
     }
     let config = sim.config();
+    sim.sleep(config.post_act_delay_ms).await;
     let dice = ApprovalDice {
         in_review_rate: config.approval_in_review_rate,
         decline_rate: config.approval_decline_rate,
         review_ms: config.approval_review_ms,
     };
-    let result = sim.with_state(|st| {
-        submit(
-            &mut st.approvals,
-            &req,
-            key.as_deref(),
-            dice,
-            &mut rand::rng(),
-        )
-    });
+    let result = sim.with_state(|st| submit(&mut st.approvals, &req, dice, &mut rand::rng()));
+    sim.sleep(config.post_answer_delay_ms).await;
     (StatusCode::OK, Json(result)).into_response()
 }
 
@@ -208,7 +210,7 @@ mod tests {
             decline_rate: 1.0,
             review_ms: 0,
         };
-        let first = submit(&mut approvals, &req(id), Some("k"), dice, &mut rand::rng());
+        let first = submit(&mut approvals, &req(id), dice, &mut rand::rng());
         assert_eq!(first.status, ApprovalStatus::InReview);
         assert_eq!(
             query(&mut approvals, id).map(|r| r.status),
@@ -219,9 +221,8 @@ mod tests {
             decline_rate: 0.0,
             review_ms: 0,
         };
-        let again = submit(&mut approvals, &req(id), Some("k"), never, &mut rand::rng());
+        let again = submit(&mut approvals, &req(id), never, &mut rand::rng());
         assert_eq!(again.status, ApprovalStatus::Declined, "idempotent");
-        assert_eq!(approvals[&id].idempotency_keys, ["k", "k"]);
         assert_eq!(query(&mut approvals, Uuid::new_v4()), None);
     }
 }

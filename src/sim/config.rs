@@ -84,6 +84,17 @@ pub struct SimConfig {
     pub approval_decline_rate: f64,
     /// How long an approval stays in review before the channel decides it.
     pub approval_review_ms: u64,
+    /// How long every `POST /v1/payments|approvals` is held before the Gateway acts on it: the
+    /// request is on the wire, and a `GET` meanwhile answers 404 (0: acts at once).
+    pub post_act_delay_ms: u64,
+    /// How long every `POST /v1/payments|approvals` holds its answer after the Gateway acted:
+    /// longer than the client's timeout, the Gateway acted but the caller does not know (0: answers
+    /// at once).
+    pub post_answer_delay_ms: u64,
+    /// Whether a `POST` whose `Idempotency-Key` is still being processed by an earlier `POST`
+    /// (held by the two delays above, or by latency) is answered `409 Conflict`, without acting,
+    /// as many idempotency stores do.
+    pub conflict_concurrent_posts: bool,
 }
 
 impl Default for SimConfig {
@@ -99,6 +110,9 @@ impl Default for SimConfig {
             approval_in_review_rate: 0.0,
             approval_decline_rate: 0.0,
             approval_review_ms: 60_000,
+            post_act_delay_ms: 0,
+            post_answer_delay_ms: 0,
+            conflict_concurrent_posts: false,
         }
     }
 }
@@ -135,6 +149,9 @@ pub struct SimConfigPatch {
     pub approval_in_review_rate: Option<f64>,
     pub approval_decline_rate: Option<f64>,
     pub approval_review_ms: Option<u64>,
+    pub post_act_delay_ms: Option<u64>,
+    pub post_answer_delay_ms: Option<u64>,
+    pub conflict_concurrent_posts: Option<bool>,
 }
 
 impl SimConfigPatch {
@@ -155,6 +172,11 @@ impl SimConfigPatch {
                 .approval_decline_rate
                 .unwrap_or(c.approval_decline_rate),
             approval_review_ms: self.approval_review_ms.unwrap_or(c.approval_review_ms),
+            post_act_delay_ms: self.post_act_delay_ms.unwrap_or(c.post_act_delay_ms),
+            post_answer_delay_ms: self.post_answer_delay_ms.unwrap_or(c.post_answer_delay_ms),
+            conflict_concurrent_posts: self
+                .conflict_concurrent_posts
+                .unwrap_or(c.conflict_concurrent_posts),
         }
     }
 }
@@ -200,6 +222,9 @@ mod tests {
             approval_in_review_rate: 0.4,
             approval_decline_rate: 0.5,
             approval_review_ms: 11,
+            post_act_delay_ms: 12,
+            post_answer_delay_ms: 13,
+            conflict_concurrent_posts: true,
         };
         assert_eq!(SimConfigPatch::default().apply(&c), c);
     }

@@ -20,6 +20,15 @@
 //! | `POST /sim/payments/{payment_id}` | `{"behaviour": …}` ([`PaymentBehaviour`]) for that payment |
 //! | `GET /sim/requests` | the last requests seen ([`RequestRecord`]), oldest first |
 //!
+//! The money-moving `POST`s (`/v1/payments`, `/v1/approvals`) have three knobs of their own,
+//! switched at run time through `POST /sim/config` like the others: `post_act_delay_ms` (the
+//! request is held before the Gateway acts on it, so a `GET` meanwhile answers 404),
+//! `post_answer_delay_ms` (it acts, then holds the answer: set it above the client's timeout and
+//! the Gateway acted while the caller saw a timeout), and `conflict_concurrent_posts` (a `POST`
+//! whose `Idempotency-Key` is still being processed is answered `409 Conflict` without acting).
+//! For example `curl -d '{"post_answer_delay_ms": 8000, "conflict_concurrent_posts": true}'
+//! 127.0.0.1:8089/sim/config`.
+//!
 //! # Layout
 //! - `approvals.rs`: `POST /v1/approvals` and `GET /v1/approvals/{id}`: `in_review` at
 //!   `approval_in_review_rate`, decided `approval_review_ms` later (declined at

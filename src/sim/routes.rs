@@ -45,6 +45,15 @@ impl Simulator {
     }
 }
 
+/// `409 Conflict`: a `POST` with the same `Idempotency-Key` is still being processed.
+pub(super) fn conflict() -> Response {
+    (
+        StatusCode::CONFLICT,
+        Json(json!({"error": "a request with this Idempotency-Key is still being processed"})),
+    )
+        .into_response()
+}
+
 fn unavailable() -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
@@ -128,6 +137,9 @@ async fn h_payment_submit(
     let key = header_value(&headers, IDEMPOTENCY_HEADER);
     // Record the submission before any simulated trouble: the Gateway did receive it.
     let behaviour = sim.with_state(|st| st.record_submission(req.payment_id, key.as_deref()));
+    let Some(_post) = sim.begin_post(key.as_deref().unwrap_or_default()) else {
+        return conflict();
+    };
     let disturbance = sim.prelude().await;
     if key.as_deref() != Some(req.payment_id.to_string().as_str()) {
         return (
@@ -144,10 +156,11 @@ async fn h_payment_submit(
         Some(Disturbance::Garbage(k)) => return render(payment_garbage(k, req.payment_id)),
         None => {}
     }
+    let config = sim.config();
+    sim.sleep(config.post_act_delay_ms).await;
     let (result, hang) = sim.with_state(|st| st.decide_payment(&req, behaviour));
-    if let Some(ms) = hang {
-        sim.sleep(ms).await;
-    }
+    sim.sleep(hang.unwrap_or(0).max(config.post_answer_delay_ms))
+        .await;
     (StatusCode::OK, Json(result)).into_response()
 }
 

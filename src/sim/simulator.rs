@@ -321,6 +321,42 @@ impl Simulator {
     }
 }
 
+/// One `POST` being processed under its `Idempotency-Key`, from [`Simulator::begin_post`] to
+/// drop.
+pub(crate) struct PostInProgress {
+    inner: Arc<Inner>,
+    key: String,
+}
+
+impl Drop for PostInProgress {
+    fn drop(&mut self) {
+        let mut state = lock(&self.inner.state);
+        if let Some(n) = state.posts_in_progress.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                state.posts_in_progress.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Simulator {
+    /// A `POST` with `key` begins. `None` when another `POST` with the same key is still being
+    /// processed and `conflict_concurrent_posts` is on: it is then answered 409 without acting.
+    pub(crate) fn begin_post(&self, key: &str) -> Option<PostInProgress> {
+        let mut state = lock(&self.inner.state);
+        let busy = state.posts_in_progress.contains_key(key);
+        if busy && state.config.conflict_concurrent_posts {
+            return None;
+        }
+        *state.posts_in_progress.entry(key.to_owned()).or_default() += 1;
+        Some(PostInProgress {
+            inner: self.inner.clone(),
+            key: key.to_owned(),
+        })
+    }
+}
+
 /// A header as text (lossy), `None` when absent.
 pub(crate) fn header_value(headers: &HeaderMap, name: &str) -> Option<String> {
     headers

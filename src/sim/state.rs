@@ -84,6 +84,8 @@ pub(crate) struct SimState {
     pub(crate) payments: HashMap<Uuid, PaymentRecord>,
     pub(crate) approvals: super::approvals::Approvals,
     pub(crate) requests: VecDeque<RequestRecord>,
+    /// The `Idempotency-Key`s of the `POST`s being processed now, with how many of each.
+    pub(crate) posts_in_progress: HashMap<String, usize>,
 }
 
 impl SimState {

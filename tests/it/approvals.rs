@@ -102,7 +102,7 @@ async fn log_states(pool: &PgPool, id: Uuid, scenario: &str) -> Vec<String> {
 }
 
 async fn age(pool: &PgPool) {
-    sqlx::query("UPDATE approvals SET updated_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE approvals SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
         .execute(pool)
         .await
         .expect("age approvals");

@@ -24,6 +24,7 @@ mod key_inventory;
 mod maintenance;
 mod messages;
 mod migrations;
+mod money_once;
 mod outage;
 mod payments;
 mod plans;

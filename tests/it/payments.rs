@@ -139,7 +139,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
         .expect("recovery");
     assert_eq!(report, RecoveryReport::default());
 
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
         .execute(&pool)
         .await
         .expect("age payments");
@@ -152,6 +152,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
             examined: 3,
             settled: 2,
             resubmitted: 1,
+            refused: 0,
             left: 0,
             skipped: 0
         }
@@ -270,7 +271,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
 
     // A failed query leaves it unknown, on record.
     app.sim.set_payment_behaviour(id, PaymentBehaviour::Accept);
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
         .execute(&pool)
         .await
         .expect("age");
@@ -287,7 +288,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     app.sim.set_error_rate(0.0);
 
     // The 503 was never stored: 404, resubmitted with the same key, accepted.
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
         .execute(&pool)
         .await
         .expect("age");

@@ -112,6 +112,7 @@ pub const COVERAGE: &[Statement] = &[
     s("src/settle/table.rs", "mark an approval attempt's outcome", Sql::Contains(&["UPDATE approvals SET status = $3, updated_at = now() WHERE approval_id = $1 AND attempt_log_id = $2"])),
     s("src/settle/table.rs", "move a payment to the back of recovery's line", Sql::Contains(&["UPDATE payments SET updated_at = now() WHERE payment_id = $1 AND status NOT IN"])),
     s("src/settle/table.rs", "move an approval to the back of recovery's line", Sql::Contains(&["UPDATE approvals SET updated_at = now() WHERE approval_id = $1 AND status NOT IN"])),
+    s("src/settle/table.rs", "refuse an approval: final with its reason", Sql::Contains(&["UPDATE approvals SET status = $2, failure_reason = $3, updated_at = now() WHERE approval_id = $1 AND status NOT IN"])),
     s("src/settle/table.rs", "reopen a payment the Gateway never saw", Sql::Contains(&["UPDATE payments SET status = 'requested', updated_at = now()"])),
     s("src/settle/table.rs", "reopen an approval the Gateway never saw", Sql::Contains(&["UPDATE approvals SET status = 'requested', updated_at = now()"])),
     s("src/settle/table.rs", "touch a requested payment before it is enqueued", Sql::Contains(&["UPDATE payments SET updated_at = CASE WHEN status = 'requested'"])),
@@ -555,6 +556,27 @@ impl Driver<'_> {
         .expect("submit");
         self.app.sim.set_error_rate(0.0);
         assert_eq!(self.approval_status(unknown).await, "unknown");
+
+        // A kind the contract does not allow: refused, final with its reason, never sent.
+        let refused = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO approvals (approval_id, card_ref, kind) VALUES ($1, $2, 'upgrade')",
+        )
+        .bind(refused)
+        .bind(&card)
+        .execute(self.pool())
+        .await
+        .expect("insert approval");
+        cardworker::approvals::submit::submit(
+            self.ctx(),
+            &SubmitApproval {
+                approval_id: refused,
+                retries: 0,
+            },
+        )
+        .await
+        .expect("submit");
+        assert_eq!(self.approval_status(refused).await, "failed");
 
         // Recovery: the unknown one was never stored by the sim (its 503 came first): 404,
         // resubmitted; the one in review is decided by now.

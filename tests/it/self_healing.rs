@@ -207,7 +207,7 @@ async fn a_payment_enqueued_and_lost_with_a_redis_flush_is_submitted_exactly_onc
 
     // A worker comes up on the empty Redis; recovery finds the payment in PostgreSQL.
     let app = spawn_app_prepared(db, redis, |_| {}).await;
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
         .execute(&app.db.pool)
         .await
         .expect("age");

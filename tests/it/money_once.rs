@@ -1,0 +1,539 @@
+//! Money submitted once, whatever is repeated: an operator who runs `enqueue` twice, recovery
+//! running while a slow attempt is still in flight, a concurrent POST answered 409, a retry that
+//! races its own commit, a row the worker must refuse. Against real PostgreSQL and Redis and the
+//! simulator, taught to act on a POST and answer late, and to answer 409 to a concurrent POST
+//! with the same `Idempotency-Key`.
+//!
+//! Each test reads the simulator's request log: for every payment and approval, at most one
+//! POST before any query that answered 404.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cardworker::approvals::{recovery as approval_recovery, submit as approval_submit};
+use cardworker::context::AppContext;
+use cardworker::gateway::CallKind;
+use cardworker::payments::recovery as payment_recovery;
+use cardworker::payments::submit as payment_submit;
+use cardworker::queue::QueueName;
+use cardworker::settle::Thresholds;
+use cardworker::sim::SimConfigPatch;
+use cardworker_jobs::{SubmitApproval, SubmitPayment};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::harness::{spawn_app_with, wait_until, TestApp};
+
+/// An app whose recovery crons never fire (recovery runs are called directly), with a Gateway
+/// timeout of `timeout_ms`.
+async fn app(timeout_ms: u64) -> TestApp {
+    spawn_app_with(|cfg| {
+        cfg.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+        cfg.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+        cfg.gateway.timeout_ms = timeout_ms;
+        cfg.polling.handler_timeout_secs = timeout_ms / 1000 + 2;
+        cfg.polling.lease_ttl_secs = timeout_ms / 1000 + 8;
+    })
+    .await
+}
+
+/// Recovery as if `recovery_after_secs` were 0: everything undecided is due at once.
+const AT_ONCE: Thresholds = Thresholds {
+    undecided: Duration::ZERO,
+    waiting: Duration::ZERO,
+};
+
+fn knobs(app: &TestApp, patch: SimConfigPatch) {
+    app.sim.update_config(&patch).expect("simulator knobs");
+}
+
+async fn insert_payment(pool: &PgPool) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-1', 1234, 'CNY')",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .expect("insert payment");
+    id
+}
+
+async fn insert_approval(pool: &PgPool, card_ref: &str, kind: &str, amount: Option<i64>) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(id)
+    .bind(card_ref)
+    .bind(kind)
+    .bind(amount)
+    .execute(pool)
+    .await
+    .expect("insert approval");
+    id
+}
+
+async fn status(pool: &PgPool, table: &str, id: Uuid) -> String {
+    let column = if table == "payments" {
+        "payment_id"
+    } else {
+        "approval_id"
+    };
+    sqlx::query_scalar(&format!("SELECT status FROM {table} WHERE {column} = $1"))
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("status")
+}
+
+/// The Gateway calls about `id`, in order, as the simulator logged them: `POST` (with
+/// `Idempotency-Key = id`) or `GET`.
+fn calls(app: &TestApp, id: Uuid) -> Vec<&'static str> {
+    let id = id.to_string();
+    app.sim
+        .recent_requests()
+        .iter()
+        .filter_map(|r| match r.call {
+            CallKind::PaymentSubmit | CallKind::ApprovalSubmit
+                if r.idempotency_key.as_deref() == Some(id.as_str()) =>
+            {
+                Some("POST")
+            }
+            CallKind::PaymentQuery | CallKind::ApprovalQuery if r.path.ends_with(&id) => {
+                Some("GET")
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+async fn audit_count(pool: &PgPool, resource_type: &str, id: Uuid, event_type: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
+          WHERE r.resource_type = $1 AND r.resource_id = $2 AND e.event_type = $3",
+    )
+    .bind(resource_type)
+    .bind(id.to_string())
+    .bind(event_type)
+    .fetch_one(pool)
+    .await
+    .expect("audit events")
+}
+
+fn late_answers(app: &TestApp) {
+    // The Gateway acts at once and answers after 3 s; the client gives up after 2 s.
+    knobs(
+        app,
+        SimConfigPatch {
+            post_answer_delay_ms: Some(3_000),
+            ..SimConfigPatch::default()
+        },
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_payment_again_on_an_unknown_payment_queries_it_and_never_posts_twice() {
+    let app = app(2_000).await;
+    let pool = app.db.pool.clone();
+    late_answers(&app);
+    let id = insert_payment(&pool).await;
+
+    cardworker::commands::payments::enqueue_payment(&app.ctx, id)
+        .await
+        .expect("enqueue payment");
+    wait_until(
+        Duration::from_secs(20),
+        "the late answer leaves the payment unknown",
+        || async { status(&pool, "payments", id).await == "unknown" },
+    )
+    .await;
+
+    // The operator runs it again: the row is queried, never POSTed again.
+    cardworker::commands::payments::enqueue_payment(&app.ctx, id)
+        .await
+        .expect("enqueue payment again");
+    assert_eq!(status(&pool, "payments", id).await, "accepted");
+    assert_eq!(calls(&app, id), ["POST", "GET"]);
+    assert_eq!(app.sim.submissions(id), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_approval_again_on_an_unknown_approval_queries_it_and_never_posts_twice() {
+    let app = app(2_000).await;
+    let pool = app.db.pool.clone();
+    app.insert_card("c-1").await;
+    late_answers(&app);
+    let id = insert_approval(&pool, "c-1", "issue", None).await;
+
+    cardworker::commands::approvals::enqueue_approval(&app.ctx, id, None)
+        .await
+        .expect("enqueue approval");
+    wait_until(
+        Duration::from_secs(20),
+        "the late answer leaves the approval unknown",
+        || async { status(&pool, "approvals", id).await == "unknown" },
+    )
+    .await;
+
+    cardworker::commands::approvals::enqueue_approval(&app.ctx, id, None)
+        .await
+        .expect("enqueue approval again");
+    assert_eq!(status(&pool, "approvals", id).await, "approved");
+    assert_eq!(calls(&app, id), ["POST", "GET"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_after_it() {
+    let app = app(2_000).await;
+    let pool = app.db.pool.clone();
+    let id = insert_payment(&pool).await;
+    // A worker took it and may still be calling (or died mid-call): pending, deadline ahead.
+    sqlx::query(
+        "UPDATE payments SET status = 'pending', submissions = 1,
+                attempt_deadline = now() + interval '1 hour' WHERE payment_id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .expect("pending");
+    cardworker::commands::payments::enqueue_payment(&app.ctx, id)
+        .await
+        .expect("enqueue on a pending payment exits 0");
+    assert_eq!(status(&pool, "payments", id).await, "pending");
+    assert!(calls(&app, id).is_empty(), "{:?}", calls(&app, id));
+
+    // Past its deadline the attempt has certainly ended: asked now; never seen, so resubmitted.
+    sqlx::query(
+        "UPDATE payments SET attempt_deadline = now() - interval '1 second' WHERE payment_id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .expect("deadline passed");
+    cardworker::commands::payments::enqueue_payment(&app.ctx, id)
+        .await
+        .expect("enqueue after the deadline");
+    wait_until(
+        Duration::from_secs(20),
+        "resubmitted and accepted",
+        || async { status(&pool, "payments", id).await == "accepted" },
+    )
+    .await;
+    assert_eq!(calls(&app, id), ["GET", "POST"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_never_queries_or_resubmits_an_attempt_still_in_flight() {
+    // The POST is held 2 s before the Gateway acts (a GET meanwhile answers 404), within the
+    // client's 5 s timeout; a concurrent POST with the same key would be answered 409.
+    let app = app(5_000).await;
+    let pool = app.db.pool.clone();
+    app.insert_card("c-1").await;
+    knobs(
+        &app,
+        SimConfigPatch {
+            post_act_delay_ms: Some(2_000),
+            conflict_concurrent_posts: Some(true),
+            ..SimConfigPatch::default()
+        },
+    );
+    let id = insert_approval(&pool, "c-1", "issue", None).await;
+    let ctx: Arc<AppContext> = app.ctx.clone();
+    let attempt = tokio::spawn(async move {
+        approval_submit::submit(
+            &ctx,
+            &SubmitApproval {
+                approval_id: id,
+                retries: 0,
+            },
+        )
+        .await
+    });
+    wait_until(
+        Duration::from_secs(10),
+        "the POST is on the wire",
+        || async { calls(&app, id) == ["POST"] },
+    )
+    .await;
+    assert_eq!(status(&pool, "approvals", id).await, "pending");
+
+    // Recovery with recovery_after_secs at 0 leaves it alone: the attempt may still answer.
+    let report = approval_recovery::recover(&app.ctx, AT_ONCE, 50)
+        .await
+        .expect("recovery");
+    assert_eq!(report.examined, 0, "{report:?}");
+
+    attempt.await.expect("join").expect("submission");
+    wait_until(Duration::from_secs(10), "decided", || async {
+        status(&pool, "approvals", id).await == "approved"
+    })
+    .await;
+    assert_eq!(calls(&app, id), ["POST"]);
+    assert_eq!(
+        audit_count(&pool, "approval", id, "approval.conflict").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_failed() {
+    let app = app(5_000).await;
+    let pool = app.db.pool.clone();
+    app.insert_card("c-1").await;
+    knobs(
+        &app,
+        SimConfigPatch {
+            post_act_delay_ms: Some(1_500),
+            conflict_concurrent_posts: Some(true),
+            ..SimConfigPatch::default()
+        },
+    );
+    let approval = insert_approval(&pool, "c-1", "issue", None).await;
+    let payment = insert_payment(&pool).await;
+
+    // Another request with the same keys is still being processed by the Gateway.
+    let base = app.sim_handle.base_url();
+    let http = reqwest::Client::new();
+    let earlier = {
+        let (http, base) = (http.clone(), base.clone());
+        tokio::spawn(async move {
+            let a = http
+                .post(format!("{base}/v1/approvals"))
+                .header("Idempotency-Key", approval.to_string())
+                .json(&serde_json::json!({"approval_id": approval, "card_ref": "c-1", "kind": "issue"}))
+                .send();
+            let p = http
+                .post(format!("{base}/v1/payments"))
+                .header("Idempotency-Key", payment.to_string())
+                .json(&serde_json::json!({"payment_id": payment, "card_ref": "c-1", "amount_minor": 1234, "currency": "CNY"}))
+                .send();
+            let (a, p) = tokio::join!(a, p);
+            (
+                a.map(|r| r.status().as_u16()),
+                p.map(|r| r.status().as_u16()),
+            )
+        })
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "both earlier POSTs in progress",
+        || async { calls(&app, approval).len() == 1 && calls(&app, payment).len() == 1 },
+    )
+    .await;
+
+    let a = approval_submit::submit(
+        &app.ctx,
+        &SubmitApproval {
+            approval_id: approval,
+            retries: 0,
+        },
+    )
+    .await
+    .expect("approval submission");
+    let p = payment_submit::submit(
+        &app.ctx,
+        &SubmitPayment {
+            payment_id: payment,
+            retries: 0,
+        },
+    )
+    .await
+    .expect("payment submission");
+    assert!(
+        matches!(a, approval_submit::Submitted::Unknown { .. }),
+        "{a:?}"
+    );
+    assert!(
+        matches!(p, payment_submit::Submitted::Unknown { .. }),
+        "{p:?}"
+    );
+    assert_eq!(status(&pool, "approvals", approval).await, "unknown");
+    assert_eq!(status(&pool, "payments", payment).await, "unknown");
+    let (ea, ep) = earlier.await.expect("join");
+    assert_eq!((ea.ok(), ep.ok()), (Some(200), Some(200)));
+
+    // Recovery asks and settles both from the Gateway's record, without another POST.
+    let report = approval_recovery::recover(&app.ctx, AT_ONCE, 50)
+        .await
+        .expect("approval recovery");
+    assert_eq!(report.settled, 1, "{report:?}");
+    let report = payment_recovery::recover(&app.ctx, Duration::ZERO, 50)
+        .await
+        .expect("payment recovery");
+    assert_eq!(report.settled, 1, "{report:?}");
+    assert_eq!(status(&pool, "approvals", approval).await, "approved");
+    assert_eq!(status(&pool, "payments", payment).await, "accepted");
+    assert_eq!(calls(&app, approval), ["POST", "POST", "GET"]);
+    assert_eq!(calls(&app, payment), ["POST", "POST", "GET"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() {
+    let mut app = app(2_000).await;
+    let pool = app.db.pool.clone();
+    let id = insert_payment(&pool).await;
+    // No worker takes the retry: what is scheduled stays in Redis for the test to count.
+    app.stop().await.expect("stop the worker");
+    let mut config = (*app.ctx.config).clone();
+    // Nothing listens there: the request is never received, which schedules a retry.
+    config.gateway.base_url = "http://127.0.0.1:9".into();
+    let ctx = AppContext::connect(config).await.expect("context");
+    // PostgreSQL refuses the outcome ("back to requested") every time it is written.
+    for sql in [
+        "CREATE FUNCTION refuse_requested() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'outcome refused by the test'; END $$",
+        "CREATE TRIGGER refuse_requested BEFORE UPDATE ON payments FOR EACH ROW
+           WHEN (OLD.status = 'pending' AND NEW.status = 'requested')
+           EXECUTE FUNCTION refuse_requested()",
+    ] {
+        sqlx::query(sql).execute(&pool).await.expect("trigger");
+    }
+
+    let outcome = payment_submit::submit(
+        &ctx,
+        &SubmitPayment {
+            payment_id: id,
+            retries: 0,
+        },
+    )
+    .await;
+    assert!(
+        outcome.is_err(),
+        "the outcome could not be recorded: {outcome:?}"
+    );
+    let queue = QueueName::new(&ctx.config.redis.key_prefix, "payment");
+    let mut conn = ctx.redis.clone();
+    let waiting = cardworker::queue::intake::waiting(&mut conn, &queue)
+        .await
+        .expect("queue");
+    assert_eq!(
+        waiting, 0,
+        "a retry was scheduled for an outcome that never committed"
+    );
+    // The attempt stays open; recovery settles it once its deadline has passed.
+    assert_eq!(status(&pool, "payments", id).await, "pending");
+
+    // With the outcome accepted by PostgreSQL, the retry follows the commit.
+    sqlx::query("DROP TRIGGER refuse_requested ON payments")
+        .execute(&pool)
+        .await
+        .expect("drop trigger");
+    sqlx::query("UPDATE payments SET status = 'requested' WHERE payment_id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .expect("requested");
+    let outcome = payment_submit::submit(
+        &ctx,
+        &SubmitPayment {
+            payment_id: id,
+            retries: 0,
+        },
+    )
+    .await
+    .expect("submission");
+    assert!(
+        matches!(
+            outcome,
+            payment_submit::Submitted::Failed {
+                retry_in: Some(_),
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(status(&pool, "payments", id).await, "requested");
+    let waiting = cardworker::queue::intake::waiting(&mut conn, &queue)
+        .await
+        .expect("queue");
+    assert_eq!(waiting, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_worker_refuses_is_failed_once_with_its_reason_and_never_sent() {
+    let app = app(2_000).await;
+    let pool = app.db.pool.clone();
+    app.insert_card("c-1").await;
+    let no_card = insert_approval(&pool, "c-nowhere", "issue", None).await;
+    let bad_kind = insert_approval(&pool, "c-1", "upgrade", None).await;
+    let no_amount = insert_approval(&pool, "c-1", "limit_change", None).await;
+    let rows = [no_card, bad_kind, no_amount];
+
+    // The CLI refuses them (exit 1) and says why.
+    let mut cli_reasons = Vec::new();
+    for id in rows {
+        let err = cardworker::commands::approvals::enqueue_approval(&app.ctx, id, None)
+            .await
+            .expect_err("refused");
+        assert_eq!(err.exit_code(), 1);
+        cli_reasons.push(err.to_string());
+    }
+
+    // Recovery finds them (their job lost, say): one query each, then final `failed`, the
+    // job's reason stored, nothing POSTed; a second run leaves them alone.
+    for _ in 0..2 {
+        sqlx::query("UPDATE approvals SET updated_at = now() - interval '1 hour'")
+            .execute(&pool)
+            .await
+            .expect("age");
+        approval_recovery::recover(&app.ctx, AT_ONCE, 50)
+            .await
+            .expect("recovery");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for (id, cli) in rows.iter().zip(&cli_reasons) {
+        wait_until(Duration::from_secs(10), "refused", || async {
+            status(&pool, "approvals", *id).await == "failed"
+        })
+        .await;
+        let reason: Option<String> =
+            sqlx::query_scalar("SELECT failure_reason FROM approvals WHERE approval_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("reason");
+        let reason = reason.expect("a refused row keeps its reason");
+        assert!(
+            cli.contains(&reason),
+            "CLI said {cli:?}, the row keeps {reason:?}"
+        );
+        assert_eq!(calls(&app, *id), ["GET"], "never POSTed");
+        assert_eq!(
+            audit_count(&pool, "approval", *id, "approval.submit_refused").await,
+            1
+        );
+        let decided: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox_events WHERE aggregate_id = $1
+               AND event_type = 'approval.decided'",
+        )
+        .bind(id.to_string())
+        .fetch_one(&pool)
+        .await
+        .expect("outbox");
+        assert_eq!(decided, 1);
+    }
+    assert!(
+        cli_reasons[0].contains("unknown card"),
+        "{}",
+        cli_reasons[0]
+    );
+
+    // The job refuses the same rows in its own transaction.
+    let fresh = insert_approval(&pool, "c-nowhere-either", "issue", None).await;
+    let done = approval_submit::submit(
+        &app.ctx,
+        &SubmitApproval {
+            approval_id: fresh,
+            retries: 0,
+        },
+    )
+    .await
+    .expect("submission");
+    assert!(
+        matches!(&done, approval_submit::Submitted::Refused(r) if r.contains("unknown card")),
+        "{done:?}"
+    );
+    assert_eq!(status(&pool, "approvals", fresh).await, "failed");
+    assert!(calls(&app, fresh).is_empty());
+}
