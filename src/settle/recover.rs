@@ -4,7 +4,9 @@
 //!
 //! Work is found in the kind's table itself ([`table::due`], along its partial indexes), never by
 //! scanning `integration_logs` or Redis; a run takes a bounded batch and the cron brings the
-//! next. A `requested` row is asked about too before it is resubmitted: whatever its history, the
+//! next. A `pending` row is left alone until its attempt's deadline (`attempt_deadline`, the
+//! submission job's own time limit): before it the POST may still be on the wire, and a 404 then
+//! proves nothing. [`query_now`] is the same step for one row, for `enqueue payment|approval`. A `requested` row is asked about too before it is resubmitted: whatever its history, the
 //! Gateway's record decides, so a row is submitted again only when the Gateway never saw it.
 //!
 //! The query is a read: repeating it is harmless and it acts on nothing, so it is recorded on the
@@ -19,7 +21,9 @@
 //!   more), and a resubmission through the submission job — the reliable path again, pending
 //!   first, with the same `Idempotency-Key` (there is no other key). A row never submitted gets
 //!   the job's whole retry budget; one submitted before gets one attempt per recovery period. A
-//!   404 is never read as a decision; for an `in_review` row it is kept on record and asked again;
+//!   404 is never read as a decision; for an `in_review` row it is kept on record and asked again.
+//!   A row the submission job would refuse (`Kind::refuse`) is refused here instead, in the same
+//!   transaction: final with its reason, never resubmitted, never asked about again;
 //! - a failed or unknown query: the query log (`failed`/`unknown`) saying it is left for the next
 //!   run; the row is moved to the back of the line.
 

@@ -644,15 +644,21 @@ async fn a_bad_approval_or_an_unknown_card_is_refused_when_enqueued_and_nothing_
         .await
         .expect("zcard");
     assert_eq!(queued, 0, "nothing queued");
-    // The job refuses them too (a producer other than the CLI), and records why.
+    // The CLI changes nothing; the job refuses them too (a producer other than the CLI), makes
+    // the row final `failed` and records why, once.
+    for id in [unknown_kind, no_card] {
+        assert_eq!(status(&pool, id).await, "requested");
+    }
     let done = submit_now(&app.ctx, no_amount).await;
     assert!(matches!(done, Submitted::Refused(_)), "{done:?}");
+    let again = submit_now(&app.ctx, no_amount).await;
+    assert!(matches!(again, Submitted::AlreadySettled(_)), "{again:?}");
     assert_eq!(
         audit_events(&pool, no_amount, "approval.submit_refused").await,
         1
     );
+    assert_eq!(status(&pool, no_amount).await, "failed");
     for id in [unknown_kind, no_amount, no_card] {
         assert_eq!(gw.posts(id), 0);
-        assert_eq!(status(&pool, id).await, "requested");
     }
 }
