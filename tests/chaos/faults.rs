@@ -110,7 +110,7 @@ impl Fault {
             | Fault::OpBudgetSet { secs, .. }
             | Fault::OpBudgetPause { secs, .. }
             | Fault::OpCircuitOpen { secs, .. } => secs * 1000 + 5_000,
-            Fault::GwLostAnswers { secs } => secs * 1000 + 32_000,
+            Fault::GwLostAnswers { secs } => secs * 1000 + 31_000,
             Fault::StallUnderLoad { pause_ms } => pause_ms + 20_000,
             _ => 2_000,
         }
@@ -188,7 +188,7 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
                 secs: rng.random_range(15..40),
             },
             48..=53 => Fault::GwLostAnswers {
-                secs: rng.random_range(15..40),
+                secs: rng.random_range(8..30),
             },
             54..=58 => Fault::GwGarbage {
                 secs: rng.random_range(5..20),
