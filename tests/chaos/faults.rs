@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cardworker::sim::{PaymentBehaviour, SimConfigPatch};
+use cardworker::sim::SimConfigPatch;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom as _;
 use rand::{Rng as _, SeedableRng as _};
@@ -36,9 +36,11 @@ pub enum Fault {
     GwOutage { secs: u64 },
     /// Every Gateway call takes almost the client's timeout.
     GwSlow { secs: u64 },
-    /// Payments are acted on and answered after the client's timeout (the answer is lost); an
-    /// operator who watches repeats `enqueue payment` on each row as soon as it is unknown.
-    GwLostAnswers { secs: u64 },
+    /// Payment and approval POSTs are answered after the client's timeout: acted on first (the
+    /// answer is lost), or, with `before_act`, held on the wire before the Gateway acts (a query
+    /// meanwhile answers 404). An operator who watches repeats `enqueue payment|approval` on
+    /// each row as soon as it is unknown.
+    GwLostAnswers { secs: u64, before_act: bool },
     /// A share of Gateway answers are 200 with a bad body.
     GwGarbage { secs: u64, rate: f64 },
     /// A slow Gateway keeps polls in flight, then Redis pauses past the response timeout.
@@ -110,7 +112,7 @@ impl Fault {
             | Fault::OpBudgetSet { secs, .. }
             | Fault::OpBudgetPause { secs, .. }
             | Fault::OpCircuitOpen { secs, .. } => secs * 1000 + 5_000,
-            Fault::GwLostAnswers { secs } => secs * 1000 + 31_000,
+            Fault::GwLostAnswers { secs, .. } => secs * 1000 + 31_000,
             Fault::StallUnderLoad { pause_ms } => pause_ms + 20_000,
             _ => 2_000,
         }
@@ -189,6 +191,7 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
             },
             48..=53 => Fault::GwLostAnswers {
                 secs: rng.random_range(8..30),
+                before_act: rng.random_bool(0.3),
             },
             54..=58 => Fault::GwGarbage {
                 secs: rng.random_range(5..20),
@@ -294,6 +297,13 @@ fn restore(world: &World, patch: &SimConfigPatch) {
         garbage_rate: patch.garbage_rate.map(|_| base.garbage_rate),
         payment_mode: patch.payment_mode.map(|_| base.payment_mode),
         hang_ms: patch.hang_ms.map(|_| base.hang_ms),
+        post_act_delay_ms: patch.post_act_delay_ms.map(|_| base.post_act_delay_ms),
+        post_answer_delay_ms: patch
+            .post_answer_delay_ms
+            .map(|_| base.post_answer_delay_ms),
+        conflict_concurrent_posts: patch
+            .conflict_concurrent_posts
+            .map(|_| base.conflict_concurrent_posts),
         ..SimConfigPatch::default()
     });
 }
@@ -413,15 +423,22 @@ async fn inject(world: &World, fault: &Fault) {
             gateway_window(world, patch, *secs).await;
         }
         Fault::GwSlow { secs } => gateway_window(world, slow_patch(timeout_ms), *secs).await,
-        Fault::GwLostAnswers { secs } => {
-            let patch = SimConfigPatch {
-                payment_mode: Some(PaymentBehaviour::Hang),
-                hang_ms: Some(timeout_ms + 5_000),
-                ..SimConfigPatch::default()
+        Fault::GwLostAnswers { secs, before_act } => {
+            let late = Some(timeout_ms + 5_000);
+            let patch = if *before_act {
+                SimConfigPatch {
+                    post_act_delay_ms: late,
+                    ..SimConfigPatch::default()
+                }
+            } else {
+                SimConfigPatch {
+                    post_answer_delay_ms: late,
+                    ..SimConfigPatch::default()
+                }
             };
             let _ = world.gw.sim.update_config(&patch);
-            // An operator watches: a payment whose answer was lost (unknown now) is submitted
-            // again at once, twice, before recovery's query settles it.
+            // An operator watches: a payment or approval whose answer was lost (unknown now) is
+            // submitted again at once, twice, before recovery's query settles it.
             let watch_until = tokio::time::Instant::now()
                 + Duration::from_millis(secs * 1000 + timeout_ms + 10_000);
             let restore_at = tokio::time::Instant::now() + Duration::from_secs(*secs);

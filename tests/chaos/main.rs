@@ -195,6 +195,8 @@ async fn chaos_keeps_every_invariant_under_a_seeded_fault_schedule() {
         approval_in_review_rate: 0.3,
         approval_decline_rate: 0.3,
         approval_review_ms: 5_000,
+        // An idempotency store: a POST whose key is still being processed is answered 409.
+        conflict_concurrent_posts: true,
         ..SimConfig::default()
     };
     let gw = Gateway::start(&journal, gw_base.clone())
