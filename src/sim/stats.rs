@@ -7,7 +7,7 @@
 //! the worker's `cardworker_poll_outcomes_total{outcome="persisted_failure"}`: every injected
 //! error or garbage answer to a poll is one failed or unknown poll on the worker's side.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,17 @@ use super::answer::Disturbance;
 use crate::gateway::CallKind;
 
 /// In-flight accounting (`GET /sim/stats`). Keys are call kinds (`carddata`, `card_status`,
-/// `payment_submit`, `payment_query`); a kind appears once it was called (or disturbed).
+/// `payment_submit`, `payment_query`, `approval_submit`, `approval_query`); a kind appears once it
+/// was called (or disturbed).
+///
+/// What a checker holds against the worker's budget (peaks since start or the last
+/// `POST /sim/stats/reset-peaks`):
+/// - `peak_in_flight_polls` <= `polling.total_limit` (card reads only: payments and approvals are
+///   not polls and hold no polling token);
+/// - `peak_per_call["carddata"]` <= `polling.carddata.limit`, `peak_per_call["card_status"]` <=
+///   `polling.card_status.limit` (the effective limits: an override counts);
+/// - `peak_same_card` <= 1, and `peak_same_card_per_call[kind]` <= 1 for each poll kind: no card
+///   is ever polled twice at once by one task (a card's data and status polls may overlap).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SimStats {
@@ -39,6 +49,19 @@ pub struct SimStats {
     /// was polled twice at once).
     #[serde(default)]
     pub peak_same_card: u64,
+    /// [`SimStats::peak_same_card`] per call kind.
+    #[serde(default)]
+    pub peak_same_card_per_call: HashMap<String, u64>,
+    /// Card reads (`carddata` and `card_status` together) being served now: the polls the
+    /// worker's total budget covers.
+    #[serde(default)]
+    pub in_flight_polls: u64,
+    /// The peak of [`SimStats::in_flight_polls`].
+    #[serde(default)]
+    pub peak_in_flight_polls: u64,
+    /// Calls being served now per card, then per call kind (cards with none are left out).
+    #[serde(default)]
+    pub in_flight_per_card: BTreeMap<String, HashMap<String, u64>>,
 }
 
 /// The counters behind [`SimStats`], keyed by [`CallKind`].
@@ -54,6 +77,10 @@ pub(crate) struct Counters {
     /// Calls in flight per (call kind, card).
     per_card: HashMap<(CallKind, String), u64>,
     peak_same_card: u64,
+    peak_same_card_per_call: HashMap<CallKind, u64>,
+    /// Card reads in flight now, and their peak.
+    polls: u64,
+    peak_polls: u64,
 }
 
 impl Counters {
@@ -95,7 +122,14 @@ impl Counters {
             .entry((call, card_ref.to_owned()))
             .or_insert(0);
         *n += 1;
-        self.peak_same_card = self.peak_same_card.max(*n);
+        let n = *n;
+        self.peak_same_card = self.peak_same_card.max(n);
+        let peak = self.peak_same_card_per_call.entry(call).or_insert(0);
+        *peak = (*peak).max(n);
+        if matches!(call, CallKind::Carddata | CallKind::CardStatus) {
+            self.polls += 1;
+            self.peak_polls = self.peak_polls.max(self.polls);
+        }
     }
 
     /// One call of `call` about `card_ref` is done.
@@ -106,6 +140,9 @@ impl Counters {
             if *n == 0 {
                 self.per_card.remove(&key);
             }
+            if matches!(call, CallKind::Carddata | CallKind::CardStatus) {
+                self.polls = self.polls.saturating_sub(1);
+            }
         }
     }
 
@@ -114,6 +151,12 @@ impl Counters {
         self.peak_in_flight = self.in_flight;
         self.peak_per_call = self.per_call.clone();
         self.peak_same_card = self.per_card.values().copied().max().unwrap_or(0);
+        self.peak_same_card_per_call.clear();
+        for ((call, _), n) in &self.per_card {
+            let peak = self.peak_same_card_per_call.entry(*call).or_insert(0);
+            *peak = (*peak).max(*n);
+        }
+        self.peak_polls = self.polls;
     }
 
     pub(crate) fn snapshot(&self) -> SimStats {
@@ -131,6 +174,19 @@ impl Counters {
             injected_errors_total: named(&self.injected_errors),
             garbage_answers_total: named(&self.garbage_answers),
             peak_same_card: self.peak_same_card,
+            peak_same_card_per_call: named(&self.peak_same_card_per_call),
+            in_flight_polls: self.polls,
+            peak_in_flight_polls: self.peak_polls,
+            in_flight_per_card: {
+                let mut cards: BTreeMap<String, HashMap<String, u64>> = BTreeMap::new();
+                for ((call, card), n) in &self.per_card {
+                    cards
+                        .entry(card.clone())
+                        .or_default()
+                        .insert(call.as_str().to_owned(), *n);
+                }
+                cards
+            },
         }
     }
 }
@@ -156,6 +212,33 @@ mod tests {
         c.exit_card(CallKind::CardStatus, "c-1");
         c.reset_peaks();
         assert_eq!(c.snapshot().peak_same_card, 1);
+    }
+
+    #[test]
+    fn poll_peaks_count_card_reads_per_card_and_per_kind_and_leave_payments_out() {
+        let mut c = Counters::default();
+        c.enter_card(CallKind::Carddata, "c-1");
+        c.enter_card(CallKind::CardStatus, "c-1");
+        c.enter_card(CallKind::CardStatus, "c-2");
+        c.enter_card(CallKind::CardStatus, "c-2");
+        c.enter(CallKind::PaymentSubmit);
+        let s = c.snapshot();
+        assert_eq!(s.in_flight_polls, 4);
+        assert_eq!(s.peak_in_flight_polls, 4);
+        assert_eq!(get(&s.peak_same_card_per_call, CallKind::CardStatus), 2);
+        assert_eq!(get(&s.peak_same_card_per_call, CallKind::Carddata), 1);
+        assert_eq!(get(&s.in_flight_per_card["c-1"], CallKind::Carddata), 1);
+        assert_eq!(get(&s.in_flight_per_card["c-2"], CallKind::CardStatus), 2);
+        c.exit_card(CallKind::CardStatus, "c-2");
+        c.exit_card(CallKind::CardStatus, "c-2");
+        c.exit_card(CallKind::Carddata, "c-1");
+        c.reset_peaks();
+        let s = c.snapshot();
+        assert_eq!(s.in_flight_polls, 1);
+        assert_eq!(s.peak_in_flight_polls, 1);
+        assert_eq!(get(&s.peak_same_card_per_call, CallKind::CardStatus), 1);
+        assert_eq!(get(&s.peak_same_card_per_call, CallKind::Carddata), 0);
+        assert!(!s.in_flight_per_card.contains_key("c-2"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod budget_cost;
 mod chain_cost;
 #[path = "../it/harness.rs"]
 mod harness;
+mod ownership;
 mod private;
 #[path = "../it/process.rs"]
 mod process;

@@ -1,0 +1,323 @@
+//! The poll owns its tokens: whatever happens to its worker's connection to Redis (stalled past
+//! the response timeout, reset, or its registration removed), the Gateway never sees more polls
+//! in flight than the limits; and a process stopped while an acquire is under way leaves no token
+//! behind. The simulator counts the calls it serves in flight, per task and per card, with peaks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cardworker::budget::{Acquired, Budget};
+use cardworker::config::{Config, Task};
+use cardworker::context::{self, AppContext};
+use cardworker::polling::reconcile;
+use cardworker::sim::{SimHandle, SimStats, Simulator};
+use redis::aio::ConnectionManager;
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use crate::harness::{start_in_process, wait_until, TestDb};
+use crate::private::PrivateRedis;
+
+/// How long the simulator takes to answer a card read in the stall scenario: longer than the
+/// Redis client's response timeout (10 s), so that polls outlive their worker's stream.
+const SLOW_MS: u64 = 20_000;
+
+async fn simulator() -> (Simulator, SimHandle) {
+    let (_, sim, handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    sim.set_latency(0, 0);
+    (sim, handle)
+}
+
+async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
+    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
+        .bind(&cards)
+        .execute(pool)
+        .await
+        .expect("insert cards");
+    cards
+}
+
+/// A worker run in the test's process.
+struct InProcess {
+    ctx: Arc<AppContext>,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl InProcess {
+    async fn start(config: Config) -> Self {
+        let (ctx, _addr, stop, join) = start_in_process(config).await;
+        Self {
+            ctx,
+            stop: Some(stop),
+            join: Some(join),
+        }
+    }
+
+    fn exited(&self) -> bool {
+        self.join.as_ref().is_none_or(|j| j.is_finished())
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            join.abort();
+        }
+    }
+}
+
+async fn redis_cmd(conn: &mut ConnectionManager, args: &[&str]) {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    let _: redis::Value = cmd.query_async(conn).await.expect("redis command");
+}
+
+/// The simulator's peaks against the limits: total over both poll kinds, each task's own, and
+/// one call per card and task at a time.
+fn assert_within_limits(stats: &SimStats, total: u64, per_task: u64, when: &str) {
+    assert!(
+        stats.peak_in_flight_polls <= total,
+        "{when}: {} polls in flight at once, total limit {total}: {stats:?}",
+        stats.peak_in_flight_polls
+    );
+    for kind in ["carddata", "card_status"] {
+        let peak = stats.peak_per_call.get(kind).copied().unwrap_or(0);
+        assert!(
+            peak <= per_task,
+            "{when}: {peak} {kind} polls in flight at once, task limit {per_task}: {stats:?}"
+        );
+    }
+    assert!(
+        stats.peak_same_card <= 1,
+        "{when}: a card polled twice at once: {stats:?}"
+    );
+}
+
+/// Waits until both tokens of the total are held by polls at the Gateway.
+async fn budget_full(sim: &Simulator, what: &str) {
+    wait_until(Duration::from_secs(90), what, || async {
+        sim.stats().in_flight_polls == 2
+    })
+    .await;
+}
+
+/// Watches the simulator for `d`, failing at the first moment the peaks pass the limits.
+async fn hold_within_limits(sim: &Simulator, d: Duration, when: &str) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        assert_within_limits(&sim.stats(), 2, 2, when);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls_reach_the_gateway_than_the_limits(
+) {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(SLOW_MS, 0);
+    let mut config = Config::default();
+    config.database.url = db.url.clone().into();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.gateway.base_url = sim_handle.base_url().into();
+    config.gateway.timeout_ms = 25_000;
+    config.polling.handler_timeout_secs = 27;
+    config.polling.lease_ttl_secs = 40;
+    config.polling.total_limit = 2;
+    config.polling.carddata.limit = 2;
+    config.polling.card_status.limit = 2;
+    config.polling.carddata.interval_secs = 1;
+    config.polling.card_status.interval_secs = 1;
+    config.polling.defer_delay_secs = 1;
+    config.polling.defer_max_delay_secs = 2;
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.worker.shutdown_grace_secs = 5;
+    config.worker.redis_outage_grace_secs = 120;
+    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    insert_cards(&db.pool, 6).await;
+    let worker = InProcess::start(config).await;
+    for task in Task::ALL {
+        reconcile::sweep(&worker.ctx, task)
+            .await
+            .expect("start chains");
+    }
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+
+    // 1. Redis stalls past the client's response timeout while both tokens are held: the
+    //    worker's streams end (apalis drops their in-flight futures) while the polls run on.
+    budget_full(&sim, "two polls at the Gateway").await;
+    let calls_before = sim.stats().calls_total.values().sum::<u64>();
+    redis_cmd(&mut admin, &["CLIENT", "PAUSE", "12000", "ALL"]).await;
+    hold_within_limits(&sim, Duration::from_secs(30), "after a 12 s CLIENT PAUSE").await;
+    assert!(!worker.exited(), "the worker rides out the stall");
+
+    // 2. Every connection reset while both tokens are held.
+    budget_full(&sim, "two polls at the Gateway after the stall").await;
+    redis_cmd(&mut admin, &["CLIENT", "KILL", "TYPE", "normal"]).await;
+    hold_within_limits(&sim, Duration::from_secs(10), "after CLIENT KILL TYPE normal").await;
+
+    // 3. The workers' registrations removed while both tokens are held: their next heartbeat
+    //    fails ("worker not registered") and their streams end.
+    budget_full(&sim, "two polls at the Gateway after the reset").await;
+    for queue in ["carddata", "card_status"] {
+        let workers = format!("{}:workers", cardworker_jobs::keys::queue("cw", queue));
+        redis_cmd(&mut admin, &["DEL", &workers]).await;
+    }
+    hold_within_limits(&sim, Duration::from_secs(30), "after the registrations went").await;
+
+    let stats = sim.stats();
+    assert_within_limits(&stats, 2, 2, "at the end");
+    assert!(
+        stats.calls_total.values().sum::<u64>() >= calls_before + 4,
+        "polling went on through every fault: {stats:?}"
+    );
+    assert!(!worker.exited(), "no process exit");
+    eprintln!("peaks: {stats:?}");
+}
+
+/// `cardworker run` as a child process, stopped with SIGTERM.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_an_acquire_is_under_way_leaves_no_token_in_use_after_the_exit() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(100, 0);
+    insert_cards(&db.pool, 20).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cardworker.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"[database]
+url = "{db}"
+[redis]
+url = "{redis}"
+key_prefix = "cw"
+[gateway]
+base_url = "{gw}"
+timeout_ms = 2000
+[worker]
+shutdown_grace_secs = 1
+[polling]
+total_limit = 2
+handler_timeout_secs = 4
+lease_ttl_secs = 300
+defer_delay_secs = 1
+defer_max_delay_secs = 1
+reconcile_cron = "0 0 0 1 1 *"
+[polling.carddata]
+limit = 2
+interval_secs = 1
+[polling.card_status]
+limit = 2
+interval_secs = 1
+[payments]
+recovery_cron = "0 0 0 1 1 *"
+[approvals]
+recovery_cron = "0 0 0 1 1 *"
+[telemetry]
+listen = "127.0.0.1:0"
+"#,
+            db = db.url,
+            redis = redis.url(),
+            gw = sim_handle.base_url()
+        ),
+    )
+    .expect("config");
+    let config = Config::load(Some(&file)).expect("config");
+    let ctx = AppContext::connect(config.clone())
+        .await
+        .expect("connect");
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+            .args(["run", "--config"])
+            .arg(&file)
+            .env("CARDWORKER_POD_NAME", "pod-a")
+            .env_remove("CARDWORKER_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start cardworker run"),
+    );
+    for task in Task::ALL {
+        reconcile::sweep(&ctx, task).await.expect("start chains");
+    }
+    wait_until(Duration::from_secs(60), "polls run", || async {
+        sim.stats().calls_total.values().sum::<u64>() >= 10
+    })
+    .await;
+
+    // Another "process" takes both total tokens: the child's polls now spin on acquires that are
+    // refused (and deferred), so that some acquire is always under way.
+    let holder = Budget::new(ctx.redis.clone(), &config).with_process_id("holder");
+    let mut leases = Vec::new();
+    for task in Task::ALL {
+        let lease = holder.new_lease_id();
+        wait_until(Duration::from_secs(30), "the holder gets a token", || {
+            let (holder, lease) = (holder.clone(), lease.clone());
+            async move {
+                matches!(
+                    holder.acquire(task, &lease).await.expect("acquire"),
+                    Acquired::Acquired
+                )
+            }
+        })
+        .await;
+        leases.push(lease);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Free the tokens and stall Redis at once: the acquires sent now are answered (granted) only
+    // after the child got SIGTERM, its grace ran out and it dropped them.
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+    holder.release(&leases).await.expect("release");
+    redis_cmd(&mut admin, &["CLIENT", "PAUSE", "5000", "ALL"]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.0.id().to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let mut child = child;
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.0.wait();
+        (child, status)
+    });
+    let (_child, status) = tokio::time::timeout(Duration::from_secs(60), status)
+        .await
+        .expect("the child exits")
+        .expect("joined");
+    assert!(status.expect("wait").success(), "exit 0 on SIGTERM");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(["budget", "show", "--format", "json", "--config"])
+        .arg(&file)
+        .env_remove("CARDWORKER_CONFIG")
+        .output()
+        .expect("budget show");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(view["total"]["in_use"], 0, "no token left in use: {view}");
+    for task in Task::ALL {
+        assert_eq!(view["tasks"][task.label()]["in_use"], 0, "{task}: {view}");
+    }
+}
