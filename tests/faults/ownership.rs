@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cardworker::budget::{Acquired, Budget};
+use cardworker::budget::Budget;
 use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::polling::reconcile;
@@ -267,30 +267,15 @@ listen = "127.0.0.1:0"
     })
     .await;
 
-    // Another "process" takes both total tokens: the child's polls now spin on acquires that are
-    // refused (and deferred), so that some acquire is always under way.
-    let holder = Budget::new(ctx.redis.clone(), &config).with_process_id("holder");
-    let mut leases = Vec::new();
-    for task in Task::ALL {
-        let lease = holder.new_lease_id();
-        wait_until(Duration::from_secs(30), "the holder gets a token", || {
-            let (holder, lease) = (holder.clone(), lease.clone());
-            async move {
-                matches!(
-                    holder.acquire(task, &lease).await.expect("acquire"),
-                    Acquired::Acquired
-                )
-            }
-        })
-        .await;
-        leases.push(lease);
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Both tasks paused: the child's polls are refused at every acquire and deferred (1 s), so
+    // that with 40 chains cycling some acquire is always under way.
+    ctx.budget.pause(&Task::ALL).await.expect("pause");
+    tokio::time::sleep(Duration::from_secs(3)).await;
 
-    // Free the tokens and stall Redis at once: the acquires sent now are answered (granted) only
-    // after the child got SIGTERM, its grace ran out and it dropped them.
+    // Resume and stall Redis at once: the acquires sent now are answered (granted) only after the
+    // child got SIGTERM, its grace ran out and it dropped them.
     let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
-    holder.release(&leases).await.expect("release");
+    ctx.budget.resume(&Task::ALL).await.expect("resume");
     redis_cmd(&mut admin, &["CLIENT", "PAUSE", "5000", "ALL"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let pid = child.0.id().to_string();
@@ -320,4 +305,94 @@ listen = "127.0.0.1:0"
     for task in Task::ALL {
         assert_eq!(view["tasks"][task.label()]["in_use"], 0, "{task}: {view}");
     }
+}
+
+/// The budget of a process on the private `redis`, with the test limits.
+async fn budget_on(redis: &PrivateRedis) -> (Budget, ConnectionManager) {
+    let mut config = Config::default();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.polling.total_limit = 2;
+    config.polling.carddata.limit = 2;
+    config.polling.card_status.limit = 2;
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let budget = Budget::new(conn.clone(), &config);
+    // The script is loaded now: under a stall, an acquire is then one EVALSHA that Redis runs once
+    // the stall ends, whatever became of its caller (not a NOSCRIPT answer and a retry that a
+    // dropped caller never sends).
+    budget.show().await.expect("show");
+    (budget, conn)
+}
+
+async fn in_use(budget: &Budget) -> u64 {
+    budget.show().await.expect("show").total.in_use
+}
+
+/// Shutdown's release (`release_held`, what SIGTERM runs once the workers stopped) while an
+/// acquire is at Redis, stalled: whether the acquire's future was dropped first (the worker was
+/// abandoned past its grace) or is still waiting for its answer, the lease Redis grants it once
+/// the stall ends is released before the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_the_lease_of_an_acquire_under_way_whether_its_future_was_dropped_or_not(
+) {
+    let redis = PrivateRedis::start_new(false);
+    for dropped in [true, false] {
+        let (budget, _) = budget_on(&redis).await;
+        let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+        redis_cmd(&mut admin, &["CLIENT", "PAUSE", "1500", "ALL"]).await;
+        let acquire = tokio::spawn({
+            let budget = budget.clone();
+            async move {
+                let lease = budget.new_lease_id();
+                budget.acquire(Task::Carddata, &lease).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if dropped {
+            acquire.abort();
+        }
+        let released = budget.release_held().await;
+        assert!(released.is_ok(), "{released:?}");
+        if !dropped {
+            let answer = acquire.await.expect("joined");
+            assert!(
+                answer.is_err(),
+                "an acquire answered during shutdown does not admit a poll: {answer:?}"
+            );
+        }
+        // Past the stall: whatever Redis still had queued has run.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (observer, _) = budget_on(&redis).await;
+        assert_eq!(
+            in_use(&observer).await,
+            0,
+            "no token left in use (acquire future dropped: {dropped})"
+        );
+        assert_eq!(budget.held_count(), 0);
+    }
+}
+
+/// A granted acquire whose future is dropped before its answer is read (the worker's stream ended
+/// under it) still counts as held by the process: shutdown releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_granted_to_a_dropped_acquire_is_still_tracked_and_released_at_shutdown() {
+    let redis = PrivateRedis::start_new(false);
+    let (budget, _) = budget_on(&redis).await;
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+    redis_cmd(&mut admin, &["CLIENT", "PAUSE", "1000", "ALL"]).await;
+    let lease = budget.new_lease_id();
+    let acquire = tokio::spawn({
+        let (budget, lease) = (budget.clone(), lease.clone());
+        async move { budget.acquire(Task::CardStatus, &lease).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    acquire.abort();
+    let (observer, _) = budget_on(&redis).await;
+    wait_until(Duration::from_secs(10), "the stalled acquire is granted", || async {
+        in_use(&observer).await == 1
+    })
+    .await;
+    assert_eq!(budget.held_count(), 1, "the dropped acquire's lease is tracked");
+    assert_eq!(budget.release_held().await.expect("release"), 1);
+    assert_eq!(in_use(&observer).await, 0);
 }
