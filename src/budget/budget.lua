@@ -9,6 +9,8 @@
 -- KEYS[6] carddata circuit hash   KEYS[7] card_status circuit hash
 -- KEYS[8] carddata circuit window list   KEYS[9] card_status circuit window list
 -- KEYS[10] waiters zset (process id -> until ms: it was refused a token lately)
+-- KEYS[11] expired hash (scope -> leases removed because they had expired, never released:
+--          cardworker_budget_leases_expired_total{scope})
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
 -- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force
 --
@@ -53,9 +55,10 @@
 --   neither set holds more than its limit (an override lowered meanwhile), and no OTHER process
 --   was refused a token in the last WAITER_MS. Returns per task {reuse 1|0, effective limit,
 --   invalid override as stored ('' when none or valid), {kept ids that no longer exist}}.
--- show:    returns {in_use total, in_use carddata, in_use card_status, overrides flat
---          [task, raw, ...], paused [task, ...], carddata circuit flat, card_status circuit flat,
---          carddata window, card_status window, now ms}; counts only unexpired leases.
+-- show:    removes the expired leases of every set (counted in KEYS[11]), then returns {in_use
+--          total, in_use carddata, in_use card_status, overrides flat [task, raw, ...], paused
+--          [task, ...], carddata circuit flat, card_status circuit flat, carddata window,
+--          card_status window, now ms, expired so far [total, carddata, card_status]}.
 -- circuit_force: ARGV[2] task index  ARGV[3] 'open'|'close'; returns circuit_force's answer.
 local op = ARGV[1]
 
@@ -108,13 +111,25 @@ local function carried_finishes(at, cfg, keep)
   return out
 end
 
--- Whether a lease set holds fewer than `limit` live leases. The TTL repair (a crashed worker's
--- leases stop counting once they expire) runs only when the set looks full: an expired lease
--- matters only then, so a healthy acquire pays one ZCARD per set instead of a purge.
-local function has_room(key, limit)
-  if redis.call('ZCARD', key) < limit then return true end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', clock())
-  return redis.call('ZCARD', key) < limit
+-- The scope label of lease set KEYS[index] (its field in the expired hash, KEYS[11]).
+local SCOPES = {'total', 'carddata', 'card_status'}
+
+-- Removes the expired leases of KEYS[index] (the TTL repair: a crashed or stalled holder's
+-- leases stop counting once they expire) and counts them as ended by expiry. A lease its holder
+-- released never reaches this; in a healthy fleet the count stays 0.
+local function purge(index)
+  local n = redis.call('ZREMRANGEBYSCORE', KEYS[index], '-inf', clock())
+  if n > 0 then redis.call('HINCRBY', KEYS[11], SCOPES[index], n) end
+end
+
+-- Whether lease set KEYS[index] holds fewer than `limit` live leases. The TTL repair runs only
+-- when the set looks full: an expired lease matters only then, so a healthy acquire pays one
+-- ZCARD per set instead of a purge (the fleet gauges' `show` purges too, so an expired lease is
+-- counted within a scrape or two even while nobody is short).
+local function has_room(index, limit)
+  if redis.call('ZCARD', KEYS[index]) < limit then return true end
+  purge(index)
+  return redis.call('ZCARD', KEYS[index]) < limit
 end
 
 -- Puts `member` in the set with `score`: re-scored in place when it is there (the usual case), or
@@ -196,8 +211,8 @@ if op == 'acquire' then
     end
     finished[keep][1] = was
   end
-  local total_room = has_room(KEYS[1], total_limit + in_total)
-  local task_room = has_room(task_key, task_limit + in_task)
+  local total_room = has_room(1, total_limit + in_total)
+  local task_room = has_room(index, task_limit + in_task)
   if not (total_room and task_room) then
     if keep then
       if in_total == 1 then redis.call('ZREM', KEYS[1], slot) end
@@ -314,11 +329,11 @@ elseif op == 'circuit_force' then
   return circuit_force(KEYS[index + 4], KEYS[index + 6], ARGV[3])
 elseif op == 'show' then
   local now = clock()
-  local live = '(' .. now
+  for index = 1, 3 do purge(index) end
   return {
-    redis.call('ZCOUNT', KEYS[1], live, '+inf'),
-    redis.call('ZCOUNT', KEYS[2], live, '+inf'),
-    redis.call('ZCOUNT', KEYS[3], live, '+inf'),
+    redis.call('ZCARD', KEYS[1]),
+    redis.call('ZCARD', KEYS[2]),
+    redis.call('ZCARD', KEYS[3]),
     redis.call('HGETALL', KEYS[4]),
     redis.call('SMEMBERS', KEYS[5]),
     redis.call('HGETALL', KEYS[6]),
@@ -326,6 +341,7 @@ elseif op == 'show' then
     redis.call('LRANGE', KEYS[8], 0, -1),
     redis.call('LRANGE', KEYS[9], 0, -1),
     now,
+    redis.call('HMGET', KEYS[11], SCOPES[1], SCOPES[2], SCOPES[3]),
   }
 end
 return redis.error_reply('unknown budget op ' .. tostring(op))

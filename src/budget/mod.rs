@@ -22,6 +22,8 @@
 //! - `{prefix}:{budget}:overrides`: HASH task label -> limit (`budget set` / `budget clear`);
 //! - `{prefix}:{budget}:paused`: SET of paused task labels (`budget pause` / `budget resume`).
 //! - `{prefix}:{budget}:waiters`: ZSET of processes refused a token lately -> until ms ([`pool`]).
+//! - `{prefix}:{budget}:expired`: HASH scope -> leases removed because they had expired instead
+//!   of being released (`cardworker_budget_leases_expired_total`).
 //!
 //! - `{prefix}:{budget}:circuit:{task}` and `…:circuit:{task}:window`: the task's Gateway circuit
 //!   breaker ([`circuit`]).
@@ -99,6 +101,32 @@ pub fn paused_key(prefix: &str) -> String {
 /// idle slots ([`pool`]).
 pub fn waiters_key(prefix: &str) -> String {
     format!("{prefix}:{{budget}}:waiters")
+}
+
+/// Leases that ended by expiry instead of a release, per scope (fleet-wide counters).
+pub fn expired_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:expired")
+}
+
+/// How long shutdown waits for the acquires under way before it releases what the process holds
+/// (the polling layer gives up on an acquire after 2 s).
+pub const ACQUIRES_DRAIN_FOR: Duration = Duration::from_secs(3);
+
+/// One acquire call under way, counted for as long as it lives (also when its future is dropped).
+struct AcquireUnderWay(Arc<(AtomicU64, tokio::sync::Notify)>);
+
+impl AcquireUnderWay {
+    fn start(counter: &Arc<(AtomicU64, tokio::sync::Notify)>) -> Self {
+        counter.0.fetch_add(1, Ordering::AcqRel);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for AcquireUnderWay {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+        self.0 .1.notify_waiters();
+    }
 }
 
 /// Why a job did not get its tokens. Also the `reason` label of `cardworker_poll_deferred_total`
@@ -188,6 +216,9 @@ pub struct TaskView {
     pub paused: bool,
     /// Unexpired leases, fleet-wide.
     pub in_use: u64,
+    /// Leases that ended by expiry instead of a release, fleet-wide, since Redis last lost its
+    /// data.
+    pub leases_expired: u64,
     /// The task's Gateway circuit breaker.
     pub circuit: CircuitView,
 }
@@ -199,6 +230,9 @@ pub struct TotalView {
     pub limit: u32,
     /// Unexpired leases, fleet-wide.
     pub in_use: u64,
+    /// Leases that ended by expiry instead of a release, fleet-wide, since Redis last lost its
+    /// data.
+    pub leases_expired: u64,
 }
 
 /// Everything `budget show` prints (spec section 2 fixes the JSON shape).
@@ -226,8 +260,15 @@ pub struct Budget {
     circuit: Arc<str>,
     /// `polling.circuit.window_secs` in ms, for [`Budget::show`]'s window counts.
     circuit_window_ms: i64,
-    /// Lease ids this process holds right now (acquired, not yet released).
+    /// Lease ids this process holds or may hold right now: acquired and not yet released, kept
+    /// idle, carried, or asked for by an acquire whose answer is not in (a granted acquire whose
+    /// future was dropped still holds its lease in Redis). Shutdown releases them all.
     held: Arc<Mutex<HashSet<String>>>,
+    /// Set when shutdown releases what the process holds: no acquire is sent after it, and one
+    /// answered after it gives its lease back at once.
+    closing: Arc<std::sync::atomic::AtomicBool>,
+    /// Acquire calls under way, and the signal that one ended (shutdown waits for them).
+    acquiring: Arc<(AtomicU64, tokio::sync::Notify)>,
     /// Wakes local waiters when this process releases a token (cross-process waiters poll).
     released: Arc<tokio::sync::Notify>,
     /// Unix seconds of the last warning about an invalid override, so that a garbage override
@@ -271,6 +312,8 @@ impl Budget {
             circuit_window_ms: i64::try_from(p.circuit.window_secs.saturating_mul(1000))
                 .unwrap_or(i64::MAX),
             held: Arc::default(),
+            closing: Arc::default(),
+            acquiring: Arc::default(),
             released: Arc::default(),
             last_invalid_warning: Arc::default(),
             round_trips: Arc::default(),
@@ -359,6 +402,7 @@ impl Budget {
             .key(circuit::window_key(&self.prefix, Task::Carddata))
             .key(circuit::window_key(&self.prefix, Task::CardStatus))
             .key(waiters_key(&self.prefix))
+            .key(expired_key(&self.prefix))
             .arg(op);
         inv
     }
@@ -413,6 +457,15 @@ impl Budget {
             Vec<carry::CarriedAnswer>,
             String,
         );
+        if self.closing.load(Ordering::Acquire) {
+            anyhow::bail!("the process is stopping: no more {task} polling tokens");
+        }
+        let _under_way = AcquireUnderWay::start(&self.acquiring);
+        // Tracked before the call: if this future is dropped after Redis granted the lease,
+        // shutdown still finds it (release is idempotent: a lease never granted costs nothing).
+        if let Ok(mut held) = self.held.lock() {
+            held.insert(lease_id.to_owned());
+        }
         let carried = self.take_carried(take_over.then_some(task));
         let mut inv = self.invocation("acquire");
         inv.arg(Self::task_index(task))
@@ -426,13 +479,39 @@ impl Budget {
             .arg(if take_over { "1" } else { "0" })
             .arg(&*self.owner);
         carried.push_args(&mut inv);
-        let (granted, reason, _limit, invalid, round, transition, wait_ms, answers, slot): Raw =
-            inv.invoke_async(&mut self.conn.clone())
-                .await
-                .with_context(|| format!("acquiring {task} polling tokens"))?;
+        let answer: redis::RedisResult<Raw> = inv.invoke_async(&mut self.conn.clone()).await;
+        let (granted, reason, _limit, invalid, round, transition, wait_ms, answers, slot) =
+            match answer {
+                Ok(raw) => raw,
+                Err(e) => {
+                    // Redis may have run it (a lost reply): give the lease back, in the background.
+                    self.release_in_background(lease_id.to_owned());
+                    return Err(
+                        anyhow::Error::new(e).context(format!("acquiring {task} polling tokens"))
+                    );
+                }
+            };
         // Settled before the granted lease is recorded as held: a taken-over lease is both one
         // of the carried (no longer held by its finished poll) and the new poll's.
         carried.settle(answers);
+        let slot = if slot.is_empty() && granted == 1 {
+            lease_id.to_owned()
+        } else {
+            slot
+        };
+        if let Ok(mut held) = self.held.lock() {
+            if slot != lease_id {
+                held.remove(lease_id);
+            }
+            if granted == 1 {
+                held.insert(slot.clone());
+            }
+        }
+        if granted == 1 && self.closing.load(Ordering::Acquire) {
+            // Shutdown began while the call was under way: the lease goes straight back.
+            self.release(std::slice::from_ref(&slot)).await?;
+            anyhow::bail!("the process is stopping: {task} polling tokens given back");
+        }
         if !invalid.is_empty() {
             self.warn_invalid_override(task, &invalid);
         }
@@ -441,14 +520,6 @@ impl Budget {
             tracing::info!(%task, "Gateway circuit half-open: the cool-down is over, probe polls go through");
         }
         if granted == 1 {
-            let slot = if slot.is_empty() {
-                lease_id.to_owned()
-            } else {
-                slot
-            };
-            if let Ok(mut held) = self.held.lock() {
-                held.insert(slot.clone());
-            }
             let answer = if round > 0 {
                 Acquired::Probe { round }
             } else {
@@ -578,9 +649,32 @@ impl Budget {
     }
 
     /// Releases every lease this process still holds, in one call (shutdown), after sending the
-    /// finishes still carried (so that their outcomes count in the circuits). Returns how many
-    /// went back: the carried finishes sent plus the held leases Redis still had.
+    /// finishes still carried (so that their outcomes count in the circuits). From now on no
+    /// acquire is sent, and one answered later gives its lease back itself; the acquires under
+    /// way are awaited first (at most [`ACQUIRES_DRAIN_FOR`]), and the lease of one still not
+    /// answered then (or dropped unanswered) is released too: it was tracked before its call, and
+    /// this release reaches Redis after it on the same connection. Returns how many went back:
+    /// the carried finishes sent plus the held leases Redis still had.
     pub async fn release_held(&self) -> anyhow::Result<u64> {
+        self.closing.store(true, Ordering::Release);
+        // No poll starts on a kept slot any more; each finish goes back through `carry`.
+        self.drain_pool();
+        let deadline = tokio::time::Instant::now() + ACQUIRES_DRAIN_FOR;
+        loop {
+            let (count, ended) = &*self.acquiring;
+            let notified = ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if count.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(
+                    "acquires still under way at shutdown; their leases are released unanswered"
+                );
+                break;
+            }
+        }
         self.drain_pool();
         let carried = match self.flush_carried().await {
             Ok(sent) => sent as u64,
@@ -595,6 +689,11 @@ impl Budget {
             .map(|h| h.iter().cloned().collect())
             .unwrap_or_default();
         Ok(carried + self.release(&ids).await?)
+    }
+
+    /// Whether shutdown has begun releasing this process's leases ([`Budget::release_held`]).
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 
     /// How many leases this process holds right now.
@@ -634,6 +733,7 @@ impl Budget {
             Vec<String>,
             Vec<String>,
             i64,
+            Vec<Option<u64>>,
         );
         let (
             total,
@@ -646,6 +746,7 @@ impl Budget {
             data_window,
             status_window,
             now_ms,
+            expired,
         ): Raw = self
             .invocation("show")
             .invoke_async(&mut self.conn.clone())
@@ -655,10 +756,23 @@ impl Budget {
             .chunks_exact(2)
             .map(|kv| (kv[0].clone(), kv[1].clone()))
             .collect();
+        let expired_of = |i: usize| expired.get(i).copied().flatten().unwrap_or(0);
         let mut tasks = BTreeMap::new();
-        for (task, in_use, circuit, window) in [
-            (Task::Carddata, carddata, data_circuit, data_window),
-            (Task::CardStatus, card_status, status_circuit, status_window),
+        for (task, in_use, circuit, window, leases_expired) in [
+            (
+                Task::Carddata,
+                carddata,
+                data_circuit,
+                data_window,
+                expired_of(1),
+            ),
+            (
+                Task::CardStatus,
+                card_status,
+                status_circuit,
+                status_window,
+                expired_of(2),
+            ),
         ] {
             let config_limit = self.config_limit(task);
             let raw = overrides.get(task.label());
@@ -676,6 +790,7 @@ impl Budget {
                     invalid_override: invalid,
                     paused: paused.iter().any(|p| p == task.label()),
                     in_use,
+                    leases_expired,
                     circuit: CircuitView::from_raw(
                         &circuit,
                         &window,
@@ -689,6 +804,7 @@ impl Budget {
             total: TotalView {
                 limit: self.total_limit,
                 in_use: total,
+                leases_expired: expired_of(0),
             },
             tasks,
         })
@@ -742,7 +858,8 @@ impl Budget {
         Ok(())
     }
 
-    /// Publishes `cardworker_poll_tokens_in_use{scope}`, `cardworker_poll_limit{scope}` and
+    /// Publishes `cardworker_poll_tokens_in_use{scope}`, `cardworker_poll_limit{scope}`,
+    /// `cardworker_budget_leases_expired_total{scope}` (the fleet's count, read from Redis) and
     /// `cardworker_gateway_circuit_open{task}`.
     pub async fn refresh_gauges(&self) {
         match self.show().await {
@@ -750,12 +867,16 @@ impl Budget {
                 metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => "total")
                     .set(view.total.in_use as f64);
                 metrics::gauge!(m::POLL_LIMIT, "scope" => "total").set(f64::from(view.total.limit));
+                metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => "total")
+                    .absolute(view.total.leases_expired);
                 for task in Task::ALL {
                     if let Some(t) = view.tasks.get(task.label()) {
                         metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => task.label())
                             .set(t.in_use as f64);
                         metrics::gauge!(m::POLL_LIMIT, "scope" => task.label())
                             .set(f64::from(t.limit));
+                        metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => task.label())
+                            .absolute(t.leases_expired);
                         metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label())
                             .set(t.circuit.gauge());
                     }

@@ -49,8 +49,6 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-
 use super::carry::Carried;
 use super::{Acquired, Budget, CallReport, ShortReason, Task};
 use crate::config::LIMIT_CEILING;
@@ -365,13 +363,6 @@ impl Budget {
                 })
                 .collect()
         };
-        if let Ok(mut held) = self.held.lock() {
-            for (_, r) in &parts {
-                for id in &r.back {
-                    held.remove(id);
-                }
-            }
-        }
         let ttl_ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut inv = self.invocation("renew");
         inv.arg(&*self.owner)
@@ -388,10 +379,28 @@ impl Budget {
                 .arg(&r.keep)
                 .arg(&r.back);
         }
-        let answers: Vec<RenewAnswer> = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .context("renewing this process's idle polling slots")?;
+        let answers: Vec<RenewAnswer> = match inv.invoke_async(&mut self.conn.clone()).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                // The slots given back may still be in Redis: they stay tracked (shutdown releases
+                // them) and go back with the next carried call, as a finished poll's would.
+                for (task, r) in parts {
+                    for lease in r.back {
+                        self.carry_back(task, lease, 0);
+                    }
+                }
+                return Err(
+                    anyhow::Error::new(e).context("renewing this process's idle polling slots")
+                );
+            }
+        };
+        if let Ok(mut held) = self.held.lock() {
+            for (_, r) in &parts {
+                for id in &r.back {
+                    held.remove(id);
+                }
+            }
+        }
         let sent_expiry = now + self.lease_ttl;
         let mut give_back = Vec::new();
         if let Ok(mut pool) = self.pool.lock() {

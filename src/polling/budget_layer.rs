@@ -8,12 +8,18 @@
 //! worker's concurrency limit -> **this layer** -> apalis's `LifecycleLayer` (counts the attempt,
 //! maps the handler's result to a status) -> the job service (`runner::JobService`).
 //!
-//! For every job it takes both tokens before the inner service and releases them after it on
-//! every path (`Budget::admit` / `Budget::finish_poll`: most polls start on a slot their process
-//! kept from its previous poll, without a Redis call; see `budget::pool`). The job service always returns: it catches panics and applies
+//! For every job it takes both tokens before the inner service (`Budget::admit`: most polls
+//! start on a slot their process kept from its previous poll, without a Redis call; see
+//! `budget::pool`). The lease then belongs to the poll, not to this layer's future: the job
+//! service spawns the poll on a task of its own and carries the lease into it
+//! (`circuit::carry`), and that task ends the lease (`Budget::finish_poll`) when the poll is
+//! over. apalis drops a worker's in-flight futures when its stream ends (a Redis timeout, a reset
+//! connection, a worker whose registration was removed), while the spawned poll runs on to its
+//! end; a lease held here would go back under a running Gateway call and let the fleet admit more
+//! polls than the limits. The poll always ends: the job service catches panics and applies
 //! `polling.handler_timeout_secs` (the one policy, `runner::service::guarded`), which config
-//! validation keeps below the lease. Should the job's future be dropped anyway (shutdown's grace
-//! ran out), the lease guard releases in the background. The inner service is reachable only with
+//! validation keeps below the lease. Should the poll's task be cancelled anyway (the process stops
+//! past its grace), the lease guard releases in the background. The inner service is reachable only with
 //! both tokens held. If a token is short it waits briefly (up to [`WAIT_FOR_TOKEN`], woken at
 //! once when this process releases a token) and then defers:
 //!
@@ -306,19 +312,21 @@ struct Held {
     probe_round: u64,
 }
 
-/// Releases its lease when dropped without [`LeaseGuard::finish`] (the job's future was
-/// cancelled, for example when shutdown's grace period ran out); shutdown also releases every
-/// lease still held.
+/// A granted lease, owned by the poll it admitted: ended by [`LeaseGuard::finish`] once the poll
+/// is over, or released in the background when dropped unfinished (the poll's task was cancelled
+/// when the process stopped past its grace; shutdown also releases every lease still held). The
+/// job service moves it into the poll's own task (`circuit::carry`), so that it lives exactly as
+/// long as the poll, never as long as a future that apalis may drop.
 struct LeaseGuard {
     budget: Budget,
     held: Option<Held>,
 }
 
-impl LeaseGuard {
+impl circuit::Lease for LeaseGuard {
     /// Ends the poll: its slot is kept for this process's next poll (`budget::pool`), or its
     /// release and outcome ride on this process's next acquire (or a flush a few ms later:
     /// `budget::carry`), so a poll costs at most one budget round trip.
-    fn finish(mut self, reported: Reported) {
+    fn finish(mut self: Box<Self>, reported: Reported) {
         if let Some(held) = self.held.take() {
             self.budget.finish_poll(
                 held.task,
@@ -339,10 +347,10 @@ impl Drop for LeaseGuard {
     }
 }
 
-/// Runs the inner service while both tokens are held, then releases them with the outcome the
-/// poll reported. The inner service always returns (the job service catches panics and applies
-/// the handler timeout); if this future is dropped instead, the guard releases in the
-/// background.
+/// Runs the inner service while both tokens are held. The lease goes with the poll: the job
+/// service carries it into the task it spawns for the poll, which ends it with the outcome the
+/// poll reported once the poll is over; an inner service that runs the poll in place leaves it
+/// here, and it ends when the inner call returns.
 async fn run_holding<S>(
     inner: &mut S,
     shared: &Shared,
@@ -354,16 +362,15 @@ where
     S::Error: Into<BoxDynError>,
 {
     let probe = held.probe_round > 0;
-    let guard = LeaseGuard {
+    let guard = Box::new(LeaseGuard {
         budget: shared.budget.clone(),
         held: Some(held),
-    };
+    });
     // The inner call runs inside the scope (an async block, not an argument evaluated before
-    // it), so that the job service's `carry` finds the slot when it spawns the poll.
-    let (result, report) = circuit::scoped(probe, async { inner.call(task).await }).await;
-    let result = result.map_err(Into::into);
-    guard.finish(report);
-    result
+    // it), so that the job service's `carry` finds the slot and the lease when it spawns the poll.
+    circuit::scoped(probe, guard, async { inner.call(task).await })
+        .await
+        .map_err(Into::into)
 }
 
 /// Decodes the payload (a job that does not decode is killed, as the handler would).

@@ -2,9 +2,14 @@
 //!
 //! - **Reporting a poll's outcome without a round trip.** The budget layer runs each poll inside
 //!   [`scoped`], a task-local slot; the poll calls [`report`] once it has classified the Gateway's
-//!   answer; the layer hands the report to the lease release (`Budget::finish`), which counts it
-//!   in the circuit's window in the same script call. A poll that made no Gateway call reports
-//!   nothing, which counts as no call.
+//!   answer; the lease's end (`Budget::finish_poll`) counts it in the circuit's window in the same
+//!   script call. A poll that made no Gateway call reports nothing, which counts as no call.
+//! - **The poll owns its lease.** The slot also holds the poll's lease ([`Lease`]) until the job
+//!   service spawns the poll on a task of its own: [`carry`] moves the lease into that task, which
+//!   ends it once the poll has finished (or releases it if the task is cancelled). apalis drops a
+//!   worker's in-flight futures when its stream ends (a Redis timeout, a reset connection, a
+//!   worker whose registration was removed), while the spawned poll runs on: a lease held by the
+//!   layer's future would go back to the budget under a running Gateway call.
 //! - **Probes.** When the circuit is half-open, the budget admits a few polls as probes
 //!   ([`is_probe`]). A probe whose call fails writes nothing to PostgreSQL and does not advance
 //!   the card's failure count: the failure is the Gateway's, and it re-opens the circuit.
@@ -27,12 +32,41 @@ pub const OPENED_EVENT: &str = "gateway.circuit_opened";
 /// The audit event written when a task's circuit closes.
 pub const CLOSED_EVENT: &str = "gateway.circuit_closed";
 
+/// What ends a poll's hold on its budget tokens: `finish` once the poll is over (with what it
+/// reported), or its `Drop` if the task that owns it is cancelled first.
+pub trait Lease: Send {
+    /// The poll is over: hand its tokens back (or keep its slot) with its outcome.
+    fn finish(self: Box<Self>, reported: Reported);
+}
+
 /// What one poll run tells the layer around it.
 struct RunSlot {
     /// The poll is a probe of a half-open circuit.
     probe: bool,
     /// The classified outcome of its Gateway call (valid or not) and the card; `None`: no call.
     report: Mutex<Option<(bool, String)>>,
+    /// The poll's lease, until [`carry`] moves it into the poll's own task.
+    lease: Mutex<Option<Box<dyn Lease>>>,
+}
+
+impl RunSlot {
+    /// What the poll reported (taken: asked once, when the poll is over).
+    fn reported(&self) -> Reported {
+        match self.report.lock().ok().and_then(|mut r| r.take()) {
+            Some((true, card_ref)) => Reported {
+                report: CallReport::Ok,
+                card_ref,
+            },
+            Some((false, card_ref)) => Reported {
+                report: CallReport::Failed,
+                card_ref,
+            },
+            None => Reported {
+                report: CallReport::NoCall,
+                card_ref: String::new(),
+            },
+        }
+    }
 }
 
 /// What a poll reported, for the lease release.
@@ -48,40 +82,44 @@ tokio::task_local! {
     static RUN: Arc<RunSlot>;
 }
 
-/// Runs one poll (the budget layer's inner service) with its report slot; returns its output and
-/// what it reported ([`CallReport::NoCall`] when it made no Gateway call or was cut off before
-/// classifying one).
-pub async fn scoped<F: Future>(probe: bool, poll: F) -> (F::Output, Reported) {
+/// Runs one poll (the budget layer's inner service) with its report slot, holding `lease`; returns
+/// its output and what it reported ([`CallReport::NoCall`] when it made no Gateway call or was cut
+/// off before classifying one). When the poll carried the lease into a task of its own
+/// ([`carry`]), that task has ended it; else it is ended here, with the report.
+pub async fn scoped<F: Future>(probe: bool, lease: Box<dyn Lease>, poll: F) -> F::Output {
     let slot = Arc::new(RunSlot {
         probe,
         report: Mutex::new(None),
+        lease: Mutex::new(Some(lease)),
     });
     let out = RUN.scope(slot.clone(), poll).await;
-    let reported = match slot.report.lock().ok().and_then(|mut r| r.take()) {
-        Some((true, card_ref)) => Reported {
-            report: CallReport::Ok,
-            card_ref,
-        },
-        Some((false, card_ref)) => Reported {
-            report: CallReport::Failed,
-            card_ref,
-        },
-        None => Reported {
-            report: CallReport::NoCall,
-            card_ref: String::new(),
-        },
-    };
-    (out, reported)
+    let lease = slot.lease.lock().ok().and_then(|mut l| l.take());
+    if let Some(lease) = lease {
+        lease.finish(slot.reported());
+    }
+    out
 }
 
-/// `poll` with this task's report slot, if it has one, carried along: the job service runs each
-/// job on a task of its own (a task-local does not cross `spawn`), so the poll's future takes the
-/// slot with it. Call it where [`scoped`] is in force (the budget layer's inner call).
+/// `poll` with this task's report slot and the poll's lease, if it has them, carried along: the
+/// job service runs each job on a task of its own (a task-local does not cross `spawn`), so the
+/// poll's future takes the slot with it, and the lease moves into it now, before the spawn. The
+/// lease ends when the poll does, in that task, whatever becomes of the future that spawned it;
+/// if the task is cancelled, the lease's `Drop` gives it back. Call it where [`scoped`] is in
+/// force (the budget layer's inner call).
 pub fn carry<F: Future>(poll: F) -> impl Future<Output = F::Output> {
     let slot = RUN.try_with(Arc::clone).ok();
+    let lease = slot
+        .as_ref()
+        .and_then(|s| s.lease.lock().ok().and_then(|mut l| l.take()));
     async move {
         match slot {
-            Some(slot) => RUN.scope(slot, poll).await,
+            Some(slot) => {
+                let out = RUN.scope(slot.clone(), poll).await;
+                if let Some(lease) = lease {
+                    lease.finish(slot.reported());
+                }
+                out
+            }
             None => poll.await,
         }
     }
@@ -232,34 +270,117 @@ async fn write(pool: &PgPool, record: &AuditRecord) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// A lease that says how it ended: finished with a report, or dropped unfinished.
+    struct Probe(Option<std::sync::mpsc::Sender<Option<Reported>>>);
+
+    impl Lease for Probe {
+        fn finish(mut self: Box<Self>, reported: Reported) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(Some(reported));
+            }
+        }
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(None);
+            }
+        }
+    }
+
+    fn probe() -> (Box<dyn Lease>, std::sync::mpsc::Receiver<Option<Reported>>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        (Box::new(Probe(Some(tx))), rx)
+    }
+
     #[tokio::test]
     async fn a_poll_that_reports_nothing_counts_as_no_call() {
-        let ((), r) = scoped(false, async {}).await;
+        let (lease, ended) = probe();
+        scoped(false, lease, async {}).await;
+        let r = ended.recv().expect("ended").expect("finished");
         assert_eq!(r.report, CallReport::NoCall);
     }
 
     #[tokio::test]
-    async fn the_last_report_of_a_poll_is_what_the_layer_sees() {
-        let ((), r) = scoped(false, async {
+    async fn the_last_report_of_a_poll_is_what_its_lease_ends_with() {
+        let (lease, ended) = probe();
+        scoped(false, lease, async {
             report("c-1", false);
             tokio::task::yield_now().await;
             report("c-1", true);
         })
         .await;
         assert_eq!(
-            r,
-            Reported {
+            ended.recv().expect("ended"),
+            Some(Reported {
                 report: CallReport::Ok,
                 card_ref: "c-1".to_owned()
-            }
+            })
         );
-        let (probe, r) = scoped(true, async {
+        let (lease, ended) = probe();
+        let probe = scoped(true, lease, async {
             report("c-2", false);
             is_probe()
         })
         .await;
         assert!(probe);
-        assert_eq!(r.report, CallReport::Failed);
+        assert_eq!(
+            ended.recv().expect("ended").expect("finished").report,
+            CallReport::Failed
+        );
+    }
+
+    /// The seam apalis tears: the layer's future is dropped (its worker's stream ended) while the
+    /// spawned poll runs on. The lease must stay held until the poll itself is over.
+    #[tokio::test]
+    async fn a_carried_lease_outlives_the_dropped_layer_future_and_ends_with_its_poll() {
+        let (lease, ended) = probe();
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (spawned_tx, spawned) = tokio::sync::oneshot::channel();
+        let layer = tokio::spawn(scoped(false, lease, async move {
+            let poll = carry(async move {
+                let _ = wait.await;
+                report("c-1", true);
+            });
+            let handle = tokio::spawn(poll);
+            let _ = spawned_tx.send(());
+            let _ = handle.await;
+        }));
+        spawned.await.expect("the poll was spawned");
+        layer.abort();
+        let _ = layer.await;
+        assert!(
+            ended.try_recv().is_err(),
+            "the lease is still held while the poll runs"
+        );
+        go.send(()).expect("the poll waits");
+        let r = tokio::task::spawn_blocking(move || ended.recv())
+            .await
+            .expect("joined")
+            .expect("ended");
+        assert_eq!(
+            r,
+            Some(Reported {
+                report: CallReport::Ok,
+                card_ref: "c-1".to_owned()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_carried_lease_is_given_back_when_its_poll_s_task_is_cancelled() {
+        let (lease, ended) = probe();
+        let mut spawned = None;
+        scoped(false, lease, async {
+            spawned = Some(tokio::spawn(carry(std::future::pending::<()>())));
+        })
+        .await;
+        let handle = spawned.expect("spawned");
+        assert!(ended.try_recv().is_err(), "held while the poll runs");
+        handle.abort();
+        let _ = handle.await;
+        assert_eq!(ended.recv().expect("ended"), None, "dropped, not finished");
     }
 
     #[tokio::test]

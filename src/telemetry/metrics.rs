@@ -10,6 +10,9 @@ pub const POLL_DEFERRED: &str = "cardworker_poll_deferred_total";
 pub const POLL_TOKENS_IN_USE: &str = "cardworker_poll_tokens_in_use";
 /// Gauge: `scope`; the effective limit.
 pub const POLL_LIMIT: &str = "cardworker_poll_limit";
+/// Counter: `scope`; leases that ended by expiry instead of a release (a crashed or stalled
+/// holder), fleet-wide, as counted in Redis by the budget's TTL repair. 0 in a healthy fleet.
+pub const BUDGET_LEASES_EXPIRED: &str = "cardworker_budget_leases_expired_total";
 /// Histogram: `call` = `carddata` | `card_status` | `payment_submit` | `payment_query`.
 pub const GATEWAY_REQUEST_DURATION: &str = "cardworker_gateway_request_duration_seconds";
 /// Gauge: `queue`; jobs waiting (intake + apalis backlog), fleet-wide.

@@ -165,7 +165,12 @@ async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls
     // 2. Every connection reset while both tokens are held.
     budget_full(&sim, "two polls at the Gateway after the stall").await;
     redis_cmd(&mut admin, &["CLIENT", "KILL", "TYPE", "normal"]).await;
-    hold_within_limits(&sim, Duration::from_secs(10), "after CLIENT KILL TYPE normal").await;
+    hold_within_limits(
+        &sim,
+        Duration::from_secs(10),
+        "after CLIENT KILL TYPE normal",
+    )
+    .await;
 
     // 3. The workers' registrations removed while both tokens are held: their next heartbeat
     //    fails ("worker not registered") and their streams end.
@@ -174,7 +179,12 @@ async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls
         let workers = format!("{}:workers", cardworker_jobs::keys::queue("cw", queue));
         redis_cmd(&mut admin, &["DEL", &workers]).await;
     }
-    hold_within_limits(&sim, Duration::from_secs(30), "after the registrations went").await;
+    hold_within_limits(
+        &sim,
+        Duration::from_secs(30),
+        "after the registrations went",
+    )
+    .await;
 
     let stats = sim.stats();
     assert_within_limits(&stats, 2, 2, "at the end");
@@ -245,9 +255,7 @@ listen = "127.0.0.1:0"
     )
     .expect("config");
     let config = Config::load(Some(&file)).expect("config");
-    let ctx = AppContext::connect(config.clone())
-        .await
-        .expect("connect");
+    let ctx = AppContext::connect(config.clone()).await.expect("connect");
     let child = Child(
         std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
             .args(["run", "--config"])
@@ -299,7 +307,11 @@ listen = "127.0.0.1:0"
         .env_remove("CARDWORKER_CONFIG")
         .output()
         .expect("budget show");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(view["total"]["in_use"], 0, "no token left in use: {view}");
     for task in Task::ALL {
@@ -333,8 +345,8 @@ async fn in_use(budget: &Budget) -> u64 {
 /// abandoned past its grace) or is still waiting for its answer, the lease Redis grants it once
 /// the stall ends is released before the process exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_releases_the_lease_of_an_acquire_under_way_whether_its_future_was_dropped_or_not(
-) {
+async fn shutdown_releases_the_lease_of_an_acquire_under_way_whether_its_future_was_dropped_or_not()
+{
     let redis = PrivateRedis::start_new(false);
     for dropped in [true, false] {
         let (budget, _) = budget_on(&redis).await;
@@ -388,11 +400,61 @@ async fn a_lease_granted_to_a_dropped_acquire_is_still_tracked_and_released_at_s
     tokio::time::sleep(Duration::from_millis(200)).await;
     acquire.abort();
     let (observer, _) = budget_on(&redis).await;
-    wait_until(Duration::from_secs(10), "the stalled acquire is granted", || async {
-        in_use(&observer).await == 1
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the stalled acquire is granted",
+        || async { in_use(&observer).await == 1 },
+    )
     .await;
-    assert_eq!(budget.held_count(), 1, "the dropped acquire's lease is tracked");
+    assert_eq!(
+        budget.held_count(),
+        1,
+        "the dropped acquire's lease is tracked"
+    );
     assert_eq!(budget.release_held().await.expect("release"), 1);
     assert_eq!(in_use(&observer).await, 0);
+}
+
+/// `cardworker_budget_leases_expired_total{scope}`: a released lease never counts; a lease whose
+/// holder vanished (kill -9) counts once it expired, in the total and in its task's scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_that_expire_instead_of_being_released_are_counted_per_scope() {
+    let redis = PrivateRedis::start_new(false);
+    let mut config = Config::default();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.polling.lease_ttl_secs = 1;
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let victim = Budget::new(conn.clone(), &config).with_process_id("victim");
+    let healthy = Budget::new(conn, &config).with_process_id("healthy");
+    let released = healthy.new_lease_id();
+    healthy
+        .acquire(Task::Carddata, &released)
+        .await
+        .expect("acquire");
+    healthy.release(&[released]).await.expect("release");
+    for task in [Task::Carddata, Task::CardStatus, Task::CardStatus] {
+        let lease = victim.new_lease_id();
+        victim.acquire(task, &lease).await.expect("acquire");
+    }
+    // The victim is gone without a word: its leases end by expiry.
+    drop(victim);
+    let view = healthy.show().await.expect("show");
+    assert_eq!(view.total.in_use, 3);
+    assert_eq!(
+        view.total.leases_expired, 0,
+        "a released lease is no expiry"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the victim's leases expired",
+        || async { healthy.show().await.expect("show").total.in_use == 0 },
+    )
+    .await;
+    let view = healthy.show().await.expect("show");
+    assert_eq!(view.total.leases_expired, 3);
+    assert_eq!(view.tasks["carddata"].leases_expired, 1);
+    assert_eq!(view.tasks["card_status"].leases_expired, 2);
+    // Counted once: reading again does not count them again.
+    assert_eq!(healthy.show().await.expect("show").total.leases_expired, 3);
 }

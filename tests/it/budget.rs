@@ -115,6 +115,10 @@ async fn expired_leases_are_repaired_in_both_sets_by_the_same_call() {
     let view = b.show().await.unwrap();
     assert_eq!(view.total.in_use, 1);
     assert_eq!(view.tasks["carddata"].in_use, 1);
+    // They ended by expiry, not by a release: counted once, in each scope they were in.
+    assert_eq!(view.total.leases_expired, 2);
+    assert_eq!(view.tasks["carddata"].leases_expired, 2);
+    assert_eq!(view.tasks["card_status"].leases_expired, 0);
 }
 
 #[tokio::test]
@@ -703,10 +707,10 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     assert_eq!(
         json,
         serde_json::json!({
-            "total": {"limit": 8, "in_use": 3},
+            "total": {"limit": 8, "in_use": 3, "leases_expired": 0},
             "tasks": {
-                "carddata": {"limit": 4, "config_limit": 4, "override": null, "paused": true, "in_use": 1},
-                "card_status": {"limit": 2, "config_limit": 3, "override": 2, "paused": false, "in_use": 2}
+                "carddata": {"limit": 4, "config_limit": 4, "override": null, "paused": true, "in_use": 1, "leases_expired": 0},
+                "card_status": {"limit": 2, "config_limit": 3, "override": 2, "paused": false, "in_use": 2, "leases_expired": 0}
             }
         })
     );

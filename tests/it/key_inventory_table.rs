@@ -184,6 +184,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         Deployment,
     ),
     k(
+        "<prefix>:{budget}:expired",
+        "budget: leases ended by expiry instead of a release, per scope (a counter)",
+        Deployment,
+    ),
+    k(
         "<prefix>:{budget}:waiters",
         "budget: processes refused a token lately (the others stop keeping idle slots)",
         Ttl(2),
