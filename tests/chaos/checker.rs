@@ -46,6 +46,7 @@ pub async fn check_history(world: &World, limits: Limits, report: &mut Report) {
     let calls = world.journal.calls();
     let now = world.journal.now_ms();
     budget_in_flight(&calls, now, limits, report);
+    simulator_peaks(world, limits, report);
     one_poll_per_card(&calls, now, report);
     money(world, &calls, report).await;
     card_changes(world, report).await;
@@ -99,6 +100,44 @@ fn budget_in_flight(calls: &[Call], now: u64, limits: Limits, report: &mut Repor
                 t as f64 / 1000.0
             ),
         );
+    }
+}
+
+/// Invariants 1 and 2 again, from the simulator's own in-flight counters and peaks.
+fn simulator_peaks(world: &World, limits: Limits, report: &mut Report) {
+    let stats = world.gw.sim.stats();
+    let mut bad = Vec::new();
+    if stats.peak_in_flight_polls > limits.total {
+        bad.push(format!(
+            "{} polls in flight at once",
+            stats.peak_in_flight_polls
+        ));
+    }
+    for task in ["carddata", "card_status"] {
+        let peak = stats.peak_per_call.get(task).copied().unwrap_or(0);
+        if peak > limits.per_task {
+            bad.push(format!("{peak} {task} calls in flight at once"));
+        }
+        let same = stats
+            .peak_same_card_per_call
+            .get(task)
+            .copied()
+            .unwrap_or(0);
+        if same > 1 {
+            bad.push(format!("{same} {task} calls about one card at once"));
+        }
+    }
+    report.line(
+        1,
+        "the simulator's own peaks within the budget, one call per card",
+        bad.is_empty(),
+        format!(
+            "peak polls {}, per call {:?}, same card per call {:?}",
+            stats.peak_in_flight_polls, stats.peak_per_call, stats.peak_same_card_per_call
+        ),
+    );
+    for b in bad {
+        report.violation(1, format!("the simulator's peaks: {b}"));
     }
 }
 

@@ -9,6 +9,7 @@
 
 mod budget_cost;
 mod chain_cost;
+mod empty_redis;
 #[path = "../it/harness.rs"]
 mod harness;
 mod ownership;
