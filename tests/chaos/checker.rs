@@ -510,12 +510,32 @@ async fn callbacks(world: &World, report: &mut Report) {
 pub async fn check_quiet(world: &World, limits: Limits, report: &mut Report) {
     let calls = world.journal.calls();
     let now = world.journal.now_ms();
+    let window = 2 * limits.interval_secs * 1000;
     let mut last: HashMap<(&str, &str), u64> = HashMap::new();
+    // Polls per card and task in the last two intervals: one chain makes at most 3.
+    let mut recent: HashMap<(&str, &str), u64> = HashMap::new();
     for c in &calls {
         if let Some((task, card)) = c.card_call() {
             let e = last.entry((task, card)).or_insert(0);
             *e = (*e).max(c.start_ms);
+            if c.start_ms + window >= now {
+                *recent.entry((task, card)).or_insert(0) += 1;
+            }
         }
+    }
+    let failing: BTreeSet<&str> = world.failing.iter().map(String::as_str).collect();
+    // (A failing card's chain retries sooner than its interval.)
+    let mut forked: Vec<String> = recent
+        .iter()
+        .filter(|((_, card), n)| **n > 3 && !failing.contains(card))
+        .map(|((task, card), n)| format!("{card} {task}: {n} polls in the last {}s", window / 1000))
+        .collect();
+    forked.sort();
+    for f in forked.iter().take(20) {
+        report.violation(
+            6,
+            format!("polled more often than one chain polls (a forked chain): {f}"),
+        );
     }
     let cards = sqlx::query(
         "SELECT card_ref, data_state, status, carddata_parked_at IS NOT NULL AS dp, \
@@ -524,8 +544,6 @@ pub async fn check_quiet(world: &World, limits: Limits, report: &mut Report) {
     .fetch_all(&world.pool)
     .await
     .unwrap_or_default();
-    let failing: BTreeSet<&str> = world.failing.iter().map(String::as_str).collect();
-    let window = 2 * limits.interval_secs * 1000;
     let (mut live, mut late, mut parked_ok, mut parked_bad) = (0, 0, 0, 0);
     for r in &cards {
         let card: String = r.get("card_ref");
@@ -608,11 +626,12 @@ pub async fn check_quiet(world: &World, limits: Limits, report: &mut Report) {
     report.line(
         6,
         "after the quiet period",
-        late + parked_bad + panics == 0 && stale == 0 && tokens == Some(0),
+        late + parked_bad + panics + forked.len() == 0 && stale == 0 && tokens == Some(0),
         format!(
-            "{live} live chains, {late} not polled within two intervals; parked: {parked_ok} failed alone, \
+            "{live} live chains, {late} not polled within two intervals, {} polled faster than their interval; parked: {parked_ok} failed alone, \
              {parked_bad} others; tokens in use once idle {tokens:?}; unsettled money rows older than {}s: {stale}; \
              panics {panics}",
+            forked.len(),
             limits.recovery_window_secs
         ),
     );

@@ -109,6 +109,8 @@ pub struct Exit {
     /// cannot connect to PostgreSQL or Redis at start (spec section 2: an unreachable database
     /// is exit status 1), and the supervisor starts it again.
     pub startup_error: Option<String>,
+    /// How long the process ran.
+    pub lived_ms: u64,
 }
 
 impl Exit {
@@ -120,7 +122,10 @@ impl Exit {
         }
         match self.expected {
             Some(Kill::Kill9) => self.signal == Some(9),
-            Some(Kill::Term) => self.code == Some(0),
+            // A process signalled in its first seconds may not have installed its handler yet.
+            Some(Kill::Term) => {
+                self.code == Some(0) || (self.signal == Some(15) && self.lived_ms < 3_000)
+            }
             None => false,
         }
     }
@@ -266,6 +271,7 @@ impl Supervisor {
                         signal: status.signal(),
                         expected,
                         startup_error,
+                        lived_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     });
                 }
                 st.stopping
