@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 
 use crate::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
-use crate::telemetry::{Health, RedisStatus, WorkerState};
+use crate::telemetry::{Health, RedisSnapshot, RedisStatus, WorkerState};
 
 /// A worker that ends this soon after an outage ended is still counted as its casualty (its
 /// heartbeat finds its registration gone a heartbeat or two after Redis returned). A quiet
@@ -65,10 +65,85 @@ struct Slot {
     factory: WorkerFactory,
     /// When its current run started.
     started_at: Instant,
+    /// Its grace clock and back-off.
+    grace: Grace,
+}
+
+/// How a worker's run ended, as the grace reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Its run returned, or failed with an error that is not Redis trouble.
+    Other,
+    /// A connection-level Redis error: refused, dropped, timed out, I/O.
+    Connection,
+    /// Redis answered, but without state the worker had there: its registration ("worker not
+    /// registered") or its in-flight set, lost with Redis's data or dropped by a peer.
+    LostState,
+}
+
+impl Ending {
+    /// How `result` ended.
+    pub fn of(result: &Result<(), WorkerError>) -> Self {
+        match result {
+            Err(e) if is_lost_state(e) => Self::LostState,
+            Err(e) if is_redis_trouble(e) => Self::Connection,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// What the supervisor does after one failure of a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Start it again at once.
+    RestartNow,
+    /// Start it again after this back-off, once Redis answers.
+    RestartAfter(Duration),
+    /// Stop the process: the failure is not Redis trouble (`false`), or Redis trouble past the
+    /// grace (`true`).
+    Stop { past_grace: bool },
+}
+
+/// The grace clock of one worker: decides, failure by failure, whether to restart it.
+#[derive(Debug, Default)]
+pub struct Grace {
     /// Restarts in the current episode of failures.
     restarts: u32,
     /// When the current episode of failures began (`None` while it runs healthily).
     failing_since: Option<Instant>,
+}
+
+impl Grace {
+    /// One failure at `now` of a run that lasted `ran_for` and ended as `ending`, while Redis
+    /// stood as `redis`, under `worker.redis_outage_grace_secs` = `grace`.
+    pub fn on_failure(
+        &mut self,
+        now: Instant,
+        ran_for: Duration,
+        ending: Ending,
+        redis: &RedisSnapshot,
+        grace: Duration,
+    ) -> Verdict {
+        let redis_trouble = redis.troubled_within(now, RECOVERY_WINDOW) || ending != Ending::Other;
+        if !redis_trouble || grace.is_zero() {
+            return Verdict::Stop { past_grace: false };
+        }
+        if ran_for >= STABLE_AFTER {
+            self.failing_since = None;
+            self.restarts = 0;
+        }
+        let since = *self.failing_since.get_or_insert(now);
+        if now.saturating_duration_since(since) > grace {
+            return Verdict::Stop { past_grace: true };
+        }
+        self.restarts += 1;
+        Verdict::RestartAfter(restart_backoff(self.restarts))
+    }
+
+    /// Restarts in the current episode of failures.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
 }
 
 /// How one incarnation ended: its slot, its apalis name and its result.
@@ -123,8 +198,7 @@ impl Supervisor {
             kind,
             factory,
             started_at: Instant::now(),
-            restarts: 0,
-            failing_since: None,
+            grace: Grace::default(),
         });
         self.start(self.slots.len() - 1);
     }
@@ -135,7 +209,7 @@ impl Supervisor {
         slot.started_at = Instant::now();
         self.health
             .set_state(slot.kind, slot.kind, WorkerState::Running);
-        tracing::info!(worker = %name, kind = slot.kind, restarts = slot.restarts, "worker started");
+        tracing::info!(worker = %name, kind = slot.kind, restarts = slot.grace.restarts(), "worker started");
         self.workers
             .spawn(async move { (index, name.clone(), run.await) });
     }
@@ -211,37 +285,39 @@ impl Supervisor {
             Some(Err(e)) => return Some(format!("worker task failed: {e}")),
             None => return Some("no workers registered".to_owned()),
         };
-        let redis_trouble = self.redis.troubled_within(RECOVERY_WINDOW)
-            || result.as_ref().is_err_and(is_redis_trouble);
         let what = match &result {
             Ok(()) => format!("{name} (returned)"),
             Err(e) => format!("{name}: {e}"),
         };
         let slot = &mut self.slots[index];
-        if !redis_trouble || self.outage_grace.is_zero() {
-            self.health
-                .set_state(slot.kind, slot.kind, WorkerState::Stopped);
-            tracing::error!(worker = %what, "a worker stopped unexpectedly; stopping the process");
-            return Some(what);
-        }
-        if slot.started_at.elapsed() >= STABLE_AFTER {
-            slot.failing_since = None;
-            slot.restarts = 0;
-        }
-        let since = *slot.failing_since.get_or_insert_with(Instant::now);
-        if since.elapsed() > self.outage_grace {
-            self.health
-                .set_state(slot.kind, slot.kind, WorkerState::Stopped);
-            return Some(format!(
-                "{what}; still failing after worker.redis_outage_grace_secs = {} s",
-                self.outage_grace.as_secs()
-            ));
-        }
-        slot.restarts += 1;
-        let delay = restart_backoff(slot.restarts);
+        let verdict = slot.grace.on_failure(
+            Instant::now(),
+            slot.started_at.elapsed(),
+            Ending::of(&result),
+            &self.redis.snapshot(),
+            self.outage_grace,
+        );
+        let delay = match verdict {
+            Verdict::Stop { past_grace: false } => {
+                self.health
+                    .set_state(slot.kind, slot.kind, WorkerState::Stopped);
+                tracing::error!(worker = %what, "a worker stopped unexpectedly; stopping the process");
+                return Some(what);
+            }
+            Verdict::Stop { past_grace: true } => {
+                self.health
+                    .set_state(slot.kind, slot.kind, WorkerState::Stopped);
+                return Some(format!(
+                    "{what}; still failing after worker.redis_outage_grace_secs = {} s",
+                    self.outage_grace.as_secs()
+                ));
+            }
+            Verdict::RestartNow => Duration::ZERO,
+            Verdict::RestartAfter(delay) => delay,
+        };
         self.health
             .set_state(slot.kind, slot.kind, WorkerState::Restarting);
-        tracing::warn!(worker = %what, restart = slot.restarts, delay_ms = delay.as_millis() as u64, "worker stopped by Redis trouble; restarting it once Redis answers");
+        tracing::warn!(worker = %what, restart = slot.grace.restarts(), delay_ms = delay.as_millis() as u64, "worker stopped by Redis trouble; restarting it once Redis answers");
         let redis = self.redis.clone();
         self.restarts.spawn(async move {
             tokio::time::sleep(delay).await;
@@ -263,6 +339,30 @@ const CONNECTION_TEXTS: &[&str] = &[
     "os error",
     "io error",
     "ioerror",
+];
+
+/// Whether a worker's error says that Redis answered without state the worker had there: its
+/// registration, or the in-flight set its acknowledgement expected.
+pub fn is_lost_state(error: &WorkerError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match error {
+        WorkerError::BackendError(inner) => Some(inner.as_ref()),
+        _ => return false,
+    };
+    while let Some(e) = source {
+        let text = e.to_string();
+        if LOST_STATE_TEXTS.iter().any(|t| text.contains(t)) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// How a lost registration or in-flight set reads (apalis-redis's scripts and `fetch.lua`).
+const LOST_STATE_TEXTS: &[&str] = &[
+    "worker not registered",
+    "task not executed by worker",
+    "WorkerOutOfSync",
 ];
 
 /// Whether a worker's error is Redis trouble rather than a fault of the worker or its data: a
@@ -298,9 +398,7 @@ pub fn is_redis_trouble(error: &WorkerError) -> bool {
         let text = e.to_string();
         let lower = text.to_lowercase();
         if CONNECTION_TEXTS.iter().any(|t| lower.contains(t))
-            || text.contains("worker not registered")
-            || text.contains("task not executed by worker")
-            || text.contains("WorkerOutOfSync")
+            || LOST_STATE_TEXTS.iter().any(|t| text.contains(t))
             || text.contains("LOADING")
         {
             return true;

@@ -135,6 +135,36 @@ pub struct RedisStatus {
 struct OutageTimes {
     down_since: Option<std::time::Instant>,
     recovered_at: Option<std::time::Instant>,
+    /// Bumped when an outage begins, when it ends, and when Redis is found to have lost its data.
+    generation: u64,
+}
+
+/// The probe's verdict at one moment, as the supervisor's grace reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisSnapshot {
+    /// When the outage going on began (`None` while Redis answers).
+    pub down_since: Option<std::time::Instant>,
+    /// When the last outage ended, or Redis was last found to have lost its data.
+    pub recovered_at: Option<std::time::Instant>,
+    /// Changes when an outage begins, when it ends, and when Redis is found to have lost its
+    /// data: two moments with the same generation lie in the same outage, or in the same stretch
+    /// of Redis answering with its data.
+    pub generation: u64,
+}
+
+impl RedisSnapshot {
+    /// Whether Redis answered at the last probe.
+    pub fn is_up(&self) -> bool {
+        self.down_since.is_none()
+    }
+
+    /// Whether, at `now`, an outage is going on or ended less than `window` ago.
+    pub fn troubled_within(&self, now: std::time::Instant, window: std::time::Duration) -> bool {
+        !self.is_up()
+            || self
+                .recovered_at
+                .is_some_and(|at| now.saturating_duration_since(at) < window)
+    }
 }
 
 impl Default for RedisStatus {
@@ -156,6 +186,7 @@ impl RedisStatus {
             if let Ok(mut t) = self.times.lock() {
                 let lasted = t.down_since.take().map(|s| s.elapsed());
                 t.recovered_at = Some(std::time::Instant::now());
+                t.generation += 1;
                 tracing::warn!(
                     outage_ms = lasted.map_or(0, |d| d.as_millis() as u64),
                     "Redis answers again; workers resume"
@@ -172,6 +203,7 @@ impl RedisStatus {
         if began {
             if let Ok(mut t) = self.times.lock() {
                 t.down_since = Some(std::time::Instant::now());
+                t.generation += 1;
             }
             tracing::error!(error = %why, "Redis does not answer; riding out the outage");
         }
@@ -183,6 +215,7 @@ impl RedisStatus {
     pub fn mark_data_lost(&self) {
         if let Ok(mut t) = self.times.lock() {
             t.recovered_at = Some(std::time::Instant::now());
+            t.generation += 1;
         }
     }
 
@@ -199,15 +232,19 @@ impl RedisStatus {
             .and_then(|t| t.down_since.map(|s| s.elapsed()))
     }
 
-    /// Whether an outage is going on or ended less than `window` ago.
-    pub fn troubled_within(&self, window: std::time::Duration) -> bool {
-        !self.is_up()
-            || self
-                .times
-                .lock()
-                .ok()
-                .and_then(|t| t.recovered_at)
-                .is_some_and(|at| at.elapsed() < window)
+    /// The verdict now: when the outage going on began, when the last one ended, and its
+    /// generation.
+    pub fn snapshot(&self) -> RedisSnapshot {
+        let t = self
+            .times
+            .lock()
+            .map(|t| *t)
+            .unwrap_or_else(|p| *p.into_inner());
+        RedisSnapshot {
+            down_since: t.down_since,
+            recovered_at: t.recovered_at,
+            generation: t.generation,
+        }
     }
 
     /// Resolves once Redis is up (at once if it is).
