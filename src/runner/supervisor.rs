@@ -9,19 +9,23 @@
 //!
 //! # Riding out Redis trouble
 //! An apalis-redis worker ends its stream at the first failed fetch, heartbeat or acknowledgement,
-//! and after Redis comes back empty its next heartbeat fails ("worker not registered"). Restarting
-//! the whole process for that would re-run every in-flight job of every pod on each Sentinel
-//! failover. So a worker that ends while Redis is in trouble (the probe says down, an outage ended
-//! less than [`RECOVERY_WINDOW`] ago, or its own error is a connection-level Redis error or a lost
-//! registration) is marked `Restarting` (`/healthz` stays 200, `cardworker_worker_up` 0) and
-//! started again from its factory, under a fresh name (apalis refuses a name it saw within a
-//! heartbeat), once Redis answers and after a back-off ([`restart_backoff`]). Its in-flight jobs
-//! are not lost with the stream: the job service runs each job in a task of its own
-//! (`Shutdown::spawn_job`), which finishes on its own.
+//! and after Redis comes back empty its next heartbeat or fetch fails ("worker not registered").
+//! Restarting the whole process for that would re-run every in-flight job of every pod on each
+//! Sentinel failover. So a worker that ends while Redis is in trouble (the probe says down, an
+//! outage ended less than [`RECOVERY_WINDOW`] ago, or its own error is a connection-level Redis
+//! error or lost state) is marked `Restarting` (`/healthz` stays 200, `cardworker_worker_up` 0)
+//! and started again from its factory, under a fresh name (apalis refuses a name it saw within a
+//! heartbeat). Its in-flight jobs are not lost with the stream: the job service runs each job in a
+//! task of its own (`Shutdown::spawn_job`), which finishes on its own.
 //!
-//! Past `worker.redis_outage_grace_secs` (Redis still down, or a worker still failing) the process
-//! stops as it always did: drain, shutdown hooks, exit non-zero. A worker that ends for a reason
-//! that is not Redis trouble (a corrupt queue, say) stops the process at once.
+//! [`Grace`] decides when: a worker whose registration (or in-flight set) was lost while Redis
+//! answers is started again at once; one stopped by an outage is started again once Redis answers
+//! and after a back-off ([`restart_backoff`]). The grace, `worker.redis_outage_grace_secs`, is per
+//! outage: its clock starts when Redis stops answering and is cleared as soon as it answers again,
+//! so short outages in a row never add up to an exit. Past the grace (one outage still going on,
+//! or a worker still failing while Redis answers) the process stops as it always did: drain,
+//! shutdown hooks, exit non-zero. A worker that ends for a reason that is not Redis trouble (a
+//! corrupt queue, say) stops the process at once.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -40,7 +44,7 @@ use crate::telemetry::{Health, RedisSnapshot, RedisStatus, WorkerState};
 /// trouble whenever it comes ([`is_redis_trouble`]).
 pub const RECOVERY_WINDOW: Duration = Duration::from_secs(30);
 /// A restarted worker that has run this long is healthy again: its next failure starts a new
-/// episode (fresh back-off, fresh grace).
+/// clock (fresh back-off, fresh grace) even if the Redis verdict has not changed since.
 pub const STABLE_AFTER: Duration = Duration::from_secs(30);
 /// How often the supervisor checks how long an outage has lasted.
 const OUTAGE_CHECK: Duration = Duration::from_millis(250);
@@ -105,12 +109,36 @@ pub enum Verdict {
 }
 
 /// The grace clock of one worker: decides, failure by failure, whether to restart it.
+///
+/// **One outage** is one generation of the probe's verdict ([`RedisSnapshot::generation`]): from
+/// the first probe Redis does not answer to the first one it answers again. Its clock starts when
+/// Redis stopped answering (the outage's start, not the worker's first failure in it), and it is
+/// over as soon as Redis answers: a worker that fails after that starts a new clock with a fresh
+/// back-off, however many outages came before. A worker that fails while the probe still gets
+/// answers (its connection broke first, or it keeps failing while Redis answers) clocks from that
+/// failure, for as long as the verdict does not change; so a worker that never gets going again
+/// with Redis answering is still stopped once past the grace.
+///
+/// State lost with Redis's data (a registration or an in-flight set gone after an empty restart,
+/// or dropped by a peer's orphan recovery) is not an outage: with Redis answering, the worker is
+/// started again at once under a fresh name, which registers it again, and no clock starts. Once
+/// per generation: a registration that vanishes again with nothing changed in between is backed
+/// off and clocked like any other failure, so it can never spin.
 #[derive(Debug, Default)]
 pub struct Grace {
-    /// Restarts in the current episode of failures.
+    /// The clock of the failures of the current generation, if this worker failed in it.
+    clock: Option<Clock>,
+    /// Restarts since the clock started.
     restarts: u32,
-    /// When the current episode of failures began (`None` while it runs healthily).
-    failing_since: Option<Instant>,
+    /// The generation in which this worker last registered again at once.
+    reregistered_in: Option<u64>,
+}
+
+/// When a worker's failures in one generation of the Redis verdict began to count.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    since: Instant,
+    generation: u64,
 }
 
 impl Grace {
@@ -128,19 +156,33 @@ impl Grace {
         if !redis_trouble || grace.is_zero() {
             return Verdict::Stop { past_grace: false };
         }
-        if ran_for >= STABLE_AFTER {
-            self.failing_since = None;
-            self.restarts = 0;
+        if ending == Ending::LostState
+            && redis.is_up()
+            && self.reregistered_in != Some(redis.generation)
+        {
+            self.reregistered_in = Some(redis.generation);
+            return Verdict::RestartNow;
         }
-        let since = *self.failing_since.get_or_insert(now);
-        if now.saturating_duration_since(since) > grace {
+        let clock = match self.clock {
+            Some(clock) if clock.generation == redis.generation && ran_for < STABLE_AFTER => clock,
+            _ => {
+                self.restarts = 0;
+                let clock = Clock {
+                    since: redis.down_since.unwrap_or(now),
+                    generation: redis.generation,
+                };
+                self.clock = Some(clock);
+                clock
+            }
+        };
+        if now.saturating_duration_since(clock.since) > grace {
             return Verdict::Stop { past_grace: true };
         }
         self.restarts += 1;
         Verdict::RestartAfter(restart_backoff(self.restarts))
     }
 
-    /// Restarts in the current episode of failures.
+    /// Restarts since the current clock started.
     pub fn restarts(&self) -> u32 {
         self.restarts
     }
@@ -312,7 +354,11 @@ impl Supervisor {
                     self.outage_grace.as_secs()
                 ));
             }
-            Verdict::RestartNow => Duration::ZERO,
+            Verdict::RestartNow => {
+                tracing::warn!(worker = %what, "Redis answers without this worker's state (its data was lost, or a peer dropped the worker); registering it again now");
+                self.start(index);
+                return None;
+            }
             Verdict::RestartAfter(delay) => delay,
         };
         self.health
@@ -412,6 +458,202 @@ pub fn is_redis_trouble(error: &WorkerError) -> bool {
 mod tests {
     use super::*;
 
+    const GRACE: Duration = Duration::from_secs(60);
+
+    /// The probe's verdict along a test's own timeline, kept as `RedisStatus` keeps it (its
+    /// generation moves on at each outage's start and end and at a data loss; the test
+    /// `the_redis_generation_moves_on_when_an_outage_begins_or_ends_and_when_data_is_lost`
+    /// checks that on the real thing).
+    struct Timeline {
+        start: Instant,
+        now: Instant,
+        redis: RedisSnapshot,
+    }
+
+    impl Timeline {
+        fn new() -> Self {
+            let start = Instant::now();
+            Self {
+                start,
+                now: start,
+                redis: RedisSnapshot {
+                    down_since: None,
+                    recovered_at: None,
+                    generation: 0,
+                },
+            }
+        }
+
+        /// Moves the clock to `ms` after the start.
+        fn at(&mut self, ms: u64) -> Instant {
+            self.now = self.start + Duration::from_millis(ms);
+            self.now
+        }
+
+        fn down(&mut self) {
+            self.redis.down_since = Some(self.now);
+            self.redis.generation += 1;
+        }
+
+        fn up(&mut self, empty: bool) {
+            self.redis.down_since = None;
+            self.redis.recovered_at = Some(self.now);
+            self.redis.generation += 1;
+            if empty {
+                self.redis.generation += 1;
+            }
+        }
+    }
+
+    /// A worker under test: its grace and when its current run started.
+    struct Subject {
+        grace: Grace,
+        started_at: Instant,
+    }
+
+    impl Subject {
+        fn fails(&mut self, t: &Timeline, ending: Ending) -> Verdict {
+            self.grace.on_failure(
+                t.now,
+                t.now.saturating_duration_since(self.started_at),
+                ending,
+                &t.redis,
+                GRACE,
+            )
+        }
+
+        /// Restarted at the time `t` is at.
+        fn restarted(&mut self, t: &Timeline) {
+            self.started_at = t.now;
+        }
+    }
+
+    #[test]
+    fn six_short_outages_in_two_minutes_each_get_their_own_grace_and_a_lost_registration_re_registers_at_once(
+    ) {
+        // The combined-fault run's six outages (start, length in ms as logged; `true`: Redis
+        // restarted empty), each shorter than the grace, 119 s from the first to the last.
+        let outages = [
+            (0, 10_752, false),
+            (22_000, 2_858, true),
+            (40_000, 2_715, true),
+            (58_000, 11_005, false),
+            (82_000, 10_073, false),
+            (109_000, 2_719, true),
+        ];
+        let mut t = Timeline::new();
+        let mut worker = Subject {
+            grace: Grace::default(),
+            started_at: t.now,
+        };
+        let mut delays = Vec::new();
+        for (i, &(start, length, empty)) in outages.iter().enumerate() {
+            let last = i == outages.len() - 1;
+            t.at(start);
+            t.down();
+            if !last {
+                // The worker's fetch fails in the outage (refused, or timed out in a pause).
+                t.at(start + length / 2);
+                match worker.fails(&t, Ending::Connection) {
+                    Verdict::RestartAfter(delay) => delays.push(delay),
+                    other => panic!(
+                        "outage {} ({length} ms, within the grace): the worker is restarted, not {other:?}",
+                        i + 1
+                    ),
+                }
+            }
+            t.at(start + length);
+            t.up(empty);
+            t.at(start + length + 500);
+            worker.restarted(&t);
+        }
+        // The last outage's worker was rebuilt before it began; 91 ms after Redis answered
+        // (empty), its fetch finds its registration gone.
+        let (start, length, _) = outages[5];
+        worker.started_at = t.start + Duration::from_millis(start - 1_500);
+        t.at(start + length + 91);
+        assert_eq!(
+            worker.fails(&t, Ending::LostState),
+            Verdict::RestartNow,
+            "a lost registration with Redis answering registers again at once, whatever earlier outages did"
+        );
+        for (i, delay) in delays.iter().enumerate() {
+            assert!(
+                *delay <= Duration::from_millis(600),
+                "outage {}: a new outage starts its back-off afresh: {delay:?}",
+                i + 1
+            );
+        }
+    }
+
+    #[test]
+    fn the_grace_clock_of_an_outage_starts_when_redis_stops_answering_not_when_a_worker_fails() {
+        let mut t = Timeline::new();
+        let mut worker = Subject {
+            grace: Grace::default(),
+            started_at: t.now,
+        };
+        t.at(1_000);
+        t.down();
+        // The worker's first failure comes late in the outage (a quiet queue's beat), past the
+        // grace counted from the outage's start.
+        t.at(1_000 + GRACE.as_millis() as u64 + 1);
+        assert_eq!(
+            worker.fails(&t, Ending::Connection),
+            Verdict::Stop { past_grace: true }
+        );
+    }
+
+    #[test]
+    fn a_worker_failing_again_and_again_while_redis_answers_is_stopped_once_past_the_grace() {
+        let mut t = Timeline::new();
+        let mut worker = Subject {
+            grace: Grace::default(),
+            started_at: t.now,
+        };
+        let mut ms = 5_000;
+        t.at(ms);
+        assert_eq!(worker.fails(&t, Ending::LostState), Verdict::RestartNow);
+        worker.restarted(&t);
+        // A second lost registration with no outage or data loss since is not re-registered at
+        // once again: it is backed off and clocked like a connection failure.
+        ms += 100;
+        t.at(ms);
+        assert!(matches!(
+            worker.fails(&t, Ending::LostState),
+            Verdict::RestartAfter(_)
+        ));
+        loop {
+            ms += 5_000;
+            t.at(ms);
+            worker.restarted(&t);
+            ms += 100;
+            t.at(ms);
+            match worker.fails(&t, Ending::Connection) {
+                Verdict::RestartAfter(_) => assert!(ms <= 5_100 + GRACE.as_millis() as u64),
+                Verdict::Stop { past_grace: true } => {
+                    assert!(ms > 5_100 + GRACE.as_millis() as u64);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_worker_ending_for_another_reason_stops_the_process_at_once() {
+        let mut t = Timeline::new();
+        let mut worker = Subject {
+            grace: Grace::default(),
+            started_at: t.now,
+        };
+        t.at(120_000);
+        assert_eq!(
+            worker.fails(&t, Ending::Other),
+            Verdict::Stop { past_grace: false }
+        );
+    }
+
     #[test]
     fn restarts_back_off_from_half_a_second_to_ten_seconds() {
         for _ in 0..100 {
@@ -442,5 +684,26 @@ mod tests {
         assert!(!is_redis_trouble(&corrupt));
         let flattened = WorkerError::BackendError("PollNextError: broken pipe".into());
         assert!(is_redis_trouble(&flattened));
+    }
+
+    #[test]
+    fn a_lost_registration_reads_as_lost_state_a_refused_connection_as_connection_trouble() {
+        // As the supervisor logged it when an empty restart had dropped the worker.
+        let lost = WorkerError::BackendError(
+            "PollNextError: \"Cant\": fetch next: worker not registered".into(),
+        );
+        assert_eq!(Ending::of(&Err(lost)), Ending::LostState);
+        let refused = WorkerError::BackendError(Box::new(apalis_redis::Error::Database(
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "Connection refused (os error 111)",
+            )),
+        )));
+        assert_eq!(Ending::of(&Err(refused)), Ending::Connection);
+        let corrupt = WorkerError::BackendError(Box::new(apalis_redis::Error::Json(
+            serde_json::from_str::<String>("{").expect_err("bad json"),
+        )));
+        assert_eq!(Ending::of(&Err(corrupt)), Ending::Other);
+        assert_eq!(Ending::of(&Ok(())), Ending::Other);
     }
 }

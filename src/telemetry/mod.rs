@@ -276,3 +276,30 @@ pub fn register_series() {
         let _ = ::metrics::counter!(metrics::BUDGET_LEASES_EXPIRED, "scope" => scope);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redis_generation_moves_on_when_an_outage_begins_or_ends_and_when_data_is_lost() {
+        let status = RedisStatus::default();
+        let first = status.snapshot();
+        assert!(first.is_up());
+        assert!(!status.mark_up(), "up while up is no change");
+        assert_eq!(status.snapshot().generation, first.generation);
+        assert!(status.mark_down("refused"));
+        let down = status.snapshot();
+        assert!(!down.is_up());
+        assert!(down.down_since.is_some());
+        assert_eq!(down.generation, first.generation + 1);
+        assert!(!status.mark_down("refused again"), "one outage");
+        assert_eq!(status.snapshot(), down);
+        assert!(status.mark_up());
+        let back = status.snapshot();
+        assert!(back.is_up() && back.recovered_at.is_some());
+        assert_eq!(back.generation, down.generation + 1);
+        status.mark_data_lost();
+        assert_eq!(status.snapshot().generation, back.generation + 1);
+    }
+}

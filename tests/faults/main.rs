@@ -5,13 +5,15 @@
 //! fault: no process exit (where the grace allows), no lost chain, no duplicate record, no double
 //! submission. [`redis_cost`] counts what an idle pod sends (its feeder, a whole `cardworker run`,
 //! the Redis probe, a reconcile pass), on a private redis-server whose `INFO commandstats` sees no
-//! other client; [`budget_cost`] counts what a poll's budget call runs there.
+//! other client; [`budget_cost`] counts what a poll's budget call runs there. [`outage_string`]
+//! runs a string of short Redis outages under load against two `cardworker run` processes.
 
 mod budget_cost;
 mod chain_cost;
 mod empty_redis;
 #[path = "../it/harness.rs"]
 mod harness;
+mod outage_string;
 mod ownership;
 mod private;
 #[path = "../it/process.rs"]

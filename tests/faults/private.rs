@@ -114,6 +114,25 @@ impl PrivateRedis {
     }
 }
 
+impl PrivateRedis {
+    /// Suspends every client's commands for `length` (`CLIENT PAUSE … ALL`): the server runs and
+    /// keeps its data, but answers nobody until the pause ends.
+    pub fn pause(&self, length: Duration) {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "CLIENT", "PAUSE"])
+            .arg(length.as_millis().to_string())
+            .arg("ALL")
+            .output()
+            .expect("run redis-cli CLIENT PAUSE");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "OK",
+            "CLIENT PAUSE: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn redis_ping(port: u16) -> bool {
     Command::new("redis-cli")
         .args(["-p", &port.to_string(), "PING"])

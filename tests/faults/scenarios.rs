@@ -76,7 +76,7 @@ impl Drop for Worker {
     }
 }
 
-async fn simulator() -> (Simulator, SimHandle) {
+pub(crate) async fn simulator() -> (Simulator, SimHandle) {
     let (_, sim, handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     sim.set_latency(0, 0);
     (sim, handle)
@@ -106,7 +106,7 @@ fn config_on(db_url: &str, redis: &PrivateRedis, gateway: &str, grace: u64) -> C
     config
 }
 
-async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
+pub(crate) async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
     let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
     sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
         .bind(&cards)
@@ -116,7 +116,7 @@ async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
     cards
 }
 
-async fn insert_payment(pool: &PgPool) -> uuid::Uuid {
+pub(crate) async fn insert_payment(pool: &PgPool) -> uuid::Uuid {
     let payment = uuid::Uuid::new_v4();
     sqlx::query(
         "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-000', 100, 'CNY')",
@@ -128,7 +128,7 @@ async fn insert_payment(pool: &PgPool) -> uuid::Uuid {
     payment
 }
 
-async fn payment_status(pool: &PgPool, payment: uuid::Uuid) -> String {
+pub(crate) async fn payment_status(pool: &PgPool, payment: uuid::Uuid) -> String {
     sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
         .bind(payment)
         .fetch_one(pool)
@@ -136,13 +136,16 @@ async fn payment_status(pool: &PgPool, payment: uuid::Uuid) -> String {
         .expect("status")
 }
 
-async fn count(pool: &PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
 
 /// The unchanged polls per card (those with at least one), as the tally in each card's chain
 /// entry counts them.
-async fn polls_per_card(conn: &mut ConnectionManager, task: Task) -> BTreeMap<String, i64> {
+pub(crate) async fn polls_per_card(
+    conn: &mut ConnectionManager,
+    task: Task,
+) -> BTreeMap<String, i64> {
     let entries: BTreeMap<String, String> = conn
         .hgetall(chain::chain_key("cw", task))
         .await
@@ -160,7 +163,7 @@ async fn polls_per_card(conn: &mut ConnectionManager, task: Task) -> BTreeMap<St
 
 /// Every card has exactly one live chain per task, whose next job waits (in the chain due set),
 /// is in apalis or runs, and which has its entry in the chain due set (waiting or fed).
-async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
+pub(crate) async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
     for task in Task::ALL {
         let chains = chain::live_chains(conn, "cw", task, cards)
             .await
