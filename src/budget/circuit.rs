@@ -178,6 +178,39 @@ impl CircuitState {
     }
 }
 
+/// One entry of a circuit's window list: `f<ms>:<card_ref>` (a failed call about that card) or
+/// `s<ms>` (a valid answer), `ms` on the Redis clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowEntry {
+    /// A failed call.
+    pub failed: bool,
+    /// When it was counted (unix ms, Redis clock).
+    pub at_ms: i64,
+}
+
+/// A window entry that is not `f<ms>:<card_ref>` or `s<ms>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a circuit window entry: {0:?}")]
+pub struct BadWindowEntry(pub String);
+
+impl WindowEntry {
+    /// Parses a stored entry; anything else (an unknown kind, a multi-byte first character, a
+    /// time that is not an integer) is an error, never a panic.
+    pub fn parse(raw: &str) -> Result<Self, BadWindowEntry> {
+        let bad = || BadWindowEntry(raw.chars().take(64).collect());
+        let (failed, rest) = if let Some(rest) = raw.strip_prefix('f') {
+            (true, rest)
+        } else if let Some(rest) = raw.strip_prefix('s') {
+            (false, rest)
+        } else {
+            return Err(bad());
+        };
+        let ts = rest.split(':').next().unwrap_or_default();
+        let at_ms = ts.parse::<i64>().map_err(|_| bad())?;
+        Ok(Self { failed, at_ms })
+    }
+}
+
 /// The outcomes that count right now (younger than `polling.circuit.window_secs`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct WindowView {
@@ -236,12 +269,14 @@ impl CircuitView {
         let open = state != CircuitState::Closed;
         let mut view = WindowView::default();
         for e in window {
-            // `f<ms>:<card_ref>` or `s<ms>`.
-            let (kind, rest) = e.split_at(e.len().min(1));
-            let ts = rest.split(':').next().unwrap_or_default();
-            if ts.parse::<i64>().is_ok_and(|ts| ts >= now_ms - window_ms) {
+            // An entry that does not parse (written by hand, or by a release that wrote another
+            // form) counts as nothing: one bad entry never breaks a scrape or `budget show`.
+            let Ok(entry) = WindowEntry::parse(e) else {
+                continue;
+            };
+            if entry.at_ms >= now_ms.saturating_sub(window_ms) {
                 view.calls += 1;
-                if kind == "f" {
+                if entry.failed {
                     view.failures += 1;
                 }
             }
@@ -282,6 +317,81 @@ pub struct Forced {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Arbitrary text, as Redis could hold it (bytes made text the way a reader would see them):
+    /// multi-byte characters, separators, digits and garbage, from a seeded generator.
+    fn arbitrary(rng: &mut rand::rngs::StdRng) -> String {
+        use rand::Rng as _;
+        let len = rng.random_range(0..24);
+        let mut bytes: Vec<u8> = Vec::with_capacity(len * 2);
+        for _ in 0..len {
+            match rng.random_range(0..6) {
+                0 => bytes.extend_from_slice("é".as_bytes()),
+                1 => bytes.extend_from_slice("🦀".as_bytes()),
+                2 => bytes.push(
+                    *b"fs:|.-0123456789"
+                        .get(rng.random_range(0..16))
+                        .unwrap_or(&b'f'),
+                ),
+                _ => bytes.push(rng.random()),
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[test]
+    fn no_window_entry_or_circuit_field_panics_the_reader_whatever_redis_holds() {
+        use rand::SeedableRng as _;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+        for _ in 0..20_000 {
+            let raw = arbitrary(&mut rng);
+            let _ = WindowEntry::parse(&raw);
+            let flat = vec![
+                "state".to_owned(),
+                arbitrary(&mut rng),
+                "since".to_owned(),
+                arbitrary(&mut rng),
+                "cooldown".to_owned(),
+                arbitrary(&mut rng),
+                arbitrary(&mut rng),
+            ];
+            let window = vec![raw, arbitrary(&mut rng)];
+            let _ = CircuitView::from_raw(&flat, &window, i64::MIN, i64::MAX);
+            let _ = CircuitView::from_raw(&flat, &window, 0, 60_000);
+            let _ = CircuitState::parse(&arbitrary(&mut rng));
+            let _ = Transition::parse(&arbitrary(&mut rng), &[u64::MAX, 0]);
+        }
+    }
+
+    #[test]
+    fn a_window_entry_is_a_failure_or_a_success_with_its_time_and_nothing_else() {
+        assert_eq!(
+            WindowEntry::parse("f1700000000000:c-1"),
+            Ok(WindowEntry {
+                failed: true,
+                at_ms: 1_700_000_000_000
+            })
+        );
+        assert_eq!(
+            WindowEntry::parse("s5"),
+            Ok(WindowEntry {
+                failed: false,
+                at_ms: 5
+            })
+        );
+        for bad in ["", "é5", "🦀", "x5", "f", "sabc", "f:c-1"] {
+            assert!(WindowEntry::parse(bad).is_err(), "{bad:?}");
+        }
+        // A bad entry counts as nothing in the view.
+        let view = CircuitView::from_raw(&[], &strings(&["é1", "f10:c-1", "s10"]), 10, 5);
+        assert_eq!(
+            view.window,
+            WindowView {
+                calls: 2,
+                failures: 1
+            }
+        );
+    }
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

@@ -169,6 +169,29 @@ pub(crate) enum HttpOutcome {
     BodyLost { status: u16, error: TransportError },
     /// A status and a fully read body.
     Answer { status: u16, body: Vec<u8> },
+    /// A status and a body longer than [`super::client::MAX_BODY_BYTES`]: its first that many
+    /// bytes (the rest was not read). A 2xx is unknown; any other status is classified on the cut
+    /// body.
+    Oversized { status: u16, body: Vec<u8> },
+}
+
+/// An oversized 2xx is unknown (what the Gateway said cannot be read whole); an oversized error
+/// is classified like any other answer, on its cut body.
+fn settle_oversized<T>(outcome: HttpOutcome) -> Result<HttpOutcome, Classified<T>> {
+    match outcome {
+        HttpOutcome::Oversized { status, .. } if (200..300).contains(&status) => {
+            Err(Classified::unknown(
+                Some(status),
+                format!(
+                    "body longer than {} KiB (not read)",
+                    super::client::MAX_BODY_BYTES / 1024
+                ),
+                String::new(),
+            ))
+        }
+        HttpOutcome::Oversized { status, body } => Ok(HttpOutcome::Answer { status, body }),
+        other => Ok(other),
+    }
 }
 
 /// A classified call before timing and the request summary are attached.
@@ -241,6 +264,10 @@ fn acting_call<T: Summarize>(
     outcome: HttpOutcome,
     decode: impl FnOnce(&Value) -> Result<T, BodyError>,
 ) -> Classified<T> {
+    let outcome = match settle_oversized(outcome) {
+        Ok(outcome) => outcome,
+        Err(unknown) => return unknown,
+    };
     match outcome {
         HttpOutcome::NotSent(reason) => Classified::failed(None, reason, String::new()),
         HttpOutcome::NoAnswer(e) => match e.kind {
@@ -269,7 +296,14 @@ fn acting_call<T: Summarize>(
             }
             _ => Classified::unknown(Some(status), format!("HTTP {status}"), body_summary(&body)),
         },
+        HttpOutcome::Oversized { .. } => unreachable_oversized(),
     }
+}
+
+/// [`settle_oversized`] ran first: no oversized answer is left to classify. Classified as
+/// unknown all the same, never a panic.
+fn unreachable_oversized<T>() -> Classified<T> {
+    Classified::unknown(None, "body too long".to_owned(), String::new())
 }
 
 /// A query of a reliable call's record: a read, where 404 is the valid answer `not_found`.
@@ -278,6 +312,10 @@ fn lookup<T: Summarize>(
     not_found: T,
     decode: impl FnOnce(&Value) -> Result<T, BodyError>,
 ) -> Classified<T> {
+    let outcome = match settle_oversized(outcome) {
+        Ok(outcome) => outcome,
+        Err(unknown) => return unknown,
+    };
     match outcome {
         HttpOutcome::Answer { status: 404, body } => Classified {
             outcome: Outcome::Valid(not_found),
@@ -298,6 +336,10 @@ fn read<T: Summarize>(
     outcome: HttpOutcome,
     decode: impl FnOnce(&Value) -> Result<T, BodyError>,
 ) -> Classified<T> {
+    let outcome = match settle_oversized(outcome) {
+        Ok(outcome) => outcome,
+        Err(unknown) => return unknown,
+    };
     match outcome {
         HttpOutcome::NotSent(reason) => Classified::failed(None, reason, String::new()),
         HttpOutcome::NoAnswer(e) => Classified::failed(None, e.reason, String::new()),
@@ -310,6 +352,7 @@ fn read<T: Summarize>(
             Classified::failed(Some(status), format!("HTTP {status}"), body_summary(&body))
         }
         HttpOutcome::Answer { status, body } => decode_2xx(status, &body, decode),
+        HttpOutcome::Oversized { .. } => unreachable_oversized(),
     }
 }
 

@@ -36,6 +36,11 @@ pub use super::wire::{
     CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
 
+/// The most bytes of a response body the client reads (256 KiB; every answer of the contract is
+/// well under 1 KiB). A longer 2xx body is unknown; a longer error body is cut to this. A Gateway
+/// that streams without end is cut off here, not only by the timeout, and never fills memory.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
 /// The Gateway client. Cheap to clone (the connection pool is shared).
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
@@ -223,25 +228,38 @@ impl GatewayClient {
             Err(reason) => HttpOutcome::NotSent(reason),
             Ok(builder) => match builder.send().await {
                 Err(error) => HttpOutcome::NoAnswer(self.transport_error(&error)),
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    match resp.bytes().await {
-                        Ok(body) => HttpOutcome::Answer {
-                            status,
-                            body: body.to_vec(),
-                        },
-                        Err(error) => HttpOutcome::BodyLost {
-                            status,
-                            error: self.transport_error(&error),
-                        },
-                    }
-                }
+                Ok(resp) => self.read_body(resp).await,
             },
         };
         let elapsed = started.elapsed();
         metrics::histogram!(GATEWAY_REQUEST_DURATION, "call" => kind.as_str())
             .record(elapsed.as_secs_f64());
         (outcome, elapsed)
+    }
+
+    /// Reads the body, at most [`MAX_BODY_BYTES`] of it (chunk by chunk: the rest is never read).
+    async fn read_body(&self, mut resp: reqwest::Response) -> HttpOutcome {
+        let status = resp.status().as_u16();
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    let room = MAX_BODY_BYTES - body.len();
+                    if chunk.len() > room {
+                        body.extend_from_slice(&chunk[..room]);
+                        return HttpOutcome::Oversized { status, body };
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => return HttpOutcome::Answer { status, body },
+                Err(error) => {
+                    return HttpOutcome::BodyLost {
+                        status,
+                        error: self.transport_error(&error),
+                    }
+                }
+            }
+        }
     }
 
     fn transport_error(&self, e: &reqwest::Error) -> TransportError {
@@ -330,6 +348,85 @@ fn transport_reason(e: &reqwest::Error, timeout: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-shot HTTP server that answers every request with `status` and `body`.
+    async fn answering(status: u16, body: Vec<u8>) -> anyhow::Result<String> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let _ = socket.write_all(&body).await;
+                });
+            }
+        });
+        Ok(format!("http://{addr}"))
+    }
+
+    /// A valid answer padded past the cap with whitespace: still valid JSON if read whole.
+    fn padded(json: &str, to: usize) -> Vec<u8> {
+        let mut body = json.as_bytes().to_vec();
+        body.resize(to, b' ');
+        body
+    }
+
+    #[tokio::test]
+    async fn a_2xx_body_longer_than_the_cap_is_unknown_even_when_it_would_decode(
+    ) -> anyhow::Result<()> {
+        let json = r#"{"card_ref":"c-1","status":"active"}"#;
+        let base = answering(200, padded(json, MAX_BODY_BYTES + 1)).await?;
+        let c = GatewayClient::new(&base, Duration::from_secs(5))?;
+        let r = c.card_status("c-1", Uuid::now_v7()).await;
+        assert!(r.outcome.is_unknown(), "{:?}", r.outcome);
+        assert_eq!(r.http_status, Some(200));
+        // At the cap exactly, it is read whole and valid.
+        let base = answering(200, padded(json, MAX_BODY_BYTES)).await?;
+        let c = GatewayClient::new(&base, Duration::from_secs(5))?;
+        let r = c.card_status("c-1", Uuid::now_v7()).await;
+        assert!(r.outcome.is_valid(), "{:?}", r.outcome);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_error_body_longer_than_the_cap_is_cut_and_the_call_classified_by_its_status(
+    ) -> anyhow::Result<()> {
+        let base = answering(503, vec![b'x'; 4 * MAX_BODY_BYTES]).await?;
+        let c = GatewayClient::new(&base, Duration::from_secs(5))?;
+        let r = c.card_status("c-1", Uuid::now_v7()).await;
+        assert!(r.outcome.is_failed(), "{:?}", r.outcome);
+        assert_eq!(r.http_status, Some(503));
+        assert!(
+            r.response_summary.len() < 4096,
+            "{}",
+            r.response_summary.len()
+        );
+        let r = c
+            .submit_payment(
+                &PaymentRequest {
+                    payment_id: Uuid::new_v4(),
+                    card_ref: "c-1".to_owned(),
+                    amount_minor: 1,
+                    currency: "CNY".to_owned(),
+                },
+                Uuid::now_v7(),
+            )
+            .await;
+        assert!(
+            r.outcome.is_unknown(),
+            "a 5xx of a payment stays unknown: {:?}",
+            r.outcome
+        );
+        Ok(())
+    }
 
     #[test]
     fn a_base_url_with_a_prefix_keeps_it() -> anyhow::Result<()> {

@@ -272,6 +272,32 @@ pub async fn fleet_hours(
 mod tests {
     use super::*;
 
+    /// Chain entries and poll payloads as Redis could hold them: arbitrary bytes (made text as
+    /// the reader sees them), with the separators and multi-byte characters that matter, from a
+    /// seeded generator. Every reader answers (a partial entry, or an error), never panics.
+    #[test]
+    fn no_chain_entry_or_poll_payload_panics_its_reader_whatever_redis_holds() {
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(29);
+        for _ in 0..20_000 {
+            let len = rng.random_range(0..40);
+            let mut bytes: Vec<u8> = Vec::with_capacity(len * 2);
+            for _ in 0..len {
+                match rng.random_range(0..6) {
+                    0 => bytes.extend_from_slice("é".as_bytes()),
+                    1 => bytes.extend_from_slice("🦀".as_bytes()),
+                    2 => bytes.push(b"|.cs0z9-{}\":,"[rng.random_range(0..13)]),
+                    _ => bytes.push(rng.random()),
+                }
+            }
+            let raw = String::from_utf8_lossy(&bytes);
+            let _ = parse_entry(&raw);
+            let _ = serde_json::from_slice::<cardworker_jobs::PollCardData>(&bytes);
+            let _ = serde_json::from_str::<cardworker_jobs::PollCardStatus>(&raw);
+            let _ = crate::config::parse_limit(&raw);
+        }
+    }
+
     #[test]
     fn a_tallied_entry_parses_into_its_count_last_time_and_since() {
         // 1733100000 s = "snucio" in base 36.
