@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::future::BoxFuture;
 
 use crate::config::Config;
 use crate::context::AppContext;
@@ -48,19 +47,21 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     workers::register_metrics(&ctx);
     let queues = workers::queue_names(ctx.prefix());
 
-    let refresh_ctx = ctx.clone();
-    let refresh_queues = queues.clone();
-    let refresh: Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync> = Arc::new(move || {
-        let ctx = refresh_ctx.clone();
-        let queues = refresh_queues.clone();
-        Box::pin(async move { workers::refresh_gauges(&ctx, &queues).await })
-    });
+    // The fleet-wide gauges are read in the background: a scrape never waits on Redis or
+    // PostgreSQL. The loop runs until the process stops, so the gauges stay fresh while it drains.
+    let fleet = telemetry::fleet::FleetGauges::default();
+    let round = Arc::new(tokio::sync::Mutex::new(workers::FleetRound::new(ctx.clone())));
+    ctx.shutdown
+        .spawn(fleet.clone().run(ctx.config.telemetry.fleet_gauges_every(), move || {
+            let round = round.clone();
+            async move { round.lock().await.run().await }
+        }));
     let state = http::EndpointState {
         metrics,
         health: ctx.health.clone(),
         pool: ctx.pool.clone(),
         redis: ctx.redis.clone(),
-        refresh: Some(refresh),
+        fleet: Some(fleet),
     };
     let (addr, endpoint) =
         http::serve(&ctx.config.telemetry.listen, state, ctx.shutdown.stopping()).await?;

@@ -5,6 +5,7 @@
 //! its queue in [`QUEUES`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 
@@ -62,8 +63,6 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling)
         .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
     spawn_layered::<PollCardStatus, _>(ctx, sup, status_layer);
-    ctx.shutdown
-        .spawn(crate::polling::measure_parked_chains(ctx.clone()));
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker::<RunReconcile>(ctx, sup);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
@@ -125,12 +124,67 @@ pub fn on_redis_data_lost(ctx: &Arc<AppContext>) -> crate::runner::redis_watch::
     })
 }
 
-/// Refreshes the fleet-wide gauges; called on every scrape of `/metrics`, so the values
-/// Prometheus stores are read from Redis at that moment.
-pub async fn refresh_gauges(ctx: &AppContext, queues: &[QueueName]) {
-    let mut conn = ctx.redis.clone();
-    crate::queue::intake::publish_depths(&mut conn, queues).await;
-    ctx.budget.refresh_gauges().await;
+/// The most one source of the fleet-wide gauges may take in one round: a hung read counts as a
+/// failed one (the gauges' age grows) and does not hold the other sources back.
+pub const FLEET_READ_LIMIT: Duration = Duration::from_secs(5);
+
+/// One round of the fleet-wide gauges' background refresh (`telemetry::fleet`): the budget
+/// (tokens, limits, circuits) and the queue depths from Redis, the parked chains from PostgreSQL.
+/// While the Redis probe finds Redis down, the Redis reads are skipped (they would wait out the
+/// reconnect). A source that fails is logged when it starts failing and when it reads again.
+pub struct FleetRound {
+    ctx: Arc<AppContext>,
+    queues: Vec<QueueName>,
+    /// Whether each source's last read succeeded: budget, queue depths, parked chains.
+    ok: [bool; 3],
+}
+
+impl FleetRound {
+    /// A round over `ctx`'s deployment.
+    pub fn new(ctx: Arc<AppContext>) -> Self {
+        let queues = queue_names(ctx.prefix());
+        Self {
+            ctx,
+            queues,
+            ok: [true; 3],
+        }
+    }
+
+    /// Reads every source and publishes what it read; answers whether every read succeeded.
+    pub async fn run(&mut self) -> bool {
+        let ctx = self.ctx.clone();
+        let redis_up = ctx.redis_status.is_up();
+        let mut conn = ctx.redis.clone();
+        let results = [
+            if redis_up {
+                bounded(ctx.budget.publish_gauges()).await
+            } else {
+                Err(anyhow::anyhow!("Redis is down"))
+            },
+            if redis_up {
+                bounded(crate::queue::intake::publish_depths(&mut conn, &self.queues)).await
+            } else {
+                Err(anyhow::anyhow!("Redis is down"))
+            },
+            bounded(crate::polling::publish_parked_chains(&ctx)).await,
+        ];
+        let names = ["polling budget", "queue depths", "parked chains"];
+        for ((result, was_ok), name) in results.iter().zip(&mut self.ok).zip(names) {
+            match (result, *was_ok) {
+                (Err(e), true) => tracing::warn!(source = name, error = %format!("{e:#}"), "a fleet-wide gauge cannot be read; /metrics shows its last value (cardworker_fleet_gauges_age_seconds)"),
+                (Ok(()), false) => tracing::info!(source = name, "a fleet-wide gauge reads again"),
+                _ => {}
+            }
+            *was_ok = result.is_ok();
+        }
+        results.iter().all(Result::is_ok)
+    }
+}
+
+async fn bounded(read: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::time::timeout(FLEET_READ_LIMIT, read)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {FLEET_READ_LIMIT:?}"))?
 }
 
 /// Runs after every worker stopped, before the process exits: writes the unchanged polls this

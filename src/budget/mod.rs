@@ -858,33 +858,27 @@ impl Budget {
         Ok(())
     }
 
-    /// Publishes `cardworker_poll_tokens_in_use{scope}`, `cardworker_poll_limit{scope}`,
-    /// `cardworker_budget_leases_expired_total{scope}` (the fleet's count, read from Redis) and
-    /// `cardworker_gateway_circuit_open{task}`.
-    pub async fn refresh_gauges(&self) {
-        match self.show().await {
-            Ok(view) => {
-                metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => "total")
-                    .set(view.total.in_use as f64);
-                metrics::gauge!(m::POLL_LIMIT, "scope" => "total").set(f64::from(view.total.limit));
-                metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => "total")
-                    .absolute(view.total.leases_expired);
-                for task in Task::ALL {
-                    if let Some(t) = view.tasks.get(task.label()) {
-                        metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => task.label())
-                            .set(t.in_use as f64);
-                        metrics::gauge!(m::POLL_LIMIT, "scope" => task.label())
-                            .set(f64::from(t.limit));
-                        metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => task.label())
-                            .absolute(t.leases_expired);
-                        metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label())
-                            .set(t.circuit.gauge());
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot read the polling budget for its gauges")
+    /// Reads the budget ([`Budget::show`]) and publishes `cardworker_poll_tokens_in_use{scope}`,
+    /// `cardworker_poll_limit{scope}`, `cardworker_budget_leases_expired_total{scope}` (the fleet's
+    /// count, read from Redis) and `cardworker_gateway_circuit_open{task}` (the fleet-wide gauges'
+    /// background refresh, `telemetry::fleet`).
+    pub async fn publish_gauges(&self) -> anyhow::Result<()> {
+        let view = self.show().await?;
+        metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => "total").set(view.total.in_use as f64);
+        metrics::gauge!(m::POLL_LIMIT, "scope" => "total").set(f64::from(view.total.limit));
+        metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => "total")
+            .absolute(view.total.leases_expired);
+        for task in Task::ALL {
+            if let Some(t) = view.tasks.get(task.label()) {
+                metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => task.label())
+                    .set(t.in_use as f64);
+                metrics::gauge!(m::POLL_LIMIT, "scope" => task.label()).set(f64::from(t.limit));
+                metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => task.label())
+                    .absolute(t.leases_expired);
+                metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label())
+                    .set(t.circuit.gauge());
             }
         }
+        Ok(())
     }
 }

@@ -149,6 +149,7 @@ const RULES: &[(&str, Rule)] = &[
     ("maintenance.statement_timeout_ms", int(100, 600_000)),
     ("telemetry.listen", Rule::SocketAddr),
     ("telemetry.log_format", Rule::LogFormat),
+    ("telemetry.fleet_gauges_secs", int(1, 30)),
     ("console.listen", Rule::SocketAddr),
     ("console.admin_token", Rule::EnvOnlyToken),
 ];

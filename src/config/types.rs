@@ -529,6 +529,9 @@ pub struct TelemetryConfig {
     pub listen: String,
     /// `json` or `pretty`.
     pub log_format: LogFormat,
+    /// Seconds between two background reads of the fleet-wide gauges (tokens, limits, circuits,
+    /// parked chains, queue depth) while the endpoint is scraped; 1..=30.
+    pub fleet_gauges_secs: u64,
 }
 
 impl Default for TelemetryConfig {
@@ -536,7 +539,15 @@ impl Default for TelemetryConfig {
         Self {
             listen: "0.0.0.0:9464".to_owned(),
             log_format: LogFormat::Json,
+            fleet_gauges_secs: 10,
         }
+    }
+}
+
+impl TelemetryConfig {
+    /// `fleet_gauges_secs` as a [`Duration`].
+    pub fn fleet_gauges_every(&self) -> Duration {
+        Duration::from_secs(self.fleet_gauges_secs)
     }
 }
 

@@ -28,8 +28,7 @@ pub mod reconcile;
 mod run_job;
 pub mod unchanged;
 
-use std::sync::Arc;
-use std::time::Duration;
+use anyhow::Context as _;
 
 use crate::budget::circuit::{CIRCUIT_OPEN_REASON, TRANSITION_LABELS};
 use crate::budget::ShortReason;
@@ -37,9 +36,6 @@ use crate::config::Task;
 use crate::context::AppContext;
 use crate::storage::cards;
 use crate::telemetry::metrics as m;
-
-/// How often each process counts the parked chains for `cardworker_parked_chains`.
-pub const PARKED_GAUGE_EVERY: Duration = Duration::from_secs(60);
 
 /// The `reason` label of a deferral because Redis did not answer the acquire (the other reasons
 /// are [`ShortReason`]'s).
@@ -70,27 +66,15 @@ pub fn register_metrics() {
     }
 }
 
-/// Publishes `cardworker_parked_chains{task}` now and every [`PARKED_GAUGE_EVERY`] until the
-/// process stops.
-pub async fn measure_parked_chains(ctx: Arc<AppContext>) {
-    loop {
-        publish_parked_chains(&ctx).await;
-        tokio::time::sleep(PARKED_GAUGE_EVERY).await;
-    }
-}
-
 /// Counts the parked chains per task and publishes `cardworker_parked_chains{task}`: two counts
 /// on the partial indexes of parked cards (index-only, proportional to the parked cards, not to
-/// the table).
-pub async fn publish_parked_chains(ctx: &AppContext) {
-    match cards::count_parked(&ctx.pool).await {
-        Ok((carddata, card_status)) => {
-            for (task, n) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
-                metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(n as f64);
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot count the parked chains for cardworker_parked_chains")
-        }
+/// the table). Part of the fleet-wide gauges' background refresh (`telemetry::fleet`).
+pub async fn publish_parked_chains(ctx: &AppContext) -> anyhow::Result<()> {
+    let (carddata, card_status) = cards::count_parked(&ctx.pool)
+        .await
+        .context("counting the parked chains")?;
+    for (task, n) in [(Task::Carddata, carddata), (Task::CardStatus, card_status)] {
+        metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(n as f64);
     }
+    Ok(())
 }

@@ -385,14 +385,13 @@ pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::R
     Ok(counts.iter().sum())
 }
 
-/// Publishes `cardworker_queue_depth` for every queue.
-pub async fn publish_depths(conn: &mut ConnectionManager, queues: &[QueueName]) {
+/// Publishes `cardworker_queue_depth` for every queue; stops at the first queue it cannot read.
+pub async fn publish_depths(conn: &mut ConnectionManager, queues: &[QueueName]) -> anyhow::Result<()> {
     for queue in queues {
-        match depth(conn, queue).await {
-            Ok(d) => metrics::gauge!(m::QUEUE_DEPTH, "queue" => queue.short.clone()).set(d as f64),
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "queue depth unavailable"),
-        }
+        let d = depth(conn, queue).await?;
+        metrics::gauge!(m::QUEUE_DEPTH, "queue" => queue.short.clone()).set(d as f64);
     }
+    Ok(())
 }
 
 /// The feeder of one process: feeds every queue every `interval`, and trims finished jobs every

@@ -1,5 +1,6 @@
-//! The HTTP endpoint on `telemetry.listen`: `/metrics` (Prometheus text), `/healthz` (200 while
-//! every worker of the process runs) and `/readyz` (200 when PostgreSQL and Redis answer).
+//! The HTTP endpoint on `telemetry.listen`: `/metrics` (Prometheus text, rendered from memory),
+//! `/healthz` (200 while every worker of the process runs) and `/readyz` (200 when PostgreSQL and
+//! Redis answer).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,9 +26,9 @@ pub struct EndpointState {
     pub pool: PgPool,
     /// Checked by `/readyz`.
     pub redis: ConnectionManager,
-    /// Refreshes fleet-wide gauges right before a scrape.
-    pub refresh:
-        Option<std::sync::Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>>,
+    /// The fleet-wide gauges' refresher: a scrape publishes their age and keeps it reading
+    /// (`None`: no fleet-wide gauges, as in a test of the endpoint alone).
+    pub fleet: Option<super::fleet::FleetGauges>,
 }
 
 /// Binds `listen` and returns the bound address (port 0 works) and the server, which serves until
@@ -57,9 +58,11 @@ pub async fn serve(
     Ok((addr, server))
 }
 
+/// Renders what the process holds: never a read of Redis or PostgreSQL (the fleet-wide gauges are
+/// the last values read in the background), so a scrape answers at once during their outages.
 async fn metrics(State(state): State<EndpointState>) -> String {
-    if let Some(refresh) = &state.refresh {
-        refresh().await;
+    if let Some(fleet) = &state.fleet {
+        fleet.on_scrape();
     }
     state.metrics.render()
 }

@@ -6,7 +6,8 @@ pub const POLL_OUTCOMES: &str = "cardworker_poll_outcomes_total";
 /// Counter: `task`, `reason` = `total` | `task` | `paused` | `gateway_circuit_open` |
 /// `budget_unavailable`.
 pub const POLL_DEFERRED: &str = "cardworker_poll_deferred_total";
-/// Gauge: `scope` = `total` | `carddata` | `card_status`; fleet-wide, read from Redis.
+/// Gauge: `scope` = `total` | `carddata` | `card_status`; fleet-wide, read from Redis in the
+/// background (`telemetry::fleet`).
 pub const POLL_TOKENS_IN_USE: &str = "cardworker_poll_tokens_in_use";
 /// Gauge: `scope`; the effective limit.
 pub const POLL_LIMIT: &str = "cardworker_poll_limit";
@@ -48,6 +49,10 @@ pub const PARKED_CHAINS: &str = "cardworker_parked_chains";
 pub const APPROVAL_DECISIONS: &str = "cardworker_approval_decisions_total";
 /// Counter: `queue`, `result` = `succeeded` | `retried` | `dead`; jobs finished by this process.
 pub const JOBS_FINISHED: &str = "cardworker_jobs_finished_total";
+
+/// Gauge: seconds since the fleet-wide gauges (tokens, limits, circuits, parked chains, queue
+/// depth) were last all read (`telemetry::fleet`); set at each scrape.
+pub const FLEET_GAUGES_AGE: &str = "cardworker_fleet_gauges_age_seconds";
 
 /// Histogram buckets (seconds) for Gateway calls and maintenance runs.
 pub const DURATION_BUCKETS: &[f64] = &[

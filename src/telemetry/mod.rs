@@ -5,9 +5,12 @@
 //!   from ([`Process`]), and [`rfc3339`] renders unix times for log fields.
 //! - [`metrics`]: every metric name (an interface; see spec section 4).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`fleet`]: the background refresh of the fleet-wide gauges, so that `/metrics` never waits
+//!   on Redis or PostgreSQL, and their age.
 //! - [`Health`]: which workers of this process run; `/healthz` answers from it.
 //! - [`RedisStatus`]: whether Redis answers (the probe's verdict, `cardworker_redis_up`).
 
+pub mod fleet;
 pub mod http;
 pub mod log;
 pub mod metrics;

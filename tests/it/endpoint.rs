@@ -46,7 +46,7 @@ async fn readiness_fails_when_postgres_does_not_answer() {
         health: health.clone(),
         pool,
         redis,
-        refresh: None,
+        fleet: None,
     };
     let (addr, server) = http::serve("127.0.0.1:0", state, std::future::pending())
         .await

@@ -391,7 +391,9 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
         .unwrap();
     }
     wait_parked(&app, 4, Duration::from_secs(20)).await;
-    cardworker::polling::publish_parked_chains(&app.ctx).await;
+    cardworker::polling::publish_parked_chains(&app.ctx)
+        .await
+        .expect("count the parked chains");
     assert_eq!(
         metric(&app, "cardworker_parked_chains", &[("task", "card_status")]).await,
         4.0
