@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults chaos services build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos services prometheus build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -22,7 +22,7 @@ reset-demo: build
 ## Runs every test (unit, integration against real PostgreSQL and Redis, deploy lint).
 ## nextest runs every test in its own process, which the metrics tests need (one global
 ## recorder per process); `.ci/run` installs it when missing.
-test: services browser
+test: services browser prometheus
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { echo "cargo-nextest is required: cargo install cargo-nextest --locked" >&2; exit 1; }
 	CARDWORKER_REQUIRE_BROWSER=1 $(CARGO) nextest run --workspace --no-fail-fast
 	$(MAKE) lint-deploy
@@ -31,7 +31,7 @@ test: services browser
 ## The fault-injection suite alone (also part of `make test`): each test starts its own
 ## redis-server or PostgreSQL cluster on a free port (needs redis-server and PostgreSQL 15's
 ## initdb/pg_ctl; as root, PostgreSQL runs as the `postgres` user).
-test-faults: services
+test-faults: services prometheus
 	$(CARGO) nextest run --test faults --no-fail-fast
 
 ## Chaos with a checker (tests/chaos): a private Redis and PostgreSQL, the simulator and 3 workers
@@ -46,6 +46,11 @@ chaos: services
 
 services:
 	@bash deploy/local/services.sh
+
+## Installs Debian's prometheus package (server and promtool) for the alert test on a real
+## Prometheus (tests/faults/alerts.rs) and the rules lint.
+prometheus:
+	@bash deploy/local/prometheus.sh
 
 ## Installs headless Chromium and chromedriver (Debian packages) for the console's browser test.
 browser:
@@ -133,6 +138,11 @@ bench-outage: services
 ## polled twice at once.
 bench-slowdown: services
 	BENCH_SCENARIO=slowdown $(CARGO) bench --profile dev --bench bench_faults
+
+## GET /metrics latency with Redis up and while it is down (a private redis-server, one worker):
+## p50/p99/max of BENCH_SCRAPES (default 100) scrapes each. About 1 minute.
+bench-scrape: services
+	BENCH_SCENARIO=scrape $(CARGO) bench --profile dev --bench bench_faults
 
 ## Each Lua script's cost per op on a private redis-server (benches/lua_cost.sh): µs, or with VG=1
 ## the instructions redis-server ran (callgrind: within 0.5 % run to run). About 20 s; VG=1 about 1 min.

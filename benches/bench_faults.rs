@@ -14,6 +14,11 @@
 //!   Reports whether each worker is alive at the end (or when it exited), the most concurrent
 //!   calls about one card (2 = a card polled twice at once) and the Gateway's peaks.
 //!
+//! - **scrape** (`BENCH_SCENARIO=scrape`, `make bench-scrape`): one worker on a private
+//!   redis-server, 100 cards, both tasks every 2 s; `BENCH_SCRAPES` (default 100) scrapes of
+//!   `/metrics` one after the other with Redis up, then as many from the moment the redis-server
+//!   is killed. Reports each phase's p50, p99 and max latency and the scrapes that failed.
+//!
 //! `CARDWORKER_BIN` runs another build of `cardworker` (main's, for the "before" numbers); the
 //! config file names only keys that main knows, so that both builds load it (this build applies
 //! its defaults for the rest). `CARDWORKER_BENCH_PG_ADMIN` and `CARDWORKER_BENCH_REDIS` as for
@@ -76,6 +81,11 @@ impl Stage {
 
     /// Writes the config file (only keys main knows) and migrates with the binary under test.
     fn config(&self, body: &str) -> anyhow::Result<std::path::PathBuf> {
+        self.config_on(&self.redis_url, body)
+    }
+
+    /// [`Stage::config`] on another Redis (a private one).
+    fn config_on(&self, redis_url: &str, body: &str) -> anyhow::Result<std::path::PathBuf> {
         let path = self.dir.path().join("bench.toml");
         std::fs::write(
             &path,
@@ -83,7 +93,7 @@ impl Stage {
                 "[database]\nurl = \"{}\"\nmax_connections = 10\n\n[redis]\nurl = \"{}\"\n\
                  key_prefix = \"{}\"\n\n[telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n\n\
                  [gateway]\nbase_url = \"{}\"\n{body}",
-                self.db_url, self.redis_url, self.prefix, self.sim_url
+                self.db_url, redis_url, self.prefix, self.sim_url
             ),
         )?;
         let out = Command::new(binary())
@@ -369,11 +379,96 @@ async fn slowdown() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `n` scrapes of `/metrics` one after the other: each one's latency (ms) and whether it
+/// answered 200 within `limit`.
+async fn scrapes(worker: &Worker, n: usize, limit: Duration) -> (Vec<f64>, usize) {
+    let client = reqwest::Client::builder()
+        .timeout(limit)
+        .build()
+        .unwrap_or_default();
+    let (mut ms, mut failed) = (Vec::with_capacity(n), 0);
+    for _ in 0..n {
+        let start = Instant::now();
+        let ok = match client
+            .get(format!("http://{}/metrics", worker.metrics))
+            .send()
+            .await
+        {
+            Ok(r) => r.status().is_success() && r.text().await.is_ok(),
+            Err(_) => false,
+        };
+        ms.push(start.elapsed().as_secs_f64() * 1000.0);
+        if !ok {
+            failed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (ms, failed)
+}
+
+/// One table row: p50, p99, max (ms) and the failed scrapes.
+fn scrape_row(what: &str, (mut ms, failed): (Vec<f64>, usize)) {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "| {what} | {} | {:.1} | {:.1} | {:.1} | {failed} |",
+        ms.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+}
+
+/// `make bench-scrape`: how long `GET /metrics` takes with Redis up and while Redis is down.
+async fn scrape() -> anyhow::Result<()> {
+    let n: usize = env_or("BENCH_SCRAPES", "100")
+        .parse()
+        .context("BENCH_SCRAPES")?;
+    let stage = Stage::new().await?;
+    stage.sim.set_latency(5, 5);
+    let (redis, _conn) = support::private_redis().await?;
+    let path = stage.config_on(
+        &redis.url,
+        "\n[worker]\nredis_outage_grace_secs = 3600\n\n[polling.carddata]\ninterval_secs = 2\n\n\
+         [polling.card_status]\ninterval_secs = 2\n",
+    )?;
+    let refs: Vec<String> = (0..100).map(|i| format!("m-{i:03}")).collect();
+    stage.insert_cards(&refs).await?;
+    let worker = Worker::spawn(&binary(), &path)?;
+    // The fresh Redis has no epoch marker: the worker's first probe starts every chain.
+    wait_for(Duration::from_secs(60), async || {
+        metric(
+            &worker,
+            "cardworker_poll_outcomes_total",
+            "skipped_unchanged",
+        )
+        .await
+        .is_some_and(|n| n > 100.0)
+    })
+    .await
+    .context("the worker did not start polling")?;
+    println!(
+        "bench-scrape: {} (100 cards, both tasks every 2 s; {n} scrapes one after the other, 100 ms apart, 30 s client timeout)\n",
+        binary()
+    );
+    println!("| Redis | scrapes | p50 ms | p99 ms | max ms | failed |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let limit = Duration::from_secs(30);
+    scrape_row("up", scrapes(&worker, n, limit).await);
+    drop(redis);
+    // Scrapes from the moment Redis is gone (the probe notices within about 2 s).
+    scrape_row("stopped", scrapes(&worker, n, limit).await);
+    stop(worker);
+    stage.drop_all().await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match env_or("BENCH_SCENARIO", "outage").as_str() {
         "outage" => outage().await,
         "slowdown" => slowdown().await,
-        other => anyhow::bail!("BENCH_SCENARIO {other:?}: outage or slowdown"),
+        "scrape" => scrape().await,
+        other => anyhow::bail!("BENCH_SCENARIO {other:?}: outage, slowdown or scrape"),
     }
 }

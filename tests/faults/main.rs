@@ -7,7 +7,10 @@
 //! the Redis probe, a reconcile pass), on a private redis-server whose `INFO commandstats` sees no
 //! other client; [`budget_cost`] counts what a poll's budget call runs there. [`outage_string`]
 //! runs a string of short Redis outages under load against two `cardworker run` processes.
+//! [`alerts`] runs the project's alert rules on a real Prometheus scraping a real worker through
+//! those faults.
 
+mod alerts;
 mod budget_cost;
 mod chain_cost;
 mod empty_redis;

@@ -1,0 +1,526 @@
+//! The project's alert rules on a real Prometheus server, scraping a real `cardworker run`.
+//!
+//! `promtool test rules` (deploy/prometheus/rules_test.yml) proves the expressions against series
+//! written by hand; these tests prove them against the metrics the binary really exports, with
+//! the scrape a real Prometheus makes. Each test starts a Prometheus of its own (Debian's
+//! `prometheus` package, `make prometheus`) on a free port, with a throw-away storage, a scrape of
+//! the worker every 2 s with a 2 s timeout, rule evaluation every second, and a copy of
+//! deploy/prometheus/rules.yml in which every `for:` is [`FOR`] and two thresholds are lowered
+//! (parked chains, the fleet-wide gauges' age), so that a test takes seconds, not hours. The
+//! worker runs as a child process on a private redis-server, a fresh database, and the Gateway
+//! simulator in the test's process; the tests wait on what Prometheus reports
+//! (`/api/v1/alerts`, `/api/v1/query`), never on a fixed sleep.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cardworker::sim::{SimHandle, Simulator};
+use serde_json::Value;
+
+use crate::harness::{TestDb, Worker};
+use crate::private::{free_port, PrivateRedis};
+
+/// Every `for:` of the rules copy.
+const FOR: &str = "4s";
+/// `CardworkerParkedChainsHigh`'s threshold in the copy (100 in the product's rules).
+const PARKED_THRESHOLD: u32 = 3;
+/// `CardworkerFleetGaugesStale`'s threshold in the copy, seconds (60 in the product's rules).
+const STALE_THRESHOLD: u32 = 10;
+/// The cards the worker polls.
+const CARDS: usize = 30;
+
+/// The product's rules with every `for:` set to [`FOR`] and the two thresholds lowered. Panics
+/// when a rule it rewrites is not there as written, so that a change to the rules shows here.
+fn rules_copy() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/rules.yml");
+    let rules = std::fs::read_to_string(&path).expect("read deploy/prometheus/rules.yml");
+    let mut fors = 0;
+    let mut out: String = rules
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("for: ") {
+                fors += 1;
+                format!("{}for: {FOR}\n", &line[..line.len() - trimmed.len()])
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect();
+    assert!(fors >= 10, "only {fors} `for:` lines in rules.yml");
+    for (from, to) in [
+        (
+            "max by (task) (cardworker_parked_chains) > 100".to_owned(),
+            format!("max by (task) (cardworker_parked_chains) > {PARKED_THRESHOLD}"),
+        ),
+        (
+            "(max by (instance) (cardworker_fleet_gauges_age_seconds) > 60)".to_owned(),
+            format!(
+                "(max by (instance) (cardworker_fleet_gauges_age_seconds) > {STALE_THRESHOLD})"
+            ),
+        ),
+    ] {
+        assert_eq!(
+            out.matches(&from).count(),
+            1,
+            "rules.yml holds `{from}` once"
+        );
+        out = out.replace(&from, &to);
+    }
+    out
+}
+
+/// A Prometheus server of the test's own, scraping one target as job `cardworker`.
+struct Prometheus {
+    child: Child,
+    url: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts one on a free port and waits until it is ready.
+    async fn start(target: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("rules.yml"), rules_copy()).expect("write the rules");
+        // honor_labels as in deploy/prometheus/prometheus.yml: the maintenance metrics carry a
+        // `job` label of their own.
+        std::fs::write(
+            dir.path().join("prometheus.yml"),
+            format!(
+                "global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 1s\n\
+                 rule_files:\n  - rules.yml\n\
+                 scrape_configs:\n  - job_name: cardworker\n    honor_labels: true\n    \
+                 static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .expect("write the config");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log file");
+        let child = Command::new(prometheus_binary())
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus (make prometheus installs it)");
+        let prometheus = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("http client"),
+            _dir: dir,
+        };
+        prometheus
+            .wait(
+                "Prometheus to be ready",
+                Duration::from_secs(30),
+                || async {
+                    prometheus
+                        .http
+                        .get(format!("{}/-/ready", prometheus.url))
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                },
+            )
+            .await;
+        prometheus
+    }
+
+    /// Its log, for a failure message.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        let body: Value = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .query(query)
+            .send()
+            .await
+            .expect("Prometheus answers")
+            .json()
+            .await
+            .expect("Prometheus answers JSON");
+        assert_eq!(body["status"], "success", "{path} {query:?}: {body}");
+        body["data"].clone()
+    }
+
+    /// The active alerts (pending and firing): (name, state, labels).
+    async fn alerts(&self) -> Vec<(String, String, Value)> {
+        let data = self.api("/api/v1/alerts", &[]).await;
+        data["alerts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| {
+                (
+                    a["labels"]["alertname"].as_str().unwrap_or("").to_owned(),
+                    a["state"].as_str().unwrap_or("").to_owned(),
+                    a["labels"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Whether alert `name` is firing with every label of `labels`.
+    async fn firing(&self, name: &str, labels: &[(&str, &str)]) -> bool {
+        self.alerts().await.iter().any(|(n, state, l)| {
+            n == name && state == "firing" && labels.iter().all(|(k, v)| l[*k] == *v)
+        })
+    }
+
+    /// The samples of an instant query: (labels, value).
+    async fn query(&self, promql: &str) -> Vec<(Value, f64)> {
+        let data = self.api("/api/v1/query", &[("query", promql)]).await;
+        data["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| {
+                let value = s["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(f64::NAN);
+                (s["metric"].clone(), value)
+            })
+            .collect()
+    }
+
+    /// The value of a query that yields one sample (`None` when it yields none).
+    async fn scalar(&self, promql: &str) -> Option<f64> {
+        let samples = self.query(promql).await;
+        assert!(samples.len() <= 1, "{promql}: {samples:?}");
+        samples.first().map(|(_, v)| *v)
+    }
+
+    /// Prometheus's clock, unix seconds.
+    async fn now(&self) -> f64 {
+        self.scalar("vector(time())").await.expect("time()")
+    }
+
+    /// Waits until `check` holds, asking every 250 ms, up to `limit`; panics with the active
+    /// alerts and Prometheus's log.
+    async fn wait<F, Fut>(&self, what: &str, limit: Duration, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = Instant::now();
+        while !check().await {
+            if start.elapsed() > limit {
+                let alerts = match self
+                    .http
+                    .get(format!("{}/api/v1/alerts", self.url))
+                    .send()
+                    .await
+                {
+                    Ok(r) => r.text().await.unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                };
+                panic!(
+                    "timed out after {limit:?} waiting for {what}\nalerts: {alerts}\nprometheus log:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Waits until alert `name` fires with `labels`.
+    async fn wait_firing(&self, name: &str, labels: &[(&str, &str)], limit: Duration) {
+        self.wait(&format!("{name} {labels:?} to fire"), limit, || {
+            self.firing(name, labels)
+        })
+        .await;
+    }
+
+    /// Waits until Prometheus has scraped the worker `n` more times after Prometheus time `since`.
+    async fn wait_scrapes(&self, since: f64, n: u32) {
+        self.wait(
+            &format!("{n} scrapes after {since}"),
+            Duration::from_secs(4 * u64::from(n) + 30),
+            || async {
+                let window = (self.now().await - since).max(1.0).floor();
+                self.scalar(&format!(
+                    "count_over_time(up{{job=\"cardworker\"}}[{window}s])"
+                ))
+                .await
+                .is_some_and(|c| c >= f64::from(n))
+            },
+        )
+        .await;
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn prometheus_binary() -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let path = Path::new(dir).join("prometheus");
+        if path.is_file() {
+            return path;
+        }
+    }
+    panic!(
+        "no `prometheus` binary on PATH: `make prometheus` installs Debian's prometheus package"
+    );
+}
+
+/// A worker on a private redis-server and a fresh database, polling [`CARDS`] cards (both tasks
+/// every 2 s, limits 8 total and 4 per task, as the budget's defaults) at the simulator, and a
+/// Prometheus scraping it.
+struct Rig {
+    prometheus: Prometheus,
+    worker: Worker,
+    sim: Simulator,
+    db: TestDb,
+    redis: PrivateRedis,
+    config: PathBuf,
+    _sim_handle: SimHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    async fn start() -> Self {
+        let redis = PrivateRedis::start_new(false);
+        let db = TestDb::new().await;
+        let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+        sim.set_latency(5, 5);
+        sim.set_error_rate(0.0);
+        sim.set_garbage_rate(0.0);
+        let cards: Vec<String> = (0..CARDS).map(|i| format!("c-{i:03}")).collect();
+        sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
+            .bind(&cards)
+            .execute(&db.pool)
+            .await
+            .expect("insert cards");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("cardworker.toml");
+        // The chains start by themselves: the worker's first probe finds the fresh Redis without
+        // its epoch marker and enqueues a full reconcile.
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nurl = \"{db}\"\nmax_connections = 5\n\n\
+                 [redis]\nurl = \"{redis}\"\nkey_prefix = \"cw\"\n\n\
+                 [gateway]\nbase_url = \"{gateway}\"\n\n\
+                 [worker]\nshutdown_grace_secs = 5\nredis_outage_grace_secs = 600\n\n\
+                 [polling]\ntotal_limit = 8\nreconcile_cron = \"0 0 0 1 1 *\"\n\n\
+                 [polling.carddata]\nlimit = 4\ninterval_secs = 2\nmax_consecutive_failures = 2\n\n\
+                 [polling.card_status]\nlimit = 4\ninterval_secs = 2\nmax_consecutive_failures = 2\n\n\
+                 [payments]\nrecovery_cron = \"0 0 0 1 1 *\"\n\n\
+                 [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\nfleet_gauges_secs = 1\n",
+                db = db.url,
+                redis = redis.url(),
+                gateway = sim_handle.base_url(),
+            ),
+        )
+        .expect("write the worker config");
+        let worker =
+            Worker::spawn(env!("CARGO_BIN_EXE_cardworker"), &config).expect("start cardworker run");
+        let prometheus = Prometheus::start(&worker.metrics).await;
+        let rig = Self {
+            prometheus,
+            worker,
+            sim,
+            db,
+            redis,
+            config,
+            _sim_handle: sim_handle,
+            _dir: dir,
+        };
+        // Up, polling both tasks, and past Prometheus's own start: CardworkerAbsent, whose `for:`
+        // the copy shortens below the time to the first scrape, fires before it and resolves.
+        let p = &rig.prometheus;
+        p.wait(
+            "the worker scraped and polling, CardworkerAbsent resolved",
+            Duration::from_secs(90),
+            || async {
+                p.query("sum by (task) (cardworker_poll_outcomes_total{outcome=\"skipped_unchanged\"}) > 0")
+                    .await
+                    .len()
+                    == 2
+                    && p.scalar("count_over_time(up{job=\"cardworker\"}[1m])").await >= Some(3.0)
+                    && p.alerts().await.iter().all(|(name, _, _)| name != "CardworkerAbsent")
+            },
+        )
+        .await;
+        rig
+    }
+
+    /// Runs `cardworker ARGS --config …` to its end and checks it succeeded.
+    fn cli(&self, args: &[&str]) {
+        let out = Command::new(env!("CARGO_BIN_EXE_cardworker"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .env("CARDWORKER_OPERATOR", "alert-test")
+            .output()
+            .expect("run cardworker");
+        assert!(
+            out.status.success(),
+            "cardworker {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_budget_pause_fires_poll_task_paused_for_the_paused_task_only() {
+    let rig = Rig::start().await;
+    let p = &rig.prometheus;
+    rig.cli(&[
+        "budget",
+        "pause",
+        "--task",
+        "carddata",
+        "--reason",
+        "alert test",
+    ]);
+    p.wait_firing(
+        "CardworkerPollTaskPaused",
+        &[("task", "carddata")],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        !p.firing("CardworkerPollTaskPaused", &[("task", "card_status")])
+            .await,
+        "only the paused task"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_a_gateway_outage_fires_gateway_circuit_open() {
+    let rig = Rig::start().await;
+    rig.sim.set_error_rate(1.0);
+    rig.prometheus
+        .wait_firing(
+            "CardworkerGatewayCircuitOpen",
+            &[("task", "card_status")],
+            Duration::from_secs(90),
+        )
+        .await;
+    rig.prometheus
+        .wait_firing(
+            "CardworkerGatewayCircuitOpen",
+            &[("task", "carddata")],
+            Duration::from_secs(30),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_a_redis_stop_fires_redis_down_and_every_scrape_of_the_pod_succeeds() {
+    let mut rig = Rig::start().await;
+    let p = &rig.prometheus;
+    let stopped_at = p.now().await;
+    rig.redis.stop();
+    p.wait_firing("CardworkerRedisDown", &[], Duration::from_secs(90))
+        .await;
+    // A few more scrapes into the outage, then: not one scrape failed or timed out (2 s) since
+    // Redis stopped, so CardworkerTargetDown and CardworkerAbsent never even went pending.
+    p.wait_scrapes(stopped_at, 10).await;
+    let window = (p.now().await - stopped_at).floor();
+    assert_eq!(
+        p.scalar(&format!(
+            "min_over_time(up{{job=\"cardworker\"}}[{window}s])"
+        ))
+        .await,
+        Some(1.0),
+        "every scrape during the outage succeeded; scrape durations: {:?}",
+        p.query(&format!(
+            "max_over_time(scrape_duration_seconds{{job=\"cardworker\"}}[{window}s])"
+        ))
+        .await
+    );
+    let target_down = p
+        .query(&format!(
+            "max_over_time(ALERTS{{alertname=~\"CardworkerTargetDown|CardworkerAbsent\"}}[{window}s])"
+        ))
+        .await;
+    assert!(target_down.is_empty(), "{target_down:?}");
+    assert!(
+        rig.worker.child.try_wait().ok().flatten().is_none(),
+        "the worker rides out the outage"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_a_parked_chain_flood_fires_parked_chains_high() {
+    let rig = Rig::start().await;
+    // A few cards failing on their own while the Gateway answers for the others: their chains
+    // park after 2 failures (too few failures to open the circuit).
+    let failing = usize::try_from(PARKED_THRESHOLD).expect("small") + 2;
+    for i in 0..failing {
+        rig.sim.fail_card(&format!("c-{i:03}"));
+    }
+    rig.prometheus
+        .wait_firing(
+            "CardworkerParkedChainsHigh",
+            &[("task", "card_status")],
+            Duration::from_secs(90),
+        )
+        .await;
+    assert!(
+        !rig.prometheus
+            .firing("CardworkerGatewayCircuitOpen", &[])
+            .await,
+        "cards failing on their own do not open the circuit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_a_stalled_fleet_gauge_refresh_fires_fleet_gauges_stale_and_it_clears_once_the_reads_answer(
+) {
+    let rig = Rig::start().await;
+    let p = &rig.prometheus;
+    // A session holding a lock on `cards` (a migration, say): the parked-chain counts hang while
+    // Redis answers and the pod answers its scrapes.
+    let mut lock = rig.db.pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE cards IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock cards");
+    p.wait_firing("CardworkerFleetGaugesStale", &[], Duration::from_secs(90))
+        .await;
+    assert_eq!(
+        p.scalar("min(cardworker_redis_up)").await,
+        Some(1.0),
+        "Redis answered throughout"
+    );
+    lock.rollback().await.expect("release the lock");
+    p.wait(
+        "CardworkerFleetGaugesStale to clear",
+        Duration::from_secs(60),
+        || async {
+            !p.alerts()
+                .await
+                .iter()
+                .any(|(name, _, _)| name == "CardworkerFleetGaugesStale")
+        },
+    )
+    .await;
+}
