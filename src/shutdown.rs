@@ -118,6 +118,13 @@ mod tests {
 
     use super::*;
 
+    /// A regression that leaves one of these waits pending fails the test instead of hanging it.
+    async fn within<F: Future>(what: &str, f: F) -> F::Output {
+        tokio::time::timeout(std::time::Duration::from_secs(10), f)
+            .await
+            .unwrap_or_else(|_| panic!("{what} did not happen within 10 s"))
+    }
+
     #[tokio::test]
     async fn background_tasks_keep_running_through_the_drain_and_end_when_the_process_stops() {
         let shutdown = Shutdown::new();
@@ -132,8 +139,10 @@ mod tests {
         });
         shutdown.begin();
         assert!(shutdown.is_draining());
-        rx.recv().await.expect("the loop still runs while draining");
-        shutdown.finish().await;
+        within("the loop's send", rx.recv())
+            .await
+            .expect("the loop still runs while draining");
+        within("finish", shutdown.finish()).await;
         assert_eq!(shutdown.running_tasks(), 0);
     }
 
@@ -157,7 +166,7 @@ mod tests {
             "finish must wait for the detached task"
         );
         release.send(()).expect("the task waits");
-        finish.await.expect("finish completes");
+        within("finish", finish).await.expect("finish completes");
         assert!(done.load(Ordering::SeqCst));
     }
 
@@ -172,11 +181,15 @@ mod tests {
         });
         drop(handle);
         go.send(()).expect("the job waits");
-        rx.await
+        within("the job's end", rx)
+            .await
             .expect("the job ran to its end without anyone awaiting it");
         let stuck = shutdown.spawn_job(std::future::pending::<()>());
-        shutdown.finish().await;
-        assert_eq!(stuck.await.expect("joined"), None);
+        within("finish", shutdown.finish()).await;
+        assert_eq!(
+            within("the cancelled job", stuck).await.expect("joined"),
+            None
+        );
     }
 
     #[tokio::test]
@@ -185,7 +198,7 @@ mod tests {
         let a = shutdown.draining();
         let b = shutdown.clone().draining();
         shutdown.begin();
-        a.await;
-        b.await;
+        within("the first clone's drain", a).await;
+        within("the second clone's drain", b).await;
     }
 }

@@ -232,10 +232,15 @@ async fn redis_outage(persistent: bool, outage: Duration) {
         || async { worker.metric("cardworker_redis_up", &[]).await == 0.0 },
     )
     .await;
-    while down_at.elapsed() < outage {
+    // At least once, however long the probe took to notice: Redis stays stopped until after the
+    // checks.
+    loop {
         assert!(!worker.exited(), "the worker rides out the outage");
         assert_eq!(worker.get("/healthz").await.0, 200, "/healthz stays 200");
         assert_eq!(worker.get("/readyz").await.0, 503, "/readyz fails");
+        if down_at.elapsed() >= outage {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     redis.start();
@@ -602,6 +607,13 @@ listen = "127.0.0.1:0"
         || async { sim.submissions(payment) == 1 },
     )
     .await;
+    // The submission is the payment queue's one job, in the first pod's inflight set.
+    let queue =
+        apalis_redis::Config::default().queue(cardworker_jobs::keys::queue("cw", "payment"));
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let jobs: Vec<String> = conn.hkeys(queue.job_data_hash()).await.expect("hkeys");
+    assert_eq!(jobs.len(), 1, "one payment job: {jobs:?}");
+    let job = jobs[0].clone();
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &first.child.id().to_string()])
         .status();
@@ -614,8 +626,25 @@ listen = "127.0.0.1:0"
         || async { payment_status(&db.pool, payment).await == "accepted" },
     )
     .await;
-    // Past the orphan window: the killed pod's job has come back to the survivor by now.
-    tokio::time::sleep(Duration::from_secs(16)).await;
+    // The killed pod's job comes back to the survivor once the payment queue's orphan window has
+    // passed, and runs there: its acknowledgement deletes its data, which only a run does.
+    let window =
+        cardworker::runner::spawn::orphan_window_of::<cardworker_jobs::SubmitPayment>(&ctx.config);
+    wait_until(
+        window + Duration::from_secs(60),
+        "the killed pod's job re-queued and run again by the survivor",
+        || {
+            let mut conn = conn.clone();
+            let (data, job) = (queue.job_data_hash(), job.clone());
+            async move {
+                !conn
+                    .hexists::<_, _, bool>(data, job)
+                    .await
+                    .expect("hexists")
+            }
+        },
+    )
+    .await;
     assert!(second.running(), "the survivor runs on");
     assert_eq!(sim.submissions(payment), 1, "no double submission");
     assert_eq!(

@@ -412,7 +412,11 @@ impl Drop for TestApp {
                 });
                 if ended.is_err() {
                     join.abort();
-                    eprintln!("TestApp: the worker did not stop within 15 s of its stop signal");
+                    // A worker that ignores its stop signal is a defect the test must report; a
+                    // test already failing keeps its own panic (a second one would abort).
+                    if !std::thread::panicking() {
+                        panic!("TestApp: the worker did not stop within 15 s of its stop signal");
+                    }
                 }
             }
             _ => join.abort(),

@@ -1,9 +1,10 @@
 //! A small WebDriver client (W3C protocol over HTTP, with the reqwest already in the tree) that
 //! drives Debian's headless Chromium through its `chromedriver`, for the console's browser test.
 //!
-//! [`Browser::start`] returns `None` when `chromium` or `chromedriver` is not installed (the test
-//! then says it is skipped and why); `make test` and `.ci/run` install both
-//! (`deploy/local/browser.sh`). Chromedriver and the browser end, and the profile directory is
+//! [`Browser::start`] returns `None` when `chromium` or `chromedriver` is not installed; `make
+//! test` and `.ci/run` install both (`deploy/local/browser.sh`) and set
+//! `CARDWORKER_REQUIRE_BROWSER`, under which the browser test fails when they are missing (run on
+//! its own without it, the test says it is skipped and why). Chromedriver and the browser end, and the profile directory is
 //! removed, when the [`Browser`] drops (also when the test fails).
 
 #![allow(dead_code)]
@@ -235,11 +236,17 @@ impl Browser {
     }
 
     /// The text of an open `alert()`, if one is open.
+    /// `None` only when WebDriver says that no alert is open; any other error fails the test.
     pub async fn alert_text(&self) -> Option<String> {
-        self.try_call("GET", &self.s("/alert/text"), None)
-            .await
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
+        match self.try_call("GET", &self.s("/alert/text"), None).await {
+            Ok(v) => Some(
+                v.as_str()
+                    .unwrap_or_else(|| panic!("an alert's text is a string: {v}"))
+                    .to_owned(),
+            ),
+            Err(e) if e["error"] == "no such alert" => None,
+            Err(e) => panic!("reading the alert failed: {e}"),
+        }
     }
 
     /// The current URL.
