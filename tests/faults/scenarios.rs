@@ -392,8 +392,26 @@ async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change
         count(&pool, "SELECT count(*) FROM cards WHERE status = 'active'").await == 20
     })
     .await;
-    // Settle: a duplicate would come from a poll still in flight.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A duplicate would come from a status poll still in flight: wait until every card's status
+    // has been polled again (a chain runs one poll at a time, so each poll in flight now has
+    // ended). Card data is ready, so its chains have ended.
+    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let then = polls_per_card(&mut conn, Task::CardStatus).await;
+    wait_until(
+        Duration::from_secs(60),
+        "every card's status polled again",
+        || {
+            let mut conn = conn.clone();
+            let (then, cards) = (then.clone(), cards.clone());
+            async move {
+                let now = polls_per_card(&mut conn, Task::CardStatus).await;
+                cards
+                    .iter()
+                    .all(|c| now.get(c).copied().unwrap_or(0) > then.get(c).copied().unwrap_or(0))
+            }
+        },
+    )
+    .await;
     assert!(!worker.exited());
     for (what, sql) in [
         (
@@ -415,7 +433,6 @@ async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change
     ] {
         assert_eq!(count(&pool, sql).await, 20, "{what}: each change recorded once");
     }
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
     let chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
         .await
         .expect("chains");

@@ -5,7 +5,7 @@ use cardworker::storage::card_reads::CardReads;
 use cardworker::storage::fault::{self, DbFault};
 use futures::future::join_all;
 
-use crate::harness::TestDb;
+use crate::harness::{wait_until, TestDb};
 
 async fn insert_cards(db: &TestDb, refs: &[&str]) {
     sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
@@ -56,4 +56,85 @@ async fn a_card_ref_postgres_refuses_fails_only_its_own_read_of_a_shared_query()
     let c2 = answers.next().expect("c-2").expect("c-2 is read");
     assert_eq!(c2.map(|c| c.card_ref).as_deref(), Some("c-2"));
     assert!(answers.next().expect("nope").expect("a read").is_none());
+}
+
+/// Sessions of the test database other than the asking one (only those named `name`, if given).
+async fn sessions(db: &TestDb, name: Option<&str>) -> i64 {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = $1 AND pid <> pg_backend_pid()
+            AND ($2::text IS NULL OR application_name = $2)",
+    )
+    .bind(&db.name)
+    .bind(name)
+    .fetch_one(&mut conn)
+    .await
+    .expect("activity");
+    conn.close().await.expect("close");
+    n
+}
+
+/// Sequential and index scans of `cards` as PostgreSQL has published them.
+async fn card_scans(db: &TestDb) -> (i64, i64) {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let scans = sqlx::query_as(
+        "SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'cards'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("scans");
+    conn.close().await.expect("close");
+    scans
+}
+
+#[tokio::test]
+async fn reads_made_at_once_share_one_query() {
+    const READER: &str = "cardworker-card-reads-under-test";
+    let db = TestDb::new().await;
+    insert_cards(&db, &["c-1", "c-2", "c-3"]).await;
+    // Whatever the harness's sessions did to `cards` (its migrations build indexes, which count
+    // as scans) is published once they exit.
+    db.pool.close().await;
+    wait_until(
+        std::time::Duration::from_secs(20),
+        "the harness's sessions to exit",
+        || async { sessions(&db, None).await == 0 },
+    )
+    .await;
+    // The reads' own sessions, with index scans priced out so that each query of theirs is
+    // exactly one sequential scan of `cards` in PostgreSQL's table counters (nothing else scans
+    // `cards` here). A session publishes its counters when it exits.
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(
+            options
+                .application_name(READER)
+                .options([("enable_indexscan", "off"), ("enable_bitmapscan", "off")]),
+        )
+        .await
+        .expect("reads' pool");
+    let before = card_scans(&db).await;
+    let reads = CardReads::new(pool.clone());
+    let asked = ["c-1", "nope-1", "c-2", "c-1", "nope-2", "c-3"];
+    let answers = join_all(asked.iter().map(|r| reads.load(r))).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    drop(reads);
+    pool.close().await;
+    wait_until(
+        std::time::Duration::from_secs(20),
+        "the reads' sessions to exit and publish their counters",
+        || async { sessions(&db, Some(READER)).await == 0 },
+    )
+    .await;
+    let after = card_scans(&db).await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 0),
+        "{} reads made at once: one query (one sequential scan of cards)",
+        asked.len()
+    );
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use cardworker::budget::{Acquired, Budget, CallReport, CircuitState, Transition};
 use cardworker::config::{Config, Task};
 
-use crate::harness::{redis_url, TestDb, TestRedis};
+use crate::harness::{redis_url, wait_until, TestDb, TestRedis};
 
 /// A budget with room for everything, and a circuit with a 1 s cool-down up to 4 s.
 fn config(redis: &TestRedis) -> Config {
@@ -143,7 +143,8 @@ async fn failures_older_than_the_window_do_not_count() {
     for _ in 0..8 {
         poll(&b, Task::Carddata, CallReport::Failed).await;
     }
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Past the window on the clock the window is kept by (Redis's).
+    redis_clock_passes(&r, Duration::from_secs(1)).await;
     // 8 old failures + 8 new ones: only the 8 count, fewer than min_calls.
     for _ in 0..8 {
         assert_eq!(poll(&b, Task::Carddata, CallReport::Failed).await.1, None);
@@ -153,6 +154,23 @@ async fn failures_older_than_the_window_do_not_count() {
         poll(&b, Task::Carddata, CallReport::Failed).await;
     }
     assert_eq!(state(&b, Task::Carddata).await, CircuitState::Open);
+}
+
+/// Returns once Redis's clock (the one the circuit's window and cool-down use) is more than
+/// `span` past where it is now.
+async fn redis_clock_passes(r: &TestRedis, span: Duration) {
+    async fn now_ms(r: &TestRedis) -> u128 {
+        let (secs, micros): (u128, u128) = redis::cmd("TIME")
+            .query_async(&mut r.conn.clone())
+            .await
+            .expect("TIME");
+        secs * 1000 + micros / 1000
+    }
+    let until = now_ms(r).await + span.as_millis();
+    wait_until(span * 10, "Redis's clock past the span", || async {
+        now_ms(r).await > until
+    })
+    .await;
 }
 
 async fn open(b: &Budget, task: Task) {
@@ -350,8 +368,8 @@ async fn an_operator_forces_a_circuit_open_and_closed_and_each_action_is_on_reco
     ]);
     assert!(out.contains("forced open (was closed)"), "{out}");
     let b = Budget::new(r.conn.clone(), &c);
-    // Forced open: no probes however long the cool-down has been over.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Forced open: no probes however long the cool-down (1 s) has been over.
+    redis_clock_passes(&r, Duration::from_secs(1)).await;
     let lease = b.new_lease_id();
     assert!(matches!(
         b.acquire(Task::CardStatus, &lease).await.unwrap(),

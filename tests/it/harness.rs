@@ -342,6 +342,21 @@ pub async fn spawn_app() -> TestApp {
 }
 
 impl TestApp {
+    /// Whether queue `queue` (`payment`, `callback`, …) holds no job: none waiting in its intake,
+    /// none in apalis (fed, running, or finished and not yet acknowledged).
+    pub async fn queue_idle(&self, queue: &str) -> bool {
+        let mut conn = self.ctx.redis.clone();
+        let apalis = apalis_redis::Config::default()
+            .queue(cardworker_jobs::keys::queue(self.ctx.prefix(), queue));
+        let (waiting, jobs): (usize, usize) = redis::pipe()
+            .zcard(cardworker_jobs::keys::intake(self.ctx.prefix(), queue))
+            .hlen(apalis.job_data_hash())
+            .query_async(&mut conn)
+            .await
+            .expect("queue sizes");
+        waiting == 0 && jobs == 0
+    }
+
     /// Stops the worker gracefully and returns how `run` ended.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {

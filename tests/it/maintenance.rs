@@ -260,11 +260,28 @@ async fn with_maintenance_off_queued_runs_are_acknowledged_without_touching_the_
         "no error, so no retry and no dead job"
     );
 
-    // PostgreSQL 15 publishes a backend's counters late: stop the worker and close its pool so
-    // every backend that could have touched the tables has exited (and flushed) before reading.
+    // PostgreSQL 15 publishes a backend's counters late, at the latest when it exits: stop the
+    // worker, close its pool, and wait until every backend but the harness's own has left the
+    // database (a backend flushes its counters before it leaves pg_stat_activity).
     app.stop().await.unwrap();
     app.ctx.pool.close().await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let db = app.db.name.clone();
+    wait_until(LIMIT, "the worker's backends to exit", || async {
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = $1 AND pid <> pg_backend_pid()
+                AND application_name IS DISTINCT FROM $2",
+        )
+        .bind(&db)
+        .bind(crate::harness::HARNESS_APPLICATION_NAME)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+        others == 0
+    })
+    .await;
     let after = table_stats(&url).await;
     assert_eq!(after.len(), 6, "{after:?}");
     assert_eq!(before, after, "maintenance off must not query the tables");

@@ -312,7 +312,12 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("settled: ok");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    wait_until(
+        Duration::from_secs(15),
+        "no payment job queued or running",
+        || app.queue_idle("payment"),
+    )
+    .await;
     assert_eq!(app.sim.submissions(id), 2);
 }
 

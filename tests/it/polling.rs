@@ -709,8 +709,15 @@ async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stop
 
     let mut second = restart((*app.ctx.config).clone()).await;
     let health = format!("http://{}/healthz", second.addr);
-    wait_until(Duration::from_secs(150), "every card polled", || async {
-        calls(&app, "card_status") >= CARDS as u64
+    wait_until(
+        Duration::from_secs(150),
+        "as many calls as cards",
+        || async { calls(&app, "card_status") >= CARDS as u64 },
+    )
+    .await;
+    // Every card, not merely as many calls: the simulator keeps each card it was asked about.
+    wait_until(Duration::from_secs(60), "every card polled", || async {
+        (1..=CARDS).all(|i| app.sim.card(&format!("c-{i}")).is_some())
     })
     .await;
     let status = reqwest::get(&health).await.expect("healthz").status();

@@ -253,7 +253,12 @@ async fn a_payment_enqueued_and_lost_with_a_redis_flush_is_submitted_exactly_onc
             .expect("sweep"),
         0
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until(
+        Duration::from_secs(15),
+        "no payment or callback job queued or running",
+        || async { app.queue_idle("payment").await && app.queue_idle("callback").await },
+    )
+    .await;
     assert_eq!(app.sim.submissions(payment), 1, "submitted exactly once");
     let deliveries: i32 = sqlx::query_scalar(
         "SELECT deliveries FROM inbound_callbacks WHERE callback_id = 'cb-lost'",
