@@ -41,9 +41,4 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.starts_with(&format!("carddata-{}-", name())), "{a}");
     }
-
-    #[test]
-    fn the_process_id_is_the_pod_name_and_the_pid() {
-        assert_eq!(process_id(), format!("{}-{}", name(), std::process::id()));
-    }
 }

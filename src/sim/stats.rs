@@ -242,11 +242,6 @@ mod tests {
     }
 
     #[test]
-    fn stats_start_at_zero_with_no_call_kinds() {
-        assert_eq!(Counters::default().snapshot(), SimStats::default());
-    }
-
-    #[test]
     fn peaks_remember_the_highest_in_flight_after_the_calls_finish() {
         let mut c = Counters::default();
         for _ in 0..3 {
