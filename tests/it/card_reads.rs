@@ -124,6 +124,20 @@ async fn reads_made_at_once_share_one_query() {
     assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     drop(reads);
     pool.close().await;
+    // A closed pool's idle session may linger; ending it makes it publish its counters now (a
+    // backend flushes its statistics when it exits).
+    {
+        use sqlx::Connection as _;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(READER)
+        .execute(&mut conn)
+        .await
+        .expect("terminate the reads' sessions");
+        conn.close().await.expect("close");
+    }
     wait_until(
         std::time::Duration::from_secs(20),
         "the reads' sessions to exit and publish their counters",
