@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use cardworker_jobs::SubmitApproval;
 use serde_json::json;
 
-use super::operator::{self, Action};
+use super::operator::{self, Action, Operator};
 use super::CommandError;
 use crate::context::AppContext;
 use crate::settle::approval::Approval;
@@ -84,22 +84,6 @@ pub async fn enqueue_approval(
         );
         return Ok(());
     }
-    let id = ctx
-        .producer
-        .enqueue(&SubmitApproval {
-            approval_id,
-            retries: 0,
-        })
-        .await
-        .context(
-            "enqueueing the approval submission (it stays requested; approval recovery submits \
-             it after approvals.recovery_after_secs)",
-        )?;
-    println!(
-        "approval {approval_id} ({status}, {} for card {}) enqueued for submission ({id}); \
-         Idempotency-Key = {approval_id}",
-        approval.kind, approval.card_ref
-    );
     let recorded = Action::new(
         "enqueue_approval",
         "approval",
@@ -111,6 +95,26 @@ pub async fn enqueue_approval(
         reason,
     )
     .with_details(json!({"card_ref": approval.card_ref, "status": status}));
-    operator::record_applied(&ctx.pool, &recorded).await;
+    let id = operator::carry_out(&ctx.pool, &recorded, &Operator::cli(), async {
+        let id = ctx
+            .producer
+            .enqueue(&SubmitApproval {
+                approval_id,
+                retries: 0,
+            })
+            .await
+            .context(
+                "enqueueing the approval submission (it stays requested; approval recovery \
+                 submits it after approvals.recovery_after_secs)",
+            )?;
+        Ok((id, json!({})))
+    })
+    .await
+    .map_err(anyhow::Error::from)?;
+    println!(
+        "approval {approval_id} ({status}, {} for card {}) enqueued for submission ({id}); \
+         Idempotency-Key = {approval_id}",
+        approval.kind, approval.card_ref
+    );
     Ok(())
 }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use serde_json::json;
 
 use super::args::{BudgetCommand, CircuitCommand, Format};
-use super::operator::{self, Action as Recorded};
+use super::operator::{self, Action as Recorded, Operator};
 use super::CommandError;
 use crate::budget::{Budget, BudgetView, CircuitState, CircuitView};
 use crate::config::{parse_limit, Config, Task};
@@ -98,25 +98,26 @@ pub async fn execute(config: &Config, cmd: BudgetCommand) -> Result<(), CommandE
         Action::Pause(tasks, reason) => (BudgetChange::Pause(tasks), reason),
         Action::Resume(tasks, reason) => (BudgetChange::Resume(tasks), reason),
     };
-    println!("{}", change_budget(config, &budget, change, reason).await?);
+    println!(
+        "{}",
+        change_budget(config, &budget, change, reason, &Operator::cli()).await?
+    );
     Ok(())
 }
 
-/// Applies one budget change fleet-wide and records it (`operator.budget_set|clear|pause|resume`);
-/// returns what it did, for people. Shared by the CLI and the console.
+/// Applies one budget change fleet-wide with its audit event
+/// (`operator.budget_set|clear|pause|resume`, [`operator::carry_out_to`]: not applied when the
+/// event cannot be written); returns what it did, for people. Shared by the CLI and the console.
 pub async fn change_budget(
     config: &Config,
     budget: &Budget,
     change: BudgetChange,
     reason: Option<String>,
+    by: &Operator,
 ) -> anyhow::Result<String> {
-    let (said, recorded) = match change {
+    let db = &config.database;
+    let done = match change {
         BudgetChange::Set(task, limit) => {
-            budget.set_override(task, limit).await?;
-            let said = format!(
-                "{task} limit overridden: {limit} (config {}); every worker applies it at its next acquire",
-                budget.config_limit(task)
-            );
             let recorded = Recorded::new(
                 "budget_set",
                 "task",
@@ -125,15 +126,17 @@ pub async fn change_budget(
                 reason,
             )
             .with_details(json!({"task": task.label(), "limit": limit, "config_limit": budget.config_limit(task)}));
-            (said, recorded)
+            operator::carry_out_to(db, &recorded, by, async {
+                budget.set_override(task, limit).await?;
+                let said = format!(
+                    "{task} limit overridden: {limit} (config {}); every worker applies it at its next acquire",
+                    budget.config_limit(task)
+                );
+                Ok((said, json!({})))
+            })
+            .await
         }
         BudgetChange::Clear(task) => {
-            let had = budget.clear_override(task).await?;
-            let said = format!(
-                "{task} override {}; the config limit {} applies",
-                if had { "cleared" } else { "was not set" },
-                budget.config_limit(task)
-            );
             let recorded = Recorded::new(
                 "budget_clear",
                 "task",
@@ -141,15 +144,19 @@ pub async fn change_budget(
                 format!("{task} budget override cleared"),
                 reason,
             )
-            .with_details(json!({"task": task.label(), "had_override": had}));
-            (said, recorded)
+            .with_details(json!({"task": task.label()}));
+            operator::carry_out_to(db, &recorded, by, async {
+                let had = budget.clear_override(task).await?;
+                let said = format!(
+                    "{task} override {}; the config limit {} applies",
+                    if had { "cleared" } else { "was not set" },
+                    budget.config_limit(task)
+                );
+                Ok((said, json!({"had_override": had})))
+            })
+            .await
         }
         BudgetChange::Pause(tasks) => {
-            budget.pause(&tasks).await?;
-            let said = format!(
-                "paused: {}; their jobs are deferred (running polls finish) until `cardworker budget resume`",
-                labels(&tasks)
-            );
             let recorded = Recorded::new(
                 "budget_pause",
                 "task",
@@ -158,11 +165,17 @@ pub async fn change_budget(
                 reason,
             )
             .with_details(json!({"tasks": task_ids(&tasks)}));
-            (said, recorded)
+            operator::carry_out_to(db, &recorded, by, async {
+                budget.pause(&tasks).await?;
+                let said = format!(
+                    "paused: {}; their jobs are deferred (running polls finish) until `cardworker budget resume`",
+                    labels(&tasks)
+                );
+                Ok((said, json!({})))
+            })
+            .await
         }
         BudgetChange::Resume(tasks) => {
-            budget.resume(&tasks).await?;
-            let said = format!("resumed: {}", labels(&tasks));
             let recorded = Recorded::new(
                 "budget_resume",
                 "task",
@@ -171,11 +184,14 @@ pub async fn change_budget(
                 reason,
             )
             .with_details(json!({"tasks": task_ids(&tasks)}));
-            (said, recorded)
+            operator::carry_out_to(db, &recorded, by, async {
+                budget.resume(&tasks).await?;
+                Ok((format!("resumed: {}", labels(&tasks)), json!({})))
+            })
+            .await
         }
     };
-    operator::record_applied_to(&config.database, &recorded).await;
-    Ok(said)
+    Ok(done?)
 }
 
 /// `cardworker circuit open|close --task T [--reason TEXT]`: forces the task's Gateway circuit,
@@ -192,21 +208,47 @@ pub async fn circuit(config: &Config, cmd: CircuitCommand) -> Result<(), Command
     let budget = Budget::new(redis, config);
     println!(
         "{}",
-        force_circuit(config, &budget, task, open, reason).await?
+        force_circuit(config, &budget, task, open, reason, &Operator::cli()).await?
     );
     Ok(())
 }
 
-/// Forces `task`'s circuit open or closed and records it (see [`circuit`]); returns what it did,
-/// for people. Shared by the CLI and the console.
+/// Forces `task`'s circuit open or closed with its audit event (see [`circuit`];
+/// [`operator::carry_out_to`]: not forced when the event cannot be written); returns what it
+/// did, for people. Shared by the CLI and the console.
 pub async fn force_circuit(
     config: &Config,
     budget: &Budget,
     task: Task,
     open: bool,
     reason: Option<String>,
+    by: &Operator,
 ) -> anyhow::Result<String> {
-    let found = budget.force_circuit(task, open).await?;
+    let recorded = Recorded::new(
+        if open {
+            "circuit_open"
+        } else {
+            "circuit_close"
+        },
+        "task",
+        task_ids(&[task]),
+        format!(
+            "{task} Gateway circuit forced {}",
+            if open { "open" } else { "closed" }
+        ),
+        reason,
+    )
+    .with_details(json!({"task": task.label()}));
+    let found = operator::carry_out_to(&config.database, &recorded, by, async {
+        let found = budget.force_circuit(task, open).await?;
+        let outcome = json!({
+            "before": found.before.label(),
+            "was_forced": found.was_forced,
+            "outage_ms": found.outage_ms,
+        });
+        Ok((found, outcome))
+    })
+    .await?;
     let changed = (found.before == CircuitState::Closed) == open;
     let said = if open {
         format!(
@@ -226,44 +268,18 @@ pub async fn force_circuit(
             }
         )
     };
-    let recorded = Recorded::new(
-        if open {
-            "circuit_open"
-        } else {
-            "circuit_close"
-        },
-        "task",
-        task_ids(&[task]),
-        format!(
-            "{task} Gateway circuit forced {} (was {})",
-            if open { "open" } else { "closed" },
-            found.before.label()
-        ),
-        reason,
-    )
-    .with_details(json!({
-        "task": task.label(),
-        "before": found.before.label(),
-        "was_forced": found.was_forced,
-        "outage_ms": found.outage_ms,
-    }));
-    let pool = match crate::storage::connect(&config.database).await {
-        Ok(pool) => pool,
-        Err(e) => {
-            eprintln!(
-                "warning: the circuit was forced, but its audit events could not be written: {e:#}"
-            );
-            return Ok(said);
-        }
-    };
-    operator::record_applied(&pool, &recorded).await;
     if changed {
-        if let Err(e) = crate::polling::circuit::on_forced(&pool, task, open, found.outage_ms).await
-        {
+        let written = async {
+            let pool = crate::storage::connect(&config.database).await?;
+            let done = crate::polling::circuit::on_forced(&pool, task, open, found.outage_ms).await;
+            pool.close().await;
+            done
+        }
+        .await;
+        if let Err(e) = written {
             eprintln!("warning: the circuit was forced, but its transition event could not be written: {e:#}");
         }
     }
-    pool.close().await;
     Ok(said)
 }
 

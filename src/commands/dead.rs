@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use serde_json::json;
 
 use super::args::{DeadSetCommand, DeadSetTarget, Format};
-use super::operator::{self, Action};
+use super::operator::{self, Action, Operator};
 use super::CommandError;
 use crate::config::Config;
 use crate::context::connect_redis;
@@ -83,7 +83,7 @@ async fn run(
     } else {
         DeadSelector::Ids(target.id)
     };
-    let done = act(config, &q, action, which, target.reason).await?;
+    let done = act(config, &q, action, which, target.reason, &Operator::cli()).await?;
     println!("{}", describe(&q.short, action, &done));
     Ok(())
 }
@@ -107,38 +107,39 @@ pub fn describe(queue: &str, action: DeadAction, done: &DeadOutcome) -> String {
     s
 }
 
-/// Requeues or discards dead jobs of `q` and records it as `operator.dead_requeue` /
-/// `operator.dead_discard` (only when something was acted on). Shared by the CLI and the console.
+/// Requeues or discards dead jobs of `q` with its audit event (`operator.dead_requeue` /
+/// `operator.dead_discard`, with what was acted on as its outcome; nothing is done when the
+/// event cannot be written). Shared by the CLI and the console.
 pub async fn act(
     config: &Config,
     q: &QueueName,
     action: DeadAction,
     which: DeadSelector,
     reason: Option<String>,
+    by: &Operator,
 ) -> anyhow::Result<DeadOutcome> {
-    let mut conn = connect_redis(config.redis.url.expose()).await?;
-    let done = dead::act(&mut conn, q, action, &which).await?;
-    if done.acted > 0 {
-        let (name, verb) = match action {
-            DeadAction::Requeue => ("dead_requeue", "requeued"),
-            DeadAction::Discard => ("dead_discard", "discarded"),
-        };
-        let selector = match &which {
-            DeadSelector::All => json!("all"),
-            DeadSelector::Ids(ids) => json!(ids),
-        };
-        let recorded = Action::new(
-            name,
-            "queue",
-            vec![q.short.clone()],
-            format!(
-                "{} dead jobs of queue {} {verb} by an operator",
-                done.acted, q.short
-            ),
-            reason,
-        )
-        .with_details(json!({"queue": q.short, "selector": selector, "outcome": done}));
-        operator::record_applied_to(&config.database, &recorded).await;
-    }
+    let (name, verb) = match action {
+        DeadAction::Requeue => ("dead_requeue", "requeued"),
+        DeadAction::Discard => ("dead_discard", "discarded"),
+    };
+    let selector = match &which {
+        DeadSelector::All => json!("all"),
+        DeadSelector::Ids(ids) => json!(ids),
+    };
+    let recorded = Action::new(
+        name,
+        "queue",
+        vec![q.short.clone()],
+        format!("dead jobs of queue {} {verb} by an operator", q.short),
+        reason,
+    )
+    .with_details(json!({"queue": q.short, "selector": selector}));
+    let done = operator::carry_out_to(&config.database, &recorded, by, async {
+        let mut conn = connect_redis(config.redis.url.expose()).await?;
+        let done = dead::act(&mut conn, q, action, &which).await?;
+        let outcome = json!(done);
+        Ok((done, outcome))
+    })
+    .await?;
     Ok(done)
 }

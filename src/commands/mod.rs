@@ -120,7 +120,10 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
                     return maintenance::status(&ctx, format).await;
                 }
             };
-            println!("{}", maintenance_switch(&config, paused, reason).await?);
+            println!(
+                "{}",
+                maintenance_switch(&config, paused, reason, &operator::Operator::cli()).await?
+            );
             Ok(())
         }
         Command::DeadSet(cmd) => dead::execute(&config, cmd).await,
@@ -139,25 +142,15 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
     }
 }
 
-/// `cardworker maintenance pause|resume`: sets or lifts the maintenance brake fleet-wide and
-/// records it (`operator.maintenance_pause|resume`); returns what it did, for people. Shared by
-/// the CLI and the console.
+/// `cardworker maintenance pause|resume`: sets or lifts the maintenance brake fleet-wide with its
+/// audit event (`operator.maintenance_pause|resume`; not applied when the event cannot be
+/// written); returns what it did, for people. Shared by the CLI and the console.
 pub async fn maintenance_switch(
     config: &Config,
     paused: bool,
     reason: Option<String>,
+    by: &operator::Operator,
 ) -> anyhow::Result<String> {
-    let mut redis = connect_redis(config.redis.url.expose()).await?;
-    crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
-    let said = format!(
-        "maintenance {}{}",
-        if paused {
-            "paused: a running run stops at its next batch boundary; later runs are no-ops until `cardworker maintenance resume`"
-        } else {
-            "resumed"
-        },
-        maintenance_disabled_note(config)
-    );
     let recorded = operator::Action::new(
         if paused {
             "maintenance_pause"
@@ -172,8 +165,22 @@ pub async fn maintenance_switch(
         ),
         reason,
     );
-    operator::record_applied_to(&config.database, &recorded).await;
-    Ok(said)
+    operator::carry_out_to(&config.database, &recorded, by, async {
+        let mut redis = connect_redis(config.redis.url.expose()).await?;
+        crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
+        let said = format!(
+            "maintenance {}{}",
+            if paused {
+                "paused: a running run stops at its next batch boundary; later runs are no-ops until `cardworker maintenance resume`"
+            } else {
+                "resumed"
+            },
+            maintenance_disabled_note(config)
+        );
+        Ok((said, serde_json::json!({})))
+    })
+    .await
+    .map_err(Into::into)
 }
 
 /// `cardworker enqueue …`. Maintenance runs need only Redis; the others need the whole context.

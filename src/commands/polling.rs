@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::args::Format;
 use super::investigate::{self, InvestigateError};
-use super::operator::{self, Action};
+use super::operator::{self, Action, Operator};
 use super::CommandError;
 use crate::config::Task;
 use crate::context::AppContext;
@@ -39,34 +39,6 @@ pub async fn enqueue(
             anyhow::anyhow!("unknown card {card_ref:?}: there is no row with that card_ref in cards; nothing enqueued")
         })?;
     let was_parked = card.parked_at(task).is_some();
-    if was_parked {
-        cards::unpark(&ctx.pool, card_ref, task)
-            .await
-            .context("clearing the parked mark")?;
-    }
-    let mut conn = ctx.redis.clone();
-    // Read before the start only to say what it replaced; the start itself is atomic.
-    let replaced = chain::live_chains(&mut conn, ctx.prefix(), task, &[card_ref.to_owned()])
-        .await?
-        .pop()
-        .flatten();
-    let id = chain::start(&mut conn, ctx.prefix(), task, card_ref, Duration::ZERO).await?;
-    println!(
-        "{task} chain {id} started for card {card_ref}{}{}{}",
-        replaced
-            .map(|old| format!(" (replaced live chain {old}, which stops at its next poll)"))
-            .unwrap_or_default(),
-        if was_parked {
-            " (was parked; parked mark cleared)"
-        } else {
-            ""
-        },
-        if card.wants_polling(task) {
-            ""
-        } else {
-            "; note: the card needs no more polling for this task, so the chain ends at its first run"
-        }
-    );
     let recorded = Action::new(
         "enqueue",
         "card",
@@ -77,8 +49,41 @@ pub async fn enqueue(
         ),
         reason,
     )
-    .with_details(json!({"task": task.label(), "chain": id, "was_parked": was_parked}));
-    operator::record_applied(&ctx.pool, &recorded).await;
+    .with_details(json!({"task": task.label(), "was_parked": was_parked}));
+    let said = operator::carry_out(&ctx.pool, &recorded, &Operator::cli(), async {
+        if was_parked {
+            cards::unpark(&ctx.pool, card_ref, task)
+                .await
+                .context("clearing the parked mark")?;
+        }
+        let mut conn = ctx.redis.clone();
+        // Read before the start only to say what it replaced; the start itself is atomic.
+        let replaced = chain::live_chains(&mut conn, ctx.prefix(), task, &[card_ref.to_owned()])
+            .await?
+            .pop()
+            .flatten();
+        let id = chain::start(&mut conn, ctx.prefix(), task, card_ref, Duration::ZERO).await?;
+        let said = format!(
+            "{task} chain {id} started for card {card_ref}{}{}{}",
+            replaced
+                .map(|old| format!(" (replaced live chain {old}, which stops at its next poll)"))
+                .unwrap_or_default(),
+            if was_parked {
+                " (was parked; parked mark cleared)"
+            } else {
+                ""
+            },
+            if card.wants_polling(task) {
+                ""
+            } else {
+                "; note: the card needs no more polling for this task, so the chain ends at its first run"
+            }
+        );
+        Ok((said, json!({"chain": id})))
+    })
+    .await
+    .map_err(anyhow::Error::from)?;
+    println!("{said}");
     Ok(())
 }
 
@@ -104,6 +109,7 @@ pub async fn unpark(
     task: Task,
     which: ParkedSelector,
     reason: Option<String>,
+    by: &Operator,
 ) -> anyhow::Result<Unparked> {
     let selector = match &which {
         ParkedSelector::CardRef(r) => format!("--card-ref {r}"),
@@ -140,7 +146,7 @@ pub async fn unpark(
                     reason.clone(),
                 )
                 .with_details(json!({"task": task.label(), "selector": selector}));
-                let id = records::insert_operator_event(&mut tx, &action.event())
+                let id = records::insert_operator_event(&mut tx, &action.event(by))
                     .await
                     .context("writing the operator.unpark audit event")?;
                 event_id = Some(id);
@@ -185,7 +191,7 @@ pub async fn unpark_command(
     reason: Option<String>,
     format: Format,
 ) -> Result<(), CommandError> {
-    let done = unpark(ctx, task, which, reason).await?;
+    let done = unpark(ctx, task, which, reason, &Operator::cli()).await?;
     match format {
         Format::Json => println!(
             "{}",

@@ -5,7 +5,10 @@
 //! It reads the same PostgreSQL and Redis as the workers and acts only through the code of the
 //! CLI (`crate::commands`: unpark, circuit, budget, maintenance, dead set), so an action from the
 //! page writes the same `operator.<action>` audit event as the command. Without an admin token it
-//! is read-only; every action is a POST that needs the token and a CSRF token (see [`auth`]).
+//! is read-only; every action is a POST that needs the token and a CSRF token bound to the login
+//! session (see [`auth`]), and is recorded under the operator's name given at login, `via`
+//! `console`. An action whose audit event cannot be written is not carried out, and the page
+//! says so (`commands::operator::carry_out`).
 //!
 //! # Layout
 //! - this module: [`execute`] (the subcommand), [`router`], the handlers.
@@ -36,6 +39,7 @@ use pages::Viewer;
 use crate::commands::args::ConsoleArgs;
 use crate::commands::budget::{change_budget, force_circuit, validate_override, BudgetChange};
 use crate::commands::investigate::{self, InvestigateError};
+use crate::commands::operator::Operator;
 use crate::commands::{dead as dead_cmd, maintenance_switch, polling, CommandError};
 use crate::config::{Config, Task};
 use crate::context::AppContext;
@@ -111,9 +115,10 @@ pub fn router(console: Arc<Console>) -> Router {
         .with_state(console)
 }
 
-/// The viewer of a request, and the CSRF cookie to set when it had none.
+/// The viewer of a request, and the browser cookie to set when it had none. Its forms carry
+/// the CSRF token the console issues for its session (or, before login, for that cookie).
 fn viewer(console: &Console, headers: &HeaderMap) -> (Viewer, Option<String>) {
-    let (csrf, new) = match auth::cookie(headers, CSRF_COOKIE) {
+    let (browser, new) = match auth::cookie(headers, CSRF_COOKIE) {
         Some(c) if c.len() == 64 && c.bytes().all(|b| b.is_ascii_hexdigit()) => {
             (c.to_owned(), None)
         }
@@ -123,7 +128,7 @@ fn viewer(console: &Console, headers: &HeaderMap) -> (Viewer, Option<String>) {
         }
     };
     let v = Viewer {
-        csrf,
+        csrf: console.auth.form_token(headers, &browser),
         writable: console.auth.writable(),
         admin: console.auth.is_admin(headers),
     };
@@ -230,7 +235,7 @@ async fn card_page(
 
 async fn login_page(State(c): Shared, headers: HeaderMap) -> Response {
     let (v, new) = viewer(&c, &headers);
-    page(StatusCode::OK, pages::login(&v, false), new)
+    page(StatusCode::OK, pages::login(&v, None), new)
 }
 
 /// A parsed `application/x-www-form-urlencoded` body (repeated names kept, for checkboxes).
@@ -269,7 +274,7 @@ impl Form {
 async fn login(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
     let (v, new) = viewer(&c, &headers);
     let form = Form::parse(&body);
-    if let Err(r) = auth::check_csrf(&headers, form.get("csrf")) {
+    if let Err(r) = c.auth.check_browser_csrf(&headers, form.get("csrf")) {
         return refused(&v, new, r);
     }
     if !c.auth.writable() {
@@ -277,9 +282,24 @@ async fn login(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
     }
     if !form.get("token").is_some_and(|t| c.auth.is_token(t)) {
         tracing::warn!("console login refused: wrong admin token");
-        return page(StatusCode::FORBIDDEN, pages::login(&v, true), new);
+        return page(
+            StatusCode::FORBIDDEN,
+            pages::login(&v, Some("That is not the admin token.")),
+            new,
+        );
     }
-    let session = c.auth.login();
+    let Some(operator) = form.get("operator").and_then(auth::operator_name) else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            pages::login(
+                &v,
+                Some("Give your name (1 to 64 characters): every action you take is recorded under it."),
+            ),
+            new,
+        );
+    };
+    tracing::info!(%operator, "console login");
+    let session = c.auth.login(&operator);
     let mut resp = Redirect::to("/").into_response();
     if let Ok(cookie) = HeaderValue::from_str(&format!(
         "{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
@@ -293,7 +313,7 @@ async fn login(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
 async fn logout(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
     let (v, new) = viewer(&c, &headers);
     let form = Form::parse(&body);
-    if let Err(r) = auth::check_csrf(&headers, form.get("csrf")) {
+    if let Err(r) = c.auth.check_any_csrf(&headers, form.get("csrf")) {
         return refused(&v, new, r);
     }
     c.auth.logout(&headers);
@@ -313,20 +333,22 @@ fn refused(v: &Viewer, new: Option<String>, r: Refusal) -> Response {
     )
 }
 
-/// Checks an action's token and CSRF token; on success the parsed form.
+/// Checks an action's token and CSRF token; on success the parsed form and who is acting.
 fn authorize(
     c: &Console,
     headers: &HeaderMap,
     body: &[u8],
     action: &str,
-) -> Result<(Viewer, Option<String>, Form), Box<Response>> {
+) -> Result<(Viewer, Option<String>, Form, Operator), Box<Response>> {
     let (v, new) = viewer(c, headers);
     let form = Form::parse(body);
-    if let Err(r) = c.auth.check(headers, form.get("csrf")) {
-        tracing::warn!(action, refusal = ?r, "console action refused");
-        return Err(Box::new(refused(&v, new, r)));
+    match c.auth.check(headers, form.get("csrf")) {
+        Ok(by) => Ok((v, new, form, by)),
+        Err(r) => {
+            tracing::warn!(action, refusal = ?r, "console action refused");
+            Err(Box::new(refused(&v, new, r)))
+        }
     }
-    Ok((v, new, form))
 }
 
 /// The page after an action: what it did, or why it failed (nothing half-done is hidden).
@@ -364,14 +386,15 @@ async fn action<F, Fut>(
     apply: F,
 ) -> Response
 where
-    F: FnOnce(Arc<Console>, Form) -> Fut,
+    F: FnOnce(Arc<Console>, Form, Operator) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<String>>,
 {
-    let (v, new, form) = match authorize(&c, &headers, &body, name) {
+    let (v, new, form, by) = match authorize(&c, &headers, &body, name) {
         Ok(x) => x,
         Err(resp) => return *resp,
     };
-    let result = apply(c.clone(), form).await;
+    tracing::info!(action = name, operator = %by.name, "console action");
+    let result = apply(c.clone(), form, by).await;
     done(&v, new, name, back, result)
 }
 
@@ -388,7 +411,7 @@ async fn unpark(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
         body,
         "unpark",
         "/parked",
-        |c, form| async move {
+        |c, form, by| async move {
             let task = task_of(&form)?;
             let selectors: Vec<ParkedSelector> = if form.get("all").is_some() {
                 vec![ParkedSelector::All]
@@ -403,7 +426,7 @@ async fn unpark(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
             anyhow::ensure!(!selectors.is_empty(), "no parked chain selected");
             let mut restarted = 0;
             for which in selectors {
-                restarted += polling::unpark(&c.ctx, task, which, form.reason())
+                restarted += polling::unpark(&c.ctx, task, which, form.reason(), &by)
                     .await?
                     .restarted;
             }
@@ -414,20 +437,20 @@ async fn unpark(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
 }
 
 async fn circuit(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    action(c, headers, body, "circuit", "/", |c, form| async move {
+    action(c, headers, body, "circuit", "/", |c, form, by| async move {
         let task = task_of(&form)?;
         let open = match form.get("op") {
             Some("open") => true,
             Some("close") => false,
             other => anyhow::bail!("op {other:?}: must be open or close"),
         };
-        force_circuit(&c.ctx.config, &c.ctx.budget, task, open, form.reason()).await
+        force_circuit(&c.ctx.config, &c.ctx.budget, task, open, form.reason(), &by).await
     })
     .await
 }
 
 async fn budget(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    action(c, headers, body, "budget", "/", |c, form| async move {
+    action(c, headers, body, "budget", "/", |c, form, by| async move {
         let tasks = match form.get("task") {
             Some("all") => Task::ALL.to_vec(),
             _ => vec![task_of(&form)?],
@@ -445,40 +468,55 @@ async fn budget(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
             Some("clear") => BudgetChange::Clear(tasks[0]),
             other => anyhow::bail!("op {other:?}: must be pause, resume, set or clear"),
         };
-        change_budget(&c.ctx.config, &c.ctx.budget, change, form.reason()).await
+        change_budget(&c.ctx.config, &c.ctx.budget, change, form.reason(), &by).await
     })
     .await
 }
 
 async fn maintenance(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    action(c, headers, body, "maintenance", "/", |c, form| async move {
-        let paused = match form.get("op") {
-            Some("pause") => true,
-            Some("resume") => false,
-            other => anyhow::bail!("op {other:?}: must be pause or resume"),
-        };
-        maintenance_switch(&c.ctx.config, paused, form.reason()).await
-    })
+    action(
+        c,
+        headers,
+        body,
+        "maintenance",
+        "/",
+        |c, form, by| async move {
+            let paused = match form.get("op") {
+                Some("pause") => true,
+                Some("resume") => false,
+                other => anyhow::bail!("op {other:?}: must be pause or resume"),
+            };
+            maintenance_switch(&c.ctx.config, paused, form.reason(), &by).await
+        },
+    )
     .await
 }
 
 async fn dead(State(c): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    action(c, headers, body, "dead", "/queues", |c, form| async move {
-        let short = form.get("queue").unwrap_or("");
-        let q = dead_cmd::queue(&c.ctx.config, short).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let (action, which) = if form.get("requeue_all").is_some() {
-            (DeadAction::Requeue, DeadSelector::All)
-        } else if form.get("discard_all").is_some() {
-            (DeadAction::Discard, DeadSelector::All)
-        } else if let Some(id) = form.get("requeue") {
-            (DeadAction::Requeue, DeadSelector::Ids(vec![id.to_owned()]))
-        } else if let Some(id) = form.get("discard") {
-            (DeadAction::Discard, DeadSelector::Ids(vec![id.to_owned()]))
-        } else {
-            anyhow::bail!("no dead job selected");
-        };
-        let outcome = dead_cmd::act(&c.ctx.config, &q, action, which, form.reason()).await?;
-        Ok(dead_cmd::describe(&q.short, action, &outcome))
-    })
+    action(
+        c,
+        headers,
+        body,
+        "dead",
+        "/queues",
+        |c, form, by| async move {
+            let short = form.get("queue").unwrap_or("");
+            let q = dead_cmd::queue(&c.ctx.config, short).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (action, which) = if form.get("requeue_all").is_some() {
+                (DeadAction::Requeue, DeadSelector::All)
+            } else if form.get("discard_all").is_some() {
+                (DeadAction::Discard, DeadSelector::All)
+            } else if let Some(id) = form.get("requeue") {
+                (DeadAction::Requeue, DeadSelector::Ids(vec![id.to_owned()]))
+            } else if let Some(id) = form.get("discard") {
+                (DeadAction::Discard, DeadSelector::Ids(vec![id.to_owned()]))
+            } else {
+                anyhow::bail!("no dead job selected");
+            };
+            let outcome =
+                dead_cmd::act(&c.ctx.config, &q, action, which, form.reason(), &by).await?;
+            Ok(dead_cmd::describe(&q.short, action, &outcome))
+        },
+    )
     .await
 }

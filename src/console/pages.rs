@@ -450,15 +450,16 @@ pub fn unknown_card(card_ref: &str, viewer: &Viewer) -> Markup {
 }
 
 /// The login form.
-pub fn login(viewer: &Viewer, failed: bool) -> Markup {
+pub fn login(viewer: &Viewer, problem: Option<&str>) -> Markup {
     let body = html! {
-        @if failed { p.refused { "That is not the admin token." } }
+        @if let Some(problem) = problem { p.refused { (problem) } }
         @if !viewer.writable {
             p { "This console is read-only: no admin token is configured (env CARDWORKER__CONSOLE__ADMIN_TOKEN)." }
         } @else {
             form method="post" action="/login" {
                 input type="hidden" name="csrf" value=(viewer.csrf);
-                label { "Admin token " input type="password" name="token" autocomplete="off"; }
+                label { "Your name " input type="text" name="operator" required maxlength="64" autocomplete="name"; }
+                " " label { "Admin token " input type="password" name="token" autocomplete="off"; }
                 " " button type="submit" { "Log in" }
             }
         }
@@ -513,7 +514,7 @@ mod tests {
 
     #[test]
     fn every_action_form_carries_the_csrf_token_and_a_read_only_console_shows_none() {
-        let page = login(&viewer(), false).into_string();
+        let page = login(&viewer(), None).into_string();
         assert!(
             page.contains(&format!("name=\"csrf\" value=\"{}\"", "c".repeat(64))),
             "{page}"
@@ -522,7 +523,7 @@ mod tests {
             writable: false,
             ..viewer()
         };
-        let page = login(&read_only, false).into_string();
+        let page = login(&read_only, None).into_string();
         assert!(
             page.contains("read-only") && !page.contains("type=\"password\""),
             "{page}"

@@ -219,6 +219,24 @@ pub async fn insert_operator_event(
     Ok(event_id)
 }
 
+/// Merges what an operator action did into its audit event (`details.outcome`), in the
+/// action's transaction.
+pub async fn add_operator_outcome(
+    conn: &mut PgConnection,
+    event_id: i64,
+    outcome: &Value,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE audit_events SET details = details || jsonb_build_object('outcome', $2::jsonb)
+          WHERE id = $1",
+    )
+    .bind(event_id)
+    .bind(clean_json(outcome).as_ref())
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
 /// Links more resources to an audit event (one statement). Returns how many links it wrote.
 pub async fn link_resources(
     conn: &mut PgConnection,

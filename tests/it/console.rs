@@ -80,6 +80,26 @@ async fn dead_count(app: &TestApp, queue: &str) -> i64 {
         .expect("scard")
 }
 
+/// The CSRF token the console issues to a browser whose `cw_csrf` cookie is `cookie` (as its
+/// login form carries it).
+async fn issued_csrf(console: &ConsoleProcess, cookie: &str) -> String {
+    let page = reqwest::Client::new()
+        .get(format!("{}/login", console.url))
+        .header("cookie", format!("cw_csrf={cookie}"))
+        .send()
+        .await
+        .expect("login page")
+        .text()
+        .await
+        .expect("body");
+    let field = "name=\"csrf\" value=\"";
+    let at = page
+        .find(field)
+        .unwrap_or_else(|| panic!("no CSRF token in {page}"))
+        + field.len();
+    page[at..at + 64].to_owned()
+}
+
 /// A POST of the form `body` with the CSRF cookie `csrf` (when given) and the bearer `token`.
 async fn post(
     console: &ConsoleProcess,
@@ -116,7 +136,8 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
     let app = spawn_app_with(|_| {}).await;
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
     let csrf = "a".repeat(64);
-    let body = format!("csrf={csrf}&op=pause&reason=test");
+    let issued = issued_csrf(&console, &csrf).await;
+    let body = format!("csrf={issued}&op=pause&reason=test");
     let paused = || async {
         cardworker::maintenance::is_paused(&mut app.ctx.redis.clone(), app.ctx.prefix())
             .await
@@ -146,7 +167,16 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
         Some(TOKEN),
     )
     .await;
-    assert_eq!(status, 403, "a CSRF cookie that does not match the form");
+    assert_eq!(status, 403, "a token issued for another cookie");
+    let (status, _) = post(
+        &console,
+        "/actions/maintenance",
+        &format!("csrf={csrf}&op=pause"),
+        Some(&csrf),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 403, "a field equal to the cookie, never issued");
     assert!(!paused().await, "nothing refused changed anything");
     assert_eq!(operator_events(&app, "operator.maintenance_pause").await, 0);
 
@@ -160,19 +190,22 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
     .await;
     assert_eq!(status, 200, "{page}");
     assert!(paused().await, "the console's pause took effect");
-    let (actor, reason): (String, Option<String>) = sqlx::query_as(
-        "SELECT actor, details->>'reason' FROM audit_events
+    let (actor, reason, via): (String, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT actor, details->>'reason', details->>'via' FROM audit_events
           WHERE event_type = 'operator.maintenance_pause'",
     )
     .fetch_one(&app.db.pool)
     .await
     .expect("the CLI's audit event");
-    assert_eq!(actor, "operator:console-test");
+    // A Bearer request that names nobody is recorded as the token, never as the console's OS
+    // user (CARDWORKER_OPERATOR of the console process is console-test).
+    assert_eq!(actor, "operator:admin-token");
     assert_eq!(reason.as_deref(), Some("test"));
+    assert_eq!(via.as_deref(), Some("console"));
 
     // A console without a token is read-only: even the right-looking request changes nothing.
     let read_only = ConsoleProcess::start(&app, None).await;
-    let resume = format!("csrf={csrf}&op=resume");
+    let resume = format!("csrf={issued}&op=resume");
     let (status, page) = post(
         &read_only,
         "/actions/maintenance",
@@ -216,10 +249,11 @@ async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a
     assert!(!page.contains("4111"), "no card number on the page");
 
     let csrf = "c".repeat(64);
+    let issued = issued_csrf(&console, &csrf).await;
     let (status, page) = post(
         &console,
         "/actions/dead",
-        &format!("csrf={csrf}&queue=archive&requeue_all=1&reason=retry"),
+        &format!("csrf={issued}&queue=archive&requeue_all=1&reason=retry"),
         Some(&csrf),
         Some(TOKEN),
     )
@@ -245,7 +279,7 @@ async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a
     let (status, page) = post(
         &console,
         "/actions/dead",
-        &format!("csrf={csrf}&queue=archive&discard_all=1"),
+        &format!("csrf={issued}&queue=archive&discard_all=1"),
         Some(&csrf),
         Some(TOKEN),
     )
@@ -539,11 +573,40 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     app.sim
         .set_card_ready("c-parked", "tok-1", "4242", 12, 2030);
     browser.goto(&format!("{base}/login")).await;
+    browser
+        .type_into("input[name=operator]", "Ada Operator")
+        .await;
     browser.type_into("input[name=token]", TOKEN).await;
     browser.click("form[action='/login'] button").await;
     browser
         .wait_text("header", "logged in", |t| t.contains("Log out"))
         .await;
+
+    // A valid session with a CSRF value the console never issued for it (here the old
+    // double-submit forgery: the cookie and the field set to one value of the attacker's
+    // choosing) is refused, and changes nothing.
+    browser.goto(&format!("{base}/parked")).await;
+    let forged = "ab".repeat(32);
+    browser
+        .js(
+            "document.cookie = 'cw_csrf=' + arguments[0] + '; path=/'; \
+             document.querySelectorAll('input[name=csrf]').forEach(i => i.value = arguments[0]);",
+            serde_json::json!([forged]),
+        )
+        .await;
+    browser
+        .click("tr.parked-row[data-card=c-parked] button.unpark-one")
+        .await;
+    browser
+        .wait_text("#outcome", "the CSRF refusal", |t| t.contains("CSRF"))
+        .await;
+    assert_eq!(
+        scalar(&app, "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL AND card_ref = 'c-parked'").await,
+        1,
+        "still parked"
+    );
+    assert_eq!(operator_events(&app, "operator.unpark").await, 0);
+
     browser.goto(&format!("{base}/parked")).await;
     browser
         .type_into(
@@ -583,16 +646,22 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         1,
         "the poll after the unpark is on record"
     );
-    let (reason, linked): (Option<String>, String) = sqlx::query_as(
-        "SELECT e.details->>'reason', r.resource_id
-           FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
-          WHERE e.event_type = 'operator.unpark'",
-    )
-    .fetch_one(&app.db.pool)
-    .await
-    .expect("the operator.unpark audit event");
+    let (reason, linked, actor, via): (Option<String>, String, String, Option<String>) =
+        sqlx::query_as(
+            "SELECT e.details->>'reason', r.resource_id, e.actor, e.details->>'via'
+               FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
+              WHERE e.event_type = 'operator.unpark'",
+        )
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("the operator.unpark audit event");
     assert_eq!(reason.as_deref(), Some("browser test"));
     assert_eq!(linked, "c-parked");
+    assert_eq!(
+        actor, "operator:Ada Operator",
+        "the logged-in operator, by name"
+    );
+    assert_eq!(via.as_deref(), Some("console"));
 
     // The card page shows the unpark among its manual facts.
     browser.goto(&format!("{base}/cards/c-parked")).await;

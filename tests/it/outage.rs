@@ -414,6 +414,7 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
         Task::CardStatus,
         ParkedSelector::CardRef("c-1".to_owned()),
         None,
+        &cardworker::commands::operator::Operator::cli(),
     )
     .await
     .unwrap();
@@ -423,6 +424,7 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
         Task::CardStatus,
         ParkedSelector::ParkedBefore(chrono::Utc::now() - chrono::Duration::hours(1)),
         None,
+        &cardworker::commands::operator::Operator::cli(),
     )
     .await
     .unwrap();

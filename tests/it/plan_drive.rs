@@ -90,6 +90,7 @@ pub const COVERAGE: &[Statement] = &[
     s("src/storage/records.rs", "audit resource link", Sql::ContainsNot(&["INSERT INTO audit_resources (audit_event_id"], &["unnest($3::text[])"])),
     s("src/storage/records.rs", "outbox event", Sql::Contains(&["INSERT INTO outbox_events (aggregate_type"])),
     s("src/storage/records.rs", "an operator's audit event", Sql::Contains(&["INSERT INTO audit_events (event_type, actor, summary, details)"])),
+    s("src/storage/records.rs", "an operator action's outcome on its event", Sql::Contains(&["UPDATE audit_events SET details = details || jsonb_build_object('outcome', $2::jsonb) WHERE id = $1"])),
     s("src/storage/records.rs", "an operator event's resource links", Sql::Contains(&["INSERT INTO audit_resources (audit_event_id, resource_type, resource_id) SELECT $1, $2, unnest($3::text[])"])),
     s("src/storage/reliable.rs", "pending attempt log", Sql::Contains(&["INSERT INTO integration_logs (correlation_id", "'pending', $5, $6)"])),
     s("src/storage/reliable.rs", "finish an attempt log", Sql::Contains(&["UPDATE integration_logs SET state = $2"])),
