@@ -769,8 +769,12 @@ async fn two_workers_enqueueing_on_the_same_cron_tick_produce_one_job() {
         total(&metrics(&app).await) == 1.0
     })
     .await;
-    // Let both workers poll a while longer: still one run.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Nothing more queued or running for archive (both workers have fetched all there was):
+    // still one run.
+    wait_until(LIMIT, "the archive queue idle", || {
+        app.queue_idle("archive")
+    })
+    .await;
     assert_eq!(total(&metrics(&app).await), 1.0);
 
     let _ = stop2.send(());

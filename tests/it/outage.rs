@@ -350,12 +350,17 @@ async fn a_parked_chains_failed_retry_leaves_it_parked_with_one_failure_record()
     .await;
     // Two failures parked it; each retry (every 2 s) is one call and one failure log, and it
     // stays parked; the parking itself was announced once.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let calls_now = calls(&app, "card_status") as i64;
-    assert_eq!(
-        scalar(&app, "SELECT count(*) FROM integration_logs").await,
-        calls_now
-    );
+    // A retry's log lands just after its call: wait until the two agree (more logs than calls
+    // never would).
+    wait_until(
+        Duration::from_secs(10),
+        "one failure log per call",
+        || async {
+            let calls_now = calls(&app, "card_status") as i64;
+            scalar(&app, "SELECT count(*) FROM integration_logs").await == calls_now
+        },
+    )
+    .await;
     assert_eq!(
         scalar(
             &app,
