@@ -103,8 +103,9 @@ pub async fn enqueue_callback(
 ) -> Result<(), CommandError> {
     let bytes = std::fs::read(body_file)
         .with_context(|| format!("reading the callback body from {}", body_file.display()))?;
-    // Kept as received, even when it is not valid UTF-8: the job records the malformed body.
-    let body = String::from_utf8_lossy(&bytes).into_owned();
+    // Reduced to the fields the contract knows (nothing else is stored or queued), even when it
+    // is not valid UTF-8: the job records a malformed body as such.
+    let body = callback::known_fields(&String::from_utf8_lossy(&bytes));
     match callback::record_received(&ctx.pool, channel, callback_id, &body)
         .await
         .context("recording the callback delivery")?

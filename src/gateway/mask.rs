@@ -1,7 +1,7 @@
 //! The masking primitives of the gateway: what turns a value from a body into text that may be
-//! logged and stored. A run of 12 or more digits (possibly separated by single spaces or dashes)
-//! could be a card number (PAN), and spec section 1 forbids keeping one, so it is masked; values
-//! are truncated so that a reason stays short.
+//! logged and stored. A card number (PAN; `telemetry::pan` says how one is recognised) is
+//! masked, as spec section 1 forbids keeping one; values are truncated so that a reason stays
+//! short.
 //!
 //! Both the wire decoders (`wire.rs`, whose errors quote values only as [`Redacted`]) and the
 //! summaries (`redact.rs`) use these, which is why they sit in a file of their own below both.
@@ -43,44 +43,10 @@ pub(super) fn summarize_str(s: &str) -> String {
     truncate(redact_digits(s), VALUE_MAX_BYTES)
 }
 
-/// Masks every run of 12 or more digits (allowing single spaces or dashes between them), which
-/// could be a card number.
+/// Masks every card number (PAN) in `s`: a run of 13 to 19 digits passing Luhn, whatever
+/// separators sit between them (`telemetry::pan`, the one masker).
 pub fn redact_digits(s: &str) -> String {
-    let chars: Vec<char> = s.chars().collect();
-    let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    while i < chars.len() {
-        if chars[i].is_ascii_digit() {
-            // Extend over digits and single separators between digits.
-            let mut j = i;
-            let mut digits = 0;
-            let mut end = i;
-            while j < chars.len() {
-                if chars[j].is_ascii_digit() {
-                    digits += 1;
-                    j += 1;
-                    end = j;
-                } else if (chars[j] == ' ' || chars[j] == '-')
-                    && j + 1 < chars.len()
-                    && chars[j + 1].is_ascii_digit()
-                {
-                    j += 1;
-                } else {
-                    break;
-                }
-            }
-            if digits >= 12 {
-                out.push_str("[redacted]");
-            } else {
-                out.extend(&chars[i..end]);
-            }
-            i = end;
-        } else {
-            out.push(chars[i]);
-            i += 1;
-        }
-    }
-    out
+    crate::telemetry::pan::mask_pans(s).into_owned()
 }
 
 /// Cuts `s` to at most `max` bytes on a char boundary, marking the cut with `...`.
@@ -114,21 +80,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_digit_runs_are_redacted() {
+    fn card_numbers_are_redacted() {
         assert_eq!(
             redact_digits("pan 4242 4242 4242 4242 ok"),
             "pan [redacted] ok"
         );
         assert_eq!(redact_digits("4242424242424242"), "[redacted]");
         assert_eq!(redact_digits("4242-4242-4242-4242"), "[redacted]");
+        assert_eq!(redact_digits("4242.4242/4242  4242"), "[redacted]");
         assert_eq!(redact_digits("tok_4242424242424242x"), "tok_[redacted]x");
         assert_eq!(
             redact_digits("last4 4242, year 2030"),
             "last4 4242, year 2030"
         );
-        // Eleven digits are left alone, twelve are not.
-        assert_eq!(redact_digits("12345678901"), "12345678901");
-        assert_eq!(redact_digits("123456789012"), "[redacted]");
+        // Twelve digits, or sixteen that fail Luhn, are no card number.
+        assert_eq!(redact_digits("123456789012"), "123456789012");
+        assert_eq!(redact_digits("4242424242424243"), "4242424242424243");
     }
 
     #[test]

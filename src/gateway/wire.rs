@@ -313,6 +313,9 @@ pub(crate) enum BodyError {
     NotASmallInteger { field: &'static str, value: String },
     #[error("field {0} is empty")]
     Empty(&'static str),
+    /// A token that holds a card number is not a token: never stored, the answer is unknown.
+    #[error("field {0} looks like a card number (PAN); not stored")]
+    LooksLikePan(&'static str),
     #[error("field pan_last4 is not exactly 4 digits")]
     BadLast4,
     #[error("field expiry_month out of 1..=12: {0}")]
@@ -345,6 +348,9 @@ pub(crate) fn card_data(v: &Value, card_ref: &str) -> Result<CardData, BodyError
             let card_token = field_str(o, "card_token")?;
             if card_token.is_empty() {
                 return Err(BodyError::Empty("card_token"));
+            }
+            if crate::telemetry::pan::contains_pan(card_token) {
+                return Err(BodyError::LooksLikePan("card_token"));
             }
             let pan_last4 = field_str(o, "pan_last4")?;
             if pan_last4.len() != 4 || !pan_last4.bytes().all(|b| b.is_ascii_digit()) {
@@ -582,6 +588,13 @@ mod tests {
             (
                 card_data(&ready(json!({"card_token": ""})), "c-1"),
                 "field card_token is empty",
+            ),
+            (
+                card_data(
+                    &ready(json!({"card_token": "tok_4111.1111.1111.1111"})),
+                    "c-1",
+                ),
+                "field card_token looks like a card number (PAN); not stored",
             ),
             (
                 card_data(&ready(json!({"pan_last4": "424"})), "c-1"),

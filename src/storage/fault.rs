@@ -57,12 +57,19 @@ pub fn classify_chain(error: &anyhow::Error) -> DbFault {
         .map_or(DbFault::Transient, classify)
 }
 
-/// `text` without NUL characters (each becomes U+FFFD), borrowed when there is none.
+/// `text` fit to be stored: no NUL characters (each becomes U+FFFD) and no card number (every
+/// PAN masked, `telemetry::pan`); borrowed when there was nothing to change. Every text the
+/// records write goes through it, so external text (a reason, a summary, a `card_ref`) never
+/// stores a PAN, whoever built it.
 pub fn clean(text: &str) -> Cow<'_, str> {
-    if text.contains('\0') {
+    let text = if text.contains('\0') {
         Cow::Owned(text.replace('\0', "\u{FFFD}"))
     } else {
         Cow::Borrowed(text)
+    };
+    match crate::telemetry::pan::mask_pans(&text) {
+        Cow::Borrowed(_) => text,
+        Cow::Owned(masked) => Cow::Owned(masked),
     }
 }
 
@@ -71,19 +78,28 @@ pub fn clean_opt(text: Option<&str>) -> Option<Cow<'_, str>> {
     text.map(clean)
 }
 
-/// `value` with every NUL in its strings and keys replaced (jsonb refuses `\u0000`).
+/// `value` with its strings and keys [`clean`]ed: no NUL (jsonb refuses `\u0000`), no PAN.
 pub fn clean_json(value: &serde_json::Value) -> Cow<'_, serde_json::Value> {
+    fn dirty(s: &str) -> bool {
+        matches!(clean(s), Cow::Owned(_))
+    }
     fn has_nul(v: &serde_json::Value) -> bool {
         match v {
-            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::String(s) => dirty(s),
             serde_json::Value::Array(a) => a.iter().any(has_nul),
-            serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            serde_json::Value::Object(o) => o.iter().any(|(k, v)| dirty(k) || has_nul(v)),
+            // A number that is a PAN is kept as a masked string.
+            serde_json::Value::Number(n) => dirty(&n.to_string()),
             _ => false,
         }
     }
     fn owned(v: &serde_json::Value) -> serde_json::Value {
         match v {
             serde_json::Value::String(s) => serde_json::Value::String(clean(s).into_owned()),
+            serde_json::Value::Number(n) => match clean(&n.to_string()) {
+                Cow::Owned(masked) => serde_json::Value::String(masked),
+                Cow::Borrowed(_) => v.clone(),
+            },
             serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(owned).collect()),
             serde_json::Value::Object(o) => serde_json::Value::Object(
                 o.iter()
@@ -134,5 +150,17 @@ mod tests {
         assert!(!c.to_string().contains("\\u0000"), "{c}");
         let plain = serde_json::json!({"e": "x"});
         assert!(matches!(clean_json(&plain), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_card_number_is_masked_in_text_and_json_wherever_it_is() {
+        assert_eq!(
+            clean("unknown card 4111.1111.1111.1111"),
+            "unknown card [redacted]"
+        );
+        let v =
+            serde_json::json!({"4111111111111111": ["x 4111-1111-1111-1111", 4111111111111111u64]});
+        let c = clean_json(&v).to_string();
+        assert!(!c.contains("4111"), "{c}");
     }
 }

@@ -210,9 +210,9 @@ pub async fn insert_operator_event(
          VALUES ($1, $2, $3, $4) RETURNING id",
     )
     .bind(format!("operator.{}", event.action))
-    .bind(&event.actor)
-    .bind(&event.summary)
-    .bind(&event.details)
+    .bind(clean(&event.actor))
+    .bind(clean(&event.summary))
+    .bind(clean_json(&event.details).as_ref())
     .fetch_one(&mut *conn)
     .await?;
     link_resources(conn, event_id, event.resource_type, &event.resource_ids).await?;

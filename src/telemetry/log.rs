@@ -4,7 +4,8 @@
 //! `make run` starts both in one terminal, and a collector may gather both into one stream, so
 //! every line names its process ([`Process`]): a `"process"` key first in each JSON object, and
 //! a `worker      | ` column in front of each text line. Unix times in log fields (cron ticks,
-//! `scheduled_for`) are rendered with [`rfc3339`], never as a bare integer or `Some(…)`.
+//! `scheduled_for`) are rendered with [`rfc3339`], never as a bare integer or `Some(…)`. Every
+//! line is masked for card numbers (`telemetry::pan`) before it is written.
 
 use std::fmt;
 
@@ -67,14 +68,17 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        if !self.json {
-            write!(writer, "{:<COLUMN$} | ", self.process.as_str())?;
-            return self.inner.format_event(ctx, writer, event);
-        }
-        // The JSON formatter writes one object; the key goes in right after its `{`.
+        // Formatted whole first, so that a card number in any field or message is masked
+        // (`telemetry::pan`) before the line leaves the process.
         let mut line = String::new();
         self.inner
             .format_event(ctx, Writer::new(&mut line), event)?;
+        let line = super::pan::mask_pans(&line);
+        if !self.json {
+            write!(writer, "{:<COLUMN$} | ", self.process.as_str())?;
+            return writer.write_str(&line);
+        }
+        // The JSON formatter writes one object; the key goes in right after its `{`.
         match line.strip_prefix('{') {
             Some(rest) => {
                 let sep = if rest.starts_with('}') { "" } else { "," };

@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod http;
 pub mod log;
 pub mod metrics;
+pub mod pan;
 
 pub use log::{init_logging, rfc3339, rfc3339_opt, Process};
 

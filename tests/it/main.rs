@@ -25,6 +25,7 @@ mod maintenance;
 mod messages;
 mod migrations;
 mod money_once;
+mod no_pan;
 mod operator_actions;
 mod outage;
 mod payments;

@@ -1,0 +1,326 @@
+//! The one PAN masker: what makes external text fit to be stored or logged.
+//!
+//! Spec section 1 forbids storing or logging a full card number (PAN), and external text (a
+//! Gateway body, a callback, a `card_ref`, a reason) can carry one however it is written. So a
+//! PAN is recognised the way a person would still read it: a run of 13 to 19 digits that passes
+//! the Luhn check, whatever sits between the digits, as long as it is only separators (space,
+//! dash, dot, slash, their full-width forms, a tab or a no-break space), up to
+//! [`MAX_SEPARATORS`] of them in a row; and digits may be ASCII or full-width (`０`–`９`).
+//!
+//! A separated run may hold more than one number (`4111 1111 1111 1111 2030`): every stretch of
+//! whole groups of 13 to 19 digits that passes Luhn is masked, so a PAN next to a year is still
+//! found. A run of digits without separators is one number: it is masked when it has 13 to 19
+//! digits and passes Luhn, and kept otherwise (an id of 20 digits is not a card number). Anything
+//! else is kept as written: fewer than 13 digits (`pan_last4`, years, amounts), or a run that
+//! fails Luhn.
+//!
+//! It lives at layer 1 so that storage (every stored text, `storage::fault::clean`), the gateway
+//! (summaries and reasons) and the log format (every line) share it.
+
+use std::borrow::Cow;
+
+/// What a masked number is replaced with.
+pub const MASK: &str = "[redacted]";
+
+/// Most separator characters accepted in a row between two digits of one number.
+pub const MAX_SEPARATORS: usize = 3;
+
+/// Shortest and longest PAN, in digits.
+const PAN_DIGITS: std::ops::RangeInclusive<usize> = 13..=19;
+
+/// The value of a decimal digit, ASCII or full-width.
+fn digit(c: char) -> Option<u8> {
+    match c {
+        '0'..='9' => Some(c as u8 - b'0'),
+        '\u{FF10}'..='\u{FF19}' => Some((c as u32 - 0xFF10) as u8),
+        _ => None,
+    }
+}
+
+/// A character that may sit between the digits of one written number.
+fn separator(c: char) -> bool {
+    matches!(
+        c,
+        ' ' | '-' | '.' | '/' | '\t' | '\u{A0}' | '\u{2010}'
+            ..='\u{2013}' | '\u{3000}' | '\u{FF0D}' | '\u{FF0E}' | '\u{FF0F}'
+    )
+}
+
+/// Whether `digits` pass the Luhn check.
+pub fn luhn(digits: &[u8]) -> bool {
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            let d = u32::from(d);
+            if i % 2 == 1 {
+                let twice = d * 2;
+                if twice > 9 {
+                    twice - 9
+                } else {
+                    twice
+                }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// One group of digits of a run: its char span and its digits.
+struct Group {
+    start: usize,
+    end: usize,
+    digits: Vec<u8>,
+}
+
+/// Whether `s` holds a PAN (module docs).
+pub fn contains_pan(s: &str) -> bool {
+    matches!(mask_pans(s), Cow::Owned(_))
+}
+
+/// `s` with every PAN (module docs) replaced by [`MASK`]; borrowed when there was none.
+pub fn mask_pans(s: &str) -> Cow<'_, str> {
+    // Fast path: fewer than 13 digits cannot hold a PAN.
+    if s.chars().filter(|&c| digit(c).is_some()).count() < *PAN_DIGITS.start() {
+        return Cow::Borrowed(s);
+    }
+    let chars: Vec<char> = s.chars().collect();
+    // Char spans to mask, in order, not overlapping.
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        if digit(chars[i]).is_none() {
+            i += 1;
+            continue;
+        }
+        // One run: groups of digits joined by at most MAX_SEPARATORS separators.
+        let mut groups: Vec<Group> = Vec::new();
+        let mut j = i;
+        loop {
+            let start = j;
+            let mut digits = Vec::new();
+            while let Some(d) = chars.get(j).copied().and_then(digit) {
+                digits.push(d);
+                j += 1;
+            }
+            groups.push(Group {
+                start,
+                end: j,
+                digits,
+            });
+            let mut k = j;
+            while k < chars.len() && k - j < MAX_SEPARATORS && separator(chars[k]) {
+                k += 1;
+            }
+            if k > j && chars.get(k).copied().and_then(digit).is_some() {
+                j = k;
+            } else {
+                break;
+            }
+        }
+        spans.extend(pan_spans(&groups));
+        i = j.max(i + 1);
+    }
+    if spans.is_empty() {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut at = 0;
+    for (start, end) in spans {
+        out.extend(&chars[at..start]);
+        out.push_str(MASK);
+        at = end;
+    }
+    out.extend(&chars[at..]);
+    Cow::Owned(out)
+}
+
+/// The spans of a run's PANs: the longest stretches of whole groups, leftmost first, of 13 to 19
+/// digits that pass Luhn.
+fn pan_spans(groups: &[Group]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut first = 0;
+    while first < groups.len() {
+        let mut found = None;
+        let mut digits: Vec<u8> = Vec::new();
+        for (last, g) in groups.iter().enumerate().skip(first) {
+            digits.extend(&g.digits);
+            if digits.len() > *PAN_DIGITS.end() {
+                break;
+            }
+            if PAN_DIGITS.contains(&digits.len()) && luhn(&digits) {
+                found = Some(last);
+            }
+        }
+        match found {
+            Some(last) => {
+                spans.push((groups[first].start, groups[last].end));
+                first = last + 1;
+            }
+            None => first += 1,
+        }
+    }
+    spans
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    #[test]
+    fn a_pan_is_masked_however_it_is_separated_or_written() {
+        for written in [
+            "4111111111111111",
+            "4111 1111 1111 1111",
+            "4111-1111-1111-1111",
+            "4111.1111.1111.1111",
+            "4111/1111/1111/1111",
+            "4111  1111 - 1111 / 1111",
+            "４１１１１１１１１１１１１１１１",
+            "４１１１　１１１１　１１１１　１１１１",
+            "4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
+            "378282246310005",     // 15 digits (Amex)
+            "6011000990139424",    // Discover
+            "4111111111111111003", // 19 digits passing Luhn
+        ] {
+            assert!(luhn_ok(written), "fixture {written} must pass Luhn");
+            let text = format!("card {written}!");
+            assert_eq!(mask_pans(&text), "card [redacted]!", "{written}");
+        }
+    }
+
+    fn luhn_ok(written: &str) -> bool {
+        let digits: Vec<u8> = written.chars().filter_map(digit).collect();
+        luhn(&digits)
+    }
+
+    #[test]
+    fn numbers_that_are_not_pans_are_kept() {
+        for kept in [
+            "pan_last4 4242, expiry 12/2030",
+            "4111111111111112",     // fails Luhn
+            "123456789012",         // 12 digits
+            "41111111111111111111", // 20 digits in one run
+            "order 2026-12-03 amount 1234",
+            "payment_id 0b6c8f7e-1d2a-4c3b-9e8f-7a6b5c4d3e2f",
+        ] {
+            assert_eq!(mask_pans(kept), kept);
+        }
+    }
+
+    #[test]
+    fn a_pan_next_to_other_numbers_is_still_found() {
+        assert_eq!(mask_pans("4111 1111 1111 1111 2030"), "[redacted] 2030");
+        assert_eq!(mask_pans("12 4111-1111-1111-1111"), "12 [redacted]");
+    }
+
+    /// A random PAN of 13 to 19 digits: random digits with the Luhn check digit last.
+    fn random_pan(rng: &mut StdRng) -> Vec<u8> {
+        let len = rng.random_range(13..=19);
+        let mut digits: Vec<u8> = (0..len - 1).map(|_| rng.random_range(0..10)).collect();
+        digits.push(0);
+        let check = (0..10)
+            .find(|&c| {
+                *digits.last_mut().expect("non-empty") = c;
+                luhn(&digits)
+            })
+            .expect("one check digit passes");
+        *digits.last_mut().expect("non-empty") = check;
+        digits
+    }
+
+    /// `digits` written with random digit forms and random separators between random digits.
+    fn write(rng: &mut StdRng, digits: &[u8]) -> String {
+        const SEPARATORS: [char; 11] = [
+            ' ', '-', '.', '/', '\t', '\u{A0}', '\u{2013}', '\u{3000}', '\u{FF0D}', '\u{FF0E}',
+            '\u{FF0F}',
+        ];
+        let full_width = rng.random_bool(0.3);
+        let mut s = String::new();
+        for (i, d) in digits.iter().enumerate() {
+            if i > 0 && rng.random_bool(0.3) {
+                for _ in 0..rng.random_range(1..=MAX_SEPARATORS) {
+                    s.push(SEPARATORS[rng.random_range(0..SEPARATORS.len())]);
+                }
+            }
+            let c = if full_width {
+                char::from_u32(0xFF10 + u32::from(*d)).expect("full-width digit")
+            } else {
+                char::from(b'0' + d)
+            };
+            s.push(c);
+        }
+        s
+    }
+
+    /// Random text without digits or separators at its ends.
+    fn words(rng: &mut StdRng) -> String {
+        const WORDS: [&str; 8] = [
+            "card",
+            "token",
+            "déclinée",
+            "ref:",
+            "x",
+            "状态",
+            "body=",
+            "(ok)",
+        ];
+        (0..rng.random_range(1..4))
+            .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+            .collect::<Vec<_>>()
+            .join("_")
+    }
+
+    #[test]
+    fn property_random_pans_with_random_separators_in_random_text_are_always_masked() {
+        let mut rng = StdRng::seed_from_u64(0x005e_ed28);
+        for case in 0..5_000 {
+            let pan = random_pan(&mut rng);
+            let written = write(&mut rng, &pan);
+            let (before, after) = (words(&mut rng), words(&mut rng));
+            let text = format!("{before} {written} {after}");
+            let masked = mask_pans(&text);
+            assert_eq!(
+                masked,
+                format!("{before} {MASK} {after}"),
+                "case {case}: {text:?}"
+            );
+            let left: Vec<u8> = masked.chars().filter_map(digit).collect();
+            assert!(left.len() < 13, "case {case}: digits left in {masked:?}");
+        }
+    }
+
+    #[test]
+    fn property_digit_runs_that_are_not_pans_are_kept() {
+        let mut rng = StdRng::seed_from_u64(0x0028_5eed);
+        let mut kept = 0;
+        for case in 0..5_000 {
+            // Short runs (1..=12 digits), or 13..=19 digits failing Luhn, or a 20+ digit run.
+            let digits: Vec<u8> = match case % 3 {
+                0 => (0..rng.random_range(1..=12))
+                    .map(|_| rng.random_range(0..10))
+                    .collect(),
+                1 => {
+                    let mut d = random_pan(&mut rng);
+                    let last = d.len() - 1;
+                    d[last] = (d[last] + rng.random_range(1..10)) % 10;
+                    d
+                }
+                _ => (0..rng.random_range(20..=30))
+                    .map(|_| rng.random_range(0..10))
+                    .collect(),
+            };
+            let written: String = digits.iter().map(|d| char::from(b'0' + d)).collect();
+            let text = format!("{} {written} {}", words(&mut rng), words(&mut rng));
+            assert_eq!(mask_pans(&text), text, "case {case}");
+            kept += 1;
+        }
+        assert_eq!(kept, 5_000);
+    }
+}

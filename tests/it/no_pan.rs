@@ -1,0 +1,106 @@
+//! No card number (PAN) anywhere: external text that carries one, however it is written, is
+//! masked wherever it is stored (reasons, summaries, audit details, a callback's body and
+//! resource), a callback body is stored as its known fields only, and a `card_token` that looks
+//! like a PAN makes the Gateway's answer unknown.
+
+use std::time::Duration;
+
+use cardworker::config::Task;
+use cardworker::payments::callback;
+use cardworker::telemetry::pan::contains_pan;
+use cardworker_jobs::ProcessCallback;
+
+use crate::harness::{spawn_app_with, wait_until, TestApp};
+
+/// Every text the database keeps about anything, as one string.
+async fn everything_stored(app: &TestApp) -> String {
+    sqlx::query_scalar(
+        "SELECT concat_ws(' | ',
+            (SELECT string_agg(concat_ws(' ', body, reason, resource_id), ' ') FROM inbound_callbacks),
+            (SELECT string_agg(concat_ws(' ', actor, summary, details::text), ' ') FROM audit_events),
+            (SELECT string_agg(resource_id, ' ') FROM audit_resources),
+            (SELECT string_agg(concat_ws(' ', resource_id, request_summary, response_summary,
+                                         error, recovery_summary), ' ') FROM integration_logs),
+            (SELECT string_agg(concat_ws(' ', card_ref, card_token), ' ') FROM cards))",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("stored text")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_that_names_a_card_by_its_pan_stores_no_pan_and_only_its_known_fields() {
+    let app = spawn_app_with(|_| {}).await;
+    for (i, pan) in [
+        "4111.1111.1111.1111",
+        "4111 / 1111 / 1111 / 1111",
+        "４１１１１１１１１１１１１１１１",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = serde_json::json!({
+            "type": "card.status", "card_ref": pan, "status": "frozen",
+            "cardholder_pan": "5555 5555 5555 4444", "cvv": "123",
+        })
+        .to_string();
+        let done = callback::process(
+            &app.ctx,
+            &ProcessCallback {
+                channel: "visa".to_owned(),
+                callback_id: format!("cb-{i}"),
+                body,
+                retries: 0,
+                recorded: false,
+            },
+        )
+        .await
+        .expect("processed");
+        assert!(
+            matches!(done, callback::Delivery::Failed { .. }),
+            "an unknown card: {done:?}"
+        );
+    }
+    let stored = everything_stored(&app).await;
+    assert!(stored.contains("unknown card"), "{stored}");
+    assert!(!contains_pan(&stored), "a PAN is stored: {stored}");
+    assert!(
+        !stored.contains("cardholder_pan") && !stored.contains("cvv"),
+        "{stored}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_token_that_looks_like_a_pan_makes_the_answer_unknown_and_is_never_stored() {
+    let app = spawn_app_with(|_| {}).await;
+    app.insert_card("c-9").await;
+    app.sim
+        .set_card_ready("c-9", "tok_4111-1111-1111-1111", "1111", 12, 2030);
+    cardworker::commands::polling::enqueue(&app.ctx, Task::Carddata, "c-9", None)
+        .await
+        .expect("enqueue");
+    wait_until(
+        Duration::from_secs(30),
+        "the poll is recorded unknown",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM integration_logs WHERE resource_id = 'c-9'
+               AND scenario = 'carddata_poll' AND state = 'unknown'",
+            )
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("count")
+                >= 1
+        },
+    )
+    .await;
+    let (state, token): (String, Option<String>) =
+        sqlx::query_as("SELECT data_state, card_token FROM cards WHERE card_ref = 'c-9'")
+            .fetch_one(&app.db.pool)
+            .await
+            .expect("card");
+    assert_eq!((state.as_str(), token), ("pending", None));
+    let stored = everything_stored(&app).await;
+    assert!(stored.contains("looks like a card number"), "{stored}");
+    assert!(!contains_pan(&stored), "a PAN is stored: {stored}");
+}
