@@ -20,6 +20,10 @@ cleanup() {
   [ -n "${SIM:-}" ] && kill "$SIM" 2>/dev/null || true
   wait 2>/dev/null || true
   redis-cli -h 127.0.0.1 --scan --pattern "$prefix:*" | xargs -r redis-cli -h 127.0.0.1 del >/dev/null
+  # apalis-redis lists every queue it saw in one global key: forget this run's.
+  redis-cli -h 127.0.0.1 zrange core:apalis:queues:list 0 -1 \
+    | awk -v p="$prefix:" 'index($0, p) == 1' \
+    | xargs -r redis-cli -h 127.0.0.1 zrem core:apalis:queues:list >/dev/null
   psql -h 127.0.0.1 -U root -d postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true
   rm -rf "$work"
 }

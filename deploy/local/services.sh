@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure PostgreSQL and Redis run locally for `make run` and `make test`: installs them from
 # Debian's packages when missing, starts them when stopped, lets root connect over TCP with trust
-# auth (a local development machine only), and creates the `cardworker` database.
+# auth (a local development machine only). It creates no database: each test makes and drops its
+# own, and `make run` (deploy/local/demo.sh) creates the demo's.
 set -euo pipefail
 
 SUDO=""
@@ -36,9 +37,6 @@ if ! psql -h "$PGHOST" -p "$PGPORT" -U root -d postgres -Atqc 'SELECT 1' >/dev/n
   fi
   psql -h "$PGHOST" -p "$PGPORT" -U postgres -d postgres -Atqc \
     "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname='root') THEN CREATE ROLE root SUPERUSER LOGIN; END IF; END\$\$;"
-fi
-if [ "$(psql -h "$PGHOST" -p "$PGPORT" -U root -d postgres -Atqc "SELECT 1 FROM pg_database WHERE datname='cardworker'")" != "1" ]; then
-  psql -h "$PGHOST" -p "$PGPORT" -U root -d postgres -qc 'CREATE DATABASE cardworker' >/dev/null
 fi
 
 # --- Redis --------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ pub enum Command {
     /// The dead set of a queue (jobs that ended dead): list, requeue through the intake, discard.
     #[command(subcommand)]
     DeadSet(DeadSetCommand),
-    /// Serves the operator's console (spec section 8): a process of its own, never part of `run`.
+    /// Serves the operator's web console: a process of its own, never part of `run`.
     Console(ConsoleArgs),
 }
 

@@ -12,13 +12,88 @@ use toml::{Table, Value};
 
 use super::error::{ConfigError, Problem};
 use super::relations::check_relations;
-use super::rules::{check_values, join_key, lookup, one_line, rule_for, show, show_str, Rule};
+use super::rules::{
+    check_values, join_key, keys, lookup, one_line, rule_for, show, show_str, Rule,
+};
 use super::source::{Source, Sources};
 use super::types::Config;
 use super::{CONFIG_PATH_ENV, ENV_PREFIX};
 
 /// Separator between the segments of an env override name.
 const ENV_SEPARATOR: &str = "__";
+
+/// What every variable of the product's own starts with.
+const VAR_PREFIX: &str = "CARDWORKER_";
+
+/// The product's variables that are not overrides.
+const PRODUCT_VARS: &[&str] = &[
+    CONFIG_PATH_ENV,
+    "CARDWORKER_OPERATOR",
+    "CARDWORKER_POD_NAME",
+];
+
+/// Variables of the project's test and benchmark harness, which start the binary with their
+/// environment: accepted, never suggested.
+const HARNESS_VARS: &[&str] = &[
+    "CARDWORKER_BIN",
+    "CARDWORKER_REQUIRE_BROWSER",
+    "CARDWORKER_CONSOLE_SCREENSHOTS",
+    "CARDWORKER_KEY_LOG",
+    "CARDWORKER_PLAN_GUARD_LOG",
+];
+
+/// Prefixes of the harness's other variables (`CARDWORKER_TEST_REDIS`, `CARDWORKER_BENCH_…`).
+const HARNESS_PREFIXES: &[&str] = &["CARDWORKER_TEST_", "CARDWORKER_BENCH_"];
+
+/// A `CARDWORKER_…` variable that is neither an override (`CARDWORKER__…`) nor a variable the
+/// product or its harness reads: a misspelled override such as `CARDWORKER_POLLING__TOTAL_LIMIT`
+/// (one underscore), which would otherwise be ignored without a word.
+fn unknown_variable(name: &str) -> bool {
+    name.starts_with(VAR_PREFIX)
+        && !name.starts_with(ENV_PREFIX)
+        && !PRODUCT_VARS.contains(&name)
+        && !HARNESS_VARS.contains(&name)
+        && !HARNESS_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The env override of the dotted `key`: `polling.total_limit` -> `CARDWORKER__POLLING__TOTAL_LIMIT`.
+fn override_name(key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        key.split('.')
+            .map(str::to_uppercase)
+            .collect::<Vec<_>>()
+            .join(ENV_SEPARATOR)
+    )
+}
+
+/// The valid variable nearest to `name` (fewest single-character edits): every override and
+/// the product's other variables.
+fn closest_variable(name: &str) -> String {
+    keys()
+        .map(override_name)
+        .chain(PRODUCT_VARS.iter().map(|v| (*v).to_owned()))
+        .min_by_key(|candidate| edit_distance(name, candidate))
+        .unwrap_or_else(|| CONFIG_PATH_ENV.to_owned())
+}
+
+/// Levenshtein distance between two ASCII-ish names, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
 
 impl Config {
     /// Loads the configuration from the process environment: defaults, then the file (`path`,
@@ -84,6 +159,22 @@ impl Config {
                 problems: &mut problems,
             };
             layer.merge(&mut merged, file, "");
+        }
+
+        let mut unknown: Vec<&(String, String)> =
+            env.iter().filter(|(k, _)| unknown_variable(k)).collect();
+        unknown.sort();
+        for (name, raw) in unknown {
+            problems.push(Problem::new(
+                name.clone(),
+                show_str(raw),
+                Source::Env(name.clone()),
+                format!(
+                    "unknown variable; did you mean {}? (overrides are \
+                     CARDWORKER__SECTION__KEY, two underscores between parts)",
+                    closest_variable(name)
+                ),
+            ));
         }
 
         let mut overrides: Vec<(String, String)> = env
@@ -343,6 +434,59 @@ mod tests {
             "CARDWORKER__POLLING__",
         );
         assert_eq!(p.source, Source::Env("CARDWORKER__POLLING__".to_owned()));
+    }
+
+    #[test]
+    fn a_misspelled_override_is_refused_naming_it_and_the_closest_valid_variable() {
+        let p = problem_for(
+            from_str_env("", &[("CARDWORKER_POLLING__TOTAL_LIMIT", "abc")]),
+            "CARDWORKER_POLLING__TOTAL_LIMIT",
+        );
+        assert_eq!(
+            p.source,
+            Source::Env("CARDWORKER_POLLING__TOTAL_LIMIT".to_owned())
+        );
+        assert!(
+            p.to_string().starts_with(
+                "CARDWORKER_POLLING__TOTAL_LIMIT = \"abc\" (from env \
+                 CARDWORKER_POLLING__TOTAL_LIMIT): unknown variable; did you mean \
+                 CARDWORKER__POLLING__TOTAL_LIMIT?"
+            ),
+            "{p}"
+        );
+        let p = problem_for(
+            from_str_env("", &[("CARDWORKER_OPERATR", "ann")]),
+            "CARDWORKER_OPERATR",
+        );
+        assert!(
+            p.allowed.contains("did you mean CARDWORKER_OPERATOR?"),
+            "{p}"
+        );
+    }
+
+    #[test]
+    fn the_products_own_variables_and_the_harness_variables_are_not_overrides() {
+        let c = from_str_env(
+            "",
+            &[
+                ("CARDWORKER_OPERATOR", "ann"),
+                ("CARDWORKER_POD_NAME", "pod-1"),
+                ("CARDWORKER_REQUIRE_BROWSER", "1"),
+                ("CARDWORKER_TEST_REDIS", "redis://127.0.0.1:6379/0"),
+                ("CARDWORKER_BENCH_REDIS", "1"),
+                ("CARDWORKERX", "not ours"),
+            ],
+        );
+        assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[test]
+    fn edit_distance_counts_single_character_edits() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("abc", "abc"), 0);
+        assert_eq!(edit_distance("A_B", "A__B"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "ab"), 2);
     }
 
     #[test]

@@ -24,10 +24,10 @@ pub(super) fn limit_allowed() -> String {
 ///
 /// Used for the config keys, the runtime override command (`budget set --limit N`) and when
 /// reading overrides back from Redis. Refuses `0`, `-1`, `3.5`, `abc`, `inf`, `1e9`, `100000`
-/// and the empty string, with a message saying what is allowed. Surrounding whitespace is
-/// ignored.
+/// and the empty string with what is allowed (the caller names the key and the value given).
+/// Surrounding whitespace is ignored.
 pub fn parse_limit(raw: &str) -> Result<u32, String> {
-    let refused = || format!("limit {raw:?} is not allowed: {}", limit_allowed());
+    let refused = limit_allowed;
     let digits = raw.trim();
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(refused());
@@ -209,6 +209,11 @@ impl Rule {
             _ => Err(None),
         }
     }
+}
+
+/// Every key of the configuration, dotted (`polling.total_limit`).
+pub(super) fn keys() -> impl Iterator<Item = &'static str> {
+    RULES.iter().map(|(k, _)| *k)
 }
 
 pub(super) fn rule_for(key: &str) -> Option<Rule> {

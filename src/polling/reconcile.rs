@@ -272,7 +272,7 @@ impl RunJob for RunReconcile {
         for task in Task::ALL {
             if self.full {
                 let (examined, started) = sweep(&ctx, task).await?;
-                tracing::warn!(%task, examined, started, "full reconcile sweep done");
+                tracing::info!(%task, examined, started, "full reconcile sweep done");
                 continue;
             }
             restart_overdue(&ctx, task).await?;

@@ -120,8 +120,9 @@ impl RedisWatch {
             tokio::select! {
                 () = &mut stop => return,
                 _ = tick.tick() => {
+                    let watched = self.answered_before;
                     if self.probe().await == Probe::DataLost {
-                        self.restore().await;
+                        self.restore(watched).await;
                     }
                 }
             }
@@ -130,11 +131,22 @@ impl RedisWatch {
 
     /// Runs `on_data_lost`; if it fails, drops the marker again so that the next probe (of any
     /// pod) retries instead of nobody restoring.
-    async fn restore(&mut self) {
-        tracing::warn!(
-            prefix = %self.prefix,
-            "Redis holds no epoch marker: it lost the deployment's data (or this is the first start); restoring the schedule from PostgreSQL"
-        );
+    ///
+    /// `watched`: this process had seen the marker's Redis answer before, so the data went while
+    /// workers ran, which an operator should look at (WARN). Missing at this process's first
+    /// probe, it is the deployment's first start (or a loss while no pod ran): routine, INFO.
+    async fn restore(&mut self, watched: bool) {
+        if watched {
+            tracing::warn!(
+                prefix = %self.prefix,
+                "Redis lost the deployment's data (its epoch marker is gone); restoring the schedule from PostgreSQL"
+            );
+        } else {
+            tracing::info!(
+                prefix = %self.prefix,
+                "Redis holds no epoch marker at start-up (the deployment's first start, or Redis lost its data while no worker ran); restoring the schedule from PostgreSQL"
+            );
+        }
         if let Err(e) = (self.on_data_lost)().await {
             tracing::error!(error = %format!("{e:#}"), "restoring after a Redis data loss failed; will retry");
             let _: Result<(), _> = redis::cmd("DEL")

@@ -96,14 +96,27 @@ where
 /// The default filter: info, with sqlx's and apalis's chatter at warn. `RUST_LOG` overrides it.
 const DEFAULT_FILTER: &str = "info,sqlx=warn,apalis=warn,apalis_core=warn";
 
+/// Whether text lines are coloured: only when stderr is a terminal and `NO_COLOR` is unset, so
+/// that a log redirected to a file or a pipe holds plain text that `grep 'change=data ready'`
+/// finds.
+fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global tracing subscriber of `process` on stderr (once per process; later calls
 /// are no-ops).
 pub fn init_logging(format: LogFormat, process: Process) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let ansi = colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Json => builder
@@ -242,6 +255,17 @@ mod tests {
                 lines[1]
             );
         }
+    }
+
+    #[test]
+    fn text_is_coloured_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(
+            !colour(false, None),
+            "a log redirected to a file is plain text"
+        );
+        assert!(!colour(true, Some("1".into())));
+        assert!(colour(true, Some("".into())), "an empty NO_COLOR is unset");
     }
 
     #[test]

@@ -354,3 +354,18 @@ fn the_console_refuses_an_admin_token_from_a_config_file_with_exit_2_naming_key_
     assert!(stdout.contains("admin_token = \"***\""), "{stdout}");
     assert!(!stdout.contains("abcdefghijklmnop"), "{stdout}");
 }
+
+#[test]
+fn a_misspelled_override_with_one_underscore_exits_2_naming_it_and_the_valid_one() {
+    let stderr = refused(&check_config(
+        "",
+        &[("CARDWORKER_POLLING__TOTAL_LIMIT", "abc")],
+    ));
+    assert!(
+        stderr.contains(
+            "CARDWORKER_POLLING__TOTAL_LIMIT = \"abc\" (from env CARDWORKER_POLLING__TOTAL_LIMIT): \
+             unknown variable; did you mean CARDWORKER__POLLING__TOTAL_LIMIT?"
+        ),
+        "{stderr}"
+    );
+}
