@@ -12,7 +12,10 @@ use crate::budget::BudgetView;
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::gateway::redact_digits;
+use crate::maintenance::run::Backlog;
 use crate::maintenance::JobKind;
+use crate::polling::poll::{PERSISTED_CHANGE, PERSISTED_FAILURE, SKIPPED_UNCHANGED};
+use crate::polling::unchanged;
 use crate::queue::dead::{self, DeadEntry};
 use crate::queue::QueueName;
 
@@ -23,17 +26,19 @@ pub const LIST_LIMIT: i64 = 200;
 /// Dead entries shown per queue.
 pub const DEAD_LIMIT: usize = 50;
 
-/// One queue's counts.
+/// One queue's counts, in the words an operator of Sidekiq or Oban reads them.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueCounts {
     /// Short name.
     pub queue: String,
-    /// Entries waiting in the intake (due or not); for a polling queue, its waiting chains too.
-    pub intake: u64,
-    /// apalis's active list (fed, not yet fetched).
-    pub active: u64,
-    /// apalis's scheduled set.
+    /// Jobs due now and not yet running: intake entries (for a polling queue, its chains) due
+    /// now, and jobs handed to apalis but not yet fetched by a worker.
+    pub waiting: u64,
+    /// Jobs due later: intake entries and chains not yet due (a chain's next poll), and apalis's
+    /// scheduled set.
     pub scheduled: u64,
+    /// Jobs a worker fetched and is running (the inflight sets of the queue's workers).
+    pub running: u64,
     /// The dead set.
     pub dead: u64,
 }
@@ -58,8 +63,55 @@ pub struct MaintenanceView {
     pub paused: Option<bool>,
     /// Newest archived day (from the newest row of `integration_logs_archive`).
     pub last_archived_day: Option<String>,
-    /// Days still due per job (only measured while maintenance is enabled).
-    pub days_pending: Vec<(&'static str, Option<i64>)>,
+    /// Per job, the backlog the next run would see, measured as `cardworker maintenance status`
+    /// does (bounded index probes, also while maintenance is off: that is when an operator sizes
+    /// it); `None` when it could not be measured.
+    pub backlog: Vec<(&'static str, Option<Backlog>)>,
+}
+
+/// Polls per UTC hour by outcome, fleet-wide and both tasks together, over the last
+/// [`unchanged::HOURS_KEPT`] hours: read from the hourly counters every worker writes (the unchanged polls'
+/// and the recorded ones', `crate::polling::unchanged`), a few MGETs whatever the fleet's size.
+#[derive(Debug, Clone, Serialize)]
+pub struct PollChart {
+    /// Oldest hour first: the hour (`YYYYMMDDHH`, UTC) and its polls per outcome, in the order of
+    /// [`OUTCOMES`].
+    pub hours: Vec<(String, [u64; 3])>,
+}
+
+impl PollChart {
+    /// Every hour's polls of outcome `i` (an index into [`OUTCOMES`]) added up.
+    pub fn total(&self, i: usize) -> u64 {
+        self.hours.iter().map(|(_, n)| n[i]).sum()
+    }
+}
+
+/// The chart's outcomes, as `cardworker_poll_outcomes_total` labels them.
+pub const OUTCOMES: [&str; 3] = [SKIPPED_UNCHANGED, PERSISTED_CHANGE, PERSISTED_FAILURE];
+
+/// Reads the chart's counters.
+pub async fn poll_chart(ctx: &AppContext) -> anyhow::Result<PollChart> {
+    let now = Utc::now();
+    let mut conn = ctx.redis.clone();
+    // Newest hour first, as the counters are read.
+    let mut hours: Vec<(String, [u64; 3])> = Vec::new();
+    for task in Task::ALL {
+        for (i, outcome) in OUTCOMES.iter().enumerate() {
+            let counts = if i == 0 {
+                unchanged::fleet_hours(&mut conn, ctx.prefix(), task, now).await?
+            } else {
+                unchanged::fleet_outcome_hours(&mut conn, ctx.prefix(), task, outcome, now).await?
+            };
+            if hours.is_empty() {
+                hours = counts.iter().map(|(h, _)| (h.clone(), [0; 3])).collect();
+            }
+            for ((_, slot), (_, n)) in hours.iter_mut().zip(counts) {
+                slot[i] += n;
+            }
+        }
+    }
+    hours.reverse();
+    Ok(PollChart { hours })
 }
 
 /// The fleet page.
@@ -79,11 +131,13 @@ pub struct Fleet {
     pub queues: Vec<QueueCounts>,
     /// Live workers, by queue.
     pub workers: Vec<WorkerView>,
+    /// Polls per hour by outcome (`None` when Redis did not answer).
+    pub chart: Option<PollChart>,
     /// Problems met while reading (shown on the page).
     pub errors: Vec<String>,
 }
 
-async fn bounded<T>(
+pub async fn bounded<T>(
     what: &str,
     f: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
@@ -169,6 +223,18 @@ pub async fn fleet(ctx: &AppContext) -> Fleet {
         }
     }
 
+    let chart = if redis_ok {
+        match bounded("polls per hour", poll_chart(ctx)).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                errors.push(format!("reading the hourly poll counters: {e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
     let maintenance = maintenance(ctx, postgres_ok, redis_ok, &mut errors).await;
     Fleet {
         postgres_ok,
@@ -178,6 +244,7 @@ pub async fn fleet(ctx: &AppContext) -> Fleet {
         maintenance,
         queues: queues_out,
         workers,
+        chart,
         errors,
     }
 }
@@ -207,7 +274,7 @@ async fn maintenance(
         None
     };
     let mut last_archived_day = None;
-    let mut days_pending = Vec::new();
+    let mut backlog = Vec::new();
     if postgres_ok {
         // The last day an archive run processed, as every run records it (fleet-wide, in Redis):
         // no read of the archive tables.
@@ -223,40 +290,56 @@ async fn maintenance(
             Err(e) => errors.push(format!("{e:#}")),
         }
         for job in [JobKind::Archive, JobKind::Retention] {
-            let days = if enabled {
-                match bounded("maintenance backlog", async {
-                    crate::maintenance::run::backlog(ctx, job)
-                        .await
-                        .map(|b| b.days_pending)
-                })
-                .await
-                {
-                    Ok(d) => Some(d),
-                    Err(e) => {
-                        errors.push(format!("{} days pending: {e:#}", job.label()));
-                        None
-                    }
+            let measured = match bounded(
+                "maintenance backlog",
+                crate::maintenance::run::backlog(ctx, job),
+            )
+            .await
+            {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    errors.push(format!("{} days pending: {e:#}", job.label()));
+                    None
                 }
-            } else {
-                None
             };
-            days_pending.push((job.label(), days));
+            backlog.push((job.label(), measured));
         }
     }
     MaintenanceView {
         enabled,
         paused,
         last_archived_day,
-        days_pending,
+        backlog,
     }
 }
 
-/// Counts of every queue and its live workers, in one pipeline.
-async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec<WorkerView>)> {
+/// Counts of every queue and its live workers: one pipeline, then one for the inflight sets of
+/// the workers it found.
+pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec<WorkerView>)> {
     let names = queues(ctx);
+    let now_ms = Utc::now().timestamp_millis();
+    let fed = cardworker_jobs::chain::FED;
     let mut pipe = redis::pipe();
     for q in &names {
-        pipe.cmd("ZCARD").arg(&q.intake);
+        pipe.cmd("ZCOUNT").arg(&q.intake).arg("-inf").arg(now_ms);
+        pipe.cmd("ZCOUNT")
+            .arg(&q.intake)
+            .arg(format!("({now_ms}"))
+            .arg("+inf");
+        match &q.chains {
+            // The chain due set: a waiting chain's score is its due ms, a fed one's FED + due.
+            Some(chains) => {
+                pipe.cmd("ZCOUNT").arg(&chains.due).arg("-inf").arg(now_ms);
+                pipe.cmd("ZCOUNT")
+                    .arg(&chains.due)
+                    .arg(format!("({now_ms}"))
+                    .arg(format!("({fed}"));
+            }
+            None => {
+                pipe.cmd("ECHO").arg(0);
+                pipe.cmd("ECHO").arg(0);
+            }
+        }
         pipe.cmd("LLEN").arg(format!("{}:active", q.apalis));
         pipe.cmd("ZCARD").arg(format!("{}:scheduled", q.apalis));
         pipe.cmd("SCARD").arg(format!("{}:dead", q.apalis));
@@ -266,7 +349,7 @@ async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec
             .arg(-1)
             .arg("WITHSCORES");
     }
-    type Row = (u64, u64, u64, u64, Vec<(String, f64)>);
+    type Row = (u64, u64, u64, u64, u64, u64, u64, Vec<(String, f64)>);
     let mut conn = ctx.redis.clone();
     let rows: Vec<Row> = pipe
         .query_async(&mut conn)
@@ -275,24 +358,37 @@ async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec
     let now = Utc::now().timestamp();
     let mut counts = Vec::new();
     let mut workers = Vec::new();
-    for (q, (mut intake, active, scheduled, dead, ws)) in names.iter().zip(rows) {
-        if q.chains.is_some() {
-            // A polling queue's waiting polls are its chains' (issue 19), not intake entries.
-            intake = crate::queue::intake::waiting(&mut conn, q).await?;
-        }
+    let mut inflight = redis::pipe();
+    for (q, (due, later, chains_due, chains_later, fed_jobs, retries, dead, ws)) in
+        names.iter().zip(rows)
+    {
         counts.push(QueueCounts {
             queue: q.short.clone(),
-            intake,
-            active,
-            scheduled,
+            waiting: due + chains_due + fed_jobs,
+            scheduled: later + chains_later + retries,
+            running: 0,
             dead,
         });
         for (name, beat) in ws {
+            inflight
+                .cmd("SCARD")
+                .arg(format!("{}:inflight:{name}", q.apalis));
             workers.push(WorkerView {
                 queue: q.short.clone(),
                 name,
                 heartbeat_age_secs: (now - beat as i64).max(0),
             });
+        }
+    }
+    if !workers.is_empty() {
+        let running: Vec<u64> = inflight
+            .query_async(&mut conn)
+            .await
+            .context("reading the workers' running jobs")?;
+        for (w, n) in workers.iter().zip(running) {
+            if let Some(c) = counts.iter_mut().find(|c| c.queue == w.queue) {
+                c.running += n;
+            }
         }
     }
     workers.sort_by(|a, b| a.name.cmp(&b.name));

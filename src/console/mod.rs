@@ -166,8 +166,13 @@ async fn fleet_page(State(c): Shared, headers: HeaderMap) -> Response {
 
 async fn queues_page(State(c): Shared, headers: HeaderMap) -> Response {
     let (v, new) = viewer(&c, &headers);
-    match data::dead_sets(&c.ctx).await {
-        Ok(sets) => page(StatusCode::OK, pages::queues(&sets, &v), new),
+    let read = async {
+        let (counts, _) = data::bounded("queues", data::queue_counts(&c.ctx)).await?;
+        let sets = data::dead_sets(&c.ctx).await?;
+        anyhow::Ok((counts, sets))
+    };
+    match read.await {
+        Ok((counts, sets)) => page(StatusCode::OK, pages::queues(&counts, &sets, &v), new),
         Err(e) => unavailable(&v, new, "Queues", &e),
     }
 }

@@ -5,10 +5,12 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::data::{Fleet, Money, ParkedView, QueueDead};
+use super::data::{Fleet, Money, ParkedView, PollChart, QueueCounts, QueueDead, OUTCOMES};
 use crate::budget::CircuitState;
-use crate::commands::investigate::Investigation;
+use crate::commands::investigate::{Investigation, TimelineEntry};
 use crate::config::Task;
+use crate::maintenance::session::DAYS_PENDING_CAP;
+use crate::polling::unchanged::HOURS_KEPT;
 
 /// Seconds between refreshes.
 pub const REFRESH_SECS: u32 = 5;
@@ -40,6 +42,14 @@ pub struct Viewer {
     pub writable: bool,
     /// The viewer is logged in (or sent the token).
     pub admin: bool,
+}
+
+impl Viewer {
+    /// Whether the pages show action controls: only to a viewer who may use them, so that a page
+    /// looks read-only exactly when it is.
+    pub fn can_act(&self) -> bool {
+        self.writable && self.admin
+    }
 }
 
 fn when(t: &DateTime<Utc>) -> String {
@@ -98,8 +108,17 @@ pub fn layout(title: &str, viewer: &Viewer, refresh: bool, body: Markup) -> Mark
                 }
                 main {
                     h1 { (title) }
+                    @if !viewer.can_act() {
+                        p.note #read-only {
+                            @if viewer.writable { "Read-only view: " a href="/login" { "log in" } " with the admin token to act." }
+                            @else { "Read-only console: no admin token is configured, so nothing can be changed from here." }
+                        }
+                    }
                     (body)
-                    p.note { "Refreshes every " (REFRESH_SECS) " s while you are not typing. Rendered " (when(&Utc::now())) "." }
+                    p.note {
+                        @if refresh { "Refreshes every " (REFRESH_SECS) " s while you are not typing. " }
+                        "Rendered " (when(&Utc::now())) "."
+                    }
                 }
             }
         }
@@ -114,6 +133,26 @@ fn action_fields(viewer: &Viewer) -> Markup {
     }
 }
 
+/// `inner` inside an action form posting to `action` (with the CSRF field and the reason box)
+/// for a viewer who may act; for anyone else `inner` alone, with no form around it.
+fn action_form(viewer: &Viewer, action: &str, inner: Markup) -> Markup {
+    html! {
+        @if viewer.can_act() {
+            form method="post" action=(action) {
+                (action_fields(viewer))
+                (inner)
+            }
+        } @else {
+            (inner)
+        }
+    }
+}
+
+/// A table's only row when it has nothing to show, saying so.
+fn empty_row(columns: usize, text: &str) -> Markup {
+    html! { tr.empty { td colspan=(columns) { span.note { (text) } } } }
+}
+
 fn yes_no(b: bool, yes: &'static str, no: &'static str) -> Markup {
     html! { @if b { span.bad { (yes) } } @else { span.ok { (no) } } }
 }
@@ -122,6 +161,11 @@ fn yes_no(b: bool, yes: &'static str, no: &'static str) -> Markup {
 pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
     let body = html! {
         @for e in &f.errors { p.refused { (e) } }
+        h2 { "Polls per hour, last " (HOURS_KEPT) " h" }
+        @match &f.chart {
+            Some(c) => (poll_chart(c)),
+            None => p.bad { "Polls per hour unavailable (Redis)." },
+        }
         h2 { "Stores" }
         table {
             tr { th { "PostgreSQL" } td { @if f.postgres_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
@@ -130,8 +174,8 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
         h2 { "Polling budgets and circuits" }
         @if let Some(b) = &f.budget {
             table #budgets {
-                tr { th { "scope" } th { "in use" } th { "limit" } th { "config" } th { "override" } th { "paused" } th { "circuit" } th { "parked" } @if viewer.writable { th { "act" } } }
-                tr { td { "total" } td.num { (b.total.in_use) } td.num { (b.total.limit) } td.num { (b.total.limit) } td { "-" } td { "-" } td { "-" } td { "-" } @if viewer.writable { td {} } }
+                tr { th { "scope" } th { "in use" } th { "limit" } th { "config" } th { "override" } th { "paused" } th { "circuit" } th { "parked" } @if viewer.can_act() { th { "act" } } }
+                tr { td { "total" } td.num { (b.total.in_use) } td.num { (b.total.limit) } td.num { (b.total.limit) } td { "-" } td { "-" } td { "-" } td { "-" } @if viewer.can_act() { td {} } }
                 @for (name, t) in &b.tasks {
                     tr data-task=(name) {
                         td { (name) }
@@ -149,7 +193,7 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
                             @if let Some(since) = &t.circuit.since { " · since " (when(since)) }
                         }
                         td.num { (f.parked.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or(0)) }
-                        @if viewer.writable {
+                        @if viewer.can_act() {
                             td {
                                 form.inline method="post" action="/actions/budget" {
                                     (action_fields(viewer))
@@ -178,11 +222,27 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
             tr { th { "maintenance.enabled" } td { @if f.maintenance.enabled { "on" } @else { "off" } } }
             tr { th { "brake" } td.brake { @match f.maintenance.paused { Some(true) => span.bad { "paused" }, Some(false) => span.ok { "not paused" }, None => "unknown" } } }
             tr { th { "last archived day" } td { (f.maintenance.last_archived_day.as_deref().unwrap_or("-")) } }
-            @for (job, days) in &f.maintenance.days_pending {
-                tr { th { (job) " days pending" } td { @match days { Some(d) => (d), None => span.note { "measured only while maintenance is on" } } } }
+            @for (job, backlog) in &f.maintenance.backlog {
+                tr data-job=(job) {
+                    th { (job) " days pending" }
+                    td.days-pending {
+                        @match backlog {
+                            Some(b) => {
+                                span.days { (b.days_pending) }
+                                @if b.days_pending >= DAYS_PENDING_CAP { " or more" }
+                                @if let Some(next) = &b.next_day { " · next day " (next.format("%Y-%m-%d")) }
+                                " · days before " (b.due_before.format("%Y-%m-%d")) " (Asia/Shanghai) are due"
+                            }
+                            None => span.bad { "could not be measured" },
+                        }
+                    }
+                }
             }
         }
-        @if viewer.writable {
+        @if !f.maintenance.enabled {
+            p.note { "Maintenance is off (maintenance.enabled = false): nothing is archived or deleted. The days pending are what the first runs would process once it is turned on (as `cardworker maintenance status` measures them)." }
+        }
+        @if viewer.can_act() {
             form method="post" action="/actions/maintenance" {
                 (action_fields(viewer))
                 button name="op" value="pause" { "Pause maintenance" }
@@ -190,18 +250,11 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
             }
         }
         h2 { "Queues" }
-        table #queues {
-            tr { th { "queue" } th { "intake" } th { "active" } th { "scheduled" } th { "dead" } }
-            @for q in &f.queues {
-                tr data-queue=(q.queue) {
-                    td { (q.queue) } td.num { (q.intake) } td.num { (q.active) } td.num { (q.scheduled) }
-                    td.num.dead { @if q.dead > 0 { a href={ "/queues#q-" (q.queue) } { span.bad { (q.dead) } } } @else { "0" } }
-                }
-            }
-        }
+        (queue_table(&f.queues))
         h2 { "Live workers (" (f.workers.len()) ")" }
         table #workers {
             tr { th { "worker (kind-pod-id)" } th { "queue" } th { "heartbeat age" } }
+            @if f.workers.is_empty() { (empty_row(3, "No live workers: no `cardworker run` process heartbeats on this deployment.")) }
             @for w in &f.workers {
                 tr {
                     td { code { (w.name) } } td { (w.queue) }
@@ -213,19 +266,47 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
     layout("Fleet", viewer, true, body)
 }
 
-/// `/queues`: every queue's dead set.
-pub fn queues(sets: &[QueueDead], viewer: &Viewer) -> Markup {
+/// The queues' counts: waiting, scheduled, running, dead.
+fn queue_table(queues: &[QueueCounts]) -> Markup {
+    html! {
+        table #queues {
+            tr {
+                th { "queue" }
+                th title="due now, not yet running (in the intake, or handed to a worker and not yet fetched)" { "waiting" }
+                th title="due later: a chain's next poll, a delayed job, a retry" { "scheduled" }
+                th title="fetched by a worker and running" { "running" }
+                th { "dead" }
+            }
+            @if queues.is_empty() { (empty_row(5, "No queues could be read.")) }
+            @for q in queues {
+                tr data-queue=(q.queue) {
+                    td { (q.queue) }
+                    td.num.waiting { (q.waiting) }
+                    td.num.scheduled { (q.scheduled) }
+                    td.num.running { (q.running) }
+                    td.num.dead { @if q.dead > 0 { a href={ "/queues#q-" (q.queue) } { span.bad { (q.dead) } } } @else { "0" } }
+                }
+            }
+        }
+        p.note { "waiting: due now, not yet running · scheduled: due later (a chain's next poll, a retry) · running: fetched by a worker." }
+    }
+}
+
+/// `/queues`: every queue's counts and dead set.
+pub fn queues(counts: &[QueueCounts], sets: &[QueueDead], viewer: &Viewer) -> Markup {
     let body = html! {
+        (queue_table(counts))
         p.note { "Dead jobs are kept for 7 days. Requeue hands a job back through the intake, due now (a newer waiting job of the same entry is kept instead); card numbers in payloads and reasons are masked." }
         @for q in sets {
             section id={ "q-" (q.queue) } data-queue=(q.queue) {
                 h2 { (q.queue) ": " span.dead-count { (q.total) } " dead" }
-                @if !q.entries.is_empty() {
-                    form method="post" action="/actions/dead" {
-                        @if viewer.writable { (action_fields(viewer)) }
-                        input type="hidden" name="queue" value=(q.queue);
+                @if q.entries.is_empty() {
+                    p.note.empty { "No dead jobs." }
+                } @else {
+                    (action_form(viewer, "/actions/dead", html! {
+                        @if viewer.can_act() { input type="hidden" name="queue" value=(q.queue); }
                         table {
-                            tr { th { "died" } th { "job id" } th { "entry" } th { "reason" } th { "payload" } @if viewer.writable { th { "act" } } }
+                            tr { th { "died" } th { "job id" } th { "entry" } th { "reason" } th { "payload" } @if viewer.can_act() { th { "act" } } }
                             @for e in &q.entries {
                                 tr.dead-entry {
                                     td { (opt_when(&e.died_at)) }
@@ -233,7 +314,7 @@ pub fn queues(sets: &[QueueDead], viewer: &Viewer) -> Markup {
                                     td { code { (e.intake_entry.as_deref().unwrap_or("-")) } }
                                     td { code.reason { (e.reason.as_deref().unwrap_or("-")) } }
                                     td { code.payload { (e.payload.as_deref().unwrap_or("-")) } }
-                                    @if viewer.writable {
+                                    @if viewer.can_act() {
                                         td {
                                             button name="requeue" value=(e.id) { "Requeue" }
                                             button name="discard" value=(e.id) { "Discard" }
@@ -242,12 +323,12 @@ pub fn queues(sets: &[QueueDead], viewer: &Viewer) -> Markup {
                                 }
                             }
                         }
-                        @if viewer.writable {
+                        @if viewer.can_act() {
                             button name="requeue_all" value="1" { "Requeue all " (q.total) }
                             " "
                             button name="discard_all" value="1" { "Discard all " (q.total) }
                         }
-                    }
+                    }))
                 }
             }
         }
@@ -262,15 +343,16 @@ pub fn parked(lists: &[(Task, i64, Vec<ParkedView>)], viewer: &Viewer) -> Markup
         @for (task, total, rows) in lists {
             section id={ "parked-" (task.label()) } data-task=(task.label()) {
                 h2 { (task.label()) ": " span.parked-count { (total) } " parked" }
-                @if !rows.is_empty() {
-                    form method="post" action="/actions/unpark" {
-                        @if viewer.writable { (action_fields(viewer)) }
-                        input type="hidden" name="task" value=(task.label());
+                @if rows.is_empty() {
+                    p.note.empty { "No parked chains." }
+                } @else {
+                    (action_form(viewer, "/actions/unpark", html! {
+                        @if viewer.can_act() { input type="hidden" name="task" value=(task.label()); }
                         table {
-                            tr { @if viewer.writable { th { "" } } th { "card" } th { "parked at" } th { "last failure" } @if viewer.writable { th { "act" } } }
+                            tr { @if viewer.can_act() { th { "" } } th { "card" } th { "parked at" } th { "last failure" } @if viewer.can_act() { th { "act" } } }
                             @for r in rows {
                                 tr.parked-row data-card=(r.card_ref) {
-                                    @if viewer.writable { td { input type="checkbox" name="card_ref" value=(r.card_ref) aria-label="select"; } }
+                                    @if viewer.can_act() { td { input type="checkbox" name="card_ref" value=(r.card_ref) aria-label="select"; } }
                                     td { a href=(card_href(&r.card_ref)) { (r.card_ref) } }
                                     td { (when(&r.parked_at)) }
                                     td {
@@ -278,16 +360,16 @@ pub fn parked(lists: &[(Task, i64, Vec<ParkedView>)], viewer: &Viewer) -> Markup
                                         @if let Some(h) = r.http_status { " · HTTP " (h) }
                                         @if let Some(e) = &r.error { br; code { (e) } }
                                     }
-                                    @if viewer.writable { td { button.unpark-one name="one" value=(r.card_ref) { "Unpark" } } }
+                                    @if viewer.can_act() { td { button.unpark-one name="one" value=(r.card_ref) { "Unpark" } } }
                                 }
                             }
                         }
-                        @if viewer.writable {
+                        @if viewer.can_act() {
                             button name="selected" value="1" { "Unpark selected" }
                             " "
                             button name="all" value="1" { "Unpark all " (total) }
                         }
-                    }
+                    }))
                 }
             }
         }
@@ -302,6 +384,7 @@ pub fn money(m: &Money, viewer: &Viewer) -> Markup {
         p.note { "unknown, or requested/pending for longer than payments.recovery_after_secs = " (m.threshold_secs) " s (recovery reconciles these with the Gateway)." }
         table #payments {
             tr { th { "payment" } th { "card" } th { "amount" } th { "status" } th { "submissions" } th { "updated" } }
+            @if m.payments.is_empty() { (empty_row(6, "No payment needs attention.")) }
             @for p in &m.payments {
                 tr {
                     td { code { (p.payment_id) } }
@@ -317,6 +400,7 @@ pub fn money(m: &Money, viewer: &Viewer) -> Markup {
         p.note { "requested/pending/unknown past approvals.recovery_after_secs, or in_review past approvals.review_query_secs (approval recovery asks the Gateway about these; RUNBOOK: an approval is stuck)." }
         table #approvals {
             tr { th { "approval" } th { "card" } th { "kind" } th { "status" } th { "submissions" } th { "updated" } }
+            @if m.approvals.is_empty() { (empty_row(6, "No approval needs attention.")) }
             @for a in &m.approvals {
                 tr {
                     td { code { (a.approval_id) } }
@@ -331,6 +415,7 @@ pub fn money(m: &Money, viewer: &Viewer) -> Markup {
         h2 { "Failed callbacks (" (m.callbacks.len()) ")" }
         table #callbacks {
             tr { th { "channel / id" } th { "about" } th { "card" } th { "deliveries" } th { "last" } th { "reason" } }
+            @if m.callbacks.is_empty() { (empty_row(6, "No failed callbacks.")) }
             @for c in &m.callbacks {
                 tr {
                     td { code { (c.channel) " / " (c.callback_id) } }
@@ -346,9 +431,61 @@ pub fn money(m: &Money, viewer: &Viewer) -> Markup {
     layout("Money", viewer, true, body)
 }
 
+/// One event of a card's timeline: the integration log of a Gateway call and the audit events
+/// written with it (same correlation id: a change, or a failure and the parking it caused) are
+/// one row, not several.
+#[derive(Debug, Clone)]
+pub struct TimelineRow<'a> {
+    /// The integration log of the call, if the event has one.
+    pub log: Option<&'a TimelineEntry>,
+    /// The audit events of the event, newest first.
+    pub audits: Vec<&'a TimelineEntry>,
+}
+
+impl<'a> TimelineRow<'a> {
+    /// The row's first entry (the newest: `investigate` lists newest first).
+    fn first(&self) -> Option<&'a TimelineEntry> {
+        self.audits.first().copied().or(self.log)
+    }
+}
+
+/// Groups `entries` (newest first) by correlation id, keeping their order: each row holds at
+/// most one integration log and every audit event of its correlation id; an entry without a
+/// correlation id is a row of its own.
+pub fn timeline_rows(entries: &[TimelineEntry]) -> Vec<TimelineRow<'_>> {
+    let mut rows: Vec<TimelineRow<'_>> = Vec::new();
+    let mut by_correlation: std::collections::HashMap<uuid::Uuid, usize> = Default::default();
+    for e in entries {
+        let is_log = e.kind == "integration_log";
+        if let Some(&i) = e
+            .correlation_id
+            .as_ref()
+            .and_then(|c| by_correlation.get(c))
+        {
+            if !is_log {
+                rows[i].audits.push(e);
+                continue;
+            }
+            if rows[i].log.is_none() {
+                rows[i].log = Some(e);
+                continue;
+            }
+        }
+        if let Some(c) = e.correlation_id {
+            by_correlation.entry(c).or_insert(rows.len());
+        }
+        rows.push(TimelineRow {
+            log: is_log.then_some(e),
+            audits: if is_log { Vec::new() } else { vec![e] },
+        });
+    }
+    rows
+}
+
 /// `/cards/{card_ref}`: everything `investigate` shows.
 pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
     let c = &inv.card;
+    let rows = timeline_rows(&inv.timeline);
     let body = html! {
         table #card {
             tr { th { "card_ref" } td.card-ref { (c.card_ref) } }
@@ -358,14 +495,20 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
         }
         h2 { "Chains" }
         table #chains {
-            tr { th { "task" } th { "state" } th { "chain" } th { "parked at" } @if viewer.writable { th { "act" } } }
+            tr { th { "task" } th { "state" } th { "chain" } th { "next poll due" } th { "parked at" } @if viewer.can_act() { th { "act" } } }
             @for ch in &inv.chains {
                 tr data-task=(ch.task) {
                     td { (ch.task) }
                     td.state { @if ch.state == "parked" { span.bad { (ch.state) } } @else { (ch.state) } }
                     td { code { (ch.chain_id.as_deref().unwrap_or("-")) } }
+                    td.next-due {
+                        @match &ch.next_poll_due_at {
+                            Some(at) => { (when(at)) @if ch.next_poll_fed { " · handed to a worker" } }
+                            None => span.note { "none (no chain in Redis)" },
+                        }
+                    }
                     td { (opt_when(&ch.parked_at)) }
-                    @if viewer.writable {
+                    @if viewer.can_act() {
                         td { @if ch.state == "parked" {
                             form.inline method="post" action="/actions/unpark" {
                                 (action_fields(viewer))
@@ -378,21 +521,34 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
             }
         }
         h2 { "Timeline (changes and failures, newest first)" }
+        p.note { "One row per event: a change or failure's audit event and the integration log of its Gateway call share a correlation id." }
         table #timeline {
-            tr { th { "at" } th { "kind" } th { "what" } th { "state" } th { "details" } }
-            @for e in &inv.timeline {
-                tr {
-                    td { (when(&e.at)) @if e.archived { " [archived]" } }
-                    td { (e.kind) " #" (e.id) }
-                    td { (e.what) }
-                    td { (e.state.as_deref().unwrap_or("")) }
-                    td {
-                        @if let Some(h) = e.http_status { "HTTP " (h) " · " }
-                        @if let Some(d) = e.duration_ms { (d) " ms · " }
-                        @if let Some(s) = &e.summary { code { (s) } }
-                        @if let Some(s) = &e.error { br; code.bad { (s) } }
-                        @if let Some(s) = &e.recovery { br; span.note { "next: " (s) } }
-                        @if let Some(cid) = &e.correlation_id { br; span.note { "correlation " (cid) } }
+            tr { th { "at" } th { "event" } th { "state" } th { "details" } th { "records" } }
+            @if rows.is_empty() { (empty_row(5, "No changes or failures on record.")) }
+            @for r in &rows {
+                @if let Some(first) = r.first() {
+                    tr.event data-correlation=(first.correlation_id.map(|c| c.to_string()).unwrap_or_default()) {
+                        td { (when(&first.at)) @if first.archived { " [archived]" } }
+                        td {
+                            @for (i, a) in r.audits.iter().enumerate() { @if i > 0 { br; } (a.what) }
+                            @if let Some(l) = r.log { @if !r.audits.is_empty() { br; } span.note { (l.what) } }
+                        }
+                        td { (r.log.and_then(|l| l.state.as_deref()).unwrap_or("")) }
+                        td {
+                            @if let Some(l) = r.log {
+                                @if let Some(h) = l.http_status { "HTTP " (h) " · " }
+                                @if let Some(d) = l.duration_ms { (d) " ms · " }
+                                @if let Some(s) = &l.summary { code { (s) } }
+                                @if let Some(s) = &l.error { br; code.bad { (s) } }
+                                @if let Some(s) = &l.recovery { br; span.note { "next: " (s) } }
+                            }
+                            @for (i, a) in r.audits.iter().enumerate() { @if let Some(s) = &a.summary { @if r.log.is_some() || i > 0 { br; } (s) } }
+                            @if let Some(cid) = &first.correlation_id { br; span.note { "correlation " (cid) } }
+                        }
+                        td.note {
+                            @if let Some(l) = r.log { "log #" (l.id) }
+                            @for (i, a) in r.audits.iter().enumerate() { @if i > 0 || r.log.is_some() { br; } "audit #" (a.id) }
+                        }
                     }
                 }
             }
@@ -412,31 +568,138 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 }
             }
         }
-        @for (title, facts) in [("Manual facts (operator actions on this card)", &inv.manual_facts), ("Fleet facts (circuit transitions, operator actions on polling)", &inv.fleet_facts)] {
+        @for (title, facts, none) in [("Manual facts (operator actions on this card)", &inv.manual_facts, "No operator action on this card."), ("Fleet facts (circuit transitions, operator actions on polling)", &inv.fleet_facts, "No circuit transition or operator action on polling.")] {
             h2 { (title) }
             table {
                 tr { th { "at" } th { "event" } th { "by" } th { "on" } th { "summary" } }
+                @if facts.is_empty() { (empty_row(5, none)) }
                 @for f in facts {
                     tr { td { (when(&f.at)) } td { (f.event_type) } td { (f.actor) } td { (f.resource_type) ":" (f.resource_id) } td { (f.summary) } }
                 }
             }
         }
         h2 { "Payments" }
-        table {
+        table #card-payments {
             tr { th { "payment" } th { "amount" } th { "status" } th { "submissions" } th { "updated" } }
+            @if inv.payments.is_empty() { (empty_row(5, "No payments.")) }
             @for p in &inv.payments {
                 tr { td { code { (p.payment_id) } } td.num { (p.amount_minor) " " (p.currency) } td { (p.status) } td.num { (p.submissions) } td { (when(&p.updated_at)) } }
             }
         }
+        h2 { "Approvals" }
+        table #card-approvals {
+            tr { th { "approval" } th { "kind" } th { "amount" } th { "status" } th { "channel ref" } th { "submissions" } th { "created" } th { "updated" } }
+            @if inv.approvals.is_empty() { (empty_row(8, "No approvals.")) }
+            @for a in &inv.approvals {
+                tr.approval data-approval=(a.approval_id) {
+                    td { code { (a.approval_id) } }
+                    td { (a.kind) }
+                    td.num { @if let Some(n) = a.amount_minor { (n) } @else { "-" } }
+                    td.status { (a.status) }
+                    td { (a.channel_ref.as_deref().unwrap_or("-")) }
+                    td.num { (a.submissions) }
+                    td { (when(&a.created_at)) }
+                    td { (when(&a.updated_at)) }
+                }
+                tr.approval-history data-approval=(a.approval_id) {
+                    td colspan="8" {
+                        @if a.history.is_empty() {
+                            span.note { "No events yet." }
+                        } @else {
+                            ol {
+                                @for h in &a.history {
+                                    li.approval-event { (when(&h.at)) " · " code { (h.event_type) } " · " (h.summary) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
         h2 { "Callbacks" }
-        table {
+        table #card-callbacks {
             tr { th { "channel / id" } th { "state" } th { "about" } th { "deliveries" } th { "last" } th { "reason" } }
+            @if inv.callbacks.is_empty() { (empty_row(6, "No callbacks.")) }
             @for cb in &inv.callbacks {
                 tr { td { code { (cb.channel) " / " (cb.callback_id) } } td { (cb.state) } td { (cb.resource_type.as_deref().unwrap_or("-")) ":" (cb.resource_id.as_deref().unwrap_or("-")) } td.num { (cb.deliveries) } td { (when(&cb.last_received_at)) } td { (cb.reason.as_deref().unwrap_or("-")) } }
             }
         }
     };
     layout(&format!("Card {}", c.card_ref), viewer, true, body)
+}
+
+/// The colour of each outcome in the chart, in the order of [`OUTCOMES`].
+const OUTCOME_COLOURS: [&str; 3] = ["#9db4cf", "#2e7d32", "#c62828"];
+/// What the chart calls each outcome.
+const OUTCOME_NAMES: [&str; 3] = ["unchanged", "changed", "failed"];
+
+/// The polls per hour as an inline SVG of stacked bars, one per hour, drawn on the server from
+/// numbers only (maud escapes every text, as on the rest of the page). Each bar segment carries
+/// its count (`data-count`) and a tooltip.
+pub fn poll_chart(chart: &PollChart) -> Markup {
+    const W: f64 = 960.0;
+    const H: f64 = 200.0;
+    const LEFT: f64 = 56.0;
+    const TOP: f64 = 10.0;
+    const BOTTOM: f64 = 28.0;
+    let plot_w = W - LEFT - 8.0;
+    let plot_h = H - TOP - BOTTOM;
+    let peak = chart
+        .hours
+        .iter()
+        .map(|(_, n)| n.iter().sum::<u64>())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let slot = plot_w / chart.hours.len().max(1) as f64;
+    let bar = (slot - 2.0).max(1.0);
+    let scale = plot_h / peak as f64;
+    let label = |hour: &str| -> String {
+        // `YYYYMMDDHH` -> `DD HH:00`.
+        match (hour.get(6..8), hour.get(8..10)) {
+            (Some(d), Some(h)) => format!("{d} {h}:00"),
+            _ => hour.to_owned(),
+        }
+    };
+    html! {
+        figure #poll-chart style="margin:0 0 10px" {
+            svg width=(W) height=(H) viewBox={ "0 0 " (W) " " (H) } role="img"
+                aria-label={ "Polls per UTC hour by outcome, last " (chart.hours.len()) " hours" }
+                style="background:#fafbfc;border:1px solid #ddd" {
+                line x1=(LEFT) y1=(TOP + plot_h) x2=(W - 8.0) y2=(TOP + plot_h) stroke="#888" {}
+                line x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(TOP + plot_h) stroke="#888" {}
+                text x=(LEFT - 4.0) y=(TOP + 8.0) text-anchor="end" font-size="11" { (peak) }
+                text x=(LEFT - 4.0) y=(TOP + plot_h) text-anchor="end" font-size="11" { "0" }
+                @for (i, (hour, counts)) in chart.hours.iter().enumerate() {
+                    @let x = LEFT + 1.0 + i as f64 * slot;
+                    g.hour data-hour=(hour) {
+                        title { (label(hour)) " UTC: " (counts[0]) " unchanged, " (counts[1]) " changed, " (counts[2]) " failed" }
+                        @for (k, n) in counts.iter().enumerate() {
+                            @let below: u64 = counts[..k].iter().sum();
+                            @let y = TOP + plot_h - (below + n) as f64 * scale;
+                            rect x=(format!("{x:.1}")) y=(format!("{y:.1}")) width=(format!("{bar:.1}"))
+                                height=(format!("{:.1}", *n as f64 * scale)) fill=(OUTCOME_COLOURS[k])
+                                data-outcome=(OUTCOMES[k]) data-count=(n) {}
+                        }
+                    }
+                    @if i % 6 == 0 {
+                        text x=(format!("{x:.1}")) y=(H - 10.0) font-size="11" { (label(hour)) }
+                    }
+                }
+            }
+            figcaption.note {
+                "Polls per UTC hour, fleet-wide, both tasks. "
+                @for (k, name) in OUTCOME_NAMES.iter().enumerate() {
+                    span.legend data-outcome=(OUTCOMES[k]) {
+                        span style={ "display:inline-block;width:10px;height:10px;background:" (OUTCOME_COLOURS[k]) } {}
+                        " " (name) " (" code { (OUTCOMES[k]) } "): " span.total { (chart.total(k)) }
+                    }
+                    @if k + 1 < OUTCOME_NAMES.len() { " · " } @else { ". " }
+                }
+                "Unchanged polls are counted, not recorded; each worker writes its counts every 5 s."
+            }
+        }
+    }
 }
 
 /// A card that is not on record.
@@ -510,6 +773,123 @@ mod tests {
         let outcome =
             outcome(&viewer(), false, "\"><img src=x onerror=alert(1)>", "/").into_string();
         assert!(!outcome.contains("<img"), "{outcome}");
+    }
+
+    fn entry(kind: &'static str, id: i64, correlation: Option<u128>) -> TimelineEntry {
+        TimelineEntry {
+            at: Utc::now(),
+            kind,
+            archived: false,
+            id,
+            correlation_id: correlation.map(uuid::Uuid::from_u128),
+            what: format!("{kind}-{id}"),
+            state: None,
+            summary: None,
+            error: None,
+            recovery: None,
+            http_status: None,
+            duration_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_log_and_the_audit_event_of_its_correlation_id_are_one_timeline_row() {
+        let entries = [
+            entry("audit_event", 10, Some(2)),
+            entry("integration_log", 20, Some(2)),
+            entry("audit_event", 11, None),
+            entry("integration_log", 21, Some(3)),
+            entry("audit_event", 12, Some(1)),
+            entry("integration_log", 22, Some(1)),
+            entry("audit_event", 13, Some(2)),
+        ];
+        let rows = timeline_rows(&entries);
+        let ids: Vec<(Option<i64>, Vec<i64>)> = rows
+            .iter()
+            .map(|r| (r.log.map(|e| e.id), r.audits.iter().map(|e| e.id).collect()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (Some(20), vec![10, 13]),
+                (None, vec![11]),
+                (Some(21), vec![]),
+                (Some(22), vec![12]),
+            ]
+        );
+        // Two logs of one correlation id (never written, but possible) stay two rows.
+        let twice = [
+            entry("integration_log", 1, Some(9)),
+            entry("integration_log", 2, Some(9)),
+        ];
+        assert_eq!(timeline_rows(&twice).len(), 2);
+    }
+
+    fn parked_page(admin: bool) -> String {
+        let rows = vec![ParkedView {
+            card_ref: "c-1".to_owned(),
+            parked_at: Utc::now(),
+            failed_at: None,
+            error: None,
+            http_status: None,
+        }];
+        let v = Viewer { admin, ..viewer() };
+        parked(
+            &[(Task::Carddata, 1, rows), (Task::CardStatus, 0, vec![])],
+            &v,
+        )
+        .into_string()
+    }
+
+    #[test]
+    fn a_viewer_who_is_not_logged_in_sees_no_action_control_and_is_told_why() {
+        let page = parked_page(false);
+        assert!(!page.contains("action=\"/actions/"), "{page}");
+        assert!(!page.contains("Unpark all"), "{page}");
+        assert!(!page.contains("name=\"reason\""), "{page}");
+        assert!(page.contains("id=\"read-only\""), "{page}");
+        let page = parked_page(true);
+        assert!(page.contains("Unpark all 1"), "{page}");
+        assert!(!page.contains("id=\"read-only\""), "{page}");
+        assert!(
+            page.contains("No parked chains."),
+            "an empty list says so: {page}"
+        );
+    }
+
+    #[test]
+    fn only_a_page_that_refreshes_says_so() {
+        let done = outcome(&viewer(), true, "ok", "/").into_string();
+        assert!(!done.contains("Refreshes every"), "{done}");
+        assert!(!done.contains("<script"), "{done}");
+        let page = parked_page(true);
+        assert!(page.contains("Refreshes every 5 s"), "{page}");
+        assert!(page.contains("location.reload()"), "{page}");
+    }
+
+    #[test]
+    fn the_chart_draws_every_hours_polls_by_outcome_and_nothing_else() {
+        let hours: Vec<(String, [u64; 3])> = (0..48)
+            .map(|h| (format!("20261202{:02}", h % 24), [h, 2 * h, h % 3]))
+            .collect();
+        let chart = PollChart { hours };
+        let svg = poll_chart(&chart).into_string();
+        assert!(svg.contains("<svg"), "{svg}");
+        assert!(!svg.contains("<script"), "{svg}");
+        assert_eq!(svg.matches("<g class=\"hour\"").count(), 48);
+        for (k, outcome) in OUTCOMES.iter().enumerate() {
+            let sum: u64 = svg
+                .split(&format!("data-outcome=\"{outcome}\" data-count=\""))
+                .skip(1)
+                .map(|rest| {
+                    rest[..rest.find('"').expect("quote")]
+                        .parse::<u64>()
+                        .expect("n")
+                })
+                .sum();
+            assert_eq!(sum, chart.total(k), "{outcome}");
+        }
+        assert_eq!(chart.total(0), (0..48).sum::<u64>());
     }
 
     #[test]

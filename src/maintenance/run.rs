@@ -218,7 +218,7 @@ pub fn register_metrics(enabled: bool) {
 }
 
 /// A job's backlog as its next run would see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Backlog {
     /// The oldest due Shanghai day: what the next run handles (`None`: nothing is due).
     pub next_day: Option<NaiveDate>,

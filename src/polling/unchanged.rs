@@ -18,6 +18,11 @@
 //!   [`FLUSH_EVERY`], and a process killed with `kill -9` loses at most that much of its count;
 //!   the per-card tally is written with the poll's successor and never lags.
 //!
+//! - **recorded polls, fleet-wide, per task, outcome and UTC hour**: the same kind of counter
+//!   (`{prefix}:outcome_total:{task}:{outcome}:{YYYYMMDDHH}`, [`count_fleet_outcome`]) for
+//!   `persisted_change` and `persisted_failure`, written by the same flush, so that the console's
+//!   chart shows every poll by outcome without counting table rows.
+//!
 //! After Redis loses its data (a flush, a restart without persistence), both restart from zero:
 //! a chain re-created by reconcile or adopted by its job starts its tally at that moment, marked as
 //! such ([`Since::ChainStart`]), so `investigate` says the count restarted instead of showing a
@@ -45,6 +50,13 @@ pub const HOUR_TTL_SECS: i64 = (HOURS_KEPT + 1) * 3600;
 /// The fleet-wide counter of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
 pub fn hour_key(prefix: &str, task: Task, hour: &str) -> String {
     format!("{prefix}:unchanged_total:{}:{hour}", task.label())
+}
+
+/// The fleet-wide counter of one task's recorded polls of `outcome` (`persisted_change`,
+/// `persisted_failure`) in one UTC hour: kept like the unchanged ones, so that the console's
+/// chart shows every poll of the last [`HOURS_KEPT`] hours by outcome without reading a table.
+pub fn outcome_hour_key(prefix: &str, task: Task, outcome: &str, hour: &str) -> String {
+    format!("{prefix}:outcome_total:{}:{outcome}:{hour}", task.label())
 }
 
 /// How often each process writes the unchanged polls it counted to the fleet-wide counters.
@@ -77,16 +89,27 @@ pub fn count_fleet(prefix: &str, task: Task, at: DateTime<Utc>) {
         .or_default() += 1;
 }
 
+/// Counts one recorded poll of `task` with `outcome` at `at` for its fleet-wide hourly counter
+/// ([`outcome_hour_key`]); written by the next [`flush`] with the unchanged ones.
+pub fn count_fleet_outcome(prefix: &str, task: Task, outcome: &str, at: DateTime<Utc>) {
+    *pending()
+        .entry(outcome_hour_key(prefix, task, outcome, &hour_bucket(at)))
+        .or_default() += 1;
+}
+
 /// Writes this process's counted unchanged polls of deployment `prefix` to the hourly counters:
 /// one script call per counter (a handful). What Redis refused is kept for the next flush.
 /// Returns the polls written.
 pub async fn flush(conn: &mut ConnectionManager, prefix: &str) -> anyhow::Result<u64> {
-    let mine = format!("{prefix}:unchanged_total:");
+    let mine = [
+        format!("{prefix}:unchanged_total:"),
+        format!("{prefix}:outcome_total:"),
+    ];
     let taken: Vec<(String, u64)> = {
         let mut map = pending();
         let keys: Vec<String> = map
             .keys()
-            .filter(|k| k.starts_with(&mine))
+            .filter(|k| mine.iter().any(|m| k.starts_with(m.as_str())))
             .cloned()
             .collect();
         keys.into_iter()
@@ -261,6 +284,34 @@ pub async fn fleet_hours(
         .query_async(conn)
         .await
         .with_context(|| format!("reading the hourly {task} unchanged-poll counters"))?;
+    Ok(hours
+        .into_iter()
+        .zip(counts)
+        .map(|(h, n)| (h, n.unwrap_or(0)))
+        .collect())
+}
+
+/// The fleet-wide recorded polls of `task` with `outcome` in the [`HOURS_KEPT`] UTC hours up to
+/// `now`'s, newest first, as (`YYYYMMDDHH`, count), hours without a counter at 0. One MGET.
+pub async fn fleet_outcome_hours(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    outcome: &str,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Vec<(String, u64)>> {
+    let hours: Vec<String> = (0..HOURS_KEPT)
+        .map(|h| hour_bucket(now - chrono::Duration::hours(h)))
+        .collect();
+    let keys: Vec<String> = hours
+        .iter()
+        .map(|h| outcome_hour_key(prefix, task, outcome, h))
+        .collect();
+    let counts: Vec<Option<u64>> = redis::cmd("MGET")
+        .arg(&keys)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("reading the hourly {task} {outcome} counters"))?;
     Ok(hours
         .into_iter()
         .zip(counts)

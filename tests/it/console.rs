@@ -383,8 +383,67 @@ async fn a_requeue_keeps_a_newer_waiting_entry_of_the_same_id_and_leaves_the_dea
     assert_eq!(meta, 0, "apalis's bookkeeping of the requeued job is gone");
 }
 
+/// The action controls (buttons and reason boxes of the forms that POST to `/actions/…`) on the
+/// page the browser shows.
+const ACTION_CONTROLS: &str = "return document.querySelectorAll(\"form[action^='/actions/'] button, form[action^='/actions/'] input\").length;";
+
+/// Opens `url` again and again (a fresh render each time) until `read` of the page satisfies
+/// `ok`, for up to 30 s; the last reading.
+async fn reload_until<T: std::fmt::Debug>(
+    browser: &Browser,
+    url: &str,
+    what: &str,
+    read: impl AsyncFn(&Browser) -> T,
+    ok: impl Fn(&T) -> bool,
+) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        browser.goto(url).await;
+        let got = read(browser).await;
+        if ok(&got) {
+            return got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what} on {url}; last read {got:?}; the page reads:\n{}",
+            browser.text("body").await.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// How many elements match `css` on the page the browser shows.
+async fn count(browser: &Browser, css: &str) -> u64 {
+    browser
+        .js(
+            "return document.querySelectorAll(arguments[0]).length;",
+            serde_json::json!([css]),
+        )
+        .await
+        .as_u64()
+        .expect("a count")
+}
+
+/// The sum of the chart's `data-count` per outcome, in the order of the console's outcomes.
+async fn chart_sums(browser: &Browser) -> Vec<u64> {
+    let v = browser
+        .js(
+            "return ['skipped_unchanged','persisted_change','persisted_failure'].map(o =>
+               Array.from(document.querySelectorAll('#poll-chart rect[data-outcome=' + o + ']'))
+                 .reduce((n, r) => n + Number(r.getAttribute('data-count')), 0));",
+            serde_json::json!([]),
+        )
+        .await;
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|n| n.as_u64().expect("a count"))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_html_is_text() {
+    use cardworker::maintenance::status;
     if let Some(why) = webdriver::unavailable() {
         // `make test` installs the browser first and sets this: there a missing browser is a
         // failure, never a silent pass.
@@ -427,8 +486,9 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
             == 1
     })
     .await;
-    // A poison entry in the dead set, a paused task, a card whose card_ref is HTML, and a
-    // payment stuck `unknown`.
+    // A poison entry in the dead set, a paused task, a card whose card_ref is HTML, a payment
+    // stuck `unknown`, an approval in review for too long and one decided through the reliable
+    // path (with its history), and an old record that archive would move (maintenance is off).
     app.producer()
         .enqueue_raw(RunArchive::QUEUE, "poison-1", "not json", Duration::ZERO)
         .await
@@ -444,6 +504,16 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         .pause(&[Task::CardStatus])
         .await
         .expect("pause");
+    // c-parked's card_status chain: due in an hour (its task is paused anyway).
+    chain::start(
+        &mut app.ctx.redis.clone(),
+        app.ctx.prefix(),
+        Task::CardStatus,
+        "c-parked",
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("start the card_status chain");
     let evil = "<script>alert(1)</script>";
     app.insert_card(evil).await;
     sqlx::query(
@@ -460,6 +530,35 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     .execute(&app.db.pool)
     .await
     .expect("insert approval");
+    let decided: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor)
+         VALUES (gen_random_uuid(), 'c-parked', 'limit_change', 500000) RETURNING approval_id",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("insert approval");
+    cardworker::commands::approvals::enqueue_approval(&app.ctx, decided, None)
+        .await
+        .expect("enqueue the approval");
+    wait_until(Duration::from_secs(30), "the approval is decided", || async {
+        scalar(
+            &app,
+            &format!("SELECT count(*) FROM approvals WHERE approval_id = '{decided}' AND status = 'approved'"),
+        )
+        .await
+            == 1
+    })
+    .await;
+    sqlx::query(
+        "INSERT INTO integration_logs
+           (correlation_id, resource_type, resource_id, scenario, state, started_at, finished_at,
+            created_at)
+         VALUES (gen_random_uuid(), 'card', 'c-old', 'carddata_poll', 'failed',
+                 now() - interval '40 days', now() - interval '40 days', now() - interval '40 days')",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("insert an old log");
 
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
     let browser = Browser::start().await.expect("browser");
@@ -499,9 +598,55 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         .await;
     let stores = browser.text("main table").await.unwrap_or_default();
     assert_eq!(stores.matches("answers").count(), 2, "{stores}");
-    assert!(browser.screenshot(&shots.join("fleet.png")).await > 10_000);
+    // The archive backlog while maintenance is off, as `cardworker maintenance status` has it.
+    let st = status::status(&app.ctx).await.expect("maintenance status");
+    assert!(!st.enabled);
+    assert!(st.jobs["archive"].days_pending >= 1, "{st:?}");
+    for job in ["archive", "retention"] {
+        browser
+            .wait_text(
+                &format!("tr[data-job={job}] .days"),
+                "days pending as maintenance status counts them",
+                |t| t == st.jobs[job].days_pending.to_string(),
+            )
+            .await;
+    }
+    // Not logged in: no action control anywhere, and the page says why.
+    for path in ["/", "/queues", "/parked", "/cards/c-parked"] {
+        browser.goto(&format!("{base}{path}")).await;
+        browser
+            .wait_text("#read-only", "the read-only note", |t| t.contains("log in"))
+            .await;
+        assert_eq!(
+            browser.js(ACTION_CONTROLS, serde_json::json!([])).await,
+            serde_json::json!(0),
+            "no action control on {path} before logging in"
+        );
+    }
+    // A page that says it refreshes does: a mark left in the page is gone after a reload.
+    browser.goto(&format!("{base}/")).await;
+    assert!(browser
+        .text("main")
+        .await
+        .unwrap_or_default()
+        .contains("Refreshes every 5 s"));
+    browser
+        .js("window.cwMark = 1; return null;", serde_json::json!([]))
+        .await;
+    let start = std::time::Instant::now();
+    while browser
+        .js("return window.cwMark === 1;", serde_json::json!([]))
+        .await
+        == serde_json::json!(true)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the fleet page did not refresh"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
-    // Queues: the poison entry with its payload and reason.
+    // Queues: the poison entry with its payload and reason; empty dead sets say so.
     browser.goto(&format!("{base}/queues")).await;
     browser
         .wait_text("section[data-queue=archive] .dead-count", "one dead", |t| {
@@ -515,9 +660,16 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
             |t| t == "not json",
         )
         .await;
+    browser
+        .wait_text(
+            "section[data-queue=payment] .empty",
+            "an empty dead set says so",
+            |t| t == "No dead jobs.",
+        )
+        .await;
     assert!(browser.screenshot(&shots.join("queues.png")).await > 10_000);
 
-    // Money: the unknown payment, linked to its card.
+    // Money: the unknown payment, linked to its card; no failed callback, and it says so.
     browser.goto(&format!("{base}/money")).await;
     browser
         .wait_text("#payments", "the unknown payment", |t| {
@@ -527,6 +679,11 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     browser
         .wait_text("#approvals", "the approval in review for too long", |t| {
             t.contains("in_review") && t.contains("unfreeze") && t.contains("c-parked")
+        })
+        .await;
+    browser
+        .wait_text("#callbacks tr.empty", "an empty table says so", |t| {
+            t == "No failed callbacks."
         })
         .await;
     assert!(browser.screenshot(&shots.join("money.png")).await > 10_000);
@@ -547,25 +704,13 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
             |t| t.contains("c-parked"),
         )
         .await;
-    assert!(browser.screenshot(&shots.join("parked.png")).await > 10_000);
-
-    // Unpark without logging in: refused, nothing changed.
     browser
-        .type_into("section[data-task=carddata] input[name=reason]", "no token")
+        .wait_text(
+            "section[data-task=card_status] .empty",
+            "no parked card_status chain, said so",
+            |t| t == "No parked chains.",
+        )
         .await;
-    browser
-        .click("tr.parked-row[data-card=c-parked] button.unpark-one")
-        .await;
-    browser
-        .wait_text("#outcome", "the refusal", |t| {
-            t.contains("needs the admin token")
-        })
-        .await;
-    assert_eq!(
-        scalar(&app, "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL AND card_ref = 'c-parked'").await,
-        1,
-        "still parked"
-    );
     assert_eq!(operator_events(&app, "operator.unpark").await, 0);
 
     // Log in with the admin token, then unpark from the page: the chain restarts and polls.
@@ -608,6 +753,11 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     assert_eq!(operator_events(&app, "operator.unpark").await, 0);
 
     browser.goto(&format!("{base}/parked")).await;
+    assert!(
+        browser.text("#read-only").await.is_none(),
+        "logged in: no read-only note"
+    );
+    assert!(browser.screenshot(&shots.join("parked.png")).await > 10_000);
     browser
         .type_into(
             "section[data-task=carddata] input[name=reason]",
@@ -622,6 +772,14 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
             t.contains("carddata: 1 parked chains restarted")
         })
         .await;
+    assert!(
+        !browser
+            .text("main")
+            .await
+            .unwrap_or_default()
+            .contains("Refreshes"),
+        "the Done page does not refresh and does not say it does"
+    );
     wait_until(
         Duration::from_secs(30),
         "the restarted chain polled and recorded the card data",
@@ -663,14 +821,182 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     );
     assert_eq!(via.as_deref(), Some("console"));
 
-    // The card page shows the unpark among its manual facts.
+    // The card page shows everything `investigate` shows: the unpark among its manual facts,
+    // the approvals with their history, the live chain's next poll, and one timeline row per
+    // event (a change or failure's log and audit event merged).
+    let inv = cardworker::commands::investigate::investigate(&app.ctx, "c-parked")
+        .await
+        .expect("investigate");
     browser.goto(&format!("{base}/cards/c-parked")).await;
     browser
         .wait_text("main", "the card page", |t| {
             t.contains("operator.unpark") && t.contains("ready")
         })
         .await;
+    assert_eq!(count(&browser, "#card-approvals tr.approval").await, 2);
+    assert_eq!(
+        count(&browser, "#card-approvals li.approval-event").await as usize,
+        inv.approvals.iter().map(|a| a.history.len()).sum::<usize>()
+    );
+    assert!(
+        inv.approvals.iter().any(|a| a.history.len() >= 2),
+        "{:?}",
+        inv.approvals
+    );
+    browser
+        .wait_text(
+            &format!("#card-approvals tr.approval[data-approval='{decided}'] td.status"),
+            "the decided approval",
+            |t| t == "approved",
+        )
+        .await;
+    let due = inv
+        .chains
+        .iter()
+        .find(|c| c.task == "card_status")
+        .and_then(|c| c.next_poll_due_at)
+        .expect("the card_status chain's next poll");
+    browser
+        .wait_text(
+            "#chains tr[data-task=card_status] td.next-due",
+            "the next poll due",
+            |t| t == due.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        )
+        .await;
+    let (logs, audits, uncorrelated): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM integration_logs
+                  WHERE resource_type = 'card' AND resource_id = 'c-parked'),
+                (SELECT count(*) FROM audit_resources r
+                  WHERE r.resource_type = 'card' AND r.resource_id = 'c-parked'),
+                (SELECT count(*) FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+                  WHERE r.resource_type = 'card' AND r.resource_id = 'c-parked'
+                    AND e.correlation_id IS NULL)",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("count the card's records");
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT correlation_id) FROM (
+           SELECT correlation_id FROM integration_logs
+            WHERE resource_type = 'card' AND resource_id = 'c-parked'
+           UNION ALL
+           SELECT e.correlation_id FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
+            WHERE r.resource_type = 'card' AND r.resource_id = 'c-parked') x",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("count the card's events");
+    let rows = count(&browser, "#timeline tr.event").await as i64;
+    assert_eq!(
+        rows,
+        events + uncorrelated,
+        "one row per event ({logs} logs, {audits} audit events)"
+    );
+    assert!(
+        rows < logs + audits,
+        "a log and its audit events share a row"
+    );
+    browser
+        .wait_text("#card-callbacks tr.empty", "no callbacks, said so", |t| {
+            t == "No callbacks."
+        })
+        .await;
     assert!(browser.screenshot(&shots.join("card.png")).await > 10_000);
+
+    // Running and waiting: slow polls of more cards than the carddata worker runs at once.
+    for i in 1..=8 {
+        let card = format!("c-busy-{i}");
+        app.insert_card(&card).await;
+        app.sim.set_card_latency(&card, Some(1_500));
+        chain::start(
+            &mut app.ctx.redis.clone(),
+            app.ctx.prefix(),
+            Task::Carddata,
+            &card,
+            Duration::ZERO,
+        )
+        .await
+        .expect("start chain");
+    }
+    let limit = app.ctx.config.polling.carddata.limit as u64;
+    let (running, waiting) = reload_until(
+        &browser,
+        &format!("{base}/queues"),
+        "carddata polls running and waiting",
+        async |b: &Browser| {
+            let n = |css: &'static str| async move {
+                b.text(css)
+                    .await
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            (
+                n("tr[data-queue=carddata] td.running").await,
+                n("tr[data-queue=carddata] td.waiting").await,
+            )
+        },
+        |(running, waiting)| *running >= 1 && *waiting >= 1,
+    )
+    .await;
+    assert!(
+        running <= limit,
+        "{running} running, at most {limit} at once"
+    );
+    assert!(waiting <= 8, "{waiting} waiting");
+
+    // The chart on the fleet page: polls per hour by outcome, its numbers those of /metrics
+    // once polling stops and the workers have written their counts (every 5 s).
+    app.ctx
+        .budget
+        .pause(&[Task::Carddata])
+        .await
+        .expect("pause carddata");
+    let metrics = || async {
+        let (_, text) = app.get("/metrics").await;
+        ["skipped_unchanged", "persisted_change", "persisted_failure"]
+            .map(|o| {
+                crate::harness::metric_value(
+                    &text,
+                    "cardworker_poll_outcomes_total",
+                    &[("outcome", o)],
+                ) as u64
+            })
+            .to_vec()
+    };
+    let start = std::time::Instant::now();
+    let (chart, expected) = loop {
+        let expected = metrics().await;
+        browser.goto(&format!("{base}/")).await;
+        let chart = chart_sums(&browser).await;
+        // Every outcome has happened (the slow polls in flight at the pause have ended) and the
+        // workers have written their counts.
+        if chart == expected && expected.iter().all(|n| *n > 0) {
+            break (chart, expected);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the chart {chart:?} never matched /metrics {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(chart, expected);
+    let legend = browser
+        .text("#poll-chart figcaption")
+        .await
+        .unwrap_or_default();
+    for n in &chart {
+        assert!(legend.contains(&n.to_string()), "{legend}");
+    }
+    assert_eq!(
+        browser
+            .js(
+                "return document.querySelectorAll('#poll-chart g.hour').length;",
+                serde_json::json!([])
+            )
+            .await,
+        serde_json::json!(48)
+    );
+    assert!(browser.screenshot(&shots.join("fleet.png")).await > 10_000);
 
     // A card_ref holding HTML is text: no alert, no script of its own, the text as written.
     browser

@@ -85,6 +85,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         "unchanged polls: fleet-wide count per task and UTC hour",
         Ttl(49 * 3600),
     ),
+    k(
+        "<prefix>:outcome_total:<task>:<outcome>:<hour>",
+        "recorded polls (persisted_change, persisted_failure): fleet-wide count per task, outcome and UTC hour (the console's chart)",
+        Ttl(49 * 3600),
+    ),
     // Intake (src/queue, jobs/src/lib.rs).
     k(
         "<prefix>:intake:<queue>",

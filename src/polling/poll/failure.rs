@@ -80,6 +80,12 @@ pub(super) async fn record_failure<J: PollTask>(
         }
     }
     count(task, PERSISTED_FAILURE);
+    crate::polling::unchanged::count_fleet_outcome(
+        ctx.prefix(),
+        task,
+        PERSISTED_FAILURE,
+        chrono::Utc::now(),
+    );
     tracing::warn!(%task, card_ref = %run.card_ref, correlation_id = %record.correlation_id, outcome = record.state.as_str(), reason = %reason, recovery = %recovery, "poll failed; recorded");
     // A parked chain stays scheduled: its next job is the retry.
     let delay = if park == Park::No {

@@ -380,6 +380,12 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
                 match persist_change::<J>(&ctx, &card, obs, correlation_id, &record).await {
                     Ok(Applied::Changed { version, .. }) => {
                         count(task, PERSISTED_CHANGE);
+                        super::unchanged::count_fleet_outcome(
+                            ctx.prefix(),
+                            task,
+                            PERSISTED_CHANGE,
+                            finished_at,
+                        );
                         tracing::info!(%task, card_ref = %run.card_ref, %correlation_id, version, change = %J::describe(obs), "card change recorded");
                         if J::ends_chain(obs) {
                             run.finish().await?;
