@@ -137,8 +137,9 @@ async fn make_runs_log_redirected_to_a_file_is_plain_text_the_readmes_greps_find
         "the README's grep strings: {greps:?}"
     );
     // A demo of its own (as the README's "another demo next to this one"), on a fresh database
-    // and prefix: a clean first start. Every read changes a card, so cards turn ready at their
-    // first poll; one call in ten fails, so failures are logged too (too few to open a circuit).
+    // and prefix: a clean first start. Ten cards, each read changing a card with odds 0.3, so
+    // cards turn ready within a few polls and chains keep polling for a while (about two calls a
+    // second); one call in ten fails, so failures are logged too (too few to open a circuit).
     let db = TestDb::new().await;
     let redis = TestRedis::new().await;
     // An empty prefix, as on a first start: no epoch marker either.
@@ -168,10 +169,10 @@ async fn make_runs_log_redirected_to_a_file_is_plain_text_the_readmes_greps_find
         )
         .env("CARDWORKER__TELEMETRY__LISTEN", "127.0.0.1:0")
         .env("CONSOLE_LISTEN", format!("127.0.0.1:{}", free_port()))
-        .env("DEMO_CARDS", "3")
+        .env("DEMO_CARDS", "10")
         .env(
             "DEMO_SIM_ARGS",
-            "--latency-ms 5 --change-rate 1 --error-rate 0.1 --garbage-rate 0",
+            "--latency-ms 5 --change-rate 0.3 --error-rate 0.1 --garbage-rate 0",
         )
         .stdin(std::process::Stdio::null())
         .stdout(out.try_clone().expect("dup"))
