@@ -18,12 +18,14 @@
 -- ARGV[2] card_ref  ARGV[3] chain id (job's; the new one for start*/merge)
 -- ARGV[4] delay ms (start*/schedule/merge), or a fresh id (check)
 -- ARGV[5] failures, ARGV[6] deferrals of the job to schedule (start*/schedule/merge): kept in the
---         chain entry, from which the feeder builds the job's payload
+--         chain entry, from which the feeder builds the job's payload; for check: the checker's
+--         lease TTL ms (how long a run marker can stand, see Generations below)
 -- ARGV[7] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
 --         live past its due time (merge), or the tally (schedule): 'u' one more unchanged poll,
 --         'r' reset by a recorded change or failure, anything else keeps it
 -- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: 1
---          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted';
+--          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted',
+--          or {'busy', ms} when a replaced chain's poll may still run (wait, then check again);
 --          finish: 1 / 0 stale;
 --          merge: {'merged' | 'started', chain id}.
 --
@@ -34,6 +36,17 @@
 -- start, `enqueue`, reconcile, an adoption after Redis lost its data): nothing before it is known.
 -- Then `state`, the next job's failures, or `failures.deferrals` when it was deferred: a waiting
 -- poll has no payload of its own.
+--
+-- Generations: a chain id is the chain's fencing token. A restart (start, start_if_dead, a merge
+-- that starts a chain) writes a new id, so every op of a job of the replaced chain answers stale.
+-- Its poll may still be at the Gateway, though: the restart then appends the replaced chain's id
+-- and the restart time as a sixth field, `old_id@ms` (the run marker), when that chain's job
+-- existed (its due entry in the FED range) or an earlier marker is still there. While the marker
+-- stands, a `check` of the new chain answers {'busy', ms to wait} (ARGV[5] is the checker's lease
+-- TTL: the old poll is over by then at the latest), so the restarted chain's first poll waits
+-- instead of polling the card a second time at once. The replaced chain's job removes the marker
+-- as it ends (its stale `check`, `schedule` or `finish`); a `check` that finds it expired drops it.
+-- Readers that take the first five fields (feed.lua, the Rust parsers) never see it.
 --
 -- Older entries still parse: `chain_id|due_ms` (before the tally) and `chain_id|u|l|s` (before
 -- issue 19's payload-less intake). Those two are written only by an older release, whose jobs
@@ -59,12 +72,18 @@ local function clock()
   return now
 end
 
--- The card's chain entry, read before each call.
-local cur_id, legacy_due, cur_tally
+-- The card's chain entry, read before each call: its id, an older release's due time, its tally,
+-- the raw entry and its run marker (`old_id@ms`, see the header), if any.
+local cur_id, legacy_due, cur_tally, cur_raw, cur_run
 local function load()
-  cur_id, legacy_due, cur_tally = nil, nil, nil
+  cur_id, legacy_due, cur_tally, cur_raw, cur_run = nil, nil, nil, nil, nil
   local cur = redis.call('HGET', KEYS[1], card)
   if not cur then return end
+  cur_raw = cur
+  -- No other field holds an '@': one plain find keeps the common entry at one match.
+  if string.find(cur, '@', 1, true) then
+    cur_run = string.match(cur, '|([^|@]+@%d+)$')
+  end
   -- Every entry this release writes starts with four non-empty fields: one `string.match` reads
   -- them (issue 16: splitting into a table cost as much Redis CPU as the HGET). Anything else
   -- (an older format, or a field left empty by hand) is split as before, empty fields skipped.
@@ -135,10 +154,35 @@ local function state_field(failures, deferrals)
   return tostring(f)
 end
 
-local function mark(id, tally, failures, deferrals, score)
-  redis.call('HSET', KEYS[1], card, id .. '|' .. tally[1] .. '|' .. tally[2] .. '|' .. tally[3]
-    .. '|' .. state_field(failures, deferrals))
+local function mark(id, tally, failures, deferrals, score, run)
+  local entry = id .. '|' .. tally[1] .. '|' .. tally[2] .. '|' .. tally[3]
+    .. '|' .. state_field(failures, deferrals)
+  if run then entry = entry .. '|' .. run end
+  redis.call('HSET', KEYS[1], card, entry)
   redis.call('ZADD', KEYS[4], score, card)
+end
+
+-- The run marker a restart leaves for the new chain: the one standing (its chain's poll may still
+-- run), else the replaced chain's, when that chain's job exists (FED: fed, or running).
+local function restart_marker()
+  if cur_run then return cur_run end
+  if cur_id then
+    local _, fed = cur_score()
+    if fed then return cur_id .. '@' .. clock() end
+  end
+  return nil
+end
+
+-- Removes the run marker from the entry (its poll is over, or it expired).
+local function drop_marker()
+  if not cur_run then return end
+  redis.call('HSET', KEYS[1], card, string.sub(cur_raw, 1, #cur_raw - #cur_run - 1))
+  cur_run = nil
+end
+
+-- A job of chain `id` ends (stale): the marker that waits for it goes.
+local function release_marker(id)
+  if cur_run and id ~= '' and string.sub(cur_run, 1, #id + 1) == id .. '@' then drop_marker() end
 end
 
 -- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
@@ -160,9 +204,9 @@ local function write_hint()
   end
 end
 
-local function put(id, delay, tally)
+local function put(id, delay, tally, run)
   local due = clock() + tonumber(delay)
-  mark(id, tally, A5, A6, due)
+  mark(id, tally, A5, A6, due, run)
   hint(due)
 end
 
@@ -174,7 +218,7 @@ end
 
 local function run()
   if op == 'start' then
-    put(chain, A4, fresh())
+    put(chain, A4, fresh(), restart_marker())
     drop_payload_entry()
     return 1
   elseif op == 'start_if_dead' or op == 'drop_if_dead' then
@@ -187,7 +231,7 @@ local function run()
       return 0
     end
     if op == 'start_if_dead' then
-      put(chain, A4, fresh())
+      put(chain, A4, fresh(), restart_marker())
       drop_payload_entry()
     else
       -- Reconcile found an overdue chain of a card that needs no polling any more.
@@ -198,7 +242,10 @@ local function run()
   elseif op == 'schedule' then
     -- A chain whose entry is gone (Redis lost it while the job ran) is adopted by its job: the
     -- successor is written, so the card is never left without one.
-    if cur_id and cur_id ~= chain then return 0 end
+    if cur_id and cur_id ~= chain then
+      release_marker(chain)
+      return 0
+    end
     local tally = cur_tally or fresh()
     local mode = A7
     if mode == 'u' then
@@ -208,7 +255,7 @@ local function run()
       tally[1] = 0
       tally[3] = 'c' .. stamp()
     end
-    put(chain, A4, tally)
+    put(chain, A4, tally, cur_run)
     return 1
   elseif op == 'check' then
     if not cur_id then
@@ -220,6 +267,13 @@ local function run()
       mark(id, fresh(), 0, 0, FED + clock())
       return {'adopted', id}
     elseif cur_id == chain then
+      if cur_run then
+        -- A replaced chain's poll may still run: wait for it (at most the checker's lease TTL).
+        local old, since = string.match(cur_run, '^(.+)@(%d+)$')
+        local left = tonumber(since) + (tonumber(A5) or 0) - clock()
+        if old ~= chain and left > 0 then return {'busy', tostring(left)} end
+        drop_marker()
+      end
       -- The common answer is a bare 1: the caller knows its own chain id, and a table per op
       -- costs Redis about a fifth of the op (issue 16).
       return 1
@@ -232,9 +286,13 @@ local function run()
         return {'adopted', cur_id}
       end
     end
+    release_marker(chain)
     return {'stale', cur_id}
   elseif op == 'finish' then
-    if cur_id and cur_id ~= chain then return 0 end
+    if cur_id and cur_id ~= chain then
+      release_marker(chain)
+      return 0
+    end
     redis.call('HDEL', KEYS[1], card)
     redis.call('ZREM', KEYS[4], card)
     return 1
@@ -266,7 +324,7 @@ local function run()
         return {'merged', cur_id}
       end
     end
-    put(chain, A4, fresh())
+    put(chain, A4, fresh(), restart_marker())
     drop_payload_entry()
     return {'started', chain}
   end

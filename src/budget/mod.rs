@@ -379,6 +379,11 @@ impl Budget {
         }
     }
 
+    /// `polling.lease_ttl_secs`.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
     /// `polling.total_limit`.
     pub fn total_limit(&self) -> u32 {
         self.total_limit

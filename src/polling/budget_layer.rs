@@ -396,9 +396,10 @@ async fn reschedule<J: PollJob>(shared: &Shared, job: &J, wait: Duration) -> any
     if next.chain.is_empty() {
         // A job from a producer that did not start a chain: adopt the card first (as the handler
         // would), else `schedule` would find no live chain and drop it.
-        match chain::check(&mut conn, prefix, J::TASK, job.card_ref(), &next).await? {
+        let ttl = shared.budget.lease_ttl();
+        match chain::check(&mut conn, prefix, J::TASK, job.card_ref(), &next, ttl).await? {
             Liveness::Adopted(id) => next.chain = id,
-            Liveness::Live => {}
+            Liveness::Live | Liveness::Busy(_) => {}
             Liveness::Stale => return Ok(false),
         }
     }

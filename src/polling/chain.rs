@@ -112,6 +112,10 @@ pub enum Liveness {
     Adopted(String),
     /// Another chain replaced this one: acknowledge without calling the Gateway.
     Stale,
+    /// The job's chain is live, but it replaced a chain whose poll may still run (a restart by
+    /// `enqueue`, `unpark`, reconcile or a producer while that poll was at the Gateway): wait this
+    /// long at most, then check again, so that the card is never polled twice at once.
+    Busy(Duration),
 }
 
 fn invoke<'a>(
@@ -395,19 +399,23 @@ pub enum Count {
     Unchanged(DateTime<Utc>),
 }
 
-/// Checks a running job against the card's chain (adopting the card if it has none).
+/// Checks a running job against the card's chain (adopting the card if it has none). `lease_ttl`
+/// (`polling.lease_ttl_secs`) bounds how long a replaced chain's poll can still run: a restarted
+/// chain waits for it at most that long after the restart ([`Liveness::Busy`]).
 pub async fn check<'a>(
     via: impl Into<Via<'a>>,
     prefix: &str,
     task: Task,
     card_ref: &str,
     state: &ChainState,
+    lease_ttl: Duration,
 ) -> anyhow::Result<Liveness> {
     let args = vec![
         "check".to_owned(),
         card_ref.to_owned(),
         state.chain.clone(),
         fresh_chain(),
+        ms(lease_ttl).to_string(),
     ];
     let answer: redis::Value = via
         .into()
@@ -423,6 +431,7 @@ pub async fn check<'a>(
         .with_context(|| format!("reading the check of the {task} chain of {card_ref}"))?;
     Ok(match verdict.as_str() {
         "adopted" => Liveness::Adopted(id),
+        "busy" => Liveness::Busy(Duration::from_millis(id.parse().unwrap_or(1000))),
         _ => Liveness::Stale,
     })
 }

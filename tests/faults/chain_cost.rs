@@ -44,7 +44,17 @@ async fn the_concurrent_checks_and_successors_of_many_polls_cost_one_script_call
 
     let checks = join_all(ids.iter().enumerate().map(|(i, id)| {
         let (calls, card) = (&calls, format!("c-{i}"));
-        async move { chain::check(calls, prefix, task, &card, &state(id)).await }
+        async move {
+            chain::check(
+                calls,
+                prefix,
+                task,
+                &card,
+                &state(id),
+                std::time::Duration::from_secs(60),
+            )
+            .await
+        }
     }))
     .await;
     for (i, c) in checks.into_iter().enumerate() {
@@ -130,14 +140,32 @@ async fn a_batched_chain_call_answers_what_the_same_call_answers_alone() {
         let checks = match via_batch {
             Some(calls) => {
                 join_all(jobs.iter().map(|(card, id)| async move {
-                    chain::check(calls, prefix, task, card, &state(id)).await
+                    chain::check(
+                        calls,
+                        prefix,
+                        task,
+                        card,
+                        &state(id),
+                        std::time::Duration::from_secs(60),
+                    )
+                    .await
                 }))
                 .await
             }
             None => {
                 let mut v = Vec::new();
                 for (card, id) in &jobs {
-                    v.push(chain::check(&mut direct, prefix, task, card, &state(id)).await);
+                    v.push(
+                        chain::check(
+                            &mut direct,
+                            prefix,
+                            task,
+                            card,
+                            &state(id),
+                            std::time::Duration::from_secs(60),
+                        )
+                        .await,
+                    );
                 }
                 v
             }

@@ -458,3 +458,144 @@ async fn leases_that_expire_instead_of_being_released_are_counted_per_scope() {
     // Counted once: reading again does not count them again.
     assert_eq!(healthy.show().await.expect("show").total.leases_expired, 3);
 }
+
+/// How long the simulator takes to answer in the restart scenario.
+const RESTART_LATENCY: Duration = Duration::from_secs(4);
+
+async fn parked_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL OR card_status_parked_at IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("parked")
+}
+
+async fn failure_records(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM integration_logs WHERE state = 'failed'")
+        .fetch_one(pool)
+        .await
+        .expect("failures")
+}
+
+/// Every card failing at the Gateway, every chain parked at its first failure: an operator
+/// restarts the chains (`enqueue`, then `unpark --all`) while their polls are at the Gateway. The
+/// restarted chains' first polls wait for the old ones (the simulator never sees a card twice at
+/// once), and the old polls' failures record nothing and park nothing: right after they answer,
+/// no card is parked and no failure was added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_and_no_stale_poll_parks_it(
+) {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(RESTART_LATENCY.as_millis() as u64, 0);
+    let cards = insert_cards(&db.pool, 4).await;
+    for card in &cards {
+        sim.fail_card(card);
+    }
+    let mut config = Config::default();
+    config.database.url = db.url.clone().into();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.gateway.base_url = sim_handle.base_url().into();
+    config.gateway.timeout_ms = 6_000;
+    config.polling.handler_timeout_secs = 8;
+    config.polling.lease_ttl_secs = 15;
+    config.polling.total_limit = 16;
+    for task in [
+        &mut config.polling.carddata,
+        &mut config.polling.card_status,
+    ] {
+        task.limit = 8;
+        task.interval_secs = 1;
+        task.max_consecutive_failures = 1;
+        task.parked_retry_secs = 3;
+    }
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.worker.shutdown_grace_secs = 5;
+    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    let worker = InProcess::start(config).await;
+    let ctx = worker.ctx.clone();
+    for task in Task::ALL {
+        reconcile::sweep(&ctx, task).await.expect("start chains");
+    }
+    let all_in_flight = || async { sim.stats().in_flight_polls == 8 };
+
+    // 1. `enqueue` every chain while its first poll is at the Gateway.
+    wait_until(
+        Duration::from_secs(30),
+        "every first poll in flight",
+        all_in_flight,
+    )
+    .await;
+    for card in &cards {
+        for task in Task::ALL {
+            cardworker::commands::polling::enqueue(&ctx, task, card, Some("test".to_owned()))
+                .await
+                .expect("enqueue");
+        }
+    }
+    tokio::time::sleep(RESTART_LATENCY + Duration::from_millis(500)).await;
+    assert_eq!(
+        failure_records(&db.pool).await,
+        0,
+        "the replaced chains' failures are not recorded"
+    );
+    assert_eq!(
+        parked_count(&db.pool).await,
+        0,
+        "no stale poll parked a card"
+    );
+    assert!(sim.stats().peak_same_card <= 1, "{:?}", sim.stats());
+
+    // 2. The restarted chains fail and park (their own failures); their retries go to the
+    //    Gateway, and `unpark --all` restarts them meanwhile.
+    wait_until(Duration::from_secs(60), "every chain parked", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL AND card_status_parked_at IS NOT NULL",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("parked")
+            == 4
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(30),
+        "every parked retry in flight",
+        all_in_flight,
+    )
+    .await;
+    let recorded = failure_records(&db.pool).await;
+    for task in Task::ALL {
+        let unparked = cardworker::commands::polling::unpark(
+            &ctx,
+            task,
+            cardworker::storage::cards::ParkedSelector::All,
+            Some("test".to_owned()),
+        )
+        .await
+        .expect("unpark");
+        assert_eq!(unparked.restarted, 4, "{task}");
+    }
+    tokio::time::sleep(RESTART_LATENCY + Duration::from_millis(500)).await;
+    assert_eq!(
+        failure_records(&db.pool).await,
+        recorded,
+        "the replaced retries' failures are not recorded"
+    );
+    assert_eq!(
+        parked_count(&db.pool).await,
+        0,
+        "no stale retry parked an un-parked card again"
+    );
+    let stats = sim.stats();
+    assert!(
+        stats.peak_same_card <= 1,
+        "a card polled twice at once: {stats:?}"
+    );
+    assert!(!worker.exited());
+}

@@ -151,9 +151,16 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
         deferrals: 0,
     };
     assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-old", &seen)
-            .await
-            .expect("check"),
+        chain::check(
+            &mut conn,
+            prefix,
+            task,
+            "c-old",
+            &seen,
+            std::time::Duration::from_secs(60)
+        )
+        .await
+        .expect("check"),
         chain::Liveness::Live
     );
     let successor = ChainState {
@@ -267,9 +274,16 @@ async fn a_chain_entry_with_an_empty_field_is_still_read_as_the_chain_it_names()
         ("01GAPCHAIN", 2)
     );
     assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-gap", &jobs[0].state)
-            .await
-            .expect("check"),
+        chain::check(
+            &mut conn,
+            prefix,
+            task,
+            "c-gap",
+            &jobs[0].state,
+            std::time::Duration::from_secs(60)
+        )
+        .await
+        .expect("check"),
         chain::Liveness::Live
     );
 }
@@ -309,9 +323,16 @@ async fn a_fed_entry_is_never_fed_twice_while_its_job_lives_even_behind_a_backlo
         ..ChainState::default()
     };
     assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &seen)
-            .await
-            .expect("check"),
+        chain::check(
+            &mut conn,
+            prefix,
+            task,
+            "c-1",
+            &seen,
+            std::time::Duration::from_secs(60)
+        )
+        .await
+        .expect("check"),
         chain::Liveness::Live
     );
     // Past the grace the chain counts as dead (its job may have vanished): a producer's poll (or
@@ -327,9 +348,16 @@ async fn a_fed_entry_is_never_fed_twice_while_its_job_lives_even_behind_a_backlo
     assert_ne!(merged, id);
     assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
     assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &seen)
-            .await
-            .expect("check"),
+        chain::check(
+            &mut conn,
+            prefix,
+            task,
+            "c-1",
+            &seen,
+            std::time::Duration::from_secs(60)
+        )
+        .await
+        .expect("check"),
         chain::Liveness::Stale
     );
 }

@@ -184,9 +184,16 @@ async fn a_chain_entry_written_before_the_tally_stays_live_and_gains_a_tally_at_
     .await
     .expect("reconcile");
     assert!(!started, "a live old-format chain is left alone");
-    let state = chain::check(&mut conn, prefix, task, "c-3", &next("01OLDCHAIN"))
-        .await
-        .expect("check");
+    let state = chain::check(
+        &mut conn,
+        prefix,
+        task,
+        "c-3",
+        &next("01OLDCHAIN"),
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .expect("check");
     assert_eq!(state, chain::Liveness::Live);
     chain::schedule_counted(
         &mut conn,

@@ -55,6 +55,17 @@ pub(super) async fn record_failure<J: PollTask>(
             run.card_ref
         )
     };
+    // Fenced: a poll whose chain was replaced while it was at the Gateway (an operator's
+    // `enqueue` or `unpark`, reconcile) records nothing and parks nothing: its failure count
+    // belongs to the chain it no longer is, and the card may have just been un-parked. The
+    // restarted chain's first poll waits for this one (`chain::Liveness::Busy`), so what it
+    // records is never overwritten by this one either.
+    if is_replaced(run).await {
+        tracing::info!(%task, card_ref = %run.card_ref, chain = %run.state.chain, reason = %reason, "failed poll of a replaced chain: not recorded, nothing parked");
+        // Stale: writes nothing, and clears the way for the restarted chain's first poll.
+        run.schedule(failures, delay).await?;
+        return Ok(PollOutcome::StaleFailure);
+    }
     record.error = Some(reason.clone());
     record.recovery_summary = Some(recovery.clone());
     if let Err(e) = persist_failure::<J>(ctx, &record, failures, park).await {
@@ -104,6 +115,27 @@ pub(super) async fn record_failure<J: PollTask>(
     })
 }
 
+/// Whether the card's chain in Redis is another than the run's (one read; a chain that is gone
+/// counts as the run's, which adopts the card, and so does a Redis that does not answer: the
+/// failure is then recorded as before).
+async fn is_replaced<J: PollTask>(run: &mut Run<'_, J>) -> bool {
+    let prefix = run.ctx.prefix().to_owned();
+    match chain::live_chains(
+        &mut run.conn,
+        &prefix,
+        J::TASK,
+        std::slice::from_ref(&run.card_ref),
+    )
+    .await
+    {
+        Ok(mut chains) => chains
+            .pop()
+            .flatten()
+            .is_some_and(|live| live != run.state.chain),
+        Err(_) => false,
+    }
+}
+
 /// `text` cut to at most `max` characters.
 fn shorten(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
@@ -129,8 +161,9 @@ pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error
     let mut conn = ctx.redis.clone();
     let card_ref = job.card_ref().to_owned();
     let seen = job.state().clone();
-    let chain_id = match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen).await {
-        Ok(Liveness::Live) => seen.chain.clone(),
+    let ttl = ctx.config.polling.lease_ttl();
+    let chain_id = match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen, ttl).await {
+        Ok(Liveness::Live | Liveness::Busy(_)) => seen.chain.clone(),
         Ok(Liveness::Adopted(id)) => id,
         Ok(Liveness::Stale) => return,
         // Redis is away: schedule under the job's own chain (the write is retried until Redis

@@ -123,7 +123,16 @@ pub enum PollOutcome {
     ProbeFailed,
     /// A parked chain's job came before its retry was due: rescheduled for the retry, no call.
     ParkedWaiting,
+    /// The chain was restarted while the chain it replaced was polling the card: rescheduled to
+    /// look again shortly, no call.
+    WaitingForReplaced,
+    /// The poll failed, but its chain was replaced meanwhile (an operator's `enqueue` or
+    /// `unpark`, reconcile): nothing recorded, nothing parked, no successor.
+    StaleFailure,
 }
+
+/// How soon a restarted chain whose predecessor's poll may still run looks again.
+pub const BUSY_RECHECK: Duration = Duration::from_secs(2);
 
 /// The delay before attempt `failures + 1` after `failures` consecutive failures: exponential from
 /// `min(interval, 10 s)`, capped at `max(interval, 10 min)`, with ±20% jitter (still capped).
@@ -287,10 +296,22 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
     let conn = ctx.redis.clone();
     let card_ref = job.card_ref().to_owned();
     let seen = job.state().clone();
-    let chain_id = match chain::check(&ctx.chain_calls, ctx.prefix(), task, &card_ref, &seen)
+    let ttl = ctx.config.polling.lease_ttl();
+    let chain_id = match chain::check(&ctx.chain_calls, ctx.prefix(), task, &card_ref, &seen, ttl)
         .await?
     {
         Liveness::Live => seen.chain.clone(),
+        Liveness::Busy(left) => {
+            // The chain this one replaced may still be polling the card: no second call at once.
+            // Look again shortly (the old poll clears the way when it ends), at the latest when
+            // its lease is over.
+            let wait = left.min(BUSY_RECHECK);
+            tracing::debug!(%task, %card_ref, chain = %seen.chain, wait_ms = wait.as_millis() as u64, "restarted chain waits for the replaced chain's poll");
+            let mut run = Run::<J>::new(&ctx, conn, card_ref, seen.chain.clone(), seen.failures);
+            let failures = run.state.failures;
+            run.schedule(failures, wait).await?;
+            return Ok(PollOutcome::WaitingForReplaced);
+        }
         Liveness::Adopted(id) => {
             tracing::info!(%task, %card_ref, chain = %id, "card had no live chain; job adopted it");
             id
