@@ -576,6 +576,7 @@ async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_
             task,
             cardworker::storage::cards::ParkedSelector::All,
             Some("test".to_owned()),
+            &cardworker::commands::operator::Operator::cli(),
         )
         .await
         .expect("unpark");
