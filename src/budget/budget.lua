@@ -11,6 +11,8 @@
 -- KEYS[10] waiters zset (process id -> until ms: it was refused a token lately)
 -- KEYS[11] expired hash (scope -> leases removed because they had expired, never released:
 --          cardworker_budget_leases_expired_total{scope})
+-- KEYS[12] kept hash (process id -> "expiry ms|carddata slot ids|card_status slot ids", the
+--          ids space-separated: the idle slots the process kept at its last renewal)
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
 -- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force
 --
@@ -53,12 +55,18 @@
 --   decides per task whether the process may go on starting polls on kept slots without asking:
 --   only while the task is not paused, its circuit is closed (or disabled) and not forced open,
 --   neither set holds more than its limit (an override lowered meanwhile), and no OTHER process
---   was refused a token in the last WAITER_MS. Returns per task {reuse 1|0, effective limit,
---   invalid override as stored ('' when none or valid), {kept ids that no longer exist}}.
--- show:    removes the expired leases of every set (counted in KEYS[11]), then returns {in_use
---          total, in_use carddata, in_use card_status, overrides flat [task, raw, ...], paused
---          [task, ...], carddata circuit flat, card_status circuit flat, carddata window,
---          card_status window, now ms, expired so far [total, carddata, card_status]}.
+--   was refused a token in the last WAITER_MS. Records the kept slots that still exist in
+--   KEYS[12] under the process id (removes its entry when it keeps none), so that show can tell
+--   idle kept slots from running polls. Returns per task {reuse 1|0, effective limit, invalid
+--   override as stored ('' when none or valid), {kept ids that no longer exist}}.
+-- show:    removes the expired leases of every set (counted in KEYS[11]) and the kept entries
+--          past their expiry, then returns {leases total, leases carddata, leases card_status,
+--          overrides flat [task, raw, ...], paused [task, ...], carddata circuit flat,
+--          card_status circuit flat, carddata window, card_status window, now ms, expired so far
+--          [total, carddata, card_status], kept [carddata, card_status]}. A task's kept count is
+--          the slots that processes reported idle at their last renewal and that are still
+--          leases of the task (a renewal is at most about a second old); the rest of the leases
+--          are held by running polls.
 -- circuit_force: ARGV[2] task index  ARGV[3] 'open'|'close'; returns circuit_force's answer.
 local op = ARGV[1]
 
@@ -260,7 +268,7 @@ elseif op == 'renew' then
   -- Give back first, so that the counts below are the ones other processes see next.
   local tasks, at = {}, 7
   for index = 2, 3 do
-    local t = {index = index, label = ARGV[at], limit = tonumber(ARGV[at + 1]), keep = {}}
+    local t = {index = index, label = ARGV[at], limit = tonumber(ARGV[at + 1]), keep = {}, kept = {}}
     local successes, nkeep, nback = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
     for i = 1, nkeep do t.keep[i] = ARGV[at + 4 + i] end
     if nback > 0 then
@@ -316,12 +324,19 @@ elseif op == 'renew' then
       if #live > 0 then
         redis.call('ZADD', KEYS[1], 'XX', unpack(live))
         redis.call('ZADD', KEYS[t.index], 'XX', unpack(live))
+        for j = 2, #live, 2 do t.kept[#t.kept + 1] = live[j] end
       end
       if #lost > 0 then redis.call('ZREM', KEYS[t.index], unpack(lost)) end
     end
     local r = 0
     if reuse then r = 1 end
     out[i] = {r, limit, invalid, lost}
+  end
+  if #tasks[1].kept + #tasks[2].kept > 0 then
+    redis.call('HSET', KEYS[12], owner, expiry .. '|' .. table.concat(tasks[1].kept, ' ') .. '|'
+      .. table.concat(tasks[2].kept, ' '))
+  else
+    redis.call('HDEL', KEYS[12], owner)
   end
   return out
 elseif op == 'circuit_force' then
@@ -330,6 +345,25 @@ elseif op == 'circuit_force' then
 elseif op == 'show' then
   local now = clock()
   for index = 1, 3 do purge(index) end
+  -- Idle kept slots per task: those of each live entry that are still leases of the task.
+  local kept = {0, 0}
+  local entries = redis.call('HGETALL', KEYS[12])
+  for i = 1, #entries, 2 do
+    local expiry, data, status = string.match(entries[i + 1], '^(%d+)|([^|]*)|([^|]*)$')
+    if not expiry or tonumber(expiry) <= now then
+      redis.call('HDEL', KEYS[12], entries[i])
+    else
+      for j, ids in ipairs({data, status}) do
+        local list = {}
+        for id in string.gmatch(ids, '%S+') do list[#list + 1] = id end
+        if #list > 0 then
+          for _, score in ipairs(redis.call('ZMSCORE', KEYS[j + 1], unpack(list))) do
+            if score then kept[j] = kept[j] + 1 end
+          end
+        end
+      end
+    end
+  end
   return {
     redis.call('ZCARD', KEYS[1]),
     redis.call('ZCARD', KEYS[2]),
@@ -342,6 +376,7 @@ elseif op == 'show' then
     redis.call('LRANGE', KEYS[9], 0, -1),
     now,
     redis.call('HMGET', KEYS[11], SCOPES[1], SCOPES[2], SCOPES[3]),
+    kept,
   }
 end
 return redis.error_reply('unknown budget op ' .. tostring(op))

@@ -22,6 +22,8 @@
 //! - `{prefix}:{budget}:overrides`: HASH task label -> limit (`budget set` / `budget clear`);
 //! - `{prefix}:{budget}:paused`: SET of paused task labels (`budget pause` / `budget resume`).
 //! - `{prefix}:{budget}:waiters`: ZSET of processes refused a token lately -> until ms ([`pool`]).
+//! - `{prefix}:{budget}:kept`: HASH process id -> the idle slots it kept at its last renewal
+//!   ([`pool`]), so that `show` tells kept slots from running polls.
 //! - `{prefix}:{budget}:expired`: HASH scope -> leases removed because they had expired instead
 //!   of being released (`cardworker_budget_leases_expired_total`).
 //!
@@ -106,6 +108,12 @@ pub fn waiters_key(prefix: &str) -> String {
 /// Leases that ended by expiry instead of a release, per scope (fleet-wide counters).
 pub fn expired_key(prefix: &str) -> String {
     format!("{prefix}:{{budget}}:expired")
+}
+
+/// The idle slots each process kept at its last renewal (process id -> expiry and slot ids per
+/// task), so that `show` can tell kept slots from running polls ([`pool`]).
+pub fn kept_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:kept")
 }
 
 /// How long shutdown waits for the acquires under way before it releases what the process holds
@@ -214,8 +222,11 @@ pub struct TaskView {
     pub invalid_override: Option<String>,
     /// Paused by `budget pause`.
     pub paused: bool,
-    /// Unexpired leases, fleet-wide.
+    /// Tokens held by running polls, fleet-wide.
     pub in_use: u64,
+    /// Tokens processes keep idle between their polls (reserved for their next polls of the
+    /// task, given back under contention; [`pool`]), fleet-wide.
+    pub kept: u64,
     /// Leases that ended by expiry instead of a release, fleet-wide, since Redis last lost its
     /// data.
     pub leases_expired: u64,
@@ -228,8 +239,10 @@ pub struct TaskView {
 pub struct TotalView {
     /// `polling.total_limit`.
     pub limit: u32,
-    /// Unexpired leases, fleet-wide.
+    /// Tokens held by running polls, fleet-wide.
     pub in_use: u64,
+    /// Tokens processes keep idle between their polls, fleet-wide.
+    pub kept: u64,
     /// Leases that ended by expiry instead of a release, fleet-wide, since Redis last lost its
     /// data.
     pub leases_expired: u64,
@@ -408,6 +421,7 @@ impl Budget {
             .key(circuit::window_key(&self.prefix, Task::CardStatus))
             .key(waiters_key(&self.prefix))
             .key(expired_key(&self.prefix))
+            .key(kept_key(&self.prefix))
             .arg(op);
         inv
     }
@@ -725,7 +739,8 @@ impl Budget {
         Ok(out)
     }
 
-    /// Limits, overrides, pauses, tokens in use and circuits, in one script call.
+    /// Limits, overrides, pauses, tokens in use (running polls) and kept (idle slots), and
+    /// circuits, in one script call.
     pub async fn show(&self) -> anyhow::Result<BudgetView> {
         type Raw = (
             u64,
@@ -739,6 +754,7 @@ impl Budget {
             Vec<String>,
             i64,
             Vec<Option<u64>>,
+            Vec<u64>,
         );
         let (
             total,
@@ -752,6 +768,7 @@ impl Budget {
             status_window,
             now_ms,
             expired,
+            kept,
         ): Raw = self
             .invocation("show")
             .invoke_async(&mut self.conn.clone())
@@ -762,18 +779,23 @@ impl Budget {
             .map(|kv| (kv[0].clone(), kv[1].clone()))
             .collect();
         let expired_of = |i: usize| expired.get(i).copied().flatten().unwrap_or(0);
+        // A task's leases are its running polls and its kept idle slots (the script counts only
+        // kept slots that are still leases, so `kept` never exceeds the leases).
+        let kept_of = |i: usize, leases: u64| kept.get(i).copied().unwrap_or(0).min(leases);
+        let (data_kept, status_kept) = (kept_of(0, carddata), kept_of(1, card_status));
+        let total_kept = (data_kept + status_kept).min(total);
         let mut tasks = BTreeMap::new();
-        for (task, in_use, circuit, window, leases_expired) in [
+        for (task, (leases, kept), circuit, window, leases_expired) in [
             (
                 Task::Carddata,
-                carddata,
+                (carddata, data_kept),
                 data_circuit,
                 data_window,
                 expired_of(1),
             ),
             (
                 Task::CardStatus,
-                card_status,
+                (card_status, status_kept),
                 status_circuit,
                 status_window,
                 expired_of(2),
@@ -794,7 +816,8 @@ impl Budget {
                     override_limit: valid,
                     invalid_override: invalid,
                     paused: paused.iter().any(|p| p == task.label()),
-                    in_use,
+                    in_use: leases - kept,
+                    kept,
                     leases_expired,
                     circuit: CircuitView::from_raw(
                         &circuit,
@@ -808,7 +831,8 @@ impl Budget {
         Ok(BudgetView {
             total: TotalView {
                 limit: self.total_limit,
-                in_use: total,
+                in_use: total - total_kept,
+                kept: total_kept,
                 leases_expired: expired_of(0),
             },
             tasks,
@@ -864,12 +888,13 @@ impl Budget {
     }
 
     /// Reads the budget ([`Budget::show`]) and publishes `cardworker_poll_tokens_in_use{scope}`,
-    /// `cardworker_poll_limit{scope}`, `cardworker_budget_leases_expired_total{scope}` (the fleet's
+    /// `cardworker_poll_tokens_kept{scope}`, `cardworker_poll_limit{scope}`, `cardworker_budget_leases_expired_total{scope}` (the fleet's
     /// count, read from Redis) and `cardworker_gateway_circuit_open{task}` (the fleet-wide gauges'
     /// background refresh, `telemetry::fleet`).
     pub async fn publish_gauges(&self) -> anyhow::Result<()> {
         let view = self.show().await?;
         metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => "total").set(view.total.in_use as f64);
+        metrics::gauge!(m::POLL_TOKENS_KEPT, "scope" => "total").set(view.total.kept as f64);
         metrics::gauge!(m::POLL_LIMIT, "scope" => "total").set(f64::from(view.total.limit));
         metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => "total")
             .absolute(view.total.leases_expired);
@@ -877,6 +902,7 @@ impl Budget {
             if let Some(t) = view.tasks.get(task.label()) {
                 metrics::gauge!(m::POLL_TOKENS_IN_USE, "scope" => task.label())
                     .set(t.in_use as f64);
+                metrics::gauge!(m::POLL_TOKENS_KEPT, "scope" => task.label()).set(t.kept as f64);
                 metrics::gauge!(m::POLL_LIMIT, "scope" => task.label()).set(f64::from(t.limit));
                 metrics::counter!(m::BUDGET_LEASES_EXPIRED, "scope" => task.label())
                     .absolute(t.leases_expired);

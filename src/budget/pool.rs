@@ -41,7 +41,11 @@
 //!   renewal. A failed poll, and every probe, goes back through `budget::carry` as before, so
 //!   failures are counted at once and the circuit opens as before; the process whose call opened it
 //!   stops reusing at once, the others at their next renewal.
-//! - **Budget show** counts kept slots as in use: they are reserved for this process's next polls.
+//! - **Budget show** and `cardworker_poll_tokens_kept` count kept slots apart from the tokens of
+//!   running polls (`in_use`): each renewal records the process's idle slots in the budget's
+//!   `kept` hash (the process's entry goes when it keeps none), and `show` counts those still
+//!   leases. The record is as old as the last renewal (at most about [`RENEW_EVERY`]): a poll that
+//!   started on a kept slot since shows as kept until then, and a slot kept since as in use.
 //!
 //! A pod with nothing to do keeps nothing and renews nothing: the renewal runs only while there
 //! are idle slots or successes to report.

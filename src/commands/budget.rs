@@ -286,12 +286,19 @@ pub async fn force_circuit(
 /// The text form of `budget show`.
 pub fn render(view: &BudgetView) -> String {
     let mut out = format!(
-        "{:<12} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
-        "scope", "in_use", "limit", "config", "override", "paused", "circuit"
+        "{:<12} {:>6} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
+        "scope", "in_use", "kept", "limit", "config", "override", "paused", "circuit"
     );
     out.push_str(&format!(
-        "{:<12} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
-        "total", view.total.in_use, view.total.limit, view.total.limit, "-", "-", "-"
+        "{:<12} {:>6} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
+        "total",
+        view.total.in_use,
+        view.total.kept,
+        view.total.limit,
+        view.total.limit,
+        "-",
+        "-",
+        "-"
     ));
     for (name, t) in &view.tasks {
         let over = match (&t.override_limit, &t.invalid_override) {
@@ -300,9 +307,10 @@ pub fn render(view: &BudgetView) -> String {
             (None, None) => "-".to_owned(),
         };
         out.push_str(&format!(
-            "{:<12} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
+            "{:<12} {:>6} {:>6} {:>6} {:>8} {:>8}  {:<6}  {}\n",
             name,
             t.in_use,
+            t.kept,
             t.limit,
             t.config_limit,
             over,

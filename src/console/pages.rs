@@ -174,12 +174,13 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
         h2 { "Polling budgets and circuits" }
         @if let Some(b) = &f.budget {
             table #budgets {
-                tr { th { "scope" } th { "in use" } th { "limit" } th { "config" } th { "override" } th { "paused" } th { "circuit" } th { "parked" } @if viewer.can_act() { th { "act" } } }
-                tr { td { "total" } td.num { (b.total.in_use) } td.num { (b.total.limit) } td.num { (b.total.limit) } td { "-" } td { "-" } td { "-" } td { "-" } @if viewer.can_act() { td {} } }
+                tr { th { "scope" } th title="tokens held by running polls" { "in use" } th title="tokens kept idle between polls (reserved for the next polls, given back under contention)" { "kept" } th { "limit" } th { "config" } th { "override" } th { "paused" } th { "circuit" } th { "parked" } @if viewer.can_act() { th { "act" } } }
+                tr { td { "total" } td.num { (b.total.in_use) } td.num { (b.total.kept) } td.num { (b.total.limit) } td.num { (b.total.limit) } td { "-" } td { "-" } td { "-" } td { "-" } @if viewer.can_act() { td {} } }
                 @for (name, t) in &b.tasks {
                     tr data-task=(name) {
                         td { (name) }
-                        td.num { (t.in_use) }
+                        td.num.in-use { (t.in_use) }
+                        td.num.kept { (t.kept) }
                         td.num { (t.limit) }
                         td.num { (t.config_limit) }
                         td { @if let Some(o) = t.override_limit { (o) } @else if let Some(raw) = &t.invalid_override { span.bad { "invalid " (raw) " (ignored)" } } @else { "-" } }
@@ -192,7 +193,7 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
                             " · window " (t.circuit.window.calls) " calls, " (t.circuit.window.failures) " failed"
                             @if let Some(since) = &t.circuit.since { " · since " (when(since)) }
                         }
-                        td.num { (f.parked.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or(0)) }
+                        td.num.parked { (f.parked.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or(0)) }
                         @if viewer.can_act() {
                             td {
                                 form.inline method="post" action="/actions/budget" {

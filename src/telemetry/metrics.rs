@@ -6,9 +6,13 @@ pub const POLL_OUTCOMES: &str = "cardworker_poll_outcomes_total";
 /// Counter: `task`, `reason` = `total` | `task` | `paused` | `gateway_circuit_open` |
 /// `budget_unavailable`.
 pub const POLL_DEFERRED: &str = "cardworker_poll_deferred_total";
-/// Gauge: `scope` = `total` | `carddata` | `card_status`; fleet-wide, read from Redis in the
-/// background (`telemetry::fleet`).
+/// Gauge: `scope` = `total` | `carddata` | `card_status`; tokens held by running polls,
+/// fleet-wide, read from Redis in the background (`telemetry::fleet`).
 pub const POLL_TOKENS_IN_USE: &str = "cardworker_poll_tokens_in_use";
+/// Gauge: `scope`; tokens processes keep idle between their polls (reserved for their next
+/// polls, given back under contention), fleet-wide, read from Redis in the background. A scope's
+/// leases are `in_use` + `kept`.
+pub const POLL_TOKENS_KEPT: &str = "cardworker_poll_tokens_kept";
 /// Gauge: `scope`; the effective limit.
 pub const POLL_LIMIT: &str = "cardworker_poll_limit";
 /// Counter: `scope`; leases that ended by expiry instead of a release (a crashed or stalled

@@ -276,6 +276,7 @@ pub fn register_series() {
     let scopes = Task::ALL.map(Task::label);
     for scope in ["total"].into_iter().chain(scopes) {
         let _ = gauge!(metrics::POLL_TOKENS_IN_USE, "scope" => scope);
+        let _ = gauge!(metrics::POLL_TOKENS_KEPT, "scope" => scope);
         let _ = gauge!(metrics::POLL_LIMIT, "scope" => scope);
         let _ = ::metrics::counter!(metrics::BUDGET_LEASES_EXPIRED, "scope" => scope);
     }

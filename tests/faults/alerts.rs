@@ -266,6 +266,22 @@ impl Prometheus {
         )
         .await;
     }
+
+    /// The alerts that fired at some evaluation since Prometheus time `since` (the `ALERTS`
+    /// series Prometheus writes for every firing alert).
+    async fn fired_since(&self, since: f64) -> Vec<String> {
+        let window = (self.now().await - since).max(1.0).floor();
+        let mut names: Vec<String> = self
+            .query(&format!(
+                "max_over_time(ALERTS{{alertstate=\"firing\"}}[{window}s])"
+            ))
+            .await
+            .into_iter()
+            .map(|(labels, _)| labels.to_string())
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 impl Drop for Prometheus {
@@ -385,6 +401,47 @@ impl Rig {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_a_healthy_worker_fires_nothing() {
+    let rig = Rig::start().await;
+    let p = &rig.prometheus;
+    // A healthy worker, watched for 20 rule evaluations (5 times every `for:`): nothing fires,
+    // CardworkerPollTokensAtLimit included. It pages on a budget saturated by running polls, and
+    // this one's polls take milliseconds: its slots are mostly kept idle between polls.
+    let from = p.now().await;
+    let polls_before = p
+        .scalar("sum(cardworker_poll_outcomes_total)")
+        .await
+        .unwrap_or(0.0);
+    p.wait(
+        "20 evaluations of the utilisation rule",
+        Duration::from_secs(90),
+        || async {
+            let window = (p.now().await - from).floor().max(1.0);
+            p.scalar(&format!(
+                "count_over_time(cardworker:poll_tokens:utilisation{{scope=\"total\"}}[{window}s])"
+            ))
+            .await
+            .is_some_and(|n| n >= 20.0)
+        },
+    )
+    .await;
+    let polls = p
+        .scalar("sum(cardworker_poll_outcomes_total)")
+        .await
+        .unwrap_or(0.0)
+        - polls_before;
+    assert!(polls >= 100.0, "the worker polled meanwhile: {polls} polls");
+    let tokens = p
+        .query("max by (scope) (cardworker_poll_tokens_in_use + cardworker_poll_tokens_kept)")
+        .await;
+    assert_eq!(
+        p.fired_since(from).await,
+        Vec::<String>::new(),
+        "a healthy worker fires nothing (leases, in use + kept, at the end: {tokens:?})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

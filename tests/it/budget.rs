@@ -707,10 +707,10 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     assert_eq!(
         json,
         serde_json::json!({
-            "total": {"limit": 8, "in_use": 3, "leases_expired": 0},
+            "total": {"limit": 8, "in_use": 3, "kept": 0, "leases_expired": 0},
             "tasks": {
-                "carddata": {"limit": 4, "config_limit": 4, "override": null, "paused": true, "in_use": 1, "leases_expired": 0},
-                "card_status": {"limit": 2, "config_limit": 3, "override": 2, "paused": false, "in_use": 2, "leases_expired": 0}
+                "carddata": {"limit": 4, "config_limit": 4, "override": null, "paused": true, "in_use": 1, "kept": 0, "leases_expired": 0},
+                "card_status": {"limit": 2, "config_limit": 3, "override": 2, "paused": false, "in_use": 2, "kept": 0, "leases_expired": 0}
             }
         })
     );

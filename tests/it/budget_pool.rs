@@ -80,7 +80,9 @@ async fn after_a_renewal_allows_it_a_poll_starts_on_the_kept_slot_without_a_redi
         card(&mut conn, &budget::task_key(&r.prefix, Task::Carddata)).await,
         1
     );
-    assert_eq!(b.show().await.unwrap().total.in_use, 1);
+    // Between polls it is kept, not in use: no poll runs on it.
+    let view = b.show().await.unwrap();
+    assert_eq!((view.total.in_use, view.total.kept), (0, 1));
     // Shutdown gives the kept slot back at once.
     assert_eq!(b.release_held().await.unwrap(), 1);
     assert_eq!(card(&mut conn, &budget::total_key(&r.prefix)).await, 0);
@@ -353,4 +355,54 @@ async fn a_circuit_forced_open_reaches_a_process_that_keeps_slots_at_its_next_re
     let (got, _) = b.admit(Task::CardStatus, &b.new_lease_id()).await.unwrap();
     assert!(matches!(got, Acquired::CircuitOpen { .. }), "{got:?}");
     assert_eq!(b.reused(), before);
+}
+
+/// What a renewal records and `show` reads: the idle kept slots apart from the tokens of running
+/// polls, per task and in total, and nothing kept once the process gives its slots back.
+#[tokio::test]
+async fn show_counts_running_polls_as_in_use_and_idle_kept_slots_as_kept() {
+    let r = TestRedis::new().await;
+    let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 4));
+    let counts = |v: &budget::BudgetView, task: Task| {
+        let t = &v.tasks[task.label()];
+        (t.in_use, t.kept)
+    };
+    // Two card-status polls run; three carddata slots are kept idle.
+    keep_slots(&b, Task::Carddata, 3).await;
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let (got, slot) = b
+            .admit(Task::CardStatus, &b.new_lease_id())
+            .await
+            .expect("admit");
+        assert_eq!(got, Acquired::Acquired);
+        running.push(slot);
+    }
+    b.renew().await.expect("renew");
+    let view = b.show().await.unwrap();
+    assert_eq!(counts(&view, Task::Carddata), (0, 3), "{view:?}");
+    assert_eq!(counts(&view, Task::CardStatus), (2, 0), "{view:?}");
+    assert_eq!((view.total.in_use, view.total.kept), (2, 3), "{view:?}");
+
+    // A poll starts on a kept slot: from the next renewal it counts as in use.
+    let (got, slot) = b
+        .admit(Task::Carddata, &b.new_lease_id())
+        .await
+        .expect("admit");
+    assert_eq!(got, Acquired::Acquired);
+    b.renew().await.expect("renew");
+    let view = b.show().await.unwrap();
+    assert_eq!(counts(&view, Task::Carddata), (1, 2), "{view:?}");
+
+    // Every poll ends and the process gives everything back: nothing in use, nothing kept.
+    b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, "c");
+    for slot in running {
+        b.finish_poll(Task::CardStatus, slot, CallReport::Ok, 0, "c");
+    }
+    b.renew().await.expect("renew");
+    let view = b.show().await.unwrap();
+    assert_eq!((view.total.in_use, view.total.kept), (0, 5), "{view:?}");
+    b.release_held().await.expect("release");
+    let view = b.show().await.unwrap();
+    assert_eq!((view.total.in_use, view.total.kept), (0, 0), "{view:?}");
 }

@@ -591,11 +591,21 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         .await;
     browser
         .wait_text(
-            "tr[data-task=carddata] td:nth-child(8)",
+            "tr[data-task=carddata] td.parked",
             "one parked carddata chain",
             |t| t == "1",
         )
         .await;
+    // Each task's running polls and idle kept slots, apart.
+    for column in ["in-use", "kept"] {
+        browser
+            .wait_text(
+                &format!("tr[data-task=card_status] td.{column}"),
+                &format!("the card_status {column} count"),
+                |t| t.parse::<u64>().is_ok(),
+            )
+            .await;
+    }
     let stores = browser.text("main table").await.unwrap_or_default();
     assert_eq!(stores.matches("answers").count(), 2, "{stores}");
     // The archive backlog while maintenance is off, as `cardworker maintenance status` has it.

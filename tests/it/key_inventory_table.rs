@@ -194,6 +194,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         Deployment,
     ),
     k(
+        "<prefix>:{budget}:kept",
+        "budget: each process's idle kept slots at its last renewal (show tells them from running polls)",
+        Deployment,
+    ),
+    k(
         "<prefix>:{budget}:waiters",
         "budget: processes refused a token lately (the others stop keeping idle slots)",
         Ttl(2),
