@@ -27,6 +27,8 @@
 //! - [`ack_keys`], [`fetch`], [`release`]: the Redis calls.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future as _;
+use std::pin::Pin;
 use std::str::FromStr as _;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
@@ -43,6 +45,8 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use redis::aio::ConnectionManager;
 use redis::Script;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 use tower::{Layer, Service};
 
 use super::batch::ScriptCalls;
@@ -75,13 +79,23 @@ pub struct QueueBackend {
     releasing: Option<BoxFuture<'static, Result<(), apalis_redis::Error>>>,
     /// A fetch failed: the stream ends (the supervisor builds the worker again), as apalis's does.
     dead: bool,
+    /// This process's wake-up of the queue's workers ([`super::wake`]): the feeder's, when it
+    /// moved jobs into the queue.
+    wake: Arc<Notify>,
+    /// Armed just before each fetch is sent. A wake-up after that may be for jobs that landed
+    /// after the fetch ran in Redis, however long its round trip: when the fetch comes back
+    /// empty and this has fired, the worker fetches again at once instead of waiting for its
+    /// queue's next heartbeat (up to 30 s for a quiet queue).
+    woken: Pin<Box<OwnedNotified>>,
 }
 
 impl QueueBackend {
     /// The backend of queue `storage` (apalis-redis's storage with the queue's configuration),
-    /// on the process's connection `conn`.
-    pub fn new(storage: RedisStorage<String>, conn: ConnectionManager) -> Self {
+    /// on the process's connection `conn`, woken by `wake` (this process's wake-up of the
+    /// queue's workers, [`super::wake::handle`]).
+    pub fn new(storage: RedisStorage<String>, conn: ConnectionManager, wake: Arc<Notify>) -> Self {
         let acks = ack_calls(conn.clone());
+        let woken = Box::pin(wake.clone().notified_owned());
         Self {
             apalis: storage,
             conn,
@@ -90,6 +104,8 @@ impl QueueBackend {
             buffer: VecDeque::new(),
             releasing: None,
             dead: false,
+            wake,
+            woken,
         }
     }
 
@@ -123,6 +139,11 @@ impl Backend for QueueBackend {
             if self.dead {
                 return Poll::Ready(None);
             }
+            if self.fetching.is_none() {
+                // Re-armed before the fetch is sent: whatever an earlier wake-up was for is in
+                // Redis by now, so this fetch sees it.
+                self.woken = Box::pin(self.wake.clone().notified_owned());
+            }
             let fetching = self.fetching.get_or_insert_with(|| {
                 fetch(
                     self.conn.clone(),
@@ -136,10 +157,13 @@ impl Backend for QueueBackend {
                 Poll::Ready(Ok(tasks)) => {
                     self.fetching = None;
                     if tasks.is_empty() {
-                        // The next poll fetches again: after a heartbeat (its timer holds this
-                        // task's waker), or a wake-up from this process's feeder (the poll
-                        // strategy's). The worker context holds this task's waker since its
-                        // first heartbeat, for stops and finished jobs.
+                        // Woken while this fetch was on its way: the jobs may have landed after
+                        // it ran, so fetch again. Otherwise the next poll fetches after a
+                        // heartbeat (its timer holds this task's waker) or a wake-up (polling
+                        // `woken` here registers this task's waker with it).
+                        if self.woken.as_mut().poll(cx).is_ready() {
+                            continue;
+                        }
                         return Poll::Pending;
                     }
                     self.buffer.extend(tasks);

@@ -16,8 +16,8 @@
 //! pipeline, feeding what is due and repairing the hint; an entry written by a producer that does
 //! not lower the hint (an older build) waits at most that long (10 s), and a hint lost with Redis
 //! comes back. Trimming visits the queues this pod fed lately, and every queue once a minute. When
-//! a feed moves jobs, this process's workers of that queue are woken at once and again on the
-//! next tick ([`super::wake`]), so a job that becomes due is fetched within one tick.
+//! a feed moves jobs, this process's workers of that queue are woken ([`super::wake`]), so a job
+//! that becomes due is fetched within one tick.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -437,9 +437,6 @@ pub struct FeedState {
     generation: u64,
     /// Ticks since the hint was last read.
     quiet_ticks: u64,
-    /// The queues this feeder moved jobs into on its last tick: their workers are woken once
-    /// more on the next one ([`Feeder::feed_tick`]).
-    fed_last_tick: Vec<bool>,
 }
 
 impl Feeder {
@@ -483,16 +480,6 @@ impl Feeder {
     /// most [`QUIET_READ_EVERY_TICKS`] ticks in a row ([`super::announce`]).
     pub async fn feed_tick(&mut self, state: &mut FeedState) -> usize {
         state.fed_at.resize(self.queues.len(), None);
-        state.fed_last_tick.resize(self.queues.len(), false);
-        // A second wake-up, a tick after the first: a worker whose fetch was already on its way
-        // when the feeder pushed got nothing from it, and would otherwise wait for its next
-        // heartbeat (up to 5 s, 30 s in a quiet queue) for a job that was there all along.
-        // Local, no Redis command.
-        for (queue, fed) in self.queues.iter().zip(state.fed_last_tick.iter_mut()) {
-            if std::mem::take(fed) {
-                super::wake::notify(&queue.apalis);
-            }
-        }
         let sweep = state.ticks.is_multiple_of(SWEEP_EVERY_TICKS);
         state.ticks += 1;
         let now_ms = local_ms() + state.offset_ms + HINT_SLACK_MS;
@@ -537,7 +524,6 @@ impl Feeder {
                     if fed.moved + fed.poisoned > 0 {
                         state.fed_at[i] = Some(state.trims);
                     }
-                    state.fed_last_tick[i] = fed.moved > 0;
                     moved += fed.moved;
                 }
                 Err(e) => {

@@ -3,10 +3,11 @@
 //! An idle apalis-redis worker asks Redis for work on its own only after each heartbeat (every
 //! beat of its queue, `RunJob::HEARTBEAT`: 5 s, or 30 s for the quiet queues). Jobs reach apalis
 //! through the intake feeder alone, so the feeder,
-//! when it moves jobs into a queue, wakes this process's workers of that queue at once, and once
-//! more on its next tick (a fetch already on its way when the jobs landed comes back empty): a job
-//! that becomes due is fetched within one feeder tick, as before, while an idle pod no longer
-//! sends a fetch per worker five times a second (issue 16). A job another pod's feeder moved
+//! when it moves jobs into a queue, wakes this process's workers of that queue at once: a job
+//! that becomes due is fetched within one feeder tick, while an idle pod does not send a fetch
+//! per worker five times a second. A worker whose fetch was on its way when the wake-up came
+//! fetches again as soon as that fetch comes back empty (`queue::backend::QueueBackend`), so a
+//! wake-up is never used up by a fetch that ran before the jobs landed. A job another pod's feeder moved
 //! is fetched by that pod's workers at once, and by this pod's within a beat of its queue.
 //!
 //! Keyed by the apalis queue name, which carries the deployment's key prefix, so that several

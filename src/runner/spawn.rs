@@ -41,14 +41,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use apalis::layers::limit::ConcurrencyLimitLayer;
 use apalis::prelude::*;
-use apalis_core::backend::ext::poll_strategy::{PollSnapshot, PollStrategy, Strategy};
 use apalis_core::worker::lifecycle::LifecycleService;
 use apalis_cron::{CronScheduler, Tick};
 use apalis_redis::RedisStorage;
 use chrono_tz::{Asia::Shanghai, Tz};
 use futures::FutureExt as _;
 use redis::aio::ConnectionManager;
-use std::future::Future as _;
 use tokio_util::sync::CancellationToken;
 use tower::layer::util::{Identity, Stack};
 use tower::{Layer, Service};
@@ -163,40 +161,6 @@ pub async fn keep_heartbeat(
     }
 }
 
-/// A poll strategy that wakes a worker when this process's feeder moved jobs into its queue.
-struct LocalWake {
-    notify: Arc<tokio::sync::Notify>,
-    /// Armed before it is first polled, so that a wake-up between two polls is not lost.
-    next: std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
-}
-
-impl LocalWake {
-    fn new(notify: Arc<tokio::sync::Notify>) -> Self {
-        let next = Box::pin(notify.clone().notified_owned());
-        Self { notify, next }
-    }
-}
-
-impl PollStrategy for LocalWake {
-    fn poll_drive(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        _: &PollSnapshot,
-    ) -> std::task::Poll<Option<()>> {
-        let mut woken = false;
-        // Re-arm after each wake-up, and poll the fresh one so that it holds this task's waker.
-        while self.next.as_mut().poll(cx).is_ready() {
-            woken = true;
-            self.next = Box::pin(self.notify.clone().notified_owned());
-        }
-        if woken {
-            std::task::Poll::Ready(Some(()))
-        } else {
-            std::task::Poll::Pending
-        }
-    }
-}
-
 /// Starts one worker for job `J` with no layer of its own.
 pub fn spawn_worker<J>(ctx: &Arc<AppContext>, sup: &mut Supervisor)
 where
@@ -226,13 +190,13 @@ where
         Box::new(move || {
             let concurrency = J::concurrency(&ctx.config);
             let name = pod::worker_name(J::KIND);
-            let backend = QueueBackend::new(storage::<J>(&ctx, concurrency), ctx.redis.clone());
-            let workers_set = backend.apalis_config().workers_set();
             let wake =
                 crate::queue::wake::handle(&cardworker_jobs::keys::queue(ctx.prefix(), J::QUEUE));
-            let strategy = Strategy::new().apply(LocalWake::new(wake));
+            let backend =
+                QueueBackend::new(storage::<J>(&ctx, concurrency), ctx.redis.clone(), wake);
+            let workers_set = backend.apalis_config().workers_set();
             let builder: WorkerBuilder<_, _, Middleware<L>> = WorkerBuilder::new(name.as_str())
-                .backend(backend.poll_with_strategy(strategy))
+                .backend(backend)
                 .concurrency(concurrency)
                 .layer(layer.clone());
             let in_flight = Arc::new(AtomicUsize::new(0));

@@ -271,3 +271,55 @@ async fn a_killed_job_is_acknowledged_into_the_dead_set_with_its_reason() {
         "the payload is kept for `dead requeue`"
     );
 }
+
+/// The feeder wakes this process's workers of a queue when it moved jobs into it. A wake-up that
+/// arrives while a worker's fetch is on its way, and that fetch ran in Redis before the jobs
+/// landed, makes the worker fetch again as soon as the empty answer is back: the jobs never wait
+/// for the queue's next heartbeat (30 s for a quiet queue such as archive), whatever the fetch's
+/// round trip took.
+#[tokio::test]
+async fn a_wake_up_during_a_fetch_that_came_back_empty_is_fetched_without_waiting_for_a_heartbeat()
+{
+    use apalis_core::backend::Backend as _;
+    use cardworker::runner::RunJob as _;
+
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let queue = QueueName::new(&redis.prefix, RunArchive::QUEUE);
+    let worker = WorkerContext::new("archive-test-wake");
+    register(&mut conn, &queue, worker.name()).await;
+    let config = config_of(&queue);
+    // The fetch script is cached in Redis first, so that the fetch below is one command, sent
+    // on its first poll.
+    let none = backend::fetch(conn.clone(), config.clone(), worker.clone())
+        .await
+        .expect("fetch");
+    assert!(none.is_empty());
+    let producer = cardworker_jobs::Producer::new(conn.clone(), &redis.prefix);
+    producer
+        .enqueue(&RunArchive::default())
+        .await
+        .expect("enqueue");
+
+    let wake = cardworker::queue::wake::handle(&queue.apalis);
+    let storage = apalis_redis::RedisStorage::<String>::new(conn.clone()).with_config(config);
+    let mut backend = backend::QueueBackend::new(storage, conn.clone(), wake);
+    // The worker's fetch is sent...
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(backend.poll_next(&mut cx, &worker).is_pending());
+    // ...and the feed, on the same connection, runs after it in Redis: the fetch finds nothing.
+    // `feed` wakes this process's workers of the queue once it moved the job.
+    let fed = intake::feed(&mut conn, &queue).await.expect("feed");
+    assert_eq!(fed.backlog, 1, "the job is in apalis");
+
+    let beat = RunArchive::HEARTBEAT;
+    let next = tokio::time::timeout(
+        beat,
+        futures::future::poll_fn(|cx| backend.poll_next(cx, &worker)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the job waited a whole heartbeat ({beat:?}) after its wake-up"));
+    let task = next.expect("a job").expect("fetched");
+    assert!(task.ctx().task_id().is_some());
+}
