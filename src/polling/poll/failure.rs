@@ -117,7 +117,7 @@ pub(super) async fn record_failure<J: PollTask>(
 
 /// Whether the card's chain in Redis is another than the run's (one read; a chain that is gone
 /// counts as the run's, which adopts the card, and so does a Redis that does not answer: the
-/// failure is then recorded as before).
+/// failure is then recorded, since a failure lost is worse than one recorded twice).
 async fn is_replaced<J: PollTask>(run: &mut Run<'_, J>) -> bool {
     let prefix = run.ctx.prefix().to_owned();
     match chain::live_chains(
