@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::harness::{redis_url, spawn_app, TestRedis};
+use crate::harness::{redis_url, spawn_app, TestDb, TestRedis};
 
 fn cardworker(args: &[&str], config: &Path) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
@@ -22,12 +22,22 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn redis_only_config(dir: &tempfile::TempDir, prefix: &str, maintenance_enabled: bool) -> PathBuf {
-    let path = dir.path().join("cardworker.toml");
+/// A config on the test's own Redis prefix and migrated database: a maintenance brake writes its
+/// `operator.maintenance_*` audit event in PostgreSQL, or is not carried out.
+fn config_file(
+    dir: &tempfile::TempDir,
+    prefix: &str,
+    db: &TestDb,
+    maintenance_enabled: bool,
+) -> PathBuf {
+    let path = dir
+        .path()
+        .join(format!("cardworker-{maintenance_enabled}.toml"));
     std::fs::write(
         &path,
         format!(
-            "[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[maintenance]\nenabled = {maintenance_enabled}\n",
+            "[database]\nurl = \"{}\"\n\n[redis]\nurl = \"{}\"\nkey_prefix = \"{prefix}\"\n\n[maintenance]\nenabled = {maintenance_enabled}\n",
+            db.url,
             redis_url()
         ),
     )
@@ -38,8 +48,9 @@ fn redis_only_config(dir: &tempfile::TempDir, prefix: &str, maintenance_enabled:
 #[tokio::test]
 async fn maintenance_pause_and_resume_say_so_when_maintenance_is_disabled_and_only_then() {
     let r = TestRedis::new().await;
+    let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let off = redis_only_config(&dir, &r.prefix, false);
+    let off = config_file(&dir, &r.prefix, &db, false);
     for verb in ["pause", "resume"] {
         let text = stdout(&cardworker(&["maintenance", verb], &off));
         assert!(
@@ -47,7 +58,7 @@ async fn maintenance_pause_and_resume_say_so_when_maintenance_is_disabled_and_on
             "{verb}: {text}"
         );
     }
-    let on = redis_only_config(&dir, &r.prefix, true);
+    let on = config_file(&dir, &r.prefix, &db, true);
     let text = stdout(&cardworker(&["maintenance", "pause"], &on));
     assert!(text.starts_with("maintenance paused"), "{text}");
     assert!(!text.contains("maintenance.enabled"), "{text}");
