@@ -108,6 +108,8 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
         prefix: ctx.prefix().to_owned(),
         status: ctx.redis_status.clone(),
         on_data_lost: workers::on_redis_data_lost(&ctx),
+        on_data_lost_here: workers::on_redis_data_lost_here(&ctx),
+        epoch: None,
         answered_before: false,
     };
     ctx.shutdown.spawn(watch.run(ctx.shutdown.stopping()));

@@ -45,6 +45,8 @@ pub struct AppContext {
     pub chain_calls: ScriptCalls,
     /// The polls' card reads, sent several to a query (`storage::card_reads`).
     pub card_reads: CardReads,
+    /// The polls this process runs now (written back if Redis comes back empty).
+    pub running_polls: crate::queue::running::RunningPolls,
 }
 
 impl AppContext {
@@ -72,6 +74,7 @@ impl AppContext {
             shutdown,
             chain_calls,
             card_reads,
+            running_polls: Default::default(),
         }))
     }
 

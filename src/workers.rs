@@ -124,6 +124,30 @@ pub fn on_redis_data_lost(ctx: &Arc<AppContext>) -> crate::runner::redis_watch::
     })
 }
 
+/// What every pod that notices Redis came back empty does first (`runner::redis_watch`): the
+/// leases and chain entries of its running polls, lost with the data while those polls were at
+/// the Gateway, are written back, so that their tokens still count and reconcile finds their
+/// chains live.
+pub fn on_redis_data_lost_here(ctx: &Arc<AppContext>) -> crate::runner::redis_watch::OnDataLost {
+    let ctx = ctx.clone();
+    Arc::new(move || {
+        let ctx = ctx.clone();
+        Box::pin(async move {
+            let leases = ctx.budget.reassert_running().await?;
+            let chains = ctx
+                .running_polls
+                .reassert(&mut ctx.redis.clone(), ctx.prefix())
+                .await?;
+            tracing::info!(
+                leases,
+                chains,
+                "running polls written back after a Redis data loss"
+            );
+            Ok(())
+        })
+    })
+}
+
 /// The most one source of the fleet-wide gauges may take in one round: a hung read counts as a
 /// failed one (the gauges' age grows) and does not hold the other sources back.
 pub const FLEET_READ_LIMIT: Duration = Duration::from_secs(5);

@@ -11,10 +11,11 @@
 --         apalis, running, or waiting in KEYS[2] with a payload of its own). The feeder reads only
 --         scores below FED, so it never feeds a chain whose job may still be alive; reconcile reads
 --         both ranges past the grace.
--- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge, or `batch`:
---         then ARGV[2..] are groups of exactly 7 values, each the ARGV[1..7] of one call (unused
---         ones ''), and the script returns the list of their results, in order (issue 16: one
---         process's concurrent checks and successors cost one script call per task, not one each)
+-- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge | reassert,
+--         or `batch`:
+--         then ARGV[2..] are groups of exactly 8 values, each the ARGV[1..8] of one call (unused
+--         ones ''), and the script returns the list of their results, in order (one process's
+--         concurrent checks and successors cost one script call per task, not one each)
 -- ARGV[2] card_ref  ARGV[3] chain id (job's; the new one for start*/merge)
 -- ARGV[4] delay ms (start*/schedule/merge), or a fresh id (check)
 -- ARGV[5] failures, ARGV[6] deferrals of the job to schedule (start*/schedule/merge): kept in the
@@ -23,6 +24,8 @@
 -- ARGV[7] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
 --         live past its due time (merge), or the tally (schedule): 'u' one more unchanged poll,
 --         'r' reset by a recorded change or failure, anything else keeps it
+-- ARGV[8] the job's turn (check, schedule, finish): the due ms its job was fed for, '' or absent
+--         when unknown (a payload of its own, an adopted card); see Turns below
 -- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: 1
 --          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted',
 --          or {'busy', ms} when a replaced chain's poll may still run (wait, then check again);
@@ -39,14 +42,20 @@
 --
 -- Generations: a chain id is the chain's fencing token. A restart (start, start_if_dead, a merge
 -- that starts a chain) writes a new id, so every op of a job of the replaced chain answers stale.
--- Its poll may still be at the Gateway, though: the restart then appends the replaced chain's id
--- and the restart time as a sixth field, `old_id@ms` (the run marker), when that chain's job
--- existed (its due entry in the FED range) or an earlier marker is still there. While the marker
--- stands, a `check` of the new chain answers {'busy', ms to wait} (ARGV[5] is the checker's lease
--- TTL: the old poll is over by then at the latest), so the restarted chain's first poll waits
--- instead of polling the card a second time at once. The replaced chain's job removes the marker
--- as it ends (its stale `check`, `schedule` or `finish`); a `check` that finds it expired drops it.
--- Readers that take the first five fields (feed.lua, the Rust parsers) never see it.
+--
+-- Turns: the feeder writes into each job the due time it was fed for (its turn), and re-scores the
+-- entry to FED + that time. A job's check, schedule and finish act only while the entry is still
+-- at FED + its turn: a second delivery of a job whose turn is over (apalis re-queueing a worker's
+-- jobs after its stream ended, while the job itself ran on) is stale, though its chain is live.
+--
+-- The run marker: a live check appends `chain#turn@ms` to the entry as a sixth field (`chain@ms`
+-- for a job of unknown turn): from then on the poll may be at the Gateway. While it stands (for
+-- the checker's lease TTL, ARGV[5], at most: the poll is over by then), a second delivery of the
+-- same turn is stale, and any other job of the card (a restarted chain's first, a later turn) is
+-- told to wait ({'busy', ms to wait}) instead of polling the card a second time at once. A
+-- restart keeps the marker. The poll's own schedule or finish removes it, whether its chain is
+-- still live or not; a check that finds it expired drops it. Readers that take the first five
+-- fields (feed.lua, the Rust parsers) never see it.
 --
 -- Older entries still parse: `chain_id|due_ms` (before the tally) and `chain_id|u|l|s` (before
 -- issue 19's payload-less intake). Those two are written only by an older release, whose jobs
@@ -60,8 +69,8 @@
 -- The Redis clock is read only by the ops that need it: a live `check` (every poll, before its
 -- Gateway call) and `finish` read none (issue 16).
 local FED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
--- One call's arguments (ARGV[1..7], or one group of a batch), set before each call.
-local op, card, chain, A4, A5, A6, A7
+-- One call's arguments (ARGV[1..8], or one group of a batch), set before each call.
+local op, card, chain, A4, A5, A6, A7, A8
 local now_s, now
 local function clock()
   if not now then
@@ -162,27 +171,53 @@ local function mark(id, tally, failures, deferrals, score, run)
   redis.call('ZADD', KEYS[4], score, card)
 end
 
--- The run marker a restart leaves for the new chain: the one standing (its chain's poll may still
--- run), else the replaced chain's, when that chain's job exists (FED: fed, or running).
-local function restart_marker()
-  if cur_run then return cur_run end
-  if cur_id then
-    local _, fed = cur_score()
-    if fed then return cur_id .. '@' .. clock() end
-  end
+-- The calling job's turn (ARGV[8]) as a string of digits, or nil when unknown.
+local function turn()
+  if A8 and string.find(A8, '^%d+$') and A8 ~= '0' then return A8 end
   return nil
+end
+
+-- Whether the calling job's turn is still the chain's: its entry in the due set is FED + the turn.
+-- A job of unknown turn always is.
+local function turn_current()
+  local t = turn()
+  if not t then return true end
+  local s, fed = cur_score()
+  return fed and s == FED + tonumber(t)
+end
+
+-- The standing run marker read: (chain id, turn or nil, since ms), or nil without one.
+local function marker()
+  if not cur_run then return nil end
+  local who, since = string.match(cur_run, '^(.+)@(%d+)$')
+  if not who then return nil end
+  local id, t = string.match(who, '^(.*)#(%d+)$')
+  if id then return id, t, tonumber(since) end
+  return who, nil, tonumber(since)
+end
+
+-- Whether the standing marker is the run of chain `id` at turn `t` (nil: unknown turn).
+local function marker_is(id, t)
+  local mid, mt = marker()
+  return mid ~= nil and mid == id and mt == t
+end
+
+-- The run marker a restart leaves for the new chain: the one standing (its poll may still run).
+local function restart_marker()
+  return cur_run
 end
 
 -- Removes the run marker from the entry (its poll is over, or it expired).
 local function drop_marker()
   if not cur_run then return end
-  redis.call('HSET', KEYS[1], card, string.sub(cur_raw, 1, #cur_raw - #cur_run - 1))
+  cur_raw = string.sub(cur_raw, 1, #cur_raw - #cur_run - 1)
+  redis.call('HSET', KEYS[1], card, cur_raw)
   cur_run = nil
 end
 
--- A job of chain `id` ends (stale): the marker that waits for it goes.
-local function release_marker(id)
-  if cur_run and id ~= '' and string.sub(cur_run, 1, #id + 1) == id .. '@' then drop_marker() end
+-- The poll of chain `id` at turn `t` ends: its run marker goes.
+local function release_marker(id, t)
+  if id ~= '' and marker_is(id, t) then drop_marker() end
 end
 
 -- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
@@ -242,8 +277,9 @@ local function run()
   elseif op == 'schedule' then
     -- A chain whose entry is gone (Redis lost it while the job ran) is adopted by its job: the
     -- successor is written, so the card is never left without one.
-    if cur_id and cur_id ~= chain then
-      release_marker(chain)
+    if (cur_id and cur_id ~= chain) or (cur_id and not turn_current()) then
+      -- Replaced, or this job's turn is over: its poll (if it ran) ends here, nothing written.
+      release_marker(chain, turn())
       return 0
     end
     local tally = cur_tally or fresh()
@@ -255,42 +291,73 @@ local function run()
       tally[1] = 0
       tally[3] = 'c' .. stamp()
     end
-    put(chain, A4, tally, cur_run)
+    local run = cur_run
+    if marker_is(chain, turn()) then run = nil end
+    put(chain, A4, tally, run)
     return 1
   elseif op == 'check' then
     if not cur_id then
       -- The chain state was lost (Redis flushed, or a legacy producer enqueued without a chain):
       -- adopt the job, which is running (FED). Worst case one extra poll if reconcile also
       -- restarted the card.
-      local id = chain
+      local id, t = chain, turn()
       if id == '' then id = A4 end
-      mark(id, fresh(), 0, 0, FED + clock())
+      -- Fed at its turn, as far as it knows (so that its own successor passes the turn check),
+      -- and at the Gateway from now on.
+      local who = id
+      if t then who = id .. '#' .. t end
+      mark(id, fresh(), 0, 0, FED + (tonumber(t) or clock()), who .. '@' .. clock())
       return {'adopted', id}
     elseif cur_id == chain then
-      if cur_run then
-        -- A replaced chain's poll may still run: wait for it (at most the checker's lease TTL).
-        local old, since = string.match(cur_run, '^(.+)@(%d+)$')
-        local left = tonumber(since) + (tonumber(A5) or 0) - clock()
-        if old ~= chain and left > 0 then return {'busy', tostring(left)} end
+      -- A second delivery of a job whose turn is over: the chain has moved on without it.
+      if not turn_current() then return {'stale', cur_id} end
+      local t = turn()
+      local mid, mt, since = marker()
+      if mid then
+        local left = since + (tonumber(A5) or 0) - clock()
+        if left > 0 then
+          -- This very turn is at the Gateway already (a second delivery of the running job).
+          if mid == chain and mt == t then return {'stale', cur_id} end
+          -- Another poll of the card may still run (a replaced chain's, an earlier turn's):
+          -- wait for it, at most the checker's lease TTL.
+          return {'busy', tostring(left)}
+        end
         drop_marker()
       end
-      -- The common answer is a bare 1: the caller knows its own chain id, and a table per op
-      -- costs Redis about a fifth of the op (issue 16).
+      -- The poll starts: its run marker stands until its own schedule or finish. An entry in an
+      -- older format (fewer than five fields) gets none: appending to it would change how it
+      -- parses.
+      if string.find(cur_raw, '^[^|]+|[^|]+|[^|]+|[^|]+|[^|]+') then
+        local who = chain
+        if t then who = chain .. '#' .. t end
+        redis.call('HSET', KEYS[1], card, cur_raw .. '|' .. who .. '@' .. clock())
+      end
+      -- The common answer is a bare 1: the caller knows its own chain id.
       return 1
     elseif chain == '' then
       local s, fed = cur_score()
       if (not s or fed) and not redis.call('ZSCORE', KEYS[2], card) then
         -- A chain-less job (written raw, or by a producer from before the merge) that took the
         -- place of the chain's own waiting entry: it joins the chain instead of ending it.
-        mark(cur_id, cur_tally or fresh(), 0, 0, FED + clock())
+        mark(cur_id, cur_tally or fresh(), 0, 0, FED + clock(), cur_run)
         return {'adopted', cur_id}
       end
     end
-    release_marker(chain)
+    -- A job of a replaced chain that never started its poll: the marker is not its own.
     return {'stale', cur_id}
+  elseif op == 'reassert' then
+    -- Redis came back empty while this chain's poll (ARGV[5] failures, ARGV[8] turn) was at the
+    -- Gateway: its entry comes back as it was when the poll checked in, with its run marker, so
+    -- that reconcile finds the chain live and another job of the card waits for the poll.
+    if cur_id then return 0 end
+    local t = turn()
+    local who = chain
+    if t then who = chain .. '#' .. t end
+    mark(chain, fresh(), A5, 0, FED + (tonumber(t) or clock()), who .. '@' .. clock())
+    return 1
   elseif op == 'finish' then
-    if cur_id and cur_id ~= chain then
-      release_marker(chain)
+    if (cur_id and cur_id ~= chain) or (cur_id and not turn_current()) then
+      release_marker(chain, turn())
       return 0
     end
     redis.call('HDEL', KEYS[1], card)
@@ -333,16 +400,17 @@ end
 
 if ARGV[1] == 'batch' then
   local out = {}
-  for i = 2, #ARGV - 6, 7 do
-    op, card, chain, A4, A5, A6, A7 =
-      ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
+  for i = 2, #ARGV - 7, 8 do
+    op, card, chain, A4, A5, A6, A7, A8 = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+      ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
     load()
     out[#out + 1] = run()
   end
   write_hint()
   return out
 end
-op, card, chain, A4, A5, A6, A7 = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+op, card, chain, A4, A5, A6, A7, A8 =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 load()
 local result = run()
 write_hint()

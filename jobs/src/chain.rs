@@ -18,8 +18,8 @@ use crate::{keys, ChainState, EnqueueError};
 /// header).
 pub const SCRIPT: &str = include_str!("chain.lua");
 
-/// How many arguments one call of the script's `batch` op takes (its ARGV[1..7]).
-pub const BATCH_WIDTH: usize = 7;
+/// How many arguments one call of the script's `batch` op takes (its ARGV[1..8]).
+pub const BATCH_WIDTH: usize = 8;
 
 /// The score offset of a chain whose job exists (fed into apalis, running, or waiting with a
 /// payload of its own in the intake): its entry in the chain due set ([`keys::chain_due`]) is

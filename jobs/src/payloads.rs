@@ -20,6 +20,16 @@ pub struct ChainState {
     /// Consecutive deferrals for lack of budget tokens (drives the deferral back-off).
     #[serde(default)]
     pub deferrals: u32,
+    /// The job's turn in its chain: the due time (unix ms, Redis clock) the feeder fed it for, 0
+    /// when unknown (a producer's payload, an older release's). A job acts on its chain only while
+    /// the chain still waits on this turn, so a second delivery of a job whose turn is over is
+    /// stale (`chain.lua`, Turns). Passed to a chain write, it is the writing job's own turn.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub turn: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Polls the Gateway for one card's data (`GET /v1/cards/{card_ref}/data`).
@@ -204,6 +214,7 @@ mod tests {
                 chain: "01J".into(),
                 failures: 3,
                 deferrals: 1,
+                turn: 1_764_000_000_000,
             },
         };
         let json = serde_json::to_value(&job).unwrap();

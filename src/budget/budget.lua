@@ -68,6 +68,11 @@
 --          leases of the task (a renewal is at most about a second old); the rest of the leases
 --          are held by running polls.
 -- circuit_force: ARGV[2] task index  ARGV[3] 'open'|'close'; returns circuit_force's answer.
+-- reassert: ARGV[2] lease ttl ms, then pairs of task index and lease id: the leases of polls
+--   still running in this process after Redis came back without them (an empty restart). Each is
+--   added again to the total and its task's set with a full TTL, where it is missing (ZADD NX),
+--   whatever the limits say: the poll is at the Gateway, so its tokens are in use. Returns how
+--   many were added.
 local op = ARGV[1]
 
 -- A limit as `budget set` writes it: plain digits, 1..=ceiling. Anything else (garbage written
@@ -255,6 +260,15 @@ elseif op == 'release' then
     if a + b + c > 0 then existed = existed + 1 end
   end
   return existed
+elseif op == 'reassert' then
+  local expiry = clock() + tonumber(ARGV[2])
+  local added = 0
+  for i = 3, #ARGV - 1, 2 do
+    local index, lease = tonumber(ARGV[i]), ARGV[i + 1]
+    added = added + redis.call('ZADD', KEYS[1], 'NX', expiry, lease)
+    redis.call('ZADD', KEYS[index], 'NX', expiry, lease)
+  end
+  return added
 elseif op == 'finish' then
   local index = tonumber(ARGV[2])
   local existed = release_lease(index, ARGV[3])

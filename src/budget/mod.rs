@@ -57,7 +57,7 @@ pub mod carry;
 pub mod circuit;
 pub mod pool;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -277,6 +277,9 @@ pub struct Budget {
     /// idle, carried, or asked for by an acquire whose answer is not in (a granted acquire whose
     /// future was dropped still holds its lease in Redis). Shutdown releases them all.
     held: Arc<Mutex<HashSet<String>>>,
+    /// The leases of this process's polls that are running now, with their task: what
+    /// [`Budget::reassert_running`] writes back after Redis comes back empty.
+    running: Arc<Mutex<HashMap<String, Task>>>,
     /// Set when shutdown releases what the process holds: no acquire is sent after it, and one
     /// answered after it gives its lease back at once.
     closing: Arc<std::sync::atomic::AtomicBool>,
@@ -325,6 +328,7 @@ impl Budget {
             circuit_window_ms: i64::try_from(p.circuit.window_secs.saturating_mul(1000))
                 .unwrap_or(i64::MAX),
             held: Arc::default(),
+            running: Arc::default(),
             closing: Arc::default(),
             acquiring: Arc::default(),
             released: Arc::default(),
@@ -561,6 +565,42 @@ impl Budget {
             other => anyhow::bail!("the budget script answered an unknown reason {other:?}"),
         };
         Ok((Acquired::Short { reason }, String::new()))
+    }
+
+    /// Records that a poll of `task` runs under `lease` from now on (the poll's lease guard).
+    pub fn run_started(&self, task: Task, lease: &str) {
+        if let Ok(mut running) = self.running.lock() {
+            running.insert(lease.to_owned(), task);
+        }
+    }
+
+    /// Records that the poll under `lease` is over (its lease guard ended or was dropped).
+    pub fn run_ended(&self, lease: &str) {
+        if let Ok(mut running) = self.running.lock() {
+            running.remove(lease);
+        }
+    }
+
+    /// Writes the leases of this process's running polls back into Redis where they are missing,
+    /// each with a full lease TTL: Redis came back empty while those polls were at the Gateway,
+    /// and their tokens must count against the limits until they end. Returns how many were
+    /// missing.
+    pub async fn reassert_running(&self) -> anyhow::Result<u64> {
+        let running: Vec<(String, Task)> = match self.running.lock() {
+            Ok(running) => running.iter().map(|(l, t)| (l.clone(), *t)).collect(),
+            Err(_) => Vec::new(),
+        };
+        if running.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = self.invocation("reassert");
+        inv.arg(u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX));
+        for (lease, task) in &running {
+            inv.arg(Self::task_index(*task)).arg(lease);
+        }
+        inv.invoke_async(&mut self.conn.clone())
+            .await
+            .context("writing the running polls' leases back")
     }
 
     /// Releases one lease and counts its poll's outcome (about `card_ref`) in the task's circuit,

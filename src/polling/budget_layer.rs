@@ -328,6 +328,7 @@ impl circuit::Lease for LeaseGuard {
     /// `budget::carry`), so a poll costs at most one budget round trip.
     fn finish(mut self: Box<Self>, reported: Reported) {
         if let Some(held) = self.held.take() {
+            self.budget.run_ended(&held.slot.lease);
             self.budget.finish_poll(
                 held.task,
                 held.slot,
@@ -342,6 +343,7 @@ impl circuit::Lease for LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
+            self.budget.run_ended(&held.slot.lease);
             self.budget.release_in_background(held.slot.lease);
         }
     }
@@ -362,6 +364,7 @@ where
     S::Error: Into<BoxDynError>,
 {
     let probe = held.probe_round > 0;
+    shared.budget.run_started(held.task, &held.slot.lease);
     let guard = Box::new(LeaseGuard {
         budget: shared.budget.clone(),
         held: Some(held),

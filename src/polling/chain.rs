@@ -216,6 +216,15 @@ impl Link {
     }
 }
 
+/// A job's turn as the chain script's ARGV[8]: empty when unknown.
+fn turn_arg(turn: u64) -> String {
+    if turn == 0 {
+        String::new()
+    } else {
+        turn.to_string()
+    }
+}
+
 /// The queue of a polling task (its label).
 pub fn queue_of(task: Task) -> &'static str {
     match task {
@@ -335,8 +344,9 @@ pub async fn drop_if_dead(
 }
 
 /// Schedules the job's successor (next poll, back-off after a failure, or a deferral) after
-/// `delay`, if the job's chain is still live or gone (the job then adopts the card), leaving the
-/// chain's unchanged-poll tally as it is. Returns false for a stale chain (nothing written).
+/// `delay`, if the job's chain is still live or gone (the job then adopts the card) and still
+/// waits on the job's turn (`next.turn`, the writing job's own; 0 when unknown), leaving the
+/// chain's unchanged-poll tally as it is. Returns false for a stale job (nothing written).
 pub async fn schedule<'a>(
     via: impl Into<Via<'a>>,
     prefix: &str,
@@ -372,6 +382,7 @@ pub async fn schedule_counted<'a>(
         next.failures.to_string(),
         next.deferrals.to_string(),
         tally.to_owned(),
+        turn_arg(next.turn),
     ];
     let done: i64 = via
         .into()
@@ -416,6 +427,9 @@ pub async fn check<'a>(
         state.chain.clone(),
         fresh_chain(),
         ms(lease_ttl).to_string(),
+        String::new(),
+        String::new(),
+        turn_arg(state.turn),
     ];
     let answer: redis::Value = via
         .into()
@@ -436,15 +450,21 @@ pub async fn check<'a>(
     })
 }
 
-/// Ends the card's chain (data ready, status final, parked) if it is still the job's chain.
+/// Ends the card's chain (data ready, status final, parked) if it is still the job's chain and
+/// the chain still waits on the job's turn (`state.turn`, 0 when unknown).
 pub async fn finish(
     conn: &mut ConnectionManager,
     prefix: &str,
     task: Task,
     card_ref: &str,
-    chain: &str,
+    state: &ChainState,
 ) -> anyhow::Result<bool> {
-    let done: i64 = invoke(prefix, task, "finish", card_ref, chain)
+    let done: i64 = invoke(prefix, task, "finish", card_ref, &state.chain)
+        .arg("")
+        .arg("")
+        .arg("")
+        .arg("")
+        .arg(turn_arg(state.turn))
         .invoke_async(conn)
         .await
         .with_context(|| format!("finishing the {task} chain of {card_ref}"))?;

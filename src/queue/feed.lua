@@ -176,15 +176,18 @@ if KEYS[11] and n > 0 then
           local failures, deferrals = string.match(state, '^(%d+)%.?(%d*)$')
           index = index + 1
           local f, d = tonumber(failures) or 0, tonumber(deferrals) or 0
+          -- The job's turn: the due time it is fed for (`jobs/src/chain.lua`, Turns).
+          local turn = string.format('%.0f', tonumber(due[2 * i]))
           -- A ref and id of SAFE characters encode as themselves, so the payload, and the JSON
           -- string apalis decodes it from, are written as text: the bytes cjson would write,
           -- without its three calls and the UTF-8 check (issue 16: a fifth of the feeder's time).
           if string.find(card, SAFE) and string.find(id, SAFE) then
             push_encoded(index, card, '"{\\"card_ref\\":\\"' .. card .. '\\",\\"chain\\":\\"' .. id
-              .. '\\",\\"failures\\":' .. f .. ',\\"deferrals\\":' .. d .. '}"')
+              .. '\\",\\"failures\\":' .. f .. ',\\"deferrals\\":' .. d .. ',\\"turn\\":' .. turn
+              .. '}"')
           else
             push(index, card, '{"card_ref":' .. cjson.encode(card) .. ',"chain":' .. cjson.encode(id)
-              .. ',"failures":' .. f .. ',"deferrals":' .. d .. '}')
+              .. ',"failures":' .. f .. ',"deferrals":' .. d .. ',"turn":' .. turn .. '}')
           end
         end
       else

@@ -9,6 +9,7 @@
 //!   to a script call.
 //! - [`backend`]: the apalis backend every worker runs: apalis-redis's storage with a fetch and
 //!   an acknowledgement of cardworker's own (no per-job meta hash read, done jobs deleted at once).
+//! - [`running`]: the polls this process runs now, written back if Redis comes back empty.
 //! - this module: [`QueueName`], [`ChainKeys`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
@@ -33,6 +34,7 @@ pub mod backend;
 pub mod batch;
 pub mod dead;
 pub mod intake;
+pub mod running;
 pub mod wake;
 
 use cardworker_jobs::{keys, Job as _, PollCardData, PollCardStatus};

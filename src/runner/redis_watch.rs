@@ -1,7 +1,7 @@
 //! The Redis probe of one process: is Redis answering, and did it lose its data?
 //!
 //! Every [`PROBE_INTERVAL`] it reads the deployment's epoch marker (`{prefix}:redis_epoch`, one
-//! `EXISTS`) with a short timeout and records the verdict in [`RedisStatus`]
+//! `GET`) with a short timeout and records the verdict in [`RedisStatus`]
 //! (`cardworker_redis_up`), which the supervisor uses to ride out an outage and the feeder to stay
 //! quiet during one.
 //!
@@ -9,9 +9,16 @@
 //! empty (a restart without persistence, a failover to an empty replica, a flush) or this is the
 //! deployment's first start. Then every chain, intake entry and lease is gone while PostgreSQL
 //! still says which cards should be polled: the first pod to re-create the marker (`SET NX`, sent
-//! only when `EXISTS` found it missing) runs the `on_data_lost` action (`workers` enqueues a full
+//! only when `GET` found it missing) runs the `on_data_lost` action (`workers` enqueues a full
 //! reconcile), so polling resumes within seconds instead of waiting for the reconcile cursor to
 //! come round.
+//!
+//! Every pod that notices the loss (the marker missing, or back with another value than the one it
+//! saw last) first runs `on_data_lost_here`: it writes back what its own running polls hold (their
+//! leases and chain entries), which Redis lost while they were at the Gateway. The full reconcile
+//! waits [`RESTORE_SETTLE`] (a few probes) so that every pod has written its polls back before it
+//! looks for dead chains: a card whose poll still runs is then not polled a second time beside it,
+//! and the tokens of those polls still count.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +32,9 @@ use crate::telemetry::RedisStatus;
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// A probe slower than this counts as Redis down.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the full reconcile after a data loss waits, so that every pod's probe has noticed the
+/// loss and written its running polls back first.
+pub const RESTORE_SETTLE: Duration = Duration::from_secs(3);
 
 /// The marker key whose absence means Redis lost the deployment's data.
 pub fn epoch_key(prefix: &str) -> String {
@@ -44,9 +54,25 @@ pub struct RedisWatch {
     pub status: RedisStatus,
     /// Run by the pod that re-creates a missing epoch marker.
     pub on_data_lost: OnDataLost,
+    /// Run by every pod that notices a data loss, before anything else: writes back what this
+    /// process's running polls hold.
+    pub on_data_lost_here: OnDataLost,
+    /// The marker's value at this pod's last probe (`None` before the first, or after finding it
+    /// missing).
+    pub epoch: Option<String>,
     /// Whether a probe of this process has seen Redis answer before: a marker missing at the
     /// first probe is a first start (or a loss while no pod ran), not trouble for running workers.
     pub answered_before: bool,
+}
+
+/// What one probe read of the marker.
+enum Seen {
+    /// There, with this value.
+    Present(String),
+    /// Missing; this probe re-created it with this value.
+    Created(String),
+    /// Missing; another pod re-created it first.
+    Missing,
 }
 
 /// What one probe found.
@@ -56,6 +82,8 @@ pub enum Probe {
     Up,
     /// Redis answered without the marker, and this pod re-created it.
     DataLost,
+    /// Redis lost its data and another pod re-created the marker (or is about to).
+    LostElsewhere,
     /// Redis did not answer in time.
     Down(String),
 }
@@ -65,15 +93,15 @@ impl RedisWatch {
     pub async fn probe(&mut self) -> Probe {
         let key = epoch_key(&self.prefix);
         let answer = tokio::time::timeout(PROBE_TIMEOUT, async {
-            // A read first: the marker is nearly always there, and `EXISTS` writes nothing and
-            // sends no value (issue 16). Only a missing marker is re-created, with `SET NX`, so
-            // that of the pods that all found it missing exactly one runs `on_data_lost`.
-            let present: bool = redis::cmd("EXISTS")
+            // A read first: the marker is nearly always there, and `GET` writes nothing. Only a
+            // missing marker is re-created, with `SET NX`, so that of the pods that all found it
+            // missing exactly one runs `on_data_lost`.
+            let present: Option<String> = redis::cmd("GET")
                 .arg(&key)
                 .query_async(&mut self.conn)
                 .await?;
-            if present {
-                return Ok::<bool, redis::RedisError>(false);
+            if let Some(epoch) = present {
+                return Ok::<_, redis::RedisError>(Seen::Present(epoch));
             }
             let epoch = ulid::Ulid::new().to_string();
             let created: Option<String> = redis::cmd("SET")
@@ -82,20 +110,37 @@ impl RedisWatch {
                 .arg("NX")
                 .query_async(&mut self.conn)
                 .await?;
-            Ok(created.is_some())
+            Ok(match created {
+                Some(_) => Seen::Created(epoch),
+                None => Seen::Missing,
+            })
         })
         .await;
         match answer {
-            Ok(Ok(created)) => {
+            Ok(Ok(seen)) => {
                 self.status.mark_up();
                 let answered_before = std::mem::replace(&mut self.answered_before, true);
-                if created {
-                    if answered_before {
-                        self.status.mark_data_lost();
+                match seen {
+                    Seen::Created(epoch) => {
+                        self.epoch = Some(epoch);
+                        if answered_before {
+                            self.status.mark_data_lost();
+                        }
+                        Probe::DataLost
                     }
-                    Probe::DataLost
-                } else {
-                    Probe::Up
+                    Seen::Missing => {
+                        self.epoch = None;
+                        Probe::LostElsewhere
+                    }
+                    Seen::Present(epoch) => {
+                        let changed = self.epoch.as_ref().is_some_and(|seen| *seen != epoch);
+                        self.epoch = Some(epoch);
+                        if changed {
+                            Probe::LostElsewhere
+                        } else {
+                            Probe::Up
+                        }
+                    }
                 }
             }
             Ok(Err(e)) => {
@@ -121,15 +166,31 @@ impl RedisWatch {
                 () = &mut stop => return,
                 _ = tick.tick() => {
                     let watched = self.answered_before;
-                    if self.probe().await == Probe::DataLost {
-                        self.restore(watched).await;
+                    match self.probe().await {
+                        Probe::DataLost => {
+                            if watched {
+                                self.write_back().await;
+                            }
+                            self.restore(watched).await;
+                        }
+                        Probe::LostElsewhere => self.write_back().await,
+                        Probe::Up | Probe::Down(_) => {}
                     }
                 }
             }
         }
     }
 
-    /// Runs `on_data_lost`; if it fails, drops the marker again so that the next probe (of any
+    /// Runs `on_data_lost_here`: this process's running polls written back.
+    async fn write_back(&mut self) {
+        tracing::warn!(prefix = %self.prefix, "Redis lost the deployment's data; writing back the leases and chains of this process's running polls");
+        if let Err(e) = (self.on_data_lost_here)().await {
+            tracing::error!(error = %format!("{e:#}"), "writing back the running polls after a Redis data loss failed");
+        }
+    }
+
+    /// Runs `on_data_lost` (after [`RESTORE_SETTLE`] when the data went while workers ran); if it
+    /// fails, drops the marker again so that the next probe (of any
     /// pod) retries instead of nobody restoring.
     ///
     /// `watched`: this process had seen the marker's Redis answer before, so the data went while
@@ -146,6 +207,9 @@ impl RedisWatch {
                 prefix = %self.prefix,
                 "Redis holds no epoch marker at start-up (the deployment's first start, or Redis lost its data while no worker ran); restoring the schedule from PostgreSQL"
             );
+        }
+        if watched {
+            tokio::time::sleep(RESTORE_SETTLE).await;
         }
         if let Err(e) = (self.on_data_lost)().await {
             tracing::error!(error = %format!("{e:#}"), "restoring after a Redis data loss failed; will retry");

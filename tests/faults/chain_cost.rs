@@ -20,6 +20,7 @@ fn state(chain: &str) -> ChainState {
         chain: chain.to_owned(),
         failures: 0,
         deferrals: 0,
+        turn: 0,
     }
 }
 

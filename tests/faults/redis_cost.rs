@@ -491,7 +491,7 @@ async fn a_job_enqueued_into_a_quiet_queue_runs_before_the_worker_s_next_heartbe
 }
 
 #[tokio::test]
-async fn a_probe_that_finds_the_epoch_marker_sends_one_exists_and_writes_nothing_and_the_first_probe_after_a_flush_re_creates_it(
+async fn a_probe_that_finds_the_epoch_marker_sends_one_get_and_writes_nothing_and_the_first_probe_after_a_flush_re_creates_it(
 ) {
     use cardworker::runner::redis_watch::{epoch_key, Probe, RedisWatch};
     let redis = PrivateRedis::start_new(false);
@@ -502,6 +502,8 @@ async fn a_probe_that_finds_the_epoch_marker_sends_one_exists_and_writes_nothing
         prefix: "probe".to_owned(),
         status: Default::default(),
         on_data_lost: std::sync::Arc::new(|| Box::pin(async { Ok(()) })),
+        on_data_lost_here: std::sync::Arc::new(|| Box::pin(async { Ok(()) })),
+        epoch: None,
         answered_before,
     };
     let mut watch = watch_on(false);
@@ -521,7 +523,7 @@ async fn a_probe_that_finds_the_epoch_marker_sends_one_exists_and_writes_nothing
     let (calls, _) = counted(&mut conn).await;
     assert_eq!(
         calls,
-        BTreeMap::from([("exists".to_owned(), 5)]),
+        BTreeMap::from([("get".to_owned(), 5)]),
         "a probe that finds the marker reads it and writes nothing"
     );
 
@@ -531,8 +533,16 @@ async fn a_probe_that_finds_the_epoch_marker_sends_one_exists_and_writes_nothing
         .await
         .expect("flush");
     let mut peer = watch_on(true);
+    let mut watching_peer = watch_on(true);
+    watching_peer.epoch = marker.clone();
     assert_eq!(watch.probe().await, Probe::DataLost);
     assert_eq!(peer.probe().await, Probe::Up, "only the first pod restores");
+    assert_eq!(
+        watching_peer.probe().await,
+        Probe::LostElsewhere,
+        "a pod that saw the old marker notices the loss and writes its running polls back"
+    );
+    assert_eq!(watching_peer.probe().await, Probe::Up, "once");
     let exists: bool = redis::cmd("EXISTS")
         .arg(epoch_key("probe"))
         .query_async(&mut conn)

@@ -788,6 +788,7 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
         chain: id.clone(),
         failures: 3,
         deferrals: 0,
+        turn: 0,
     };
     let handed = chain::schedule_or_retry(
         &mut conn,

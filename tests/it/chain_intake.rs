@@ -55,6 +55,7 @@ async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
         chain: id.clone(),
         failures: 2,
         deferrals: 1,
+        turn: 0,
     };
     assert!(
         chain::schedule(&mut conn, prefix, task, "c-1", &next, Duration::ZERO)
@@ -82,7 +83,11 @@ async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
         jobs,
         vec![PollCardData {
             card_ref: "c-1".into(),
-            state: next.clone(),
+            // Its turn: the due time it was fed for.
+            state: ChainState {
+                turn: waiting,
+                ..next.clone()
+            },
         }]
     );
     // The entry stays, in the fed range at the due time it was fed for.
@@ -149,6 +154,7 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
         chain: old_id.into(),
         failures: 3,
         deferrals: 0,
+        turn: 0,
     };
     assert_eq!(
         chain::check(
@@ -179,7 +185,13 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
     assert_eq!(payloads, 0);
     assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
     let jobs = apalis_payloads(&redis, PollCardStatus::QUEUE).await;
-    assert!(jobs.iter().any(|j| j.state == successor), "{jobs:?}");
+    assert!(
+        jobs.iter().any(|j| ChainState {
+            turn: 0,
+            ..j.state.clone()
+        } == successor),
+        "{jobs:?}"
+    );
 }
 
 #[tokio::test]
@@ -478,4 +490,111 @@ async fn investigate_still_shows_the_due_time_and_the_unchanged_facts() {
     assert!(u.all_cards_total >= 2, "{u:?}");
     let text = investigate::render_text(&inv);
     assert!(text.contains("next poll due"), "{text}");
+}
+
+/// The one job the feeder hands apalis for `card` in `queue`, fed now.
+async fn fed_job(redis: &TestRedis, card: &str) -> PollCardData {
+    let mut conn = redis.conn.clone();
+    let q = QueueName::new(&redis.prefix, PollCardData::QUEUE);
+    assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
+    let jobs = apalis_payloads(redis, PollCardData::QUEUE).await;
+    let job = jobs
+        .into_iter()
+        .filter(|j| j.card_ref == card)
+        .max_by_key(|j| j.state.turn)
+        .expect("the fed job");
+    assert!(job.state.turn > 0, "a fed job carries its turn: {job:?}");
+    job
+}
+
+#[tokio::test]
+async fn a_second_delivery_of_a_job_whose_turn_is_over_is_stale_and_writes_nothing() {
+    // apalis re-queues the jobs of a worker whose stream ended, although each ran on in a task of
+    // its own and wrote its successor: that second delivery carries a live chain id.
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
+    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
+        .await
+        .expect("start");
+    let job = fed_job(&redis, "c-1").await;
+    let ttl = Duration::from_secs(60);
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
+            .await
+            .expect("check"),
+        chain::Liveness::Live
+    );
+    assert!(chain::schedule(
+        &mut conn,
+        prefix,
+        task,
+        "c-1",
+        &job.state,
+        Duration::from_secs(60)
+    )
+    .await
+    .expect("successor"));
+    let successor = score(&redis, task, "c-1").await;
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
+            .await
+            .expect("second check"),
+        chain::Liveness::Stale,
+        "the second delivery must not poll"
+    );
+    assert!(
+        !chain::schedule(&mut conn, prefix, task, "c-1", &job.state, Duration::ZERO)
+            .await
+            .expect("second schedule"),
+        "the second delivery must not move the chain's next poll"
+    );
+    assert_eq!(score(&redis, task, "c-1").await, successor);
+}
+
+#[tokio::test]
+async fn a_second_delivery_of_a_running_job_is_stale_and_a_restarted_chain_waits_for_the_poll() {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
+    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
+        .await
+        .expect("start");
+    let running = fed_job(&redis, "c-1").await;
+    let ttl = Duration::from_secs(60);
+    let base = conn.clone();
+    let check = |state: ChainState| {
+        let mut conn = base.clone();
+        async move {
+            chain::check(&mut conn, prefix, task, "c-1", &state, ttl)
+                .await
+                .expect("check")
+        }
+    };
+    assert_eq!(check(running.state.clone()).await, chain::Liveness::Live);
+    // The same job delivered again while its poll is at the Gateway.
+    assert_eq!(check(running.state.clone()).await, chain::Liveness::Stale);
+    // An operator restarts the chain meanwhile: its first job waits for the running poll.
+    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
+        .await
+        .expect("restart");
+    let first = fed_job(&redis, "c-1").await;
+    assert_ne!(first.state.chain, running.state.chain);
+    assert!(
+        matches!(check(first.state.clone()).await, chain::Liveness::Busy(_)),
+        "the restarted chain's first poll waits"
+    );
+    // The running poll ends: its successor is not written (its chain was replaced), and the
+    // way is clear.
+    assert!(!chain::schedule(
+        &mut conn,
+        prefix,
+        task,
+        "c-1",
+        &running.state,
+        Duration::ZERO
+    )
+    .await
+    .expect("old successor"));
+    assert_eq!(check(first.state.clone()).await, chain::Liveness::Live);
 }

@@ -343,6 +343,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
         shutdown: app.ctx.shutdown.clone(),
         chain_calls: app.ctx.chain_calls.clone(),
         card_reads: app.ctx.card_reads.clone(),
+        running_polls: Default::default(),
     };
     let job = SubmitPayment {
         payment_id: id,

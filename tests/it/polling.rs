@@ -471,6 +471,7 @@ async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
             chain: "01OLDCHAIN".into(),
             failures: 0,
             deferrals: 0,
+            turn: 0,
         },
     };
     app.producer()

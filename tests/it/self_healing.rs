@@ -326,6 +326,7 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
             chain: live.clone(),
             failures: 0,
             deferrals: 0,
+            turn: 0,
         },
     };
     // The successor waits as the chain's entry (issue 19: its state is there, not in a payload).
@@ -346,6 +347,7 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
                 chain: entry.chain,
                 failures,
                 deferrals,
+                turn: 0,
             },
         }
     };

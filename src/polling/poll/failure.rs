@@ -155,22 +155,25 @@ const ABNORMAL_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
 ///   call has its own, shorter timeout): the successor comes after back-off with the failure
 ///   count unchanged, and nothing is recorded.
 ///
-/// A stale job leaves nothing (its chain was replaced).
+/// A stale job leaves nothing (its chain was replaced, or its turn is over): the successor's write
+/// is fenced by the job's chain and turn. A job of a known chain does not check again, since its
+/// own run marker would answer that its turn is at the Gateway already; a chain-less job checks
+/// to adopt the card.
 pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error: JobError) {
     let task = J::TASK;
     let mut conn = ctx.redis.clone();
     let card_ref = job.card_ref().to_owned();
     let seen = job.state().clone();
     let ttl = ctx.config.polling.lease_ttl();
-    let chain_id = match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen, ttl).await {
-        Ok(Liveness::Live | Liveness::Busy(_)) => seen.chain.clone(),
-        Ok(Liveness::Adopted(id)) => id,
-        Ok(Liveness::Stale) => return,
-        // Redis is away: schedule under the job's own chain (the write is retried until Redis
-        // answers, and stays chain-checked).
-        Err(_) => seen.chain.clone(),
+    let chain_id = if seen.chain.is_empty() {
+        match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen, ttl).await {
+            Ok(Liveness::Adopted(id)) => id,
+            Ok(Liveness::Live | Liveness::Busy(_) | Liveness::Stale) | Err(_) => return,
+        }
+    } else {
+        seen.chain.clone()
     };
-    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
+    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, &seen);
     if let JobError::Panicked(_) = &error {
         let now = Utc::now();
         let record = LogRecord {

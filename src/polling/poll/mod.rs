@@ -163,19 +163,20 @@ struct Run<'a, J: PollTask> {
     ctx: &'a AppContext,
     conn: ConnectionManager,
     card_ref: String,
-    /// The chain after the check (adopted id if any), with the job's failure count.
+    /// The chain after the check (adopted id if any), with the job's failure count and turn.
     state: ChainState,
     _job: std::marker::PhantomData<J>,
 }
 
 impl<'a, J: PollTask> Run<'a, J> {
-    /// The run of `card_ref`'s job in chain `chain` after `failures` consecutive failures.
+    /// The run of `card_ref`'s job in chain `chain` at `seen`'s turn, after `seen.failures`
+    /// consecutive failures.
     fn new(
         ctx: &'a AppContext,
         conn: ConnectionManager,
         card_ref: String,
         chain: String,
-        failures: u32,
+        seen: &ChainState,
     ) -> Self {
         Self {
             ctx,
@@ -183,8 +184,9 @@ impl<'a, J: PollTask> Run<'a, J> {
             card_ref,
             state: ChainState {
                 chain,
-                failures,
+                failures: seen.failures,
                 deferrals: 0,
+                turn: seen.turn,
             },
             _job: std::marker::PhantomData,
         }
@@ -224,10 +226,12 @@ impl<'a, J: PollTask> Run<'a, J> {
         delay: Duration,
         count: Count,
     ) -> anyhow::Result<bool> {
+        // The successor's write is fenced by this job's own turn.
         let next = ChainState {
             chain: self.state.chain.clone(),
             failures,
             deferrals: 0,
+            turn: self.state.turn,
         };
         let prefix = self.ctx.prefix().to_owned();
         // Redis refusing the successor (after a PostgreSQL commit, say) never ends the chain:
@@ -261,7 +265,7 @@ impl<'a, J: PollTask> Run<'a, J> {
             &prefix,
             J::TASK,
             &self.card_ref,
-            &self.state.chain,
+            &self.state,
         )
         .await
         .map(|_| ())
@@ -307,7 +311,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             // its lease is over.
             let wait = left.min(BUSY_RECHECK);
             tracing::debug!(%task, %card_ref, chain = %seen.chain, wait_ms = wait.as_millis() as u64, "restarted chain waits for the replaced chain's poll");
-            let mut run = Run::<J>::new(&ctx, conn, card_ref, seen.chain.clone(), seen.failures);
+            let mut run = Run::<J>::new(&ctx, conn, card_ref, seen.chain.clone(), &seen);
             let failures = run.state.failures;
             run.schedule(failures, wait).await?;
             return Ok(PollOutcome::WaitingForReplaced);
@@ -321,7 +325,9 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             return Ok(PollOutcome::Stale);
         }
     };
-    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, seen.failures);
+    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, &seen);
+    // Known as running until it returns: written back if Redis comes back empty meanwhile.
+    let _running = ctx.running_polls.enter(task, &run.card_ref, &run.state);
 
     let card = match ctx.card_reads.load(&run.card_ref).await {
         Ok(Some(card)) => card,
