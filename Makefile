@@ -21,10 +21,13 @@ reset-demo: build
 
 ## Runs every test (unit, integration against real PostgreSQL and Redis, deploy lint).
 ## nextest runs every test in its own process, which the metrics tests need (one global
-## recorder per process); `.ci/run` installs it when missing.
+## recorder per process); `.ci/run` installs it when missing. The suite must leave nothing in
+## the shared Redis (deploy/local/redis-leftovers.sh compares its keys before and after).
 test: services browser prometheus
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { echo "cargo-nextest is required: cargo install cargo-nextest --locked" >&2; exit 1; }
+	@bash deploy/local/redis-leftovers.sh before target/redis-before-test.txt
 	CARDWORKER_REQUIRE_BROWSER=1 $(CARGO) nextest run --workspace --no-fail-fast
+	bash deploy/local/redis-leftovers.sh after target/redis-before-test.txt
 	$(MAKE) chaos-short
 	$(MAKE) lint-deploy
 	$(MAKE) scrape-check
