@@ -3,14 +3,14 @@
 --
 -- KEYS[1] chain hash (card_ref -> "chain_id|unchanged|last|since|state", see below)
 -- KEYS[2] intake zset of the queue (entries with a payload of their own: a raw producer's, `dead
---         requeue`'s, or one written by a release from before issue 19)
+--         requeue`'s, or one written by an older release that stored poll payloads there)
 -- KEYS[3] intake payload hash of the queue
 -- KEYS[4] the chain due set (card_ref -> score): the chains' one sorted set, both the polling intake
---         and the index reconcile reads (issue 19). Score = the due ms of the chain's next poll
---         while it waits to be fed; FED + that due ms once its job exists elsewhere (fed into
---         apalis, running, or waiting in KEYS[2] with a payload of its own). The feeder reads only
---         scores below FED, so it never feeds a chain whose job may still be alive; reconcile reads
---         both ranges past the grace.
+--         and the index reconcile reads (no payload and no second set per waiting poll). Score =
+--         the due ms of the chain's next poll while it waits to be fed; FED + that due ms once its
+--         job exists elsewhere (fed into apalis, running, or waiting in KEYS[2] with a payload of
+--         its own). The feeder reads only scores below FED, so it never feeds a chain whose job may
+--         still be alive; reconcile reads both ranges past the grace.
 -- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge | reassert,
 --         or `batch`:
 --         then ARGV[2..] are groups of exactly 8 values, each the ARGV[1..8] of one call (unused
@@ -32,8 +32,8 @@
 --          finish: 1 / 0 stale;
 --          merge: {'merged' | 'started', chain id}.
 --
--- The chain entry's tally (issue 19: the unchanged-poll facts live with the chain, so they cost no
--- key of their own and go when the chain goes): `unchanged` polls counted since `since`, the time
+-- The chain entry's tally (the unchanged-poll facts live with the chain, so they cost no key of
+-- their own and go when the chain goes): `unchanged` polls counted since `since`, the time
 -- of the `last` one (base-36 unix seconds, '0' for none), and `since` as a kind letter plus base-36
 -- unix seconds: 'c' the chain's last recorded change or failure, 's' the chain's start (a first
 -- start, `enqueue`, reconcile, an adoption after Redis lost its data): nothing before it is known.
@@ -57,17 +57,18 @@
 -- still live or not; a check that finds it expired drops it. Readers that take the first five
 -- fields (feed.lua, the Rust parsers) never see it.
 --
--- Older entries still parse: `chain_id|due_ms` (before the tally) and `chain_id|u|l|s` (before
--- issue 19's payload-less intake). Those two are written only by an older release, whose jobs
--- carry their own payload in KEYS[2]/KEYS[3]: the feeder never builds a payload from them (it
--- tells them by their fewer fields), it only moves their KEYS[4] entry to the FED range (their
--- job lives in the intake or in apalis).
+-- Older entries still parse: `chain_id|due_ms` (without a tally) and `chain_id|u|l|s` (without the
+-- next job's state: their job carries its own payload). Those two are written only by an older
+-- release, whose jobs carry their own payload in KEYS[2]/KEYS[3]: the feeder never builds a payload
+-- from them (it tells them by their fewer fields), it only moves their KEYS[4] entry to the FED
+-- range (their job lives in the intake or in apalis).
 --
 -- The fleet-wide hourly counter of unchanged polls is not written here: each process adds its
--- unchanged polls up and writes them every few seconds (`polling::unchanged`, issue 16).
+-- unchanged polls up and writes them every few seconds (`polling::unchanged`), not one INCR per
+-- poll.
 --
 -- The Redis clock is read only by the ops that need it: a live `check` (every poll, before its
--- Gateway call) and `finish` read none (issue 16).
+-- Gateway call) and `finish` read none (TIME is a command of its own on the hottest ops).
 local FED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
 -- One call's arguments (ARGV[1..8], or one group of a batch), set before each call.
 local op, card, chain, A4, A5, A6, A7, A8
@@ -94,8 +95,8 @@ local function load()
     cur_run = string.match(cur, '|([^|@]+@%d+)$')
   end
   -- Every entry this release writes starts with four non-empty fields: one `string.match` reads
-  -- them (issue 16: splitting into a table cost as much Redis CPU as the HGET). Anything else
-  -- (an older format, or a field left empty by hand) is split as before, empty fields skipped.
+  -- them (splitting into a table costs as much Redis CPU as the HGET). Anything else (an older
+  -- format, or a field left empty by hand) is split into a table, empty fields skipped.
   local id, unchanged, last, since = string.match(cur, '^([^|]+)|([^|]+)|([^|]+)|([^|]+)')
   if id then
     cur_id, cur_tally = id, {tonumber(unchanged) or 0, last, since}
@@ -221,11 +222,12 @@ local function release_marker(id, t)
 end
 
 -- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
--- time, so that the feeder looks at this queue by then (issue 16). Its member is the queue's intake
--- key (KEYS[2]), whichever of the queue's two sets holds the entry; its name is made from that
--- key's prefix, as the queue scripts make apalis's meta keys, so that no caller passes it. The
--- hint is written once per script call, with the earliest due time of all its calls (a batch of
--- successors costs one hint write, not one each): `hint` notes it, `write_hint` writes it.
+-- time, so that the feeder, which reads the hint rather than every intake, looks at this queue by
+-- then. Its member is the queue's intake key (KEYS[2]), whichever of the queue's two sets holds the
+-- entry; its name is made from that key's prefix, as the queue scripts make apalis's meta keys, so
+-- that no caller passes it. The hint is written once per script call, with the earliest due time of
+-- all its calls (a batch of successors costs one hint write, not one each): `hint` notes it,
+-- `write_hint` writes it.
 local hint_due
 local function hint(due)
   if not hint_due or due < hint_due then hint_due = due end

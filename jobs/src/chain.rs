@@ -31,7 +31,7 @@ pub const FED: u64 = 1 << 50;
 
 /// A fresh chain id: 8 random Crockford base32 characters (40 bits). A chain id only has to
 /// differ from the card's earlier chains' (a job of a replaced chain is stale); nothing parses it.
-/// Shorter than a ULID: 18 bytes less in every chain entry and every poll payload (issue 19).
+/// Shorter than a ULID: 18 bytes less in every chain entry and every poll payload.
 pub fn fresh_chain_id() -> String {
     // The last 8 characters of a fresh ULID are 40 of its 80 random bits.
     ulid::Ulid::new().to_string()[18..].to_owned()
@@ -74,7 +74,7 @@ pub async fn merge<C: ConnectionLike>(
     delay: Duration,
 ) -> Result<Merged, EnqueueError> {
     // A poll payload is card_ref plus the flattened chain state, and a waiting poll keeps that
-    // state in its chain entry (issue 19): the payload itself is not stored (the feeder builds
+    // state in its chain entry: the payload itself is not stored (the feeder builds
     // the job's from the chain entry).
     let _ = payload;
     // An id the producer chose itself is kept.

@@ -21,7 +21,7 @@ pub fn intake_payload(prefix: &str, queue: &str) -> String {
 /// The due hint of the deployment's intakes (member: an intake key, score: unix ms on the Redis
 /// clock, never later than that intake's earliest entry). Every intake writer lowers it
 /// (`ZADD LT`); the feeder sets it exactly after each feed. The feeder reads this one key on its
-/// ticks instead of every intake, so an idle pod costs Redis almost nothing (issue 16).
+/// ticks instead of every intake, so an idle pod costs Redis almost nothing.
 pub fn intake_due_hint(prefix: &str) -> String {
     format!("{prefix}:intakes:due")
 }
@@ -29,7 +29,7 @@ pub fn intake_due_hint(prefix: &str) -> String {
 /// The channel on which intake writers announce an entry due earlier than the due hint held
 /// for its intake (message: the due time, unix ms on the Redis clock). Published only when the
 /// hint was lowered; every worker process subscribes, so its feeder can sleep while nothing is
-/// due and still feed such an entry within one tick (issue 16). A pub/sub channel, not a key.
+/// due and still feed such an entry within one tick. A pub/sub channel, not a key.
 pub fn intake_wake(prefix: &str) -> String {
     format!("{prefix}:intakes:wake")
 }
@@ -49,7 +49,8 @@ pub fn chain(prefix: &str, queue: &str) -> String {
 /// The chain due set of a polling queue (member: card_ref; score: the due time of the chain's next
 /// poll, unix ms on the Redis clock, while it waits to be fed, and [`crate::chain::FED`] + that
 /// time once its job exists): the polling intake and the index reconcile reads, in one sorted set
-/// (issue 19). The feeder feeds the scores below `FED`; reconcile reads both ranges past a grace.
+/// (no payload hash entry and no second sorted set per waiting poll). The feeder feeds the scores
+/// below `FED`; reconcile reads both ranges past a grace.
 pub fn chain_due(prefix: &str, queue: &str) -> String {
     format!("{prefix}:chain:{queue}:due")
 }

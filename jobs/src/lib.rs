@@ -24,13 +24,15 @@
 //! chain script instead ([`chain::merge`]): it brings the live chain's next poll forward, or
 //! starts a chain when the card has none, and never drops the chain's own job.
 //!
-//! A polling chain's waiting poll is not in the intake at all (issue 19): it is the card's entry
-//! in the chain due set ([`keys::chain_due`]), with its state in the chain entry, and the feeder
-//! builds its payload when it moves it into apalis. So cardworker must be upgraded before its
-//! producers: an older cardworker feeds only the intake, and finds a chain started by a newer
-//! producer only through reconcile (after its grace). A producer built before issue 19 keeps
-//! working against a newer cardworker: its poll jobs still merge into the live chain (a waiting
-//! poll it cannot see is left as it is), and the entries it writes carry their payload.
+//! A polling chain's waiting poll is not in the intake at all (no payload stored per waiting
+//! poll, which keeps Redis memory per card small): it is the card's entry in the chain due set
+//! ([`keys::chain_due`]), with its state in the chain entry, and the feeder builds its payload
+//! when it moves it into apalis. So cardworker must be upgraded before its producers: an older
+//! cardworker feeds only the intake, and finds a chain started by a newer producer only through
+//! reconcile (after its grace). An older producer, whose poll jobs carry their payload into the
+//! intake, keeps working against a newer cardworker: its poll jobs still merge into the live
+//! chain (a waiting poll it cannot see is left as it is), and the entries it writes carry their
+//! payload.
 
 use std::time::Duration;
 

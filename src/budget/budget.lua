@@ -24,7 +24,7 @@
 --          ARGV[12] how many finishes it carries, then 6 values per finish: task index, lease
 --          id, outcome, probe round, card (as for finish), successes of that task to count
 --          before it (circuit_successes). They run first, in the same call, so a slot that turns
---          over costs one round trip, not two (issue 16).
+--          over costs one round trip, not two.
 --   Taking over (ARGV[10] = '1'): the poll admitted by this call gets the lease id of one carried
 --   finish (one of its own task if any, else the first), and that member is re-scored in place
 --   (one ZADD per set) instead of removed and added again. The slot never looks free in

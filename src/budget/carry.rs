@@ -1,13 +1,14 @@
 //! Finishes that ride on the next acquire: at most one budget round trip per admitted poll.
 //!
-//! A poll's end (release its lease, count its outcome in the task's circuit) used to be a script
-//! call of its own, after the acquire's: two round trips per poll, and the budget layer's share of
-//! a no-op job's cost was larger than apalis-redis's. Now a finished poll's lease is *carried*:
-//! it stays in this process's list for a moment, and the next acquire of this process releases it
-//! in the same script call, before it checks the limits, so a slot that turns over costs one round
-//! trip. The polling layer's acquire carries its own task's finishes when there are any (it takes
-//! over one of their slots, below), else every task's. When no acquire comes within [`CARRY_FOR`], a flush sends what is carried
-//! in one call ([`Budget::flush_carried`]).
+//! A poll's end (release its lease, count its outcome in the task's circuit) is not a script call
+//! of its own: after the acquire's, that would make two round trips per poll, and the budget
+//! layer's share of a no-op job's cost larger than apalis-redis's. A finished poll's lease is
+//! *carried* instead: it stays in this process's list for a moment, and the next acquire of this
+//! process releases it in the same script call, before it checks the limits, so a slot that turns
+//! over costs one round trip. The polling layer's acquire carries its own task's finishes when
+//! there are any (it takes over one of their slots, below), else every task's. When no acquire
+//! comes within [`CARRY_FOR`], a flush sends what is carried in one call
+//! ([`Budget::flush_carried`]).
 //!
 //! Why the limits hold: a carried lease still counts until the call that releases it, so the
 //! fleet-wide count is never lower than the polls running; an acquire that carries finishes
@@ -16,8 +17,8 @@
 //! a token is woken when a local poll finishes, and its acquire carries that finish, so waiting
 //! costs no extra round trip either.
 //!
-//! What is carried is released at most [`CARRY_FOR`] later than before: other processes see the
-//! slot that much later. Shutdown flushes before it releases what is still held.
+//! What is carried is released at most [`CARRY_FOR`] after its poll ends: other processes see the
+//! slot free that much later. Shutdown flushes before it releases what is still held.
 //!
 //! A granted acquire of the polling layer ([`Budget::acquire_slot`]) takes over one carried
 //! finish's lease id (its own task's if it carries one): the script re-scores that member instead

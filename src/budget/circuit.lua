@@ -19,7 +19,7 @@
 --
 -- Each circuit hash is read at most once per script call (circuit_read, one HMGET of every field)
 -- and the copy is dropped whenever the call writes the hash (circuit_changed), so that an acquire
--- that carries its own task's finish reads the circuit once, not twice (issue 16).
+-- that carries its own task's finish reads the circuit once, not twice.
 
 local now_ms
 local function clock()

@@ -449,7 +449,7 @@ impl Budget {
     /// [`Budget::acquire`], but a granted poll may take over the lease of a finish this call
     /// carries (one of its own task when there is one): that member is re-scored in place, in
     /// both sets, instead of being removed and added again, so a slot that turns over costs two
-    /// commands fewer (issue 16). Returns the answer and the lease id the poll holds when
+    /// commands fewer. Returns the answer and the lease id the poll holds when
     /// granted: `lease_id`, or the taken-over one. A lease id is then a per-process slot id
     /// (still `{pod}-{pid}-{ulid}`) that passes from poll to poll while the slot stays busy; its
     /// expiry is refreshed by each acquire that takes it, so a crashed process's slots still

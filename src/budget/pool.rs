@@ -1,12 +1,12 @@
 //! Slots a process keeps between its polls: most polls start without a budget round trip.
 //!
-//! Every poll used to take its two tokens with one script call (about 11 Redis commands with the
-//! release it carried), while apalis-redis itself needs about 5 per poll: the budget was the
-//! largest cost of a poll in Redis (issue 16). Now a finished poll's slot (its lease id, a member of
-//! the total set and of its task's set, scored by its expiry) is *kept* by the process, idle, when
-//! the last renewal allowed it, and the process's next poll of the same task starts on it without
-//! asking Redis: the member never left the sets, so every process still counts it, and the limits
-//! hold exactly as before (a poll runs only on a member that an acquire admitted under the limits).
+//! Taking a poll's two tokens costs a script call (several Redis commands with the release it
+//! carries), more than apalis-redis itself needs per poll: asked per poll, the budget would be the
+//! largest cost of a poll in Redis. So a finished poll's slot (its lease id, a member of the total
+//! set and of its task's set, scored by its expiry) is *kept* by the process, idle, when the last
+//! renewal allowed it, and the process's next poll of the same task starts on it without asking
+//! Redis: the member never left the sets, so every process still counts it, and the limits hold
+//! exactly (a poll runs only on a member that an acquire admitted under the limits).
 //!
 //! **Renewal.** While the process keeps idle slots, one script call every [`RENEW_EVERY`]
 //! (`renew` in `budget.lua`, both tasks): it gives back the slots idle for longer than
@@ -16,31 +16,31 @@
 //! slots: only while the task is not paused, its circuit is closed and not forced open, neither
 //! set holds more than its limit (an override lowered meanwhile), and no *other* process was
 //! refused a token in the last 2 s (a refused acquire writes it into the budget's `waiters` set).
-//! That answer is good for [`VERDICT_FOR`]; without a fresh one, a poll asks Redis as before
+//! That answer is good for [`VERDICT_FOR`]; without a fresh one, a poll asks Redis for its tokens
 //! (`Budget::acquire_slot`, which takes over one of the task's kept slots and gives back the
-//! rest), and a finish under a "no" goes back as before (`budget::carry`).
+//! rest), and a finish under a "no" goes back through `budget::carry`.
 //!
-//! What that changes, and why it is safe:
+//! Why it is safe:
 //! - **The limits.** A poll runs only on a member of both sets, admitted by an acquire under both
 //!   limits; keeping it idle does not add one. The fleet-wide count of running polls is therefore
-//!   never above a limit, as before. A lowered limit, a pause, a forced or opened circuit reach a
-//!   process at its next renewal (at most [`VERDICT_FOR`]) instead of its next acquire; polls
-//!   already started finish, as before.
+//!   never above a limit. A lowered limit, a pause, a forced or opened circuit reach a process at
+//!   its next renewal (at most [`VERDICT_FOR`]) rather than at its next acquire; polls already
+//!   started finish.
 //! - **A crashed process** stops renewing: its kept slots expire within `polling.lease_ttl_secs`,
 //!   like every lease. A slot is reused only while its expiry, as this process last set it, is at
 //!   least `polling.handler_timeout_secs` + [`EXPIRY_MARGIN`] away, so a slot never expires under
 //!   a poll.
 //! - **Other processes** see a kept slot as taken for up to [`IDLE_FOR`] + [`RENEW_EVERY`] after
-//!   this process's last poll of the task (before: 5 ms). While any other process is refused a
-//!   token, every process gives its idle slots back at its next renewal and stops keeping them,
-//!   which is the behaviour before this module: under contention the budget is shared poll by
-//!   poll, as before; without contention, kept slots cost nobody anything.
+//!   this process's last poll of the task. While any other process is refused a token, every
+//!   process gives its idle slots back at its next renewal and stops keeping them: under
+//!   contention the budget is shared poll by poll; without contention, kept slots cost nobody
+//!   anything.
 //! - **The circuit.** A poll on a kept slot that got a valid answer (or made no call) reports
 //!   nothing at once: its success is added up, and the sum is counted with the process's next
 //!   failure of the task (before it, so that the window keeps about the order of the outcomes) or
-//!   renewal. A failed poll, and every probe, goes back through `budget::carry` as before, so
-//!   failures are counted at once and the circuit opens as before; the process whose call opened it
-//!   stops reusing at once, the others at their next renewal.
+//!   renewal. A failed poll, and every probe, goes back through `budget::carry`, so failures are
+//!   counted at once and the circuit opens on them; the process whose call opened it stops
+//!   reusing at once, the others at their next renewal.
 //! - **Budget show** and `cardworker_poll_tokens_kept` count kept slots apart from the tokens of
 //!   running polls (`in_use`): each renewal records the process's idle slots in the budget's
 //!   `kept` hash (the process's entry goes when it keeps none), and `show` counts those still
@@ -82,7 +82,7 @@ pub struct Slot {
 enum Verdict {
     /// Keep and reuse slots until then.
     Reuse(Instant),
-    /// Give slots back (as before this module) until then.
+    /// Give slots back after each poll (the budget shared poll by poll) until then.
     Return(Instant),
 }
 
@@ -221,7 +221,7 @@ impl Budget {
 
     /// Ends a poll that [`Budget::admit`] started. Its slot stays with this process, idle, for the
     /// task's next poll when the poll was no probe, did not fail, and the last renewal did not say
-    /// "give back"; else it goes back through `budget::carry` with the outcome, as before. Local
+    /// "give back"; else it goes back through `budget::carry` with the outcome. Local
     /// waiters for a token are woken either way.
     pub fn finish_poll(
         &self,

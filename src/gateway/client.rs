@@ -29,7 +29,7 @@ use super::wire::{ApprovalQuery, ApprovalRequest, ApprovalResult, PaymentQuery};
 use crate::config::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;
 
-// `sim.rs` imports these from here (`use super::client::{…}`); they live in `wire.rs` now. Keep
+// `sim.rs` imports these from here (`use super::client::{…}`); they live in `wire.rs`. Keep
 // this re-export until that import names `super::wire` or `crate::gateway`.
 pub use super::wire::{
     CallKind, CardData, CardStatus, PaymentRequest, PaymentResult, PaymentStatus,

@@ -2,11 +2,11 @@
 //! the last day a run processed and the backlog the next run would see.
 //!
 //! Why a command: the backlog must be sized *before* maintenance is turned on, and while it is
-//! off the `cardworker_maintenance_days_pending` gauge is never measured (it reads 0). The
-//! hand-written `count(DISTINCT day)` query operators used to run read every due index entry and
-//! spilled to disk (1.0–1.25 s at 3M integration logs, issue 18); the status measures the same
-//! number with the bounded index probes a run itself uses ([`run::backlog`]), in milliseconds,
-//! whether maintenance is on or off.
+//! off the `cardworker_maintenance_days_pending` gauge is never measured (it reads 0). A
+//! hand-written `count(DISTINCT day)` query reads every due index entry and spills to disk at
+//! production volumes (docs/BENCHMARKS.md, "bench-plans"); the status measures the same number
+//! with the bounded index probes a run itself uses ([`run::backlog`]), in milliseconds, whether
+//! maintenance is on or off.
 //!
 //! The last processed day comes from [`super::last_day`], which every run writes, so any pod
 //! answers for the fleet.

@@ -6,14 +6,14 @@
 //! `{prefix}:chain:{task}:due` ([`cardworker_jobs::keys::chain_due`]): the due time of its next
 //! poll while that waits, or [`FED`] + that time once its job exists (fed into apalis, running).
 //! That one sorted set is both the polling intake (the feeder reads the waiting range and builds
-//! each job's payload from its chain entry) and the index reconcile reads (issue 19: no payload
-//! hash entry and no second sorted set per waiting poll). Every job carries its chain id; a job
-//! whose id is no longer the card's chain is stale and is acknowledged without calling the
-//! Gateway. Scheduling the next poll writes the card's entry only if the job's chain is still
-//! live (or gone: the job then adopts the card), atomically, so a stale job can never overwrite
-//! the entry of the chain that replaced it. The script is `cardworker_jobs::chain::SCRIPT`,
-//! shared with the producer API, whose poll jobs merge into the live chain instead of replacing
-//! its entry.
+//! each job's payload from its chain entry) and the index reconcile reads (so a waiting poll
+//! costs no payload hash entry and no second sorted set: Redis memory per card). Every job carries
+//! its chain id; a job whose id is no longer the card's chain is stale and is acknowledged without
+//! calling the Gateway. Scheduling the next poll writes the card's entry only if the job's chain is
+//! still live (or gone: the job then adopts the card), atomically, so a stale job can never
+//! overwrite the entry of the chain that replaced it. The script is
+//! `cardworker_jobs::chain::SCRIPT`, shared with the producer API, whose poll jobs merge into the
+//! live chain instead of replacing its entry.
 //!
 //! One file of about 600 lines on purpose: it is the Rust side of one script
 //! (`jobs/src/chain.lua`), and every function here builds that script's keys and arguments and
@@ -146,7 +146,8 @@ fn keys_of(prefix: &str, task: Task) -> [String; 4] {
 
 /// Where a chain call goes: straight to Redis on a connection (the CLI, reconcile, tests), or
 /// into the process's batched calls ([`ScriptCalls`], `AppContext::chain_calls`), which the polls
-/// use: their checks and successors then share script calls (issue 16).
+/// use: their checks and successors then share script calls, the largest part of a poll's
+/// Redis cost.
 pub enum Via<'a> {
     /// One script call of its own on this connection.
     Direct(&'a mut ConnectionManager),
@@ -292,8 +293,8 @@ static LIVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("live.
 /// index (an entry from before it, which the chain script indexes). Reconcile's filter: one call
 /// of `live.lua` per [`LIVENESS_BATCH`] cards reads the chain hash and the due set (`HMGET`,
 /// `ZMSCORE`, on the Redis clock) and returns only those cards, so that a pass over cards whose
-/// chains are all live costs four commands per 500 cards instead of a script call per card
-/// (issue 16), and each card ref is sent once. Only the chain script decides, atomically: a chain
+/// chains are all live costs four commands per 500 cards instead of a script call per card,
+/// and each card ref is sent once. Only the chain script decides, atomically: a chain
 /// that dies after the read is found by the next pass.
 pub async fn maybe_dead<'a>(
     conn: &mut ConnectionManager,
@@ -391,7 +392,7 @@ pub async fn schedule_counted<'a>(
         .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
     if let (1, Count::Unchanged(at)) = (done, count) {
         // The fleet-wide hourly counter is added up in this process and written every few
-        // seconds (issue 16: one INCRBY per counter and flush, not one INCR per poll).
+        // seconds: one INCRBY per counter and flush, not one INCR per poll.
         unchanged::count_fleet(prefix, task, *at);
     }
     Ok(done == 1)
@@ -437,7 +438,8 @@ pub async fn check<'a>(
         .await
         .with_context(|| format!("checking the {task} chain of {card_ref}"))?;
     // chain.lua answers a bare 1 for the common case, the job's own chain being live (a reply
-    // table per check cost Redis a fifth of the op), and `{verdict, chain id}` otherwise.
+    // table per check is a large share of the op's cost to Redis), and `{verdict, chain id}`
+    // otherwise.
     if answer == redis::Value::Int(1) {
         return Ok(Liveness::Live);
     }

@@ -1,7 +1,7 @@
 -- Reconcile's filter (`polling::chain::maybe_dead`): which of a batch of cards `start_if_dead`
 -- (jobs/src/chain.lua) may act on, read in one call so that the card refs travel once and only
--- the few that may need a start come back (issue 16: a pass over cards whose chains are all live
--- used to cost one script call per card).
+-- the few that may need a start come back: a pass over cards whose chains are all live costs one
+-- call per batch, not one script call per card.
 --
 -- KEYS[1] chain hash ({prefix}:chain:{task})  KEYS[2] chain due set ({prefix}:chain:{task}:due)
 -- ARGV[1] grace ms  ARGV[2..] card refs

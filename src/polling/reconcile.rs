@@ -23,8 +23,8 @@
 //! The chains are read [`chain::LIVENESS_BATCH`] cards per call of a filter script
 //! ([`chain::maybe_dead`]), and only a card whose chain may be dead costs a chain script call: a
 //! scheduled pass over 2,000 cards whose chains are all live sends about 20 commands per task,
-//! not 2,000 script calls of 4 commands each (issue 16: about 33 commands a second of an idle
-//! pod's average at 3,000 cards).
+//! not 2,000 script calls of 4 commands each (which would be a large share of an idle pod's
+//! commands).
 //! Parked chains are not in those indexes; a parked chain stays scheduled for its retry
 //! (`poll`), and the scheduled run also restarts the parked chains whose retry is overdue by more
 //! than the grace (their chain was lost with Redis), so that a Redis loss never leaves a parked

@@ -1,20 +1,21 @@
 //! Unchanged polls: counted in Redis, never recorded in PostgreSQL, in memory that does not grow.
 //!
 //! A valid poll that changed nothing writes no database row (the seed's rule). What Redis keeps of
-//! it is sized for a fleet of millions of cards (issue 19):
+//! it is sized for a fleet of millions of cards:
 //! - **per card and task, in the card's chain entry** (`{prefix}:chain:{task}`, which exists
 //!   anyway): how many unchanged polls since the chain's last recorded change or failure (or
 //!   since the chain started, when it has had neither), and when the last one was. The chain
 //!   script (`jobs/src/chain.lua`) updates this tally in the same call that schedules the
 //!   successor, so an unchanged poll costs no round trip of its own, and the tally goes when the
-//!   chain goes. It replaced a hash per task and UTC hour with one field per card, kept 48 h:
-//!   about 58 bytes per card, task and hour, 2.8 KB per card at steady state for one task.
+//!   chain goes. Counting per card and UTC hour instead (a field per card in an hourly hash,
+//!   kept for two days) would cost Redis memory per card, task and hour kept; the tally costs a
+//!   few bytes in an entry that exists anyway (docs/SCALING.md, docs/BENCHMARKS.md).
 //! - **fleet-wide, per task and UTC hour**: one counter `{prefix}:unchanged_total:{task}:{YYYYMMDDHH}`
 //!   (a plain string), which expires [`HOUR_TTL_SECS`] after its first increment: at most
 //!   49 counters per task, whatever the fleet size. Each process adds its unchanged polls up in
 //!   memory ([`count_fleet`]) and writes them with one `INCRBY` per counter every
 //!   [`FLUSH_EVERY`] and when it stops ([`flush`]): one command per counter and flush instead of
-//!   one per poll (issue 16). So the fleet totals `investigate` shows lag the polls by up to
+//!   one per poll. So the fleet totals `investigate` shows lag the polls by up to
 //!   [`FLUSH_EVERY`], and a process killed with `kill -9` loses at most that much of its count;
 //!   the per-card tally is written with the poll's successor and never lags.
 //!
@@ -199,8 +200,8 @@ pub struct Entry {
     /// Its tally; `None` for an entry written before tallies existed (`chain_id|due_ms`).
     pub tally: Option<Tally>,
     /// The failures and deferrals of the chain's next job (the feeder builds its payload from
-    /// them); `None` for an entry written by a release from before issue 19, whose job carries
-    /// them in its own payload.
+    /// them); `None` for an entry written by an older release (fewer than five fields), whose job
+    /// carries them in its own payload.
     pub next_job: Option<(u32, u32)>,
 }
 
@@ -365,7 +366,7 @@ mod tests {
         let fresh = parse_entry("01JDCHAIN|0|0|ssnucio").tally.expect("tally");
         assert_eq!((fresh.count, fresh.last), (0, None));
         assert_eq!(fresh.since_kind, Since::ChainStart);
-        assert_eq!(e.next_job, None, "an entry from before issue 19");
+        assert_eq!(e.next_job, None, "an entry of an older release");
     }
 
     #[test]

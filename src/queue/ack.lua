@@ -1,4 +1,4 @@
--- The acknowledgement of finished jobs (issue 16): apalis-redis 1.0.0's `handle_results.lua`,
+-- The acknowledgement of finished jobs: apalis-redis 1.0.0's `handle_results.lua`,
 -- except for a job that is done. apalis adds a done job to the queue's done set and rewrites its
 -- meta hash (about 700 bytes kept until the trimmer deletes both); nothing reads either for a done
 -- job, so here a done job's data and meta hash are deleted at once, and the done set is not

@@ -1,5 +1,5 @@
 //! Announcements of intake entries due earlier than the feeder knew: what lets an idle feeder
-//! send nothing at all (issue 16).
+//! send nothing at all.
 //!
 //! Every intake writer lowers the deployment's due hint with `ZADD … LT CH`; when that lowered it
 //! (the entry is due before anything the hint held for its intake), the same script publishes the
@@ -8,14 +8,14 @@
 //! it read from the hint and reads the hint again only when that time comes, when an
 //! announcement names an earlier one, after every (re)subscription, on every sweep, and at least
 //! every [`super::intake::QUIET_READ_EVERY_TICKS`] ticks. A job that becomes due is therefore
-//! still fed within one feeder tick, and a pod with nothing due sends about one command a second
-//! instead of five.
+//! still fed within one feeder tick, while a pod with nothing due reads the hint about once a
+//! second instead of on every tick.
 //!
 //! The subscription is a hint, never the only path: while it is down (not yet connected, Redis
 //! gone, the connection dropped), [`Announcements::live`] is `false` and the feeder reads the
-//! hint on every tick, as before. A message lost on a connection that died silently costs at
-//! most the quiet read's second; writers that do not publish (a producer from an older build)
-//! are found by the same reads or, without the hint, by the sweep.
+//! hint on every tick, as it would without announcements. A message lost on a connection that
+//! died silently costs at most the quiet read's second; writers that do not publish (a producer
+//! from an older build) are found by the same reads or, without the hint, by the sweep.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;

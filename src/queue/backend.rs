@@ -1,12 +1,13 @@
 //! [`QueueBackend`]: the apalis backend of every cardworker worker. apalis-redis 1.0.0's own
-//! storage, with its fetch and its acknowledgement of done jobs replaced (issue 16).
+//! storage, with its fetch and its acknowledgement of done jobs replaced.
 //!
 //! # Why not plain `RedisStorage`
-//! After the budget, chain and intake work of issue 16, most of what a poll still cost Redis was
-//! apalis-redis's bookkeeping of each job: its fetch reads every job's meta hash (`HGETALL`) for
-//! an attempt count and a status that cardworker never uses (re-runs go through the intake, so
-//! every job runs once), and its acknowledgement of a done job adds the id to the queue's done
-//! set and rewrites the meta hash, only for the trimmer to delete both later. Here:
+//! With the budget, chain and intake calls batched, most of what a poll would still cost Redis
+//! through plain `RedisStorage` is apalis-redis's bookkeeping of each job: its fetch reads every
+//! job's meta hash (`HGETALL`) for an attempt count and a status that cardworker never uses
+//! (re-runs go through the intake, so every job runs once), and its acknowledgement of a done job
+//! adds the id to the queue's done set and rewrites the meta hash, only for the trimmer to delete
+//! both later. Here:
 //! - the fetch ([`fetch.lua`](./fetch.lua)) is apalis's without the meta hash: every job starts at
 //!   attempt 0, as cardworker's always did;
 //! - a done job's data and meta hash are deleted by its acknowledgement ([`ack.lua`](./ack.lua)),

@@ -1,9 +1,9 @@
 //! One process's concurrent calls of a script, sent together: [`ScriptCalls`].
 //!
 //! Every poll calls the chain script twice (its check before the Gateway call, its successor
-//! after), and those two script calls were most of a poll's Redis CPU: each costs Redis a script
-//! invocation, a request to read and a reply to write, for two or three commands of real work
-//! (issue 16). A process runs many polls at once, and apalis starts the jobs of one fetch together,
+//! after), and those two script calls are most of a poll's Redis CPU: each costs Redis a script
+//! invocation, a request to read and a reply to write, for two or three commands of real work.
+//! A process runs many polls at once, and apalis starts the jobs of one fetch together,
 //! so their calls come in bursts. [`ScriptCalls`] queues the calls and a task of its own sends
 //! them: whatever queued while the previous script call was in flight goes in the next one, as the
 //! script's `batch` op (groups of a fixed number of arguments, one per call, answered in order).

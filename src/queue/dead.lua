@@ -5,7 +5,7 @@
 -- feeder stored in Q:data) is written under its intake entry id, due now, unless an entry with that
 -- id is already waiting (a newer job of the same card and task): that one is kept and the dead job
 -- is left in the dead set, counted as `kept`. In a polling queue a chain's waiting poll is in the
--- chain due set (KEYS[7], issue 19; scores below FED wait): such a card's dead job is kept too.
+-- chain due set (KEYS[7]; scores below FED wait): such a card's dead job is kept too.
 --
 -- KEYS[1] Q:dead  KEYS[2] Q:data  KEYS[3] Q:meta (prefix)  KEYS[4] intake zset  KEYS[5] intake payload
 -- KEYS[6] the intakes' due hint (lowered to now for a requeued entry, so the feeder sees it)

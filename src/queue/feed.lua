@@ -9,7 +9,7 @@
 -- (`result`, `poison`) and its bytes, hex-encoded, as the task's data. Invalid JSON and unknown job
 -- shapes are valid strings to apalis; the job service kills those with their decoding error.
 --
--- A polling queue has two sets (issue 19): the intake (KEYS[1], entries with a payload of their
+-- A polling queue has two sets: the intake (KEYS[1], entries with a payload of their
 -- own: a raw producer's, `dead requeue`'s, or one an older release wrote) and the chain due set
 -- (KEYS[11]: card_ref -> due ms while the chain's next poll waits, FED + due ms once its job
 -- exists elsewhere; `jobs/src/chain.lua` says why). A waiting chain has no payload: the job's is
@@ -21,7 +21,7 @@
 -- release, whose job carries its own payload in the intake: its due-set entry is only moved to
 -- the FED range. A due-set entry without a chain entry is removed (nothing to run).
 --
--- Cost (issue 16): the entries of one call are read, removed (or re-scored) and pushed with one
+-- Cost: the entries of one call are read, removed (or re-scored) and pushed with one
 -- command each (HMGET, ZREM/ZADD, HDEL, HSET of the data hash, RPUSH); only the meta hash is one
 -- HSET per entry. The task ids (ULIDs) are made here, from TIME and the caller's 12-character
 -- random nonce, so the caller sends no ids. At the end the queue's entry in the due hint (KEYS[9])
@@ -51,7 +51,7 @@ local function b32(n, width)
 end
 -- A ULID: 48 bits of ms (10 characters), then 80 bits: the call's nonce (60) and the index (20).
 local time_part = b32(now_ms, 10) .. ARGV[3]
--- The index's 4 characters: one string.char of table lookups (issue 16: cheaper than b32's table).
+-- The index's 4 characters: one string.char of table lookups (cheaper than b32's table.concat).
 local B32_BYTES = {string.byte(B32, 1, 32)}
 local function task_id(i)
   return time_part .. string.char(B32_BYTES[math.floor(i / 32768) % 32 + 1],
@@ -133,9 +133,9 @@ local function push(i, entry, payload)
 end
 
 -- A chain entry's id and state (its first and fifth fields), or nil for an older format (fewer
--- than five fields). One `string.match` reads every entry this release writes (issue 16: splitting
--- into a table cost a tenth of the feeder's time); an entry with an empty field is split as
--- before, empty fields skipped.
+-- than five fields). One `string.match` reads every entry this release writes (splitting into a
+-- table costs several times as much per entry); an entry with an empty field is split into a
+-- table instead, empty fields skipped.
 local function chain_fields(entry)
   local id, state = string.match(entry, '^([^|]+)|[^|]+|[^|]+|[^|]+|([^|]+)')
   if id then return id, state end
@@ -180,7 +180,7 @@ if KEYS[11] and n > 0 then
           local turn = string.format('%.0f', tonumber(due[2 * i]))
           -- A ref and id of SAFE characters encode as themselves, so the payload, and the JSON
           -- string apalis decodes it from, are written as text: the bytes cjson would write,
-          -- without its three calls and the UTF-8 check (issue 16: a fifth of the feeder's time).
+          -- without its three calls and the UTF-8 check, which would dominate the feeder's cost.
           if string.find(card, SAFE) and string.find(id, SAFE) then
             push_encoded(index, card, '"{\\"card_ref\\":\\"' .. card .. '\\",\\"chain\\":\\"' .. id
               .. '\\",\\"failures\\":' .. f .. ',\\"deferrals\\":' .. d .. ',\\"turn\\":' .. turn

@@ -1,4 +1,4 @@
--- A worker's fetch (issue 16): apalis-redis 1.0.0's `fetch_next.lua` without the per-job meta
+-- A worker's fetch: apalis-redis 1.0.0's `fetch_next.lua` without the per-job meta
 -- hash. apalis reads every fetched job's meta hash (`HGETALL`) for its attempt count and status;
 -- cardworker never retries through apalis (re-runs go through the intake), so every job starts at
 -- attempt 0 and the meta hash is not read. Same keys and layout as apalis's fetch: an older

@@ -4,7 +4,7 @@
 //! Every process runs one [`Feeder`]; the Lua scripts are atomic, so any number of pods can feed
 //! and trim the same queues concurrently without moving an entry twice.
 //!
-//! What it costs Redis (issue 16). A feed tick (every 200 ms) reads the deployment's due hint
+//! What it costs Redis. A feed tick (every 200 ms) reads the deployment's due hint
 //! ([`cardworker_jobs::keys::intake_due_hint`]: intake key -> a time never later than its earliest
 //! entry; every intake writer lowers it, each feed sets it exactly): one command for every queue.
 //! Only a queue whose hint is due is fed, and the feed script makes the apalis task ids itself.

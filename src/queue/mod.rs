@@ -20,14 +20,16 @@
 //! reading its meta hash), runs it and always acknowledges it: a done job's payload and meta hash
 //! are deleted there and then, a dead one (a payload that cannot be decoded, a job that failed)
 //! goes to the dead set with its reason; the trimmer removes dead jobs past their retention and
-//! what an older release's acknowledgements left in the done set. Re-runs (next poll, back-off after a failure, deferral) go back through the
-//! intake, never through apalis-redis's hard-coded 25 retries.
+//! what an older release's acknowledgements left in the done set. Re-runs (next poll, back-off
+//! after a failure, deferral) go back through the intake, never through apalis-redis's hard-coded
+//! 25 retries.
 //!
-//! A polling queue's own polls skip the intake (issue 19): a chain's next poll waits as the
-//! card's entry in the chain due set, with no payload (the chain entry holds its state), and the
-//! feeder builds the job's payload when it moves it into apalis, then keeps the entry, re-scored
-//! to the fed range, for reconcile (`jobs/src/chain.lua`, `feed.lua`). The intake of a polling
-//! queue holds only entries with a payload of their own (raw, requeued, or an older release's).
+//! A polling queue's own polls skip the intake, so that a waiting poll stores no payload (Redis
+//! memory per card): a chain's next poll waits as the card's entry in the chain due set, with no
+//! payload (the chain entry holds its state), and the feeder builds the job's payload when it moves
+//! it into apalis, then keeps the entry, re-scored to the fed range, for reconcile
+//! (`jobs/src/chain.lua`, `feed.lua`). The intake of a polling queue holds only entries with a
+//! payload of their own (raw, requeued, or an older release's).
 
 pub mod announce;
 pub mod backend;
@@ -52,7 +54,7 @@ pub struct QueueName {
     pub intake_payload: String,
     /// The deployment's due hint (shared by every queue): intake key -> earliest due ms.
     pub due_hint: String,
-    /// A polling queue's chains, whose waiting polls are fed from the chain due set (issue 19);
+    /// A polling queue's chains, whose waiting polls are fed from the chain due set;
     /// `None` for every other queue.
     pub chains: Option<ChainKeys>,
 }

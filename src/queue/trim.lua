@@ -6,7 +6,7 @@
 -- ARGV[1] max done ids to trim; ARGV[2] dead retention (s); ARGV[3] SSCAN cursor over Q:dead;
 -- ARGV[4] dead ids to examine
 -- Returns {done trimmed, dead trimmed, next dead cursor}
--- Done jobs: one DEL and one HDEL for the whole batch (issue 16: two commands per job before).
+-- Done jobs: one DEL and one HDEL for the whole batch, not two commands per job.
 local done = redis.call('SPOP', KEYS[1], tonumber(ARGV[1]))
 if #done > 0 then
   local metas = {}

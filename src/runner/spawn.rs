@@ -6,11 +6,12 @@
 //! orphan check of its peers, and the fetch that follows each beat. Most queues beat every
 //! [`HEARTBEAT`] (5 s); the quiet ones, which see a job a minute or less (payment and approval
 //! recovery, reconcile, archive, retention), every [`QUIET_HEARTBEAT`] (30 s), through
-//! [`RunJob::HEARTBEAT`]: an idle pod's ten workers cost about 12 commands a second instead of 20
-//! (issue 16). A job this pod's feeder moves into a quiet queue is fetched at once all the same
-//! (the feeder wakes its own workers, [`crate::queue::wake`]); only a job that waits for another
-//! pod's quiet worker (its feeding pod's worker busy, or an orphan re-queued by apalis) may wait
-//! up to one quiet beat. Everything below uses the queue's own beat.
+//! [`RunJob::HEARTBEAT`]: an idle pod's heartbeats are most of what it costs Redis, so the
+//! queues that rarely see a job beat less often. A job this pod's feeder moves into a quiet queue
+//! is fetched at once all the same (the feeder wakes its own workers, [`crate::queue::wake`]);
+//! only a job that waits for another pod's quiet worker (its feeding pod's worker busy, or an
+//! orphan re-queued by apalis) may wait up to one quiet beat. Everything below uses the queue's
+//! own beat.
 //!
 //! # A worker is never declared dead while its jobs run within their timeouts
 //! apalis-redis writes a worker's heartbeat only when the worker's stream is polled in its
@@ -60,10 +61,9 @@ use crate::queue::backend::QueueBackend;
 // [`RunJob::HEARTBEAT`]: apalis fetches when its stream is driven again) and at once when this
 // process's feeder moved jobs into its queue ([`crate::queue::wake`]). Jobs moved by another pod's
 // feeder, or re-queued by apalis itself (an orphan, a retry of `keep_for_apalis`), are fetched by
-// this pod within a beat; the feeding pod's own workers fetch them at once. It used to poll every
-// 200 ms as well (5 fetches a second per worker, 200 commands a second from an idle pod), then
-// every 5 s beside the heartbeat's fetch, which doubled an idle pod's fetches for nothing
-// (issue 16).
+// this pod within a beat; the feeding pod's own workers fetch them at once. There is no polling
+// fetch of its own: a timer beside the heartbeat's fetch would only add fetches that find nothing
+// (an idle pod's commands come mostly from its workers' fetches).
 
 /// How often a worker's heartbeat is written (by apalis, and by [`keep_heartbeat`]), for every
 /// queue but the quiet ones.
@@ -116,7 +116,7 @@ pub fn storage<J: RunJob>(ctx: &AppContext, batch: usize) -> RedisStorage<String
         // No per-job lock: `fetch_next.lua` already moves each fetched job into this worker's
         // inflight set, which is what the orphan recovery reads. The lock script re-checked that
         // and ran an `LREM` over the whole active list per job (finding nothing), plus an `HSET`
-        // and a `PUBLISH`: about 5 commands per poll, and the most expensive one (issue 16).
+        // and a `PUBLISH`: several commands per poll, and the most expensive one.
         .lock_tasks(false)
         // Nobody subscribes to apalis's task events: one `PUBLISH` per acknowledgement less.
         .emit_events(false);
@@ -307,7 +307,7 @@ mod tests {
             orphan_window(Duration::from_secs(15), HEARTBEAT),
             Duration::from_secs(25)
         );
-        // The slow scenario of issue 10: handler 27 s.
+        // A slow handler: 27 s.
         assert_eq!(
             orphan_window(Duration::from_secs(27), HEARTBEAT),
             Duration::from_secs(40)

@@ -2,12 +2,12 @@
 //!
 //! Every poll reads its card once before the Gateway call (an unchanged poll's only PostgreSQL
 //! work), and a process runs many polls at once: apalis starts the jobs of one fetch together.
-//! One `SELECT … WHERE card_ref = $1` per poll cost the worker a round trip, a socket send that
-//! wakes PostgreSQL and a backend's parse-bind-execute each; on the 2-core VM, `send` calls
-//! (these and the batched Redis calls') were about a quarter of the worker's CPU (perf, issue 16). [`CardReads`] queues the
-//! reads and a task of its own sends whatever queued meanwhile as one
-//! [`cards::load_many`] (`card_ref = ANY($1)`, the unique index), at most [`IN_FLIGHT`] queries at
-//! a time. It adds no wait of its own: a read that finds a query slot free is sent at once, alone.
+//! One `SELECT … WHERE card_ref = $1` per poll would cost the worker a round trip, a socket send
+//! that wakes PostgreSQL and a backend's parse-bind-execute each, and socket sends are a large
+//! share of the worker's CPU (perf). [`CardReads`] queues the reads and a task of its own sends
+//! whatever queued meanwhile as one [`cards::load_many`] (`card_ref = ANY($1)`, the unique index),
+//! at most [`IN_FLIGHT`] queries at a time. It adds no wait of its own: a read that finds a query
+//! slot free is sent at once, alone.
 //!
 //! A query that fails is not the failure of every card it carried: one card_ref PostgreSQL refuses
 //! (a NUL byte in a hand-written payload) would fail the whole `ANY`, and a connection blip may be

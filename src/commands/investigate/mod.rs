@@ -39,8 +39,8 @@ pub const LIMIT: i64 = 50;
 /// into one bitmap scan: the card's own rows, and its payments' rows, whose ids are collected
 /// first by `ARRAY(SELECT …)` so that `resource_id = ANY (…)` is an index condition. Written as
 /// `resource_id IN (SELECT …)`, the payment half cannot use the index: the planner then reads
-/// every callback (at 1M callbacks, a parallel seq scan of 221 MB, 106–223 ms, to return a few
-/// rows; issue 18, docs/BENCHMARKS.md "bench-plans").
+/// every callback (a parallel seq scan of the whole table to return a few rows;
+/// docs/BENCHMARKS.md "bench-plans").
 pub const CALLBACKS_SQL: &str =
     "SELECT channel, callback_id, state, reason, resource_type, resource_id, deliveries,
         first_received_at, last_received_at, applied_at
