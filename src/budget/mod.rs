@@ -879,7 +879,8 @@ impl Budget {
         })
     }
 
-    /// Sets a runtime override of `task`'s limit. The caller validated it (see [`cli`]).
+    /// Sets a runtime override of `task`'s limit. The caller validated it (see
+    /// [`crate::commands::budget::validate_override`]).
     pub async fn set_override(&self, task: Task, limit: u32) -> anyhow::Result<()> {
         let _: i64 = redis::cmd("HSET")
             .arg(overrides_key(&self.prefix))

@@ -15,7 +15,7 @@ use url::Url;
 /// `Debug` and `Display` show it with the password replaced by `***`; [`SecretUrl::expose`]
 /// gives the real text to the one place that connects with it. Serde is transparent: TOML and
 /// JSON read and write the plain string, so serializing writes the real password, and what is
-/// shown to people goes through [`Config::redacted`] first.
+/// shown to people goes through [`crate::config::Config::redacted`] first.
 #[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SecretUrl(String);
@@ -62,8 +62,8 @@ impl From<&str> for SecretUrl {
     }
 }
 
-/// A token (the console's `admin_token`): `Debug` and `Display` show `***` (or `""` when
-/// unset), and [`Config::redacted`] blanks it, so it is never printed. Serde is transparent.
+/// A token (the console's `admin_token`): `Debug` and `Display` show `***` (or `""` when unset),
+/// and [`crate::config::Config::redacted`] blanks it, so it is never printed. Serde is transparent.
 #[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SecretToken(String);

@@ -3,7 +3,7 @@
 //! CSRF token on every POST.
 //!
 //! CSRF tokens are bound to what they protect: the console issues, in every form, the HMAC-SHA256
-//! of the login session's id under a key drawn when the process starts ([`Auth::csrf_token`]).
+//! of the login session's id under a key drawn when the process starts (`Auth::csrf_token`).
 //! A POST from a logged-in browser is accepted only with the token of its own session, so a
 //! value the console did not issue for that session (an equal cookie and field an attacker chose,
 //! a token of another session, of an older process) is refused. Before login (the login form

@@ -222,7 +222,7 @@ pub fn register_metrics(enabled: bool) {
 pub struct Backlog {
     /// The oldest due Shanghai day: what the next run handles (`None`: nothing is due).
     pub next_day: Option<NaiveDate>,
-    /// Due days waiting, capped at [`DAYS_PENDING_CAP`].
+    /// Due days waiting, capped at [`super::session::DAYS_PENDING_CAP`].
     pub days_pending: i64,
     /// Days before this Shanghai day are due (`today - archive_after_days` or
     /// `today - retention_days`).

@@ -156,7 +156,7 @@ const KNOWN_FIELDS: [&str; 6] = [
     "channel_ref",
 ];
 
-/// A body as it is stored: a JSON object reduced to its [`KNOWN_FIELDS`] (anything else a
+/// A body as it is stored: a JSON object reduced to its `KNOWN_FIELDS` (anything else a
 /// channel sent, a card number in an extra field say, is dropped), and anything that is not a
 /// JSON object replaced by a note of its size. Parsing it gives what parsing the raw body gives,
 /// so the stored body is also what a re-enqueued delivery is processed from.

@@ -62,7 +62,7 @@ impl Announcements {
         self.heard.live.load(Ordering::Acquire)
     }
 
-    /// The subscription's generation (see [`Heard::generation`]).
+    /// The subscription's generation (see `Heard::generation`).
     pub fn generation(&self) -> u64 {
         self.heard.generation.load(Ordering::Acquire)
     }

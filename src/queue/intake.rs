@@ -445,7 +445,7 @@ impl Feeder {
     /// Each feed tick asks the due hint which queues may have an entry due (one command) and feeds
     /// only those; every [`SWEEP_EVERY_TICKS`] ticks it feeds every queue. A queue is trimmed
     /// when this pod fed it within the last two trim periods, and every queue every
-    /// [`FULL_TRIM_EVERY`] passes. An idle pod therefore sends one command per feed tick, plus
+    /// `FULL_TRIM_EVERY` passes. An idle pod therefore sends one command per feed tick, plus
     /// the sweeps.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);

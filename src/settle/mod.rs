@@ -103,7 +103,7 @@ pub struct Tracking {
     pub updated_at: DateTime<Utc>,
 }
 
-/// A row of a kind's table, as the shared machinery reads it ([`impl_row!`] writes the impl).
+/// A row of a kind's table, as the shared machinery reads it (`impl_row!` writes the impl).
 pub trait Row: for<'r> sqlx::FromRow<'r, PgRow> + Send + Sync + Unpin + Clone + Debug {
     /// The row's id: also the Gateway's `Idempotency-Key`, always.
     fn id(&self) -> Uuid;

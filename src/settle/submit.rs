@@ -111,8 +111,8 @@ pub enum Submitted {
     },
 }
 
-/// The back-off before retry number `retries + 1`: from [`BASE_BACKOFF`] doubling up to
-/// [`MAX_BACKOFF`], jittered by ±20 % and still at most [`MAX_BACKOFF`].
+/// The back-off before retry number `retries + 1`: from `BASE_BACKOFF` doubling up to
+/// `MAX_BACKOFF`, jittered by ±20 % and still at most `MAX_BACKOFF`.
 pub fn backoff(retries: u32) -> Duration {
     Backoff::new(BASE_BACKOFF, MAX_BACKOFF, Jitter::Proportional(0.2)).delay(retries + 1)
 }

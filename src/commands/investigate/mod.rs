@@ -13,7 +13,7 @@
 //! # Layout
 //! - this file: the read model (one query and one view type per section of the output); every
 //!   query here is covered by the plan guard.
-//! - [`render`]: its text rendering for people (`--format text`); JSON is the view types' serde.
+//! - `render`: its text rendering for people (`--format text`); JSON is the view types' serde.
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -141,7 +141,7 @@ pub struct UnchangedView {
     pub since_kind: Option<Since>,
     /// The same in one plain sentence.
     pub explanation: String,
-    /// Every card, over the last [`HOURS_KEPT`] UTC hours.
+    /// Every card, over the last [`crate::polling::unchanged::HOURS_KEPT`] UTC hours.
     pub all_cards_total: u64,
     /// Every card, per UTC hour (`YYYYMMDDHH`, count), newest first, hours with polls only.
     pub all_cards_by_hour: Vec<(String, u64)>,
