@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -80,7 +80,18 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-lint: fmt clippy lint-deploy
+## fmt, clippy (the workspace lints of Cargo.toml, warnings denied), present-tense comments,
+## the API docs (rustdoc warnings denied: every intra-doc link resolves) and the deployment lint.
+lint: fmt clippy lint-history doc lint-deploy
+
+## Fails on history in code comments: an issue number, "used to" or "as before" in src/ or jobs/
+## (deploy/lint-history.sh). History goes in commit messages and docs/.
+lint-history:
+	bash deploy/lint-history.sh
+
+## The API docs of both crates (target/doc), failing on any rustdoc warning.
+doc:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace
 
 ## Checks the deployment artefacts with real tools (promtool, kubernetes-validate, hadolint, yamllint).
 lint-deploy:
