@@ -1,6 +1,10 @@
 //! Integration tests: one binary, shared harness. Real PostgreSQL and Redis; each test gets its
 //! own database and key prefix. Only the Gateway is simulated (by cardworker's own simulator).
 
+// Test code: an unwrap() that fails is the test failing, at its line (the workspace's
+// `clippy::unwrap_used` is for product code).
+#![allow(clippy::unwrap_used)]
+
 mod harness;
 mod pg_cluster;
 mod plan_drive;
