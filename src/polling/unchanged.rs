@@ -68,7 +68,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// of several deployments in one binary (tests) each write their own.
 static PENDING: LazyLock<Mutex<HashMap<String, u64>>> = LazyLock::new(Mutex::default);
 
-/// Adds to a counter and sets its expiry when this increment created it (as a first `INCR` did).
+/// Adds to a counter and sets its expiry when this increment created it.
 static ADD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local n = redis.call('INCRBY', KEYS[1], ARGV[1])

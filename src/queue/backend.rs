@@ -9,7 +9,7 @@
 //! adds the id to the queue's done set and rewrites the meta hash, only for the trimmer to delete
 //! both later. Here:
 //! - the fetch ([`fetch.lua`](./fetch.lua)) is apalis's without the meta hash: every job starts at
-//!   attempt 0, as cardworker's always did;
+//!   attempt 0 (cardworker's re-runs are new jobs, fed from the intake);
 //! - a done job's data and meta hash are deleted by its acknowledgement ([`ack.lua`](./ack.lua)),
 //!   batched with the other jobs of this worker that finished meanwhile ([`ScriptCalls`]); a
 //!   failed or killed job is acknowledged exactly as apalis does (retry set, dead set, its result

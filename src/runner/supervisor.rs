@@ -23,7 +23,7 @@
 //! and after a back-off ([`restart_backoff`]). The grace, `worker.redis_outage_grace_secs`, is per
 //! outage: its clock starts when Redis stops answering and is cleared as soon as it answers again,
 //! so short outages in a row never add up to an exit. Past the grace (one outage still going on,
-//! or a worker still failing while Redis answers) the process stops as it always did: drain,
+//! or a worker still failing while Redis answers) the process stops as on any fatal error: drain,
 //! shutdown hooks, exit non-zero. A worker that ends for a reason that is not Redis trouble (a
 //! corrupt queue, say) stops the process at once.
 
