@@ -116,9 +116,9 @@ bench-budget: services
 bench-intake: services
 	$(CARGO) bench --bench bench_intake
 
-## Seeds the production volumes of issue 18 into a private cluster and prints every statement's
-## plan shape, buffers and time, custom and generic (docs/BENCHMARKS.md). The times are
-## PostgreSQL's, so the driving code builds in the dev profile.
+## Seeds production volumes (3M integration logs, 1M inbound callbacks, ...) into a private
+## cluster and prints every statement's plan shape, buffers and time, custom and generic
+## (docs/BENCHMARKS.md). The times are PostgreSQL's, so the driving code builds in the dev profile.
 bench-plans: services
 	$(CARGO) bench --profile dev --bench bench_plans
 
@@ -129,7 +129,7 @@ bench-reconcile: services
 bench-approvals: services
 	$(CARGO) bench --profile dev --bench bench_approvals
 
-## Redis cost per poll and of an idle pod (issue 16): a private redis-server, one release worker,
+## Redis cost per poll and of an idle pod: a private redis-server, one release worker,
 ## 3,000 cards polled every second at 0 ms, raw apalis-redis in the same run; about 12 minutes
 ## (memory after 10 minutes). `make bench-redis SHORT=1`: about 2 minutes.
 bench-redis: services
@@ -171,7 +171,7 @@ bench-scrape: services
 bench-lua:
 	VG=$(VG) bash benches/lua_cost.sh
 
-## Redis memory per card (issue 19): a private redis-server, 100k cards (BENCH_CARDS), a full round
+## Redis memory per card: a private redis-server, 100k cards (BENCH_CARDS), a full round
 ## of both tasks, then 48 simulated hour boundaries; used_memory per card after the first round and
 ## at steady state, with MEMORY USAGE per key pattern (docs/BENCHMARKS.md, docs/SCALING.md). The
 ## figures are memory, not speed, so the driving code builds in the dev profile.
