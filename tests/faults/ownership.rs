@@ -600,3 +600,97 @@ async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_
     );
     assert!(!worker.exited());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_call_the_gateway() {
+    // A poll runs in a task of its own: when its worker's stream ends (a response timeout, a
+    // reset connection), the poll goes on and writes its successor, but its acknowledgement is
+    // lost with the stream, and apalis's orphan recovery later puts the job back on the active
+    // list. Here the job is put back by hand while its poll is at the Gateway (the orphan
+    // recovery's `RPUSH` of the in-flight id, without waiting out the window): the second
+    // delivery carries the card's live chain id and must still not call the Gateway.
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(12_000, 0);
+    let mut config = Config::default();
+    config.database.url = db.url.clone().into();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.gateway.base_url = sim_handle.base_url().into();
+    config.gateway.timeout_ms = 14_000;
+    config.polling.handler_timeout_secs = 16;
+    config.polling.lease_ttl_secs = 25;
+    // The chain's own next poll is far beyond the test, so any second call is the re-delivery.
+    config.polling.carddata.interval_secs = 600;
+    config.polling.card_status.interval_secs = 600;
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    insert_cards(&db.pool, 1).await;
+    let worker = InProcess::start(config).await;
+    for task in Task::ALL {
+        reconcile::sweep(&worker.ctx, task)
+            .await
+            .expect("start chains");
+    }
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+    wait_until(
+        Duration::from_secs(30),
+        "a poll of the card at the Gateway",
+        || async { sim.stats().in_flight_polls >= 1 },
+    )
+    .await;
+    let mut handed_out = Vec::new();
+    for queue in ["carddata", "card_status"] {
+        let q = cardworker_jobs::keys::queue("cw", queue);
+        let sets: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{q}:inflight:*"))
+            .query_async(&mut admin)
+            .await
+            .expect("keys");
+        for set in sets {
+            let ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(&set)
+                .query_async(&mut admin)
+                .await
+                .expect("smembers");
+            for id in ids {
+                redis_cmd(&mut admin, &["RPUSH", &format!("{q}:active"), &id]).await;
+                handed_out.push(format!("{q}:active"));
+            }
+        }
+    }
+    assert!(
+        !handed_out.is_empty(),
+        "the running poll's job is in flight"
+    );
+
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        let stats = sim.stats();
+        for kind in ["carddata", "card_status"] {
+            let calls = stats.calls_total.get(kind).copied().unwrap_or(0);
+            assert!(
+                calls <= 1,
+                "the card's {kind} was polled {calls} times within {:?} of the second delivery, \
+                 with a 600 s interval: {stats:?}",
+                start.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for active in handed_out {
+        let waiting: u64 = redis::cmd("LLEN")
+            .arg(&active)
+            .query_async(&mut admin)
+            .await
+            .expect("llen");
+        assert_eq!(
+            waiting, 0,
+            "the worker took the second delivery of {active}"
+        );
+    }
+    assert!(!worker.exited());
+}
