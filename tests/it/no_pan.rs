@@ -104,3 +104,55 @@ async fn a_card_token_that_looks_like_a_pan_makes_the_answer_unknown_and_is_neve
     assert!(stored.contains("looks like a card number"), "{stored}");
     assert!(!contains_pan(&stored), "a PAN is stored: {stored}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payment_and_its_callback_whose_ids_hold_a_luhn_passing_digit_run_are_stored_under_their_ids(
+) {
+    // `08263-5281-4469` inside this id is 13 digits with dashes that pass Luhn: the masker must
+    // see the id, not a card number, or the callback's row and the payment's outbox event are
+    // stored under a redacted id nobody can look up.
+    let app = spawn_app_with(|_| {}).await;
+    app.insert_card("c-9").await;
+    let pid: uuid::Uuid = "ffa08263-5281-4469-a0b7-9b403e676268"
+        .parse()
+        .expect("uuid");
+    sqlx::query(
+        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-9', 1234, 'CNY')",
+    )
+    .bind(pid)
+    .execute(&app.db.pool)
+    .await
+    .expect("insert payment");
+    let callback_id = format!("payment-{pid}");
+    let job = ProcessCallback {
+        channel: "pay".to_owned(),
+        callback_id: callback_id.clone(),
+        body: format!(
+            r#"{{"type":"payment.result","payment_id":"{pid}","status":"accepted","channel_ref":"ch-1"}}"#
+        ),
+        retries: 0,
+        recorded: false,
+    };
+    assert_eq!(
+        callback::process(&app.ctx, &job).await.expect("processed"),
+        callback::Delivery::Applied { changed: true }
+    );
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbound_callbacks WHERE channel = 'pay' AND callback_id = $1 AND state = 'applied'",
+    )
+    .bind(&callback_id)
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("callback row");
+    assert_eq!(rows, 1, "the callback is stored under its id as delivered");
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_events WHERE aggregate_id = $1 AND event_type = 'payment.accepted'",
+    )
+    .bind(pid.to_string())
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("outbox");
+    assert_eq!(events, 1, "the decided event names the payment as it is");
+    let stored = everything_stored(&app).await;
+    assert!(!stored.contains("[redacted]"), "{stored}");
+}
