@@ -11,9 +11,10 @@
 # script from the VM's noise.
 #
 # usage: benches/lua_cost.sh [chain.lua] [feed.lua] [rounds]; FETCH=, ACK= other scripts; B= ops
-# per chain call. Needs redis-server, redis-cli, python3, bc (and valgrind for VG=1).
+# per chain call; W=7 for a chain script from before the job's turn (ARGV groups of 7, not 8).
+# Needs redis-server, redis-cli, python3, bc (and valgrind for VG=1).
 set -euo pipefail
-CHAIN=${1:-jobs/src/chain.lua}; FEED=${2:-src/queue/feed.lua}; FETCH=${FETCH:-./src/queue/fetch.lua}; ACK=${ACK:-./src/queue/ack.lua}; ROUNDS=${3:-300}; B=${B:-16}; CARDS=3000
+CHAIN=${1:-jobs/src/chain.lua}; FEED=${2:-src/queue/feed.lua}; FETCH=${FETCH:-./src/queue/fetch.lua}; ACK=${ACK:-./src/queue/ack.lua}; ROUNDS=${3:-180}; B=${B:-16}; W=${W:-8}; CARDS=3000
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 DIR=$(mktemp -d)
 if [ -n "${VG:-}" ]; then
@@ -65,24 +66,28 @@ measure1() {
   calls=$(echo "$line" | sed 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/'); usec=$(echo "$line" | sed 's/.*,usec=\([0-9]*\).*/\1/')
   echo "$usec/$calls" | bc -l
 }
-# One file of ROUNDS chain batches of B ops each on random cards (seeded: the same cards on every
-# run, so that VG=1 counts the same work each time): op name, then the op's four values after card and chain.
+# One file of ROUNDS chain batches of B ops each, every op on a card of its own while ROUNDS x B
+# stays within the cards (a seeded permutation: the same cards on every run, so that VG=1 counts
+# the same work each time, and the check and successor files visit the cards in the same order, as
+# a poll's check and its successor do): op name, then the op's five values after card and chain
+# (the last one the job's turn, '' for unknown; dropped with W=7).
 chain_batches() {
   python3 - "$@" <<PY
 import random, sys
 random.seed(1)
-op, rest = sys.argv[1], sys.argv[2:]
+op, rest = sys.argv[1], sys.argv[2:$W - 1]
+order = random.sample(range($CARDS), $CARDS)
 for r in range($ROUNDS):
     args = []
     for k in range($B):
-        i = random.randrange($CARDS)
+        i = order[(r * $B + k) % $CARDS]
         args += [op, f"card-{i:06d}", f"ch{i:06d}"] + rest
     print(f"EVALSHA $CS 4 $CH $IN $IP $DUE batch " + " ".join(args))
 PY
 }
-chain_batches check freshid1 "''" "''" "''" > $DIR/check.txt
+chain_batches check freshid1 "''" "''" "''" "''" > $DIR/check.txt
 measure check $DIR/check.txt $B
-chain_batches schedule 1000 0 0 u > $DIR/sched.txt
+chain_batches schedule 1000 0 0 u "''" > $DIR/sched.txt
 measure schedule $DIR/sched.txt $B
 # feeder: 200 due chains per call, reset between calls (commandstats counts only the EVALSHA
 # calls; under VG=1 the resets alone are run and subtracted)

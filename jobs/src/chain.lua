@@ -84,9 +84,9 @@ end
 
 -- The card's chain entry, read before each call: its id, an older release's due time, its tally,
 -- the raw entry and its run marker (`old_id@ms`, see the header), if any.
-local cur_id, legacy_due, cur_tally, cur_raw, cur_run
+local cur_id, legacy_due, cur_tally, cur_raw, cur_run, cur_five
 local function load()
-  cur_id, legacy_due, cur_tally, cur_raw, cur_run = nil, nil, nil, nil, nil
+  cur_id, legacy_due, cur_tally, cur_raw, cur_run, cur_five = nil, nil, nil, nil, nil, false
   local cur = redis.call('HGET', KEYS[1], card)
   if not cur then return end
   cur_raw = cur
@@ -100,6 +100,8 @@ local function load()
   local id, unchanged, last, since = string.match(cur, '^([^|]+)|([^|]+)|([^|]+)|([^|]+)')
   if id then
     cur_id, cur_tally = id, {tonumber(unchanged) or 0, last, since}
+    -- The match ends at the fourth field: anything after it is the fifth and later ones.
+    cur_five = #cur > #id + #unchanged + #last + #since + 3
     return
   end
   local f = {}
@@ -197,10 +199,13 @@ local function marker()
   return who, nil, tonumber(since)
 end
 
--- Whether the standing marker is the run of chain `id` at turn `t` (nil: unknown turn).
+-- Whether the standing marker is the run of chain `id` at turn `t` (nil: unknown turn): its
+-- text starts with `id#t@` (`id@` for an unknown turn).
 local function marker_is(id, t)
-  local mid, mt = marker()
-  return mid ~= nil and mid == id and mt == t
+  if not cur_run then return false end
+  local want = id
+  if t then want = id .. '#' .. t end
+  return string.sub(cur_run, 1, #want + 1) == want .. '@'
 end
 
 -- The run marker a restart leaves for the new chain: the one standing (its poll may still run).
@@ -329,7 +334,7 @@ local function run()
       -- The poll starts: its run marker stands until its own schedule or finish. An entry in an
       -- older format (fewer than five fields) gets none: appending to it would change how it
       -- parses.
-      if string.find(cur_raw, '^[^|]+|[^|]+|[^|]+|[^|]+|[^|]+') then
+      if cur_five then
         local who = chain
         if t then who = chain .. '#' .. t end
         redis.call('HSET', KEYS[1], card, cur_raw .. '|' .. who .. '@' .. clock())
