@@ -95,8 +95,8 @@ async fn reads_made_at_once_share_one_query() {
     const READER: &str = "cardworker-card-reads-under-test";
     let db = TestDb::new().await;
     insert_cards(&db, &["c-1", "c-2", "c-3"]).await;
-    // Whatever the harness's sessions did to `cards` (its migrations build indexes, which count
-    // as scans) is published once they exit.
+    // Whatever the harness's sessions did to `cards` (the inserts above) is published once they
+    // exit.
     db.pool.close().await;
     wait_until(
         std::time::Duration::from_secs(20),

@@ -1,6 +1,10 @@
 //! Shared test harness: a fresh PostgreSQL database and a fresh Redis key prefix per test, the
 //! Gateway simulator, and `spawn_app()` starting a real `cardworker run` in-process on port 0.
 //!
+//! A test database on the shared server is a clone of a template database migrated once per
+//! migration set (`cw_tmpl_<hash of the migrations>`, created by the first test that needs it:
+//! [`ensure_template_named`]).
+//!
 //! Everything a test creates is removed when its guard drops (database dropped with FORCE, every
 //! Redis key under the test prefix deleted), also when the test panics.
 
@@ -15,7 +19,7 @@ use cardworker::config::Config;
 use cardworker::context::{self, AppContext};
 use cardworker::sim::{SimHandle, Simulator};
 use redis::aio::ConnectionManager;
-use sqlx::PgPool;
+use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::oneshot;
 
 /// Every Redis key pattern the product writes (checked on every prefix this harness cleans up).
@@ -49,39 +53,194 @@ pub struct TestDb {
     admin: String,
 }
 
+/// How a test database gets its schema.
+enum Schema {
+    /// Cloned from the template database of this build's migrations ([`ensure_template_named`]).
+    Cloned,
+    /// Created empty and migrated.
+    Migrated,
+}
+
 impl TestDb {
-    /// Creates and migrates a fresh database on the shared test server.
+    /// A fresh database on the shared test server, cloned from the template of this build's
+    /// migrations (created on first use).
     pub async fn new() -> Self {
-        Self::new_on(&admin_url()).await
+        Self::create(&admin_url(), Schema::Cloned).await
     }
 
-    /// Creates and migrates a fresh database on the server of `admin` (an admin URL ending in
-    /// `/postgres`).
+    /// A fresh database on the shared test server, created empty and migrated, for the tests of
+    /// the migrations themselves.
+    pub async fn new_migrated() -> Self {
+        Self::create(&admin_url(), Schema::Migrated).await
+    }
+
+    /// A fresh database on the server of `admin` (an admin URL ending in `/postgres`), created
+    /// empty and migrated: a private cluster lives for one test, so a template there would be
+    /// cloned once.
     pub async fn new_on(admin: &str) -> Self {
+        Self::create(admin, Schema::Migrated).await
+    }
+
+    async fn create(admin: &str, schema: Schema) -> Self {
         let name = format!("cw_test_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let admin_pool = PgPool::connect(admin).await.expect("connect as admin");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin_pool)
+        let mut admin_conn = PgConnection::connect(admin)
+            .await
+            .expect("connect as admin");
+        let create = match schema {
+            Schema::Cloned => {
+                let template = ensure_template(&mut admin_conn, admin).await;
+                format!("CREATE DATABASE {name} TEMPLATE {template}")
+            }
+            Schema::Migrated => format!("CREATE DATABASE {name}"),
+        };
+        sqlx::query(&create)
+            .execute(&mut admin_conn)
             .await
             .expect("create test database");
-        admin_pool.close().await;
-        let url = match admin.rfind('/') {
-            Some(i) => format!("{}/{name}", &admin[..i]),
-            None => panic!("admin url has no database part"),
-        };
+        admin_conn
+            .close()
+            .await
+            .expect("close the admin connection");
+        let url = database_url(admin, &name);
         let options: sqlx::postgres::PgConnectOptions = url.parse().expect("test database url");
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
             .connect_with(options.application_name(HARNESS_APPLICATION_NAME))
             .await
             .expect("connect to test database");
-        cardworker::storage::migrate(&pool).await.expect("migrate");
+        if let Schema::Migrated = schema {
+            cardworker::storage::migrate(&pool).await.expect("migrate");
+        }
         Self {
             name,
             url,
             pool,
             admin: admin.to_owned(),
         }
+    }
+}
+
+/// The URL of database `name` on the server of `admin`.
+fn database_url(admin: &str, name: &str) -> String {
+    match admin.rfind('/') {
+        Some(i) => format!("{}/{name}", &admin[..i]),
+        None => panic!("admin url has no database part"),
+    }
+}
+
+/// 64-bit FNV-1a of `bytes`.
+fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The name of the template database of this build's migrations: `cw_tmpl_` and a hash of every
+/// embedded migration's version and checksum, so that a changed, added or removed migration names
+/// another template.
+pub fn template_name() -> String {
+    let hash = fnv1a(cardworker::storage::MIGRATOR.iter().flat_map(|migration| {
+        let mut bytes = migration.version.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&migration.checksum);
+        bytes
+    }));
+    format!("cw_tmpl_{hash:016x}")
+}
+
+/// [`ensure_template_named`] for the template of this build's migrations ([`template_name`]).
+async fn ensure_template(conn: &mut PgConnection, admin: &str) -> String {
+    let template = template_name();
+    ensure_template_named(conn, admin, &template).await;
+    template
+}
+
+/// Makes sure the server of `admin` (`conn` is a session on it as admin) has template database
+/// `template`, migrated with this build's migrations; true when this call built it.
+///
+/// A template exists under its name only once it is complete: it is built under a temporary name
+/// (`…_wip`), migrated, its pool closed, marked a template that takes no connections, and only
+/// then renamed. Test processes starting at once serialise its creation on an advisory lock (keyed
+/// by the template's name) on the admin connection, and check again under the lock; one that
+/// died while building leaves a `…_wip` database, which the next builder drops under the lock.
+/// Templates of other migration sets are left alone: another checkout's tests may be cloning
+/// them.
+pub async fn ensure_template_named(conn: &mut PgConnection, admin: &str, template: &str) -> bool {
+    if database_exists(conn, template).await {
+        return false;
+    }
+    let key = i64::from_ne_bytes(fnv1a(template.bytes()).to_ne_bytes());
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key)
+        .execute(&mut *conn)
+        .await
+        .expect("take the template lock");
+    let build = !database_exists(conn, template).await;
+    if build {
+        build_template(conn, admin, template).await;
+    }
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .execute(&mut *conn)
+        .await
+        .expect("release the template lock");
+    build
+}
+
+/// Whether database `name` exists.
+pub async fn database_exists(conn: &mut PgConnection, name: &str) -> bool {
+    sqlx::query_scalar::<_, i32>("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await
+        .expect("look up a database")
+        .is_some()
+}
+
+/// Builds template `template` (see [`ensure_template_named`]); the caller holds the template lock.
+async fn build_template(conn: &mut PgConnection, admin: &str, template: &str) {
+    let wip = format!("{template}_wip");
+    if database_exists(conn, &wip).await {
+        // Left by a builder that died after marking it a template, or before.
+        for statement in [
+            format!("ALTER DATABASE {wip} WITH IS_TEMPLATE false"),
+            format!("DROP DATABASE {wip} WITH (FORCE)"),
+        ] {
+            sqlx::query(&statement)
+                .execute(&mut *conn)
+                .await
+                .expect("drop a half-built template database");
+        }
+    }
+    sqlx::query(&format!("CREATE DATABASE {wip}"))
+        .execute(&mut *conn)
+        .await
+        .expect("create the template database");
+    let options: sqlx::postgres::PgConnectOptions = database_url(admin, &wip)
+        .parse()
+        .expect("template database url");
+    // One connection, closed before the template is published: PostgreSQL refuses to rename or
+    // clone a database with a session on it. (A pool's close leaves a connection its migrator
+    // returned open for a while.)
+    let mut migrating =
+        PgConnection::connect_with(&options.application_name(HARNESS_APPLICATION_NAME))
+            .await
+            .expect("connect to the template database");
+    cardworker::storage::MIGRATOR
+        .run_direct(&mut migrating)
+        .await
+        .expect("migrate the template database");
+    migrating
+        .close()
+        .await
+        .expect("close the template database's session");
+    for statement in [
+        format!("ALTER DATABASE {wip} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"),
+        format!("ALTER DATABASE {wip} RENAME TO {template}"),
+    ] {
+        sqlx::query(&statement)
+            .execute(&mut *conn)
+            .await
+            .expect("publish the template database");
     }
 }
 
@@ -281,7 +440,9 @@ pub struct TestApp {
 
 /// Fresh database, prefix and simulator, and a worker started with `tweak` applied to the config.
 pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
-    spawn_app_on(&admin_url(), tweak).await
+    let db = TestDb::new().await;
+    let redis = TestRedis::new().await;
+    spawn_app_prepared(db, redis, tweak).await
 }
 
 /// [`spawn_app_with`] with the database on the server of `admin` (for example a private
