@@ -443,9 +443,13 @@ pub fn is_redis_trouble(error: &WorkerError) -> bool {
         // apalis flattens some backend errors into text (`PollNextError: broken pipe`).
         let text = e.to_string();
         let lower = text.to_lowercase();
+        // Redis restarting with its data answers `LOADING` (the redis crate names it
+        // `BusyLoading`) until the dataset is in memory: an outage like any other.
         if CONNECTION_TEXTS.iter().any(|t| lower.contains(t))
             || LOST_STATE_TEXTS.iter().any(|t| text.contains(t))
             || text.contains("LOADING")
+            || lower.contains("busyloading")
+            || lower.contains("loading the dataset")
         {
             return true;
         }
@@ -684,6 +688,22 @@ mod tests {
         assert!(!is_redis_trouble(&corrupt));
         let flattened = WorkerError::BackendError("PollNextError: broken pipe".into());
         assert!(is_redis_trouble(&flattened));
+    }
+
+    #[test]
+    fn redis_loading_its_dataset_after_a_restart_is_redis_trouble() {
+        // As a worker ended while Redis restarted with its data (`make chaos`, seed 105): the
+        // process exited 1 with "worker stopped unexpectedly" instead of riding it out.
+        let flattened = WorkerError::BackendError(
+            "PollNextError: BusyLoading: Redis is loading the dataset in memory".into(),
+        );
+        assert!(is_redis_trouble(&flattened));
+        let typed = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+            "Redis is loading the dataset in memory",
+        ));
+        let e = WorkerError::BackendError(Box::new(apalis_redis::Error::Database(typed)));
+        assert!(is_redis_trouble(&e));
     }
 
     #[test]
