@@ -574,6 +574,11 @@ impl Budget {
         }
     }
 
+    /// How many of this process's polls run now (under a lease guard).
+    pub fn running_polls(&self) -> usize {
+        self.running.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
     /// Records that the poll under `lease` is over (its lease guard ended or was dropped).
     pub fn run_ended(&self, lease: &str) {
         if let Ok(mut running) = self.running.lock() {

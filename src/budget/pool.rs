@@ -149,6 +149,20 @@ impl Budget {
     /// takes over one of the task's idle slots, if any, and gives the others back). Answers as
     /// `acquire_slot`, with the slot held when granted.
     pub async fn admit(&self, task: Task, lease_id: &str) -> anyhow::Result<(Acquired, Slot)> {
+        // This process's own running polls already hold the whole total: no token can be free,
+        // whatever Redis says (right after Redis came back empty it has forgotten their leases
+        // until the probe writes them back).
+        if self.running_polls() >= self.total_limit() as usize {
+            return Ok((
+                Acquired::Short {
+                    reason: ShortReason::Total,
+                },
+                Slot {
+                    lease: String::new(),
+                    expires: Instant::now(),
+                },
+            ));
+        }
         let floor = Instant::now() + self.handler_timeout + EXPIRY_MARGIN;
         if let Ok(mut pool) = self.pool.lock() {
             let now = Instant::now();
