@@ -109,6 +109,7 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
         status: ctx.redis_status.clone(),
         on_data_lost: workers::on_redis_data_lost(&ctx),
         on_data_lost_here: workers::on_redis_data_lost_here(&ctx),
+        budget: Some(ctx.budget.clone()),
         epoch: None,
         answered_before: false,
     };

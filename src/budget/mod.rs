@@ -75,6 +75,11 @@ use crate::config::{Config, Task, LIMIT_CEILING};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 
+/// How long a process admits no poll after one of its budget calls failed, or its probe found
+/// Redis down ([`Budget::hold_for`]): two probe rounds, so that every process has found out whether
+/// Redis came back empty and written its running polls' leases back.
+pub const OUTAGE_HOLD: Duration = Duration::from_secs(2);
+
 /// The one script: the circuit's functions, then the budget's operations.
 static SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{}\n{}", circuit::LUA, include_str!("budget.lua"))));
@@ -280,6 +285,9 @@ pub struct Budget {
     /// The leases of this process's polls that are running now, with their task: what
     /// [`Budget::reassert_running`] writes back after Redis comes back empty.
     running: Arc<Mutex<HashMap<String, Task>>>,
+    /// No poll is admitted before this moment ([`Budget::hold_for`]): Redis failed lately, or came
+    /// back without its data, and may not count every running poll's lease yet.
+    hold_until: Arc<Mutex<Option<std::time::Instant>>>,
     /// Set when shutdown releases what the process holds: no acquire is sent after it, and one
     /// answered after it gives its lease back at once.
     closing: Arc<std::sync::atomic::AtomicBool>,
@@ -329,6 +337,7 @@ impl Budget {
                 .unwrap_or(i64::MAX),
             held: Arc::default(),
             running: Arc::default(),
+            hold_until: Arc::default(),
             closing: Arc::default(),
             acquiring: Arc::default(),
             released: Arc::default(),
@@ -509,6 +518,7 @@ impl Budget {
                 Err(e) => {
                     // Redis may have run it (a lost reply): give the lease back, in the background.
                     self.release_in_background(lease_id.to_owned());
+                    self.hold_for(OUTAGE_HOLD);
                     return Err(
                         anyhow::Error::new(e).context(format!("acquiring {task} polling tokens"))
                     );
@@ -572,6 +582,27 @@ impl Budget {
         if let Ok(mut running) = self.running.lock() {
             running.insert(lease.to_owned(), task);
         }
+    }
+
+    /// Admits no poll for `d` from now (or until a later hold ends): after a Redis failure, Redis
+    /// may come back empty, without the leases of the polls still running, and every process
+    /// needs a probe's round to write its own back ([`Budget::reassert_running`]) before a new
+    /// poll can be counted against the limits.
+    pub fn hold_for(&self, d: Duration) {
+        let until = std::time::Instant::now() + d;
+        if let Ok(mut hold) = self.hold_until.lock() {
+            if hold.is_none_or(|h| h < until) {
+                *hold = Some(until);
+            }
+        }
+    }
+
+    /// Whether a hold ([`Budget::hold_for`]) is on now.
+    pub fn is_held(&self) -> bool {
+        self.hold_until
+            .lock()
+            .map(|h| h.is_some_and(|until| std::time::Instant::now() < until))
+            .unwrap_or(false)
     }
 
     /// How many of this process's polls run now (under a lease guard).

@@ -151,8 +151,9 @@ impl Budget {
     pub async fn admit(&self, task: Task, lease_id: &str) -> anyhow::Result<(Acquired, Slot)> {
         // This process's own running polls already hold the whole total: no token can be free,
         // whatever Redis says (right after Redis came back empty it has forgotten their leases
-        // until the probe writes them back).
-        if self.running_polls() >= self.total_limit() as usize {
+        // until the probe writes them back). Nor is one admitted during a hold after a Redis
+        // failure (`Budget::hold_for`): another process's leases may not be back yet.
+        if self.running_polls() >= self.total_limit() as usize || self.is_held() {
             return Ok((
                 Acquired::Short {
                     reason: ShortReason::Total,
@@ -331,6 +332,7 @@ impl Budget {
             loop {
                 tokio::time::sleep(RENEW_EVERY).await;
                 if let Err(e) = budget.renew().await {
+                    budget.hold_for(super::OUTAGE_HOLD);
                     tracing::debug!(error = %format!("{e:#}"), "renewing kept polling slots failed; they are not reused until a renewal answers, and expire with their lease");
                 }
                 if budget.pool.lock().map(|p| p.is_empty()).unwrap_or(true) {

@@ -57,6 +57,9 @@ pub struct RedisWatch {
     /// Run by every pod that notices a data loss, before anything else: writes back what this
     /// process's running polls hold.
     pub on_data_lost_here: OnDataLost,
+    /// The polling budget, held while Redis is down, for [`crate::budget::OUTAGE_HOLD`] after, and
+    /// for [`RESTORE_SETTLE`] after a data loss (`None` where nothing polls).
+    pub budget: Option<crate::budget::Budget>,
     /// The marker's value at this pod's last probe (`None` before the first, or after finding it
     /// missing).
     pub epoch: Option<String>,
@@ -166,7 +169,18 @@ impl RedisWatch {
                 () = &mut stop => return,
                 _ = tick.tick() => {
                     let watched = self.answered_before;
-                    match self.probe().await {
+                    let verdict = self.probe().await;
+                    if let Some(budget) = &self.budget {
+                        match verdict {
+                            Probe::Down(_) => budget.hold_for(crate::budget::OUTAGE_HOLD),
+                            // At this process's first probe nothing of it runs yet: a missing
+                            // marker is a first start, with no lease to wait for.
+                            Probe::DataLost if !watched => {}
+                            Probe::DataLost | Probe::LostElsewhere => budget.hold_for(RESTORE_SETTLE),
+                            Probe::Up => {}
+                        }
+                    }
+                    match verdict {
                         Probe::DataLost => {
                             if watched {
                                 self.write_back().await;

@@ -503,6 +503,7 @@ async fn a_probe_that_finds_the_epoch_marker_sends_one_get_and_writes_nothing_an
         status: Default::default(),
         on_data_lost: std::sync::Arc::new(|| Box::pin(async { Ok(()) })),
         on_data_lost_here: std::sync::Arc::new(|| Box::pin(async { Ok(()) })),
+        budget: None,
         epoch: None,
         answered_before,
     };

@@ -406,3 +406,34 @@ async fn show_counts_running_polls_as_in_use_and_idle_kept_slots_as_kept() {
     let view = b.show().await.unwrap();
     assert_eq!((view.total.in_use, view.total.kept), (0, 0), "{view:?}");
 }
+
+#[tokio::test]
+async fn a_held_budget_admits_nothing_until_the_hold_is_over_and_then_asks_redis_again() {
+    // A hold follows a failed budget call or a probe that found Redis down or emptied: until it
+    // is over, no poll is admitted, not even on a kept slot, and Redis is not asked.
+    let r = TestRedis::new().await;
+    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    poll_once(&b, Task::Carddata, CallReport::Ok).await;
+    b.renew().await.expect("renew");
+    b.hold_for(Duration::from_millis(300));
+    assert!(b.is_held());
+    let trips = b.round_trips();
+    let (got, slot) = b
+        .admit(Task::Carddata, &b.new_lease_id())
+        .await
+        .expect("admit");
+    assert_eq!(
+        got,
+        Acquired::Short {
+            reason: ShortReason::Total
+        }
+    );
+    assert!(slot.lease.is_empty(), "no lease during a hold");
+    assert_eq!(b.round_trips(), trips, "Redis is not asked during a hold");
+    until("the hold is over", || !b.is_held()).await;
+    let (got, _) = b
+        .admit(Task::Carddata, &b.new_lease_id())
+        .await
+        .expect("admit");
+    assert_eq!(got, Acquired::Acquired);
+}
