@@ -116,9 +116,17 @@ async fn settle_rows<K: Kind>(
     let mut report = RecoveryReport::default();
     for id in ids {
         report.examined += 1;
+        // The submissions sent before the query: an answer about an older attempt than the row's
+        // latest one is stale (a POST that went out while the query was on the wire).
+        let sent_before = table::load::<K>(&ctx.pool, id)
+            .await
+            .with_context(|| format!("loading {} {id}", K::RESOURCE))?
+            .map(|row| row.submissions());
         let correlation_id = Uuid::new_v4();
         let result = K::query(ctx, id, correlation_id).await;
-        let step = match settle_one::<K>(ctx, id, correlation_id, thresholds, &result).await {
+        let step = match settle_one::<K>(ctx, id, correlation_id, thresholds, sent_before, &result)
+            .await
+        {
             Ok(step) => step,
             // A record PostgreSQL refuses would fail the same way every run: the others of the
             // batch go on (the next run asks about this one again).
@@ -168,6 +176,7 @@ async fn settle_one<K: Kind>(
     id: Uuid,
     correlation_id: Uuid,
     thresholds: Thresholds,
+    sent_before: Option<i32>,
     result: &CallResult<Option<K::Response>>,
 ) -> anyhow::Result<Step> {
     let mut tx = ctx.pool.begin().await?;
@@ -177,7 +186,18 @@ async fn settle_one<K: Kind>(
     let status_before = row.status().to_owned();
     let waiting = K::WAITING == Some(status_before.as_str());
 
-    let (state, mut recovery_summary, mut step) = if !table::still_due::<K>(&row, thresholds) {
+    let (state, mut recovery_summary, mut step) = if sent_before
+        .is_some_and(|sent| sent != row.submissions())
+    {
+        (
+            log_state(&result.outcome),
+            format!(
+                "{} submitted again while the query was on the wire (now {status_before}); its                  answer is about the earlier attempt, and recovery did nothing",
+                K::RESOURCE
+            ),
+            Step::Skipped,
+        )
+    } else if !table::still_due::<K>(&row, thresholds) {
         (
             log_state(&result.outcome),
             format!(

@@ -537,3 +537,53 @@ async fn a_row_the_worker_refuses_is_failed_once_with_its_reason_and_never_sent(
     assert_eq!(status(&pool, "approvals", fresh).await, "failed");
     assert!(calls(&app, fresh).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_to_a_query_sent_before_the_latest_post_never_resubmits() {
+    // Found by `make chaos` (seed 108): recovery's query left while the row was `unknown`; another
+    // path POSTed it again meanwhile (its answer unreadable: still `unknown`), and the query's 404,
+    // about the attempt before that POST, came back last and resubmitted: a second POST with no
+    // 404 after the first.
+    let app = app(10_000).await;
+    let pool = app.db.pool.clone();
+    let id = insert_payment(&pool).await;
+    sqlx::query(
+        "UPDATE payments SET status = 'unknown', submissions = 1,
+                updated_at = now() - interval '1 hour' WHERE payment_id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .expect("unknown");
+    app.sim.set_latency(1_500, 0);
+    let ctx = app.ctx.clone();
+    let run =
+        tokio::spawn(async move { payment_recovery::recover(&ctx, Duration::ZERO, 50).await });
+    wait_until(
+        Duration::from_secs(10),
+        "the recovery query on the wire",
+        || async { calls(&app, id) == ["GET"] },
+    )
+    .await;
+    // A second attempt goes out while the query is on the wire, its answer lost too.
+    sqlx::query(
+        "UPDATE payments SET submissions = 2, updated_at = now() - interval '1 hour' WHERE payment_id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .expect("second attempt");
+    let report = run.await.expect("join").expect("recovery");
+    assert_eq!(
+        (report.resubmitted, report.skipped),
+        (0, 1),
+        "the 404 is about the first attempt: {report:?}"
+    );
+    assert_eq!(status(&pool, "payments", id).await, "unknown");
+    // The next run asks again, about the latest attempt.
+    app.sim.set_latency(0, 0);
+    let report = payment_recovery::recover(&app.ctx, Duration::ZERO, 50)
+        .await
+        .expect("recovery");
+    assert_eq!(report.resubmitted, 1, "{report:?}");
+}
