@@ -202,6 +202,11 @@ pub fn parse(body: &str) -> Result<CallbackBody, String> {
     Ok(parsed)
 }
 
+/// How the reason of a callback that contradicts a final decision begins. Such a callback is
+/// final too (a final decision never changes): a later delivery is counted, not processed again,
+/// so its conflict is audited once.
+pub const CONTRADICTION: &str = "contradicts the recorded result";
+
 /// The whole delivery, in one transaction (module docs).
 pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<Delivery> {
     let mut tx = ctx
@@ -212,14 +217,14 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
     // A fresh row is inserted as `failed`/"processing" and always rewritten below before the
     // commit, so no other transaction ever sees that placeholder.
     // A delivery committed by whoever enqueued it (`recorded`) is not counted again.
-    let (row_id, state, inserted): (i64, String, bool) = sqlx::query_as(
+    let (row_id, state, reason, inserted): (i64, String, String, bool) = sqlx::query_as(
         "INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)
          VALUES ($1, $2, $3, 'failed', 'processing')
          ON CONFLICT (channel, callback_id) DO UPDATE
             SET deliveries = inbound_callbacks.deliveries + $4,
                 last_received_at = CASE WHEN $4 = 0 THEN inbound_callbacks.last_received_at
                                         ELSE now() END
-         RETURNING id, state, (xmax = 0)",
+         RETURNING id, state, coalesce(reason, ''), (xmax = 0)",
     )
     .bind(clean(&job.channel))
     .bind(clean(&job.callback_id))
@@ -229,7 +234,7 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
     .await
     .context("recording the callback delivery")?;
 
-    if state == "applied" && !inserted {
+    if !inserted && (state == "applied" || reason.starts_with(CONTRADICTION)) {
         tx.commit()
             .await
             .context("counting the duplicate delivery")?;
@@ -573,7 +578,7 @@ async fn apply_decision<K: Kind>(
         ),
         Decided::Conflict { recorded } if K::CONFLICTING_CALLBACK_FAILS => {
             return Ok(Err(format!(
-                "contradicts the recorded result: {} {id} is {recorded}, callback says {status}",
+                "{CONTRADICTION}: {} {id} is {recorded}, callback says {status}",
                 K::RESOURCE
             )));
         }

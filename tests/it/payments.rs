@@ -697,3 +697,56 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
         "neither polling nor callbacks ever write a pending log"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contradicting_callback_delivered_twice_is_audited_as_one_conflict() {
+    // Found by `make chaos` (seed 105): the same contradicting callback processed twice wrote two
+    // conflict audit events for one contradiction.
+    let app = app().await;
+    let pool = app.db.pool.clone();
+    let pid = insert_payment(&pool, "c-9").await;
+    let body = |status: &str| {
+        format!(
+            r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
+        )
+    };
+    let job = |id: &str, status: &str| ProcessCallback {
+        channel: "visa".to_owned(),
+        callback_id: id.to_owned(),
+        body: body(status),
+        retries: 0,
+        recorded: false,
+    };
+    assert_eq!(
+        callback::process(&app.ctx, &job("cb-pay", "accepted"))
+            .await
+            .expect("decision"),
+        Delivery::Applied { changed: true }
+    );
+    let contra = job("cb-pay-contra", "rejected");
+    assert!(matches!(
+        callback::process(&app.ctx, &contra).await.expect("contra"),
+        Delivery::Failed(r) if r.starts_with(callback::CONTRADICTION)
+    ));
+    assert_eq!(
+        callback::process(&app.ctx, &contra).await.expect("again"),
+        Delivery::Duplicate
+    );
+    let conflicts: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT e.id) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
+          WHERE e.event_type = 'payment.conflict' AND r.resource_type = 'payment' AND r.resource_id = $1",
+    )
+    .bind(pid.to_string())
+    .fetch_one(&pool)
+    .await
+    .expect("conflicts");
+    assert_eq!(conflicts, 1);
+    let deliveries: i32 = sqlx::query_scalar(
+        "SELECT deliveries FROM inbound_callbacks WHERE callback_id = 'cb-pay-contra'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("deliveries");
+    assert_eq!(deliveries, 2, "the second delivery is counted");
+    assert_eq!(status(&pool, pid).await, "accepted");
+}
