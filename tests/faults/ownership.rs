@@ -637,7 +637,7 @@ async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_
     }
     let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
     wait_until(
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         "a poll of the card at the Gateway",
         || async { sim.stats().in_flight_polls >= 1 },
     )
