@@ -19,7 +19,12 @@ async fn main() {
         }
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        // An error quotes what it was given (a config value, an argument): it is text, masked
+        // for card numbers like every log line.
+        eprintln!(
+            "error: {}",
+            cardworker::telemetry::pan::mask_pans_escaped(&format!("{e:#}"))
+        );
         std::process::exit(e.exit_code());
     }
 }

@@ -101,6 +101,8 @@ pub async fn enqueue_callback(
     callback_id: &str,
     body_file: &Path,
 ) -> Result<(), CommandError> {
+    callback::check_key(channel, callback_id)
+        .map_err(|refused| CommandError::Usage(format!("callback refused: {refused}")))?;
     let bytes = std::fs::read(body_file)
         .with_context(|| format!("reading the callback body from {}", body_file.display()))?;
     // Reduced to the fields the contract knows (nothing else is stored or queued), even when it

@@ -47,6 +47,7 @@ use crate::settle::payment::PaymentCall;
 use crate::settle::{table, Decided, Kind, Row as _, Via};
 use crate::storage::cards;
 use crate::storage::fault::clean;
+use crate::storage::ident::{self, IdentError};
 use crate::storage::records::LogState;
 use crate::storage::records::{insert_audit, insert_terminal_log, AuditRecord, LogRecord};
 use crate::storage::reliable::FinalState;
@@ -156,10 +157,14 @@ const KNOWN_FIELDS: [&str; 6] = [
     "channel_ref",
 ];
 
-/// A body as it is stored: a JSON object reduced to its `KNOWN_FIELDS` (anything else a
-/// channel sent, a card number in an extra field say, is dropped), and anything that is not a
-/// JSON object replaced by a note of its size. Parsing it gives what parsing the raw body gives,
-/// so the stored body is also what a re-enqueued delivery is processed from.
+/// A body as it is stored and queued: a JSON object reduced to its `KNOWN_FIELDS` (anything else
+/// a channel sent, a card number in an extra field say, is dropped), with its identifiers
+/// (`card_ref`, `payment_id`, `approval_id`, `channel_ref`) kept exactly and its free fields
+/// (`type`, `status`, and any value of an unexpected JSON type) masked for card numbers
+/// (`storage::fault::clean_json`); anything that is not a JSON object is replaced by a note of
+/// its size. Parsing it gives what parsing the raw body gives, so the stored body is also what a
+/// re-enqueued delivery is processed from, and it may be written anywhere: PostgreSQL, the
+/// callback job's payload in Redis, a log line.
 pub fn known_fields(body: &str) -> String {
     match serde_json::from_str::<serde_json::Value>(body) {
         Ok(serde_json::Value::Object(o)) => {
@@ -167,10 +172,18 @@ pub fn known_fields(body: &str) -> String {
                 .into_iter()
                 .filter(|(k, _)| KNOWN_FIELDS.contains(&k.as_str()))
                 .collect();
-            serde_json::Value::Object(kept).to_string()
+            let kept = serde_json::Value::Object(kept);
+            crate::storage::fault::clean_json(&kept).to_string()
         }
         _ => format!("(not stored: not a JSON object, {} bytes)", body.len()),
     }
+}
+
+/// Refuses a callback whose `channel` or `callback_id` the contract forbids (empty, too long,
+/// a control character: `storage::ident`). Such a callback has no key to be recorded under.
+pub fn check_key(channel: &str, callback_id: &str) -> Result<(), IdentError> {
+    ident::check("channel", channel)?;
+    ident::check("callback_id", callback_id)
 }
 
 /// Parses and validates a raw body. The error is the reason kept on the failed row.
@@ -180,18 +193,31 @@ pub fn known_fields(body: &str) -> String {
 pub fn parse(body: &str) -> Result<CallbackBody, String> {
     let refused = |why: String| redact_digits(&format!("malformed body: {why}"));
     let parsed: CallbackBody = serde_json::from_str(body).map_err(|e| refused(e.to_string()))?;
+    let identifier =
+        |what, value: &str| ident::check(what, value).map_err(|e| format!("malformed body: {e}"));
     match &parsed {
-        CallbackBody::CardStatus { status, .. } => {
+        CallbackBody::CardStatus { status, card_ref } => {
+            identifier("card_ref", card_ref)?;
             CardStatus::from_str(status).map_err(|e| refused(e.to_string()))?;
         }
-        CallbackBody::PaymentResult { status, .. } => {
+        CallbackBody::PaymentResult {
+            status,
+            channel_ref,
+            ..
+        } => {
+            identifier("channel_ref", channel_ref)?;
             PaymentStatus::from_str(status).map_err(|_| {
                 refused(format!(
                     "payment status {status:?} is not accepted or rejected"
                 ))
             })?;
         }
-        CallbackBody::ApprovalResult { status, .. } => {
+        CallbackBody::ApprovalResult {
+            status,
+            channel_ref,
+            ..
+        } => {
+            identifier("channel_ref", channel_ref)?;
             if !matches!(status.as_str(), "approved" | "declined") {
                 return Err(refused(format!(
                     "approval status {status:?} is not approved or declined"
@@ -209,6 +235,9 @@ pub const CONTRADICTION: &str = "contradicts the recorded result";
 
 /// The whole delivery, in one transaction (module docs).
 pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<Delivery> {
+    if let Err(refused) = check_key(&job.channel, &job.callback_id) {
+        return refuse_key(ctx, job, &refused).await;
+    }
     let mut tx = ctx
         .pool
         .begin()
@@ -226,9 +255,9 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
                                         ELSE now() END
          RETURNING id, state, coalesce(reason, ''), (xmax = 0)",
     )
-    .bind(clean(&job.channel))
-    .bind(clean(&job.callback_id))
-    .bind(clean(&known_fields(&job.body)))
+    .bind(&job.channel)
+    .bind(&job.callback_id)
+    .bind(known_fields(&job.body))
     .bind(i32::from(!job.recorded))
     .fetch_one(&mut *tx)
     .await
@@ -255,9 +284,9 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
                   WHERE id = $1",
             )
             .bind(row_id)
-            .bind(clean(&known_fields(&job.body)))
+            .bind(known_fields(&job.body))
             .bind(resource_type)
-            .bind(clean(&resource_id))
+            .bind(&resource_id)
             .execute(&mut *tx)
             .await?;
             Delivery::Applied { changed }
@@ -272,9 +301,9 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
             )
             .bind(row_id)
             .bind(clean(&reason))
-            .bind(clean(&known_fields(&job.body)))
+            .bind(known_fields(&job.body))
             .bind(resource.as_ref().map(|r| r.0))
-            .bind(resource.as_ref().map(|r| clean(&r.1).into_owned()))
+            .bind(resource.as_ref().map(|r| r.1.as_str()))
             .execute(&mut *tx)
             .await?;
             insert_audit(
@@ -304,6 +333,47 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
         count_decision(body);
     }
     Ok(delivery)
+}
+
+/// A delivery whose key the contract forbids: recorded once as a `callback.refused` audit event
+/// (there is no `inbound_callbacks` key to record it under), linked to the key as `{:?}` renders
+/// it (escaped, so a control character is visible and storable), and acknowledged. The ingress
+/// that sends `enqueue callback` is refused the same key with exit 2, so only a job written by
+/// hand into Redis gets here.
+async fn refuse_key(
+    ctx: &AppContext,
+    job: &ProcessCallback,
+    refused: &IdentError,
+) -> anyhow::Result<Delivery> {
+    let shown: String = format!("{:?}/{:?}", job.channel, job.callback_id)
+        .chars()
+        .take(ident::MAX_CHARS)
+        .collect();
+    let reason = format!("callback key refused: {refused}");
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .context("beginning the refused callback's record")?;
+    insert_audit(
+        &mut tx,
+        &AuditRecord {
+            event_type: "callback.refused",
+            correlation_id: None,
+            summary: format!("callback {shown} not recorded: {reason}"),
+            details: json!({ "reason": reason, "key": shown, "body": known_fields(&job.body) }),
+            resource_type: "callback",
+            resource_id: shown,
+        },
+        None,
+    )
+    .await
+    .context("recording the refused callback")?;
+    tx.commit()
+        .await
+        .context("committing the refused callback's record")?;
+    tracing::warn!(%reason, "callback refused");
+    Ok(Delivery::Failed(reason))
 }
 
 /// Counts the final decision a committed callback applied (after the commit: a rolled-back
@@ -352,9 +422,9 @@ pub async fn record_received(
                 queued_at = now()
          RETURNING state",
     )
-    .bind(clean(channel))
-    .bind(clean(callback_id))
-    .bind(clean(&known_fields(body)))
+    .bind(channel)
+    .bind(callback_id)
+    .bind(known_fields(body))
     .fetch_one(pool)
     .await?;
     Ok(if state == "applied" {
@@ -692,17 +762,19 @@ async fn record(
 /// card or payment is found by `investigate`.
 fn loose_resource(body: &str) -> Option<(&'static str, String)> {
     let value: serde_json::Value = serde_json::from_str(body).ok()?;
-    if let Some(card_ref) = value.get("card_ref").and_then(|v| v.as_str()) {
-        return Some(("card", card_ref.to_owned()));
-    }
-    [("payment_id", "payment"), ("approval_id", "approval")]
-        .into_iter()
-        .find_map(|(field, resource)| {
-            value
-                .get(field)
-                .and_then(|v| v.as_str())
-                .map(|id| (resource, id.to_owned()))
-        })
+    [
+        ("card_ref", "card"),
+        ("payment_id", "payment"),
+        ("approval_id", "approval"),
+    ]
+    .into_iter()
+    .find_map(|(field, resource)| {
+        value
+            .get(field)
+            .and_then(|v| v.as_str())
+            .filter(|id| ident::check(field, id).is_ok())
+            .map(|id| (resource, id.to_owned()))
+    })
 }
 
 #[cfg(test)]

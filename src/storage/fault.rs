@@ -8,8 +8,9 @@
 //! chain. Callers record such a failure (sanitised) and move on.
 //!
 //! PostgreSQL's `text` and `jsonb` refuse the NUL character (SQLSTATE 22021 and 22P05), and a
-//! Gateway error body may carry one: every writer of investigable records passes its text through
-//! [`clean`] (and JSON through [`clean_json`]) first.
+//! Gateway error body may carry one, as free text may carry a card number: every writer of
+//! investigable records passes its free text through [`clean`] (and JSON through [`clean_json`])
+//! first. Identifiers are not free text: they are stored exactly (`storage::ident`).
 
 use std::borrow::Cow;
 
@@ -57,10 +58,11 @@ pub fn classify_chain(error: &anyhow::Error) -> DbFault {
         .map_or(DbFault::Transient, classify)
 }
 
-/// `text` fit to be stored: no NUL characters (each becomes U+FFFD) and no card number (every
-/// PAN masked, `telemetry::pan`); borrowed when there was nothing to change. Every text the
-/// records write goes through it, so external text (a reason, a summary, a `card_ref`) never
-/// stores a PAN, whoever built it.
+/// Free `text` fit to be stored: no NUL characters (each becomes U+FFFD) and no card number
+/// (every PAN masked, `telemetry::pan`); borrowed when there was nothing to change. Every free
+/// text the records write goes through it, so external text (a reason, a summary) never stores a
+/// PAN, whoever built it. Never an identifier: two distinct ids must not become one
+/// (`storage::ident`).
 pub fn clean(text: &str) -> Cow<'_, str> {
     let text = if text.contains('\0') {
         Cow::Owned(text.replace('\0', "\u{FFFD}"))
@@ -78,39 +80,62 @@ pub fn clean_opt(text: Option<&str>) -> Option<Cow<'_, str>> {
     text.map(clean)
 }
 
-/// `value` with its strings and keys [`clean`]ed: no NUL (jsonb refuses `\u0000`), no PAN.
+/// `value` fit to be stored as jsonb: its free text [`clean`]ed (no NUL, which jsonb refuses as
+/// `\u0000`, and no PAN), and the string values of its identifier fields
+/// (`storage::ident::is_identifier_field`) kept exactly, but for a NUL. A number is free text: a
+/// number that is a PAN becomes the masked string.
 pub fn clean_json(value: &serde_json::Value) -> Cow<'_, serde_json::Value> {
-    fn dirty(s: &str) -> bool {
-        matches!(clean(s), Cow::Owned(_))
+    use serde_json::Value;
+
+    /// How a value is read: as free text, or as the value of an identifier field.
+    #[derive(Clone, Copy)]
+    enum Read {
+        Free,
+        Identifier,
     }
-    fn has_nul(v: &serde_json::Value) -> bool {
+    fn string(s: &str, read: Read) -> Cow<'_, str> {
+        match read {
+            Read::Free => clean(s),
+            Read::Identifier if s.contains('\0') => Cow::Owned(s.replace('\0', "\u{FFFD}")),
+            Read::Identifier => Cow::Borrowed(s),
+        }
+    }
+    fn field_read(name: &str) -> Read {
+        if crate::storage::ident::is_identifier_field(name) {
+            Read::Identifier
+        } else {
+            Read::Free
+        }
+    }
+    fn dirty(v: &Value, read: Read) -> bool {
         match v {
-            serde_json::Value::String(s) => dirty(s),
-            serde_json::Value::Array(a) => a.iter().any(has_nul),
-            serde_json::Value::Object(o) => o.iter().any(|(k, v)| dirty(k) || has_nul(v)),
-            // A number that is a PAN is kept as a masked string.
-            serde_json::Value::Number(n) => dirty(&n.to_string()),
+            Value::String(s) => matches!(string(s, read), Cow::Owned(_)),
+            Value::Array(a) => a.iter().any(|v| dirty(v, read)),
+            Value::Object(o) => o
+                .iter()
+                .any(|(k, v)| matches!(clean(k), Cow::Owned(_)) || dirty(v, field_read(k))),
+            Value::Number(n) => matches!(clean(&n.to_string()), Cow::Owned(_)),
             _ => false,
         }
     }
-    fn owned(v: &serde_json::Value) -> serde_json::Value {
+    fn owned(v: &Value, read: Read) -> Value {
         match v {
-            serde_json::Value::String(s) => serde_json::Value::String(clean(s).into_owned()),
-            serde_json::Value::Number(n) => match clean(&n.to_string()) {
-                Cow::Owned(masked) => serde_json::Value::String(masked),
+            Value::String(s) => Value::String(string(s, read).into_owned()),
+            Value::Number(n) => match clean(&n.to_string()) {
+                Cow::Owned(masked) => Value::String(masked),
                 Cow::Borrowed(_) => v.clone(),
             },
-            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(owned).collect()),
-            serde_json::Value::Object(o) => serde_json::Value::Object(
+            Value::Array(a) => Value::Array(a.iter().map(|v| owned(v, read)).collect()),
+            Value::Object(o) => Value::Object(
                 o.iter()
-                    .map(|(k, v)| (clean(k).into_owned(), owned(v)))
+                    .map(|(k, v)| (clean(k).into_owned(), owned(v, field_read(k))))
                     .collect(),
             ),
             other => other.clone(),
         }
     }
-    if has_nul(value) {
-        Cow::Owned(owned(value))
+    if dirty(value, Read::Free) {
+        Cow::Owned(owned(value, Read::Free))
     } else {
         Cow::Borrowed(value)
     }
@@ -119,6 +144,24 @@ pub fn clean_json(value: &serde_json::Value) -> Cow<'_, serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_keeps_identifier_fields_exactly_and_masks_free_text() {
+        let value = serde_json::json!({
+            "callback_id": "4111111111111111",
+            "card_refs": ["4012888888881881"],
+            "reason": "unknown card 4111 1111 1111 1111",
+            "nested": {"payment_id": "5555555555554444", "note": "5555-5555-5555-4444"},
+            "amount": 4111111111111111_u64,
+        });
+        let cleaned = clean_json(&value);
+        assert_eq!(cleaned["callback_id"], "4111111111111111");
+        assert_eq!(cleaned["card_refs"][0], "4012888888881881");
+        assert_eq!(cleaned["nested"]["payment_id"], "5555555555554444");
+        assert_eq!(cleaned["reason"], "unknown card [redacted]");
+        assert_eq!(cleaned["nested"]["note"], "[redacted]");
+        assert_eq!(cleaned["amount"], "[redacted]");
+    }
 
     #[test]
     fn connection_trouble_is_transient_and_everything_else_deterministic() {

@@ -6,13 +6,16 @@
 //! - [`card_reads`]: one process's concurrent card reads, sent several to a query.
 //! - [`records`]: the audit writer, the terminal record path (changes and failures only) and the
 //!   outbox writer.
-//! - [`fault`]: transient or deterministic database errors, and text PostgreSQL refuses (NUL).
+//! - [`fault`]: transient or deterministic database errors, and free text fit to be stored (no
+//!   NUL, no card number).
+//! - [`ident`]: identifiers, stored exactly as received, and what an identifier may not be.
 //! - [`reliable`]: the reliable path for money-moving calls (pending before the call, finalised
 //!   with the domain change and an outbox event).
 
 pub mod card_reads;
 pub mod cards;
 pub mod fault;
+pub mod ident;
 pub mod records;
 pub mod reliable;
 

@@ -105,7 +105,7 @@ pub async fn insert_terminal_log(conn: &mut PgConnection, log: &LogRecord) -> sq
     )
     .bind(log.correlation_id)
     .bind(log.resource_type)
-    .bind(clean(&log.resource_id))
+    .bind(&log.resource_id)
     .bind(log.scenario)
     .bind(log.state.as_str())
     .bind(clean(&log.request_summary))
@@ -175,7 +175,7 @@ pub(super) async fn insert_audit_row(
     )
     .bind(event_id)
     .bind(row.resource_type)
-    .bind(clean(row.resource_id))
+    .bind(row.resource_id)
     .execute(&mut *conn)
     .await?;
     Ok(event_id)
@@ -280,7 +280,7 @@ pub async fn insert_outbox(
          VALUES ($1, $2, $3, $4) RETURNING id",
     )
     .bind(aggregate_type)
-    .bind(clean(aggregate_id))
+    .bind(aggregate_id)
     .bind(event_type)
     .bind(clean_json(payload).as_ref())
     .fetch_one(conn)

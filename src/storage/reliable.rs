@@ -216,7 +216,7 @@ pub async fn begin_in(
     )
     .bind(call.correlation_id)
     .bind(call.resource_type)
-    .bind(clean(&call.resource_id))
+    .bind(&call.resource_id)
     .bind(call.scenario)
     .bind(clean(&call.request_summary))
     .bind(started_at)

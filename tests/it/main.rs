@@ -23,6 +23,7 @@ mod console;
 mod demo;
 mod endpoint;
 mod gateway;
+mod identifiers;
 mod intake;
 mod key_inventory;
 mod maintenance;

@@ -1,7 +1,8 @@
-//! No card number (PAN) anywhere: external text that carries one, however it is written, is
-//! masked wherever it is stored (reasons, summaries, audit details, a callback's body and
-//! resource), a callback body is stored as its known fields only, and a `card_token` that looks
-//! like a PAN makes the Gateway's answer unknown.
+//! No card number (PAN) in free text: external text that carries one, however it is written, is
+//! masked wherever it is stored (reasons, summaries, audit details, a callback body's free
+//! fields), a callback body is stored as its known fields only, identifiers are stored exactly
+//! (spec section 10), and a `card_token` that looks like a PAN makes the Gateway's answer unknown.
+//! `pan_oracle.rs` searches every place the product writes.
 
 use std::time::Duration;
 
@@ -29,9 +30,9 @@ async fn everything_stored(app: &TestApp) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_callback_that_names_a_card_by_its_pan_stores_no_pan_and_only_its_known_fields() {
+async fn a_callback_keeps_its_card_ref_exactly_and_stores_no_pan_in_its_free_fields() {
     let app = spawn_app_with(|_| {}).await;
-    for (i, pan) in [
+    for (i, card_ref) in [
         "4111.1111.1111.1111",
         "4111 / 1111 / 1111 / 1111",
         "４１１１１１１１１１１１１１１１",
@@ -40,7 +41,7 @@ async fn a_callback_that_names_a_card_by_its_pan_stores_no_pan_and_only_its_know
     .enumerate()
     {
         let body = serde_json::json!({
-            "type": "card.status", "card_ref": pan, "status": "frozen",
+            "type": "card.status", "card_ref": card_ref, "status": "frozen",
             "cardholder_pan": "5555 5555 5555 4444", "cvv": "123",
         })
         .to_string();
@@ -60,12 +61,32 @@ async fn a_callback_that_names_a_card_by_its_pan_stores_no_pan_and_only_its_know
             matches!(done, callback::Delivery::Failed { .. }),
             "an unknown card: {done:?}"
         );
+        // The card_ref is an identifier: kept as received, in the row and its stored body.
+        let (resource_id, body, reason): (String, String, String) = sqlx::query_as(
+            "SELECT resource_id, body, reason FROM inbound_callbacks WHERE callback_id = $1",
+        )
+        .bind(format!("cb-{i}"))
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("row");
+        assert_eq!(resource_id, card_ref);
+        let stored: serde_json::Value = serde_json::from_str(&body).expect("stored body");
+        assert_eq!(stored["card_ref"], card_ref);
+        assert_eq!(reason, "unknown card [redacted]");
     }
+    let free_text: String = sqlx::query_scalar(
+        "SELECT concat_ws(' | ',
+            (SELECT string_agg(reason, ' ') FROM inbound_callbacks),
+            (SELECT string_agg(concat_ws(' ', summary, details->>'reason'), ' ') FROM audit_events))",
+    )
+    .fetch_one(&app.db.pool)
+    .await
+    .expect("free text");
+    assert!(free_text.contains("unknown card"), "{free_text}");
+    assert!(!contains_pan(&free_text), "a PAN is stored: {free_text}");
     let stored = everything_stored(&app).await;
-    assert!(stored.contains("unknown card"), "{stored}");
-    assert!(!contains_pan(&stored), "a PAN is stored: {stored}");
     assert!(
-        !stored.contains("cardholder_pan") && !stored.contains("cvv"),
+        !stored.contains("cardholder_pan") && !stored.contains("cvv") && !stored.contains("5555"),
         "{stored}"
     );
 }
