@@ -17,22 +17,29 @@ use crate::webdriver::{self, Browser};
 const TOKEN: &str = "console-test-token-0123456789";
 
 /// A running `cardworker console` child process (killed on drop).
-struct ConsoleProcess {
+pub(crate) struct ConsoleProcess {
     child: tokio::process::Child,
-    url: String,
+    /// Its base URL, without a trailing slash.
+    pub(crate) url: String,
 }
 
 impl ConsoleProcess {
     /// Starts the console on a free port against `app`'s database and prefix, with the admin
     /// token `token` (read-only without).
     async fn start(app: &TestApp, token: Option<&str>) -> Self {
+        Self::start_on(&app.db.url, &app.redis.prefix, token).await
+    }
+
+    /// Starts the console on a free port against the database at `database_url` and the key
+    /// prefix `prefix`, with the admin token `token` (read-only without).
+    pub(crate) async fn start_on(database_url: &str, prefix: &str, token: Option<&str>) -> Self {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cardworker"));
         cmd.args(["console", "--listen", "127.0.0.1:0"])
             .env_remove("CARDWORKER_CONFIG")
             .env_remove("CARDWORKER__CONSOLE__ADMIN_TOKEN")
-            .env("CARDWORKER__DATABASE__URL", &app.db.url)
+            .env("CARDWORKER__DATABASE__URL", database_url)
             .env("CARDWORKER__REDIS__URL", redis_url())
-            .env("CARDWORKER__REDIS__KEY_PREFIX", &app.redis.prefix)
+            .env("CARDWORKER__REDIS__KEY_PREFIX", prefix)
             .env("CARDWORKER__TELEMETRY__LOG_FORMAT", "pretty")
             .env("CARDWORKER_OPERATOR", "console-test")
             .stdout(std::process::Stdio::piped())

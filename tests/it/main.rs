@@ -33,6 +33,7 @@ mod money_once;
 mod no_pan;
 mod operator_actions;
 mod outage;
+mod pan_oracle;
 mod payments;
 mod plans;
 mod polling;

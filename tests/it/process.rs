@@ -17,6 +17,8 @@ pub struct Worker {
     pub metrics: String,
     /// Its log lines at WARN or ERROR, in order.
     pub problems: Arc<Mutex<Vec<String>>>,
+    /// Every line of its log, in order.
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Worker {
@@ -36,7 +38,9 @@ impl Worker {
             .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
         let (tx, rx) = mpsc::channel();
         let problems = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::new(Mutex::new(Vec::new()));
         let keep = problems.clone();
+        let keep_all = log.clone();
         // Reads the log until the endpoint's address shows, then keeps draining it.
         std::thread::spawn(move || {
             let mut tx = Some(tx);
@@ -51,8 +55,11 @@ impl Worker {
                 }
                 if line.contains("\"WARN\"") || line.contains("\"ERROR\"") {
                     if let Ok(mut p) = keep.lock() {
-                        p.push(line);
+                        p.push(line.clone());
                     }
+                }
+                if let Ok(mut all) = keep_all.lock() {
+                    all.push(line);
                 }
             }
         });
@@ -63,6 +70,7 @@ impl Worker {
             child,
             metrics,
             problems,
+            log,
         })
     }
 
