@@ -169,11 +169,18 @@ pub(crate) enum HttpOutcome {
     BodyLost { status: u16, error: TransportError },
     /// A status and a fully read body.
     Answer { status: u16, body: Vec<u8> },
-    /// A status and a body longer than [`super::client::MAX_BODY_BYTES`]: its first that many
+    /// A status and a body longer than [`MAX_BODY_BYTES`]: its first that many
     /// bytes (the rest was not read). A 2xx is unknown; any other status is classified on the cut
     /// body.
     Oversized { status: u16, body: Vec<u8> },
 }
+
+/// The most bytes of a response body the client reads (256 KiB; every answer of the contract is
+/// well under 1 KiB). A longer 2xx body is unknown; a longer error body is cut to this. A Gateway
+/// that streams without end is cut off here, not only by the timeout, and never fills memory. It
+/// lives with the classification, which decides what an oversized answer means; the client reads
+/// up to it.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// An oversized 2xx is unknown (what the Gateway said cannot be read whole); an oversized error
 /// is classified like any other answer, on its cut body.
@@ -182,10 +189,7 @@ fn settle_oversized<T>(outcome: HttpOutcome) -> Result<HttpOutcome, Classified<T
         HttpOutcome::Oversized { status, .. } if (200..300).contains(&status) => {
             Err(Classified::unknown(
                 Some(status),
-                format!(
-                    "body longer than {} KiB (not read)",
-                    super::client::MAX_BODY_BYTES / 1024
-                ),
+                format!("body longer than {} KiB (not read)", MAX_BODY_BYTES / 1024),
                 String::new(),
             ))
         }

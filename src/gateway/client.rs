@@ -20,6 +20,7 @@ use reqwest::header::{HeaderMap, HeaderValue, ACCEPT};
 use url::Url;
 use uuid::Uuid;
 
+use super::classify::MAX_BODY_BYTES;
 use super::classify::{
     self, CallResult, Classified, HttpOutcome, Outcome, TransportError, TransportErrorKind,
 };
@@ -35,11 +36,6 @@ pub use super::wire::{
     CallKind, CardData, CardStatus, PaymentRequest, PaymentResult, PaymentStatus,
     CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
-
-/// The most bytes of a response body the client reads (256 KiB; every answer of the contract is
-/// well under 1 KiB). A longer 2xx body is unknown; a longer error body is cut to this. A Gateway
-/// that streams without end is cut off here, not only by the timeout, and never fills memory.
-pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// The Gateway client. Cheap to clone (the connection pool is shared).
 #[derive(Debug, Clone)]
