@@ -8,7 +8,7 @@
 //!
 //! Every line is masked for card numbers (`telemetry::pan`) before it is written, and the masker
 //! reads each value as it was logged, not as an escape made it look: a JSON line is masked string
-//! by string and number by number on the decoded values ([`mask_json_line`]), and the escapes
+//! by string and number by number on the decoded values (`mask_json_line`), and the escapes
 //! that `{:?}` writes (`\t`, `\n`, `\u{a0}`) count as the separators they stand for
 //! ([`pan::mask_pans_escaped`]). So a number split by tabs or line breaks is still found in
 //! either format. Identifiers in a line are masked too: a log line is text.
