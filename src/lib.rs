@@ -9,8 +9,9 @@
 //! Modules are listed bottom-up; a module imports only from modules above it in this list (the
 //! layering test in `tests/layering.rs` enforces it; docs/DESIGN.md explains the layers).
 //! - [`config`]: typed layered configuration, validated once.
-//! - [`telemetry`], [`pod`], [`backoff`], [`shutdown`]: logs and metric names, who this process
-//!   is, the one back-off rule, the one shutdown signal and task tracker.
+//! - [`telemetry`], [`pod`], [`clock`], [`backoff`], [`shutdown`]: logs and metric names, who
+//!   this process is, its wall clock as the money path reads it, the one back-off rule, the one
+//!   shutdown signal and task tracker.
 //! - [`storage`], [`gateway`], [`queue`], [`budget`]: PostgreSQL, the Gateway client, the bounded
 //!   intake, admission of a poll (the polling budget's leases and the Gateway circuit breaker).
 //! - [`cards`]: the card domain (applying an observed change), shared by polling and callbacks.
@@ -30,6 +31,7 @@ pub mod approvals;
 pub mod backoff;
 pub mod budget;
 pub mod cards;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod console;

@@ -635,7 +635,7 @@ async fn write_terminal<K: Kind>(
             error: finish.error.clone(),
             recovery_summary: finish.recovery_summary.clone(),
             started_at: pending.started_at,
-            finished_at: chrono::Utc::now(),
+            finished_at: crate::clock::now(),
         },
     )
     .await?;

@@ -243,7 +243,7 @@ fn secs(d: Duration) -> f64 {
 /// Whether a row is still due under the lock (a new attempt, a callback or another pod may have
 /// moved it since the scan): not final, not an attempt still in flight, untouched long enough.
 pub fn still_due<K: Kind>(row: &K::Row, thresholds: Thresholds) -> bool {
-    let now = chrono::Utc::now();
+    let now = crate::clock::now();
     let after = thresholds.of::<K>(row.status());
     !K::is_final(row.status())
         && !row.attempt_in_flight(now)

@@ -206,7 +206,7 @@ pub async fn begin_in(
     conn: &mut PgConnection,
     call: &PendingCall,
 ) -> Result<Pending, ReliableError> {
-    let started_at = Utc::now();
+    let started_at = crate::clock::now();
     let log_id: i64 = sqlx::query_scalar(
         "INSERT INTO integration_logs
            (correlation_id, resource_type, resource_id, scenario, state, request_summary,
@@ -275,7 +275,7 @@ impl Pending {
         conn: &mut PgConnection,
         finish: &Finish,
     ) -> Result<(), ReliableError> {
-        let finished_at = Utc::now();
+        let finished_at = crate::clock::now();
         let duration_ms = duration_ms(self.started_at, finished_at);
         let updated = sqlx::query(
             "UPDATE integration_logs

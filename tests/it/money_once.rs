@@ -587,3 +587,127 @@ async fn a_404_to_a_query_sent_before_the_latest_post_never_resubmits() {
         .expect("recovery");
     assert_eq!(report.resubmitted, 1, "{report:?}");
 }
+
+/// `cardworker enqueue payment|approval --…-id ID` as a process of its own, against `app`'s
+/// database, prefix and simulator, on a host whose clock is `offset_secs` ahead (negative:
+/// behind) of the database's; its stdout.
+async fn enqueue_from_a_skewed_host(
+    app: &TestApp,
+    what: &str,
+    id: Uuid,
+    offset_secs: i64,
+) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(["enqueue", what, &format!("--{what}-id"), &id.to_string()])
+        .env_remove("CARDWORKER_CONFIG")
+        .env("CARDWORKER__DATABASE__URL", &app.db.url)
+        .env("CARDWORKER__REDIS__URL", crate::harness::redis_url())
+        .env("CARDWORKER__REDIS__KEY_PREFIX", &app.redis.prefix)
+        .env("CARDWORKER__GATEWAY__BASE_URL", app.sim_handle.base_url())
+        .env(
+            "CARDWORKER__GATEWAY__TIMEOUT_MS",
+            app.ctx.config.gateway.timeout_ms.to_string(),
+        )
+        .env(cardworker::clock::TEST_OFFSET_ENV, offset_secs.to_string())
+        .output()
+        .await
+        .expect("run cardworker enqueue");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "enqueue {what} {id} exited {:?}: {stdout}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The operator's `enqueue` from a host whose clock is `offset_secs` off, on three rows:
+/// payment `held`, whose POST the Gateway holds (a query meanwhile answers 404), and payment
+/// `died` and approval `died_approval`, whose attempts died before their POSTs left, their
+/// deadlines 5 s past on the database's clock. Every row ends decided with exactly one POST: the
+/// held one never queried nor POSTed again while its attempt may still be in flight, the dead
+/// ones queried and POSTed once.
+async fn each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(offset_secs: i64) {
+    // The Gateway holds every POST 6 s before it acts; the client waits up to 10 s, so an
+    // attempt's deadline is 40 s after its pending commit.
+    let app = app(10_000).await;
+    let pool = app.db.pool.clone();
+    app.insert_card("c-1").await;
+    knobs(
+        &app,
+        SimConfigPatch {
+            post_act_delay_ms: Some(6_000),
+            conflict_concurrent_posts: Some(true),
+            ..SimConfigPatch::default()
+        },
+    );
+    let held = insert_payment(&pool).await;
+    let died = insert_payment(&pool).await;
+    let died_approval = insert_approval(&pool, "c-1", "issue", None).await;
+    for (table, column, id) in [
+        ("payments", "payment_id", died),
+        ("approvals", "approval_id", died_approval),
+    ] {
+        sqlx::query(&format!(
+            "UPDATE {table} SET status = 'pending', submissions = 1,
+                    attempt_deadline = now() - interval '5 seconds',
+                    updated_at = now() - interval '45 seconds'
+              WHERE {column} = $1"
+        ))
+        .bind(id)
+        .execute(&pool)
+        .await
+        .expect("an attempt that died before its POST left");
+    }
+
+    cardworker::commands::payments::enqueue_payment(&app.ctx, held)
+        .await
+        .expect("enqueue payment");
+    wait_until(
+        Duration::from_secs(20),
+        "the held payment's POST is on the wire",
+        || async { calls(&app, held) == ["POST"] },
+    )
+    .await;
+    assert_eq!(status(&pool, "payments", held).await, "pending");
+
+    let said = enqueue_from_a_skewed_host(&app, "payment", held, offset_secs).await;
+    assert!(said.contains("may still be in flight"), "{said}");
+    let said = enqueue_from_a_skewed_host(&app, "payment", died, offset_secs).await;
+    assert!(said.contains("queried the Gateway now"), "{said}");
+    let said = enqueue_from_a_skewed_host(&app, "approval", died_approval, offset_secs).await;
+    assert!(said.contains("queried the Gateway now"), "{said}");
+
+    wait_until(Duration::from_secs(40), "every row decided", || async {
+        status(&pool, "payments", held).await == "accepted"
+            && status(&pool, "payments", died).await == "accepted"
+            && status(&pool, "approvals", died_approval).await == "approved"
+    })
+    .await;
+    assert_eq!(
+        calls(&app, held),
+        ["POST"],
+        "held: never queried nor POSTed again"
+    );
+    assert_eq!(
+        calls(&app, died),
+        ["GET", "POST"],
+        "died: queried, then POSTed once"
+    );
+    assert_eq!(calls(&app, died_approval), ["GET", "POST"]);
+    assert_eq!(app.sim.submissions(held), 1);
+    assert_eq!(app.sim.submissions(died), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_from_a_host_whose_clock_runs_120_s_ahead_posts_each_payment_and_approval_exactly_once(
+) {
+    each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(120).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_from_a_host_whose_clock_runs_120_s_behind_posts_each_payment_and_approval_exactly_once(
+) {
+    each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(-120).await;
+}
