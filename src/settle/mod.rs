@@ -101,6 +101,16 @@ pub struct Tracking {
     pub created_at: DateTime<Utc>,
     /// Last changed, or last queried while waiting (recovery's order and thresholds).
     pub updated_at: DateTime<Utc>,
+    /// Whether the latest attempt may still be in flight (`pending` and before its deadline),
+    /// decided by PostgreSQL on its own clock when the row was read ([`table::ON_DB_CLOCK`]):
+    /// the deadline was written with the database's `now()`, so it is compared with that clock,
+    /// never with this host's.
+    #[serde(skip)]
+    pub in_flight: bool,
+    /// Milliseconds from `updated_at` to when the row was read, on the database's clock (never
+    /// negative).
+    #[serde(skip)]
+    pub idle_ms: i64,
 }
 
 /// A row of a kind's table, as the shared machinery reads it (`impl_row!` writes the impl).
@@ -128,9 +138,10 @@ pub trait Row: for<'r> sqlx::FromRow<'r, PgRow> + Send + Sync + Unpin + Clone + 
         self.tracking().updated_at
     }
     /// Whether the row's latest attempt may still be in flight: `pending` and before its
-    /// deadline (a row without a deadline counts as in flight never).
-    fn attempt_in_flight(&self, now: DateTime<Utc>) -> bool {
-        self.status() == "pending" && self.tracking().attempt_deadline.is_some_and(|d| d > now)
+    /// deadline on the database's clock, as read with the row (a row without a deadline counts
+    /// as in flight never).
+    fn attempt_in_flight(&self) -> bool {
+        self.tracking().in_flight
     }
 }
 

@@ -94,7 +94,7 @@ pub async fn query_now<K: Kind>(ctx: &AppContext, id: Uuid) -> anyhow::Result<As
         .await
         .with_context(|| format!("loading {} {id}", K::RESOURCE))?;
     if let Some(row) = &row {
-        if row.attempt_in_flight(crate::clock::now()) {
+        if row.attempt_in_flight() {
             return Ok(Asked::InFlight {
                 deadline: row.tracking().attempt_deadline,
             });
@@ -279,7 +279,10 @@ async fn settle_one<K: Kind>(
         );
     }
 
-    let started_at = crate::clock::now()
+    // The query's own times, taken around the call on this host's clock (compared with nothing
+    // stored).
+    let finished_at = crate::clock::now();
+    let started_at = finished_at
         - chrono::Duration::from_std(result.elapsed).unwrap_or_else(|_| chrono::Duration::zero());
     let query_log = insert_terminal_log(
         &mut tx,
@@ -295,7 +298,7 @@ async fn settle_one<K: Kind>(
             error: result.outcome.failure().map(|f| f.reason.clone()),
             recovery_summary: Some(recovery_summary.clone()),
             started_at,
-            finished_at: crate::clock::now(),
+            finished_at,
         },
     )
     .await?;

@@ -635,7 +635,10 @@ async fn write_terminal<K: Kind>(
             error: finish.error.clone(),
             recovery_summary: finish.recovery_summary.clone(),
             started_at: pending.started_at,
-            finished_at: crate::clock::now(),
+            // On the clock of `started_at` (the database's): the call's own duration after it.
+            finished_at: pending.started_at
+                + chrono::Duration::from_std(result.elapsed)
+                    .unwrap_or_else(|_| chrono::Duration::zero()),
         },
     )
     .await?;

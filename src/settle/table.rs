@@ -13,13 +13,20 @@ use uuid::Uuid;
 
 use super::{Kind, Row as _, Thresholds};
 
+/// The columns of [`super::Tracking`] that are about time, computed by PostgreSQL with the row,
+/// on the database's clock: the clock that wrote `attempt_deadline` and `updated_at` (`now()`).
+/// A host whose clock is ahead or behind (a CLI host, a worker) then decides as one whose clock
+/// is right; this host's clock is never compared with a stored time.
+pub const ON_DB_CLOCK: &str = "COALESCE(status = 'pending' AND attempt_deadline > now(), false) \
+     AS in_flight, GREATEST(floor(extract(epoch FROM now() - updated_at) * 1000), 0)::int8 AS idle_ms";
+
 /// Loads one row (`None` when unknown).
 pub async fn load<'e, K: Kind>(
     exec: impl PgExecutor<'e>,
     id: Uuid,
 ) -> sqlx::Result<Option<K::Row>> {
     sqlx::query_as::<_, K::Row>(&format!(
-        "SELECT {} FROM {} WHERE {} = $1",
+        "SELECT {}, {ON_DB_CLOCK} FROM {} WHERE {} = $1",
         K::COLUMNS,
         K::TABLE,
         K::ID
@@ -32,7 +39,7 @@ pub async fn load<'e, K: Kind>(
 /// Loads and locks one row for the caller's transaction.
 pub async fn lock<K: Kind>(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<K::Row>> {
     sqlx::query_as::<_, K::Row>(&format!(
-        "SELECT {} FROM {} WHERE {} = $1 FOR UPDATE",
+        "SELECT {}, {ON_DB_CLOCK} FROM {} WHERE {} = $1 FOR UPDATE",
         K::COLUMNS,
         K::TABLE,
         K::ID
@@ -242,10 +249,9 @@ fn secs(d: Duration) -> f64 {
 
 /// Whether a row is still due under the lock (a new attempt, a callback or another pod may have
 /// moved it since the scan): not final, not an attempt still in flight, untouched long enough.
+/// Both times are the database's, read with the row ([`ON_DB_CLOCK`]).
 pub fn still_due<K: Kind>(row: &K::Row, thresholds: Thresholds) -> bool {
-    let now = crate::clock::now();
     let after = thresholds.of::<K>(row.status());
-    !K::is_final(row.status())
-        && !row.attempt_in_flight(now)
-        && (now - row.updated_at()).num_milliseconds() as f64 >= after.as_secs_f64() * 1000.0
+    let idle_ms = u128::try_from(row.tracking().idle_ms).unwrap_or(0);
+    !K::is_final(row.status()) && !row.attempt_in_flight() && idle_ms >= after.as_millis()
 }

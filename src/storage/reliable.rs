@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use super::fault::{clean, clean_opt};
 use super::records::{
-    duration_ms, insert_audit, insert_audit_row, insert_outbox, AuditRecord, AuditRow, LogState,
+    insert_audit, insert_audit_row, insert_outbox, AuditRecord, AuditRow, LogState,
 };
 
 /// What is about to be called, as the `pending` row and its audit event record it.
@@ -148,7 +148,7 @@ pub struct Pending {
     pub resource_id: String,
     /// Scenario of the row.
     pub scenario: String,
-    /// When the pending row was written.
+    /// When the pending row was written, on the database's clock.
     pub started_at: DateTime<Utc>,
 }
 
@@ -206,20 +206,20 @@ pub async fn begin_in(
     conn: &mut PgConnection,
     call: &PendingCall,
 ) -> Result<Pending, ReliableError> {
-    let started_at = crate::clock::now();
-    let log_id: i64 = sqlx::query_scalar(
+    // `started_at` on the database's clock, like the `finished_at` and `duration_ms` that
+    // [`Pending::finish_in`] computes from it (possibly in another process, on another host).
+    let (log_id, started_at): (i64, DateTime<Utc>) = sqlx::query_as(
         "INSERT INTO integration_logs
            (correlation_id, resource_type, resource_id, scenario, state, request_summary,
             started_at)
-         VALUES ($1, $2, $3, $4, 'pending', $5, $6)
-         RETURNING id",
+         VALUES ($1, $2, $3, $4, 'pending', $5, now())
+         RETURNING id, started_at",
     )
     .bind(call.correlation_id)
     .bind(call.resource_type)
     .bind(&call.resource_id)
     .bind(call.scenario)
     .bind(clean(&call.request_summary))
-    .bind(started_at)
     .fetch_one(&mut *conn)
     .await?;
     insert_audit(
@@ -275,12 +275,14 @@ impl Pending {
         conn: &mut PgConnection,
         finish: &Finish,
     ) -> Result<(), ReliableError> {
-        let finished_at = crate::clock::now();
-        let duration_ms = duration_ms(self.started_at, finished_at);
+        // Finished and timed on the database's clock, the clock of the row's `started_at`: the
+        // finisher may be another process on another host (recovery closing a dead attempt).
         let updated = sqlx::query(
             "UPDATE integration_logs
                 SET state = $2, response_summary = $3, http_status = $4, error = $5,
-                    recovery_summary = $6, finished_at = $7, duration_ms = $8
+                    recovery_summary = $6, finished_at = now(),
+                    duration_ms = LEAST(GREATEST(
+                        floor(extract(epoch FROM now() - started_at) * 1000), 0), 2147483647)::int4
               WHERE id = $1 AND state = 'pending'",
         )
         .bind(self.log_id)
@@ -289,8 +291,6 @@ impl Pending {
         .bind(finish.http_status.map(i32::from))
         .bind(clean_opt(finish.error.as_deref()))
         .bind(clean_opt(finish.recovery_summary.as_deref()))
-        .bind(finished_at)
-        .bind(duration_ms)
         .execute(&mut *conn)
         .await?;
         if updated.rows_affected() != 1 {

@@ -92,7 +92,7 @@ pub const COVERAGE: &[Statement] = &[
     s("src/storage/records.rs", "an operator's audit event", Sql::Contains(&["INSERT INTO audit_events (event_type, actor, summary, details)"])),
     s("src/storage/records.rs", "an operator action's outcome on its event", Sql::Contains(&["UPDATE audit_events SET details = details || jsonb_build_object('outcome', $2::jsonb) WHERE id = $1"])),
     s("src/storage/records.rs", "an operator event's resource links", Sql::Contains(&["INSERT INTO audit_resources (audit_event_id, resource_type, resource_id) SELECT $1, $2, unnest($3::text[])"])),
-    s("src/storage/reliable.rs", "pending attempt log", Sql::Contains(&["INSERT INTO integration_logs (correlation_id", "'pending', $5, $6)"])),
+    s("src/storage/reliable.rs", "pending attempt log", Sql::Contains(&["INSERT INTO integration_logs (correlation_id", "'pending', $5, now())"])),
     s("src/storage/reliable.rs", "finish an attempt log", Sql::Contains(&["UPDATE integration_logs SET state = $2"])),
     s("src/storage/reliable.rs", "reopen an attempt log", Sql::Contains(&["FROM integration_logs WHERE id = $1 AND state = 'pending' FOR UPDATE"])),
     // telemetry
