@@ -26,7 +26,7 @@ pub(crate) struct ConsoleProcess {
 impl ConsoleProcess {
     /// Starts the console on a free port against `app`'s database and prefix, with the admin
     /// token `token` (read-only without).
-    async fn start(app: &TestApp, token: Option<&str>) -> Self {
+    pub(crate) async fn start(app: &TestApp, token: Option<&str>) -> Self {
         Self::start_on(&app.db.url, &app.redis.prefix, token).await
     }
 

@@ -102,3 +102,126 @@ async fn a_cli_action_is_recorded_under_the_named_operator_via_the_cli_with_its_
     assert_eq!(actor, "operator:Bob");
     assert_eq!(had, Some(false), "what the action found is on its event");
 }
+
+/// Installs a trigger on `audit_events` that raises `message` for the rows `when` selects, at
+/// `timing` (`BEFORE UPDATE`, or a constraint trigger deferred to the commit).
+async fn refuse_in_postgres(app: &TestApp, name: &str, trigger: &str) {
+    for sql in [
+        format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION '{name}: refused by the test'; END $$"
+        ),
+        trigger.to_owned(),
+    ] {
+        sqlx::query(&sql)
+            .execute(&app.db.pool)
+            .await
+            .expect("install the refusing trigger");
+    }
+}
+
+async fn operator_events(app: &TestApp, event_type: &str) -> Vec<serde_json::Value> {
+    sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = $1 ORDER BY id")
+        .bind(event_type)
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("the operator events")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_whose_request_postgresql_refuses_at_commit_is_not_carried_out_and_says_so() {
+    let app = spawn_app_with(|_| {}).await;
+    // PostgreSQL takes the event's INSERT and refuses the transaction at its commit.
+    refuse_in_postgres(
+        &app,
+        "refuse_at_commit",
+        "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON audit_events
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+           WHEN (NEW.event_type = 'operator.budget_pause') EXECUTE FUNCTION refuse_at_commit()",
+    )
+    .await;
+    let out = cli(
+        &app,
+        &app.db.url,
+        "Alice",
+        &["budget", "pause", "--task", "carddata", "--reason", "brake"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not carried out"), "{stderr}");
+    assert!(
+        !paused(&app, "carddata").await,
+        "a brake without its record stands: {stderr}"
+    );
+    assert!(operator_events(&app, "operator.budget_pause")
+        .await
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_whose_outcome_cannot_be_recorded_stands_on_record_as_requested_and_investigate_and_the_console_say_its_outcome_is_unknown(
+) {
+    let app = spawn_app_with(|_| {}).await;
+    app.insert_card("c-1").await;
+    // PostgreSQL takes the request and refuses every later write to an operator event: it fails
+    // between the action and its outcome.
+    refuse_in_postgres(
+        &app,
+        "refuse_outcome",
+        "CREATE TRIGGER refuse_outcome BEFORE UPDATE ON audit_events FOR EACH ROW
+           WHEN (NEW.event_type LIKE 'operator.%') EXECUTE FUNCTION refuse_outcome()",
+    )
+    .await;
+    let out = cli(
+        &app,
+        &app.db.url,
+        "Alice",
+        &[
+            "circuit",
+            "open",
+            "--task",
+            "carddata",
+            "--reason",
+            "gateway incident",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("outcome unknown"), "{stderr}");
+    let view = serde_json::to_value(app.ctx.budget.show().await.expect("budget")).expect("json");
+    assert_eq!(
+        view["tasks"]["carddata"]["circuit"]["state"],
+        serde_json::json!("open"),
+        "the action was carried out: {view}"
+    );
+    // It stands with its record: requested, its outcome unknown.
+    let events = operator_events(&app, "operator.circuit_open").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["outcome"]["status"], "requested", "{events:?}");
+    assert_eq!(events[0]["reason"], "gateway incident");
+
+    // `investigate` says so, as text and JSON.
+    let inv = cardworker::commands::investigate::investigate(&app.ctx, "c-1")
+        .await
+        .expect("investigate");
+    let json = serde_json::to_value(&inv).expect("json");
+    let fact = json["fleet_facts"]
+        .as_array()
+        .expect("fleet facts")
+        .iter()
+        .find(|f| f["event_type"] == "operator.circuit_open")
+        .expect("the action among the fleet facts");
+    assert_eq!(fact["outcome"], "unknown", "{fact}");
+    let text = cardworker::commands::investigate::render_text(&inv);
+    assert!(text.contains("outcome unknown"), "{text}");
+
+    // And so does the console's card page.
+    let console = crate::console::ConsoleProcess::start(&app, None).await;
+    let page = reqwest::get(format!("{}/cards/c-1", console.url))
+        .await
+        .expect("the card page")
+        .text()
+        .await
+        .expect("body");
+    assert!(page.contains("outcome unknown"), "{page}");
+}
