@@ -5,12 +5,18 @@
 //! `console`) and the `--reason` when given, linked to the cards or tasks it acted on.
 //! `investigate` shows a card's ones as its manual facts.
 //!
-//! The action and its audit event commit together, or neither happens ([`carry_out`]): the event
-//! is written first, in a transaction, then the action is applied (in Redis, or in the same
-//! transaction), then the transaction commits. An event that cannot be written means the action
-//! is not carried out, and the command (or the console page) says so. Only a commit that fails
-//! after the action was applied in Redis can leave an action without its event; that is said
-//! (exit 1) and logged at error level with the whole event.
+//! No action stands without its record ([`carry_out`]), in three steps:
+//! 1. the event is committed with `details.outcome.status = "requested"` before anything is
+//!    done; an event that cannot be written means the action is not carried out, and the command
+//!    (or the console page) says so;
+//! 2. the action is carried out (in Redis);
+//! 3. its outcome is written on the same event: `details.outcome` becomes
+//!    `{"status": "applied", …what the action found}`, or `{"status": "failed", "error": …}`.
+//!
+//! A process that dies, or a PostgreSQL that fails, between steps 1 and 3 leaves the event
+//! `requested`: its outcome is unknown, and `investigate` and the console say so
+//! ([`OUTCOME_SQL`]), so that the operator checks whether it took effect. Such a command exits 1
+//! saying so, and logs the event at error level.
 
 use std::future::Future;
 
@@ -148,10 +154,23 @@ impl Action {
     }
 }
 
-/// Why an action was not carried out, or was carried out without its record.
+/// What `investigate` and the console show as an operator event's outcome, as an SQL expression
+/// over the audit event `e`: `applied`, `failed` or `unknown` (requested, and no outcome on
+/// record: the process stopped, or PostgreSQL failed, between the action and its outcome); NULL
+/// for an event that is not an operator action. An operator event without `details.outcome.status`
+/// committed together with its action (`unpark`, which changes PostgreSQL first), so it is
+/// `applied`. It reads JSON only with `->` and `->>`, which never fail on a value of another shape.
+pub const OUTCOME_SQL: &str = "CASE WHEN e.event_type LIKE 'operator.%' THEN \
+     CASE e.details->'outcome'->>'status' WHEN 'requested' THEN 'unknown' WHEN 'failed' THEN 'failed' \
+     ELSE 'applied' END END";
+
+/// How many times an action's outcome is written before it is left `requested` (unknown).
+const OUTCOME_ATTEMPTS: u32 = 3;
+
+/// Why an action was not carried out, or was carried out without its outcome on record.
 #[derive(Debug, thiserror::Error)]
 pub enum NotRecorded {
-    /// The audit event could not be written: the action was not carried out.
+    /// Its request could not be recorded: the action was not carried out.
     #[error(
         "not carried out: its operator.{action} audit event could not be written ({error:#}); \
          nothing was changed"
@@ -162,27 +181,32 @@ pub enum NotRecorded {
         /// What PostgreSQL said.
         error: anyhow::Error,
     },
-    /// The action itself failed: its audit event was rolled back.
+    /// The action itself failed; its event says so (`failed`) when PostgreSQL took that.
     #[error("{0:#}")]
     Failed(anyhow::Error),
-    /// The action was applied in Redis, but the transaction of its audit event did not commit.
+    /// The action was carried out, but its outcome could not be written: its event stays
+    /// `requested`, outcome unknown.
     #[error(
-        "the action was applied, but its operator.{action} audit event could not be committed \
-         ({error:#}); the event is in this process's error log"
+        "outcome unknown: the action was carried out, but its outcome could not be recorded \
+         ({error:#}); its operator.{action} audit event #{event_id} stays requested, so \
+         investigate and the console show its outcome as unknown; the outcome is in this \
+         process's error log"
     )]
-    Unrecorded {
+    OutcomeUnknown {
         /// The action.
         action: &'static str,
+        /// The event that stays `requested`.
+        event_id: i64,
         /// What PostgreSQL said.
         error: anyhow::Error,
     },
 }
 
-/// Carries out one operator action with its audit event (module docs): writes the event of
-/// `action` by `by` in a transaction on `pool`, runs `apply` (which returns what it did and the
-/// outcome's details, merged into the event), and commits. `apply` has not started before the
-/// event is written (a future does nothing until polled), and the transaction is rolled back if
-/// it fails.
+/// Carries out one operator action with its audit event (module docs): commits the event of
+/// `action` by `by` as `requested` on `pool`, runs `apply` (which returns what it did and the
+/// outcome's details), and writes the outcome on the event (`applied` with those details, or
+/// `failed` with the error). `apply` has not started before the request is committed (a future
+/// does nothing until polled).
 pub async fn carry_out<T, F>(
     pool: &PgPool,
     action: &Action,
@@ -192,50 +216,103 @@ pub async fn carry_out<T, F>(
 where
     F: Future<Output = anyhow::Result<(T, Value)>>,
 {
-    let not_written = |error: anyhow::Error| NotRecorded::NotCarriedOut {
-        action: action.action,
-        error,
-    };
-    let event = action.event(by);
-    let mut tx = pool
-        .begin()
-        .await
-        .context("connecting to PostgreSQL")
-        .map_err(not_written)?;
-    let id = records::insert_operator_event(&mut tx, &event)
-        .await
-        .context("writing the event")
-        .map_err(not_written)?;
-    let (value, outcome) = match apply.await {
-        Ok(done) => done,
-        Err(e) => {
-            let _ = tx.rollback().await;
-            return Err(NotRecorded::Failed(e));
-        }
-    };
-    let committed = async {
-        if outcome.as_object().is_some_and(|o| !o.is_empty()) {
-            records::add_operator_outcome(&mut tx, id, &outcome).await?;
-        }
-        tx.commit().await
+    let mut event = action.event(by);
+    if let Value::Object(details) = &mut event.details {
+        details.insert("outcome".to_owned(), json!({"status": "requested"}));
     }
-    .await;
-    if let Err(e) = committed {
+    let id = request(pool, &event)
+        .await
+        .map_err(|error| NotRecorded::NotCarriedOut {
+            action: action.action,
+            error,
+        })?;
+    let (done, outcome) = match apply.await {
+        Ok((value, found)) => (Ok(value), applied(found)),
+        Err(e) => {
+            let outcome = json!({"status": "failed", "error": format!("{e:#}")});
+            (Err(e), outcome)
+        }
+    };
+    if let Err(error) = record_outcome(pool, id, &outcome).await {
         tracing::error!(
+            event_id = id,
             event_type = %format!("operator.{}", action.action),
             actor = %event.actor,
             summary = %event.summary,
             details = %event.details,
             outcome = %outcome,
-            error = %e,
-            "an operator action was applied but its audit event could not be committed"
+            error = %format!("{error:#}"),
+            "an operator action's outcome could not be recorded; its audit event stays requested \
+             (outcome unknown)"
         );
-        return Err(NotRecorded::Unrecorded {
-            action: action.action,
-            error: e.into(),
-        });
+        return match done {
+            Ok(_) => Err(NotRecorded::OutcomeUnknown {
+                action: action.action,
+                event_id: id,
+                error,
+            }),
+            Err(e) => Err(NotRecorded::Failed(e.context(format!(
+                "the action failed, and its operator.{} audit event #{id} stays requested \
+                 (outcome unknown): recording the failure failed too ({error:#})",
+                action.action
+            )))),
+        };
     }
-    Ok(value)
+    done.map_err(NotRecorded::Failed)
+}
+
+/// Step 1: the event, committed as `requested`. Returns its id.
+async fn request(pool: &PgPool, event: &OperatorEvent) -> anyhow::Result<i64> {
+    let mut tx = pool.begin().await.context("connecting to PostgreSQL")?;
+    let id = records::insert_operator_event(&mut tx, event)
+        .await
+        .context("writing the event")?;
+    tx.commit().await.context("committing the event")?;
+    Ok(id)
+}
+
+/// `{"status": "applied", …}` with what the action found (an object's fields, else under
+/// `value`).
+fn applied(found: Value) -> Value {
+    let mut outcome = serde_json::Map::new();
+    outcome.insert("status".to_owned(), json!("applied"));
+    match found {
+        Value::Object(fields) => {
+            for (k, v) in fields {
+                if k != "status" {
+                    outcome.insert(k, v);
+                }
+            }
+        }
+        Value::Null => {}
+        other => {
+            outcome.insert("value".to_owned(), other);
+        }
+    }
+    Value::Object(outcome)
+}
+
+/// Step 3: the outcome on event `id`, a few attempts apart (PostgreSQL may be restarting).
+async fn record_outcome(pool: &PgPool, id: i64, outcome: &Value) -> anyhow::Result<()> {
+    let mut attempt = 1;
+    loop {
+        let written = async {
+            let mut conn = pool.acquire().await.context("connecting to PostgreSQL")?;
+            records::add_operator_outcome(&mut conn, id, outcome)
+                .await
+                .context("writing the outcome")
+        }
+        .await;
+        match written {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt >= OUTCOME_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::warn!(event_id = id, attempt, error = %format!("{e:#}"), "writing an operator action's outcome failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(250 << attempt)).await;
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// [`carry_out`], connecting to the database first (the budget, circuit and maintenance commands

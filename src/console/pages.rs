@@ -60,6 +60,17 @@ fn opt_when(t: &Option<DateTime<Utc>>) -> String {
     t.as_ref().map(when).unwrap_or_else(|| "-".to_owned())
 }
 
+/// An operator action's outcome when it is not a plain `applied`: unknown (requested, no outcome
+/// on record) or failed, said in words after its summary.
+fn outcome_mark(outcome: Option<&str>) -> Markup {
+    let note = crate::commands::investigate::outcome_note(outcome);
+    html! {
+        @if !note.is_empty() {
+            " " span.bad.outcome { "[" (note) "]" }
+        }
+    }
+}
+
 /// The link to a card's page (its card_ref percent-encoded).
 pub fn card_href(card_ref: &str) -> String {
     format!(
@@ -575,7 +586,7 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 tr { th { "at" } th { "event" } th { "by" } th { "on" } th { "summary" } }
                 @if facts.is_empty() { (empty_row(5, none)) }
                 @for f in facts {
-                    tr { td { (when(&f.at)) } td { (f.event_type) } td { (f.actor) } td { (f.resource_type) ":" (f.resource_id) } td { (f.summary) } }
+                    tr.fact data-outcome=(f.outcome.as_deref().unwrap_or("")) { td { (when(&f.at)) } td { (f.event_type) } td { (f.actor) } td { (f.resource_type) ":" (f.resource_id) } td { (f.summary) (outcome_mark(f.outcome.as_deref())) } }
                 }
             }
         }
@@ -609,7 +620,7 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                         } @else {
                             ol {
                                 @for h in &a.history {
-                                    li.approval-event { (when(&h.at)) " · " code { (h.event_type) } " · " (h.summary) }
+                                    li.approval-event { (when(&h.at)) " · " code { (h.event_type) } " · " (h.summary) (outcome_mark(h.outcome.as_deref())) }
                                 }
                             }
                         }

@@ -92,15 +92,16 @@ async fn a_cli_action_is_recorded_under_the_named_operator_via_the_cli_with_its_
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (actor, had): (String, Option<bool>) = sqlx::query_as(
-        "SELECT actor, (details->'outcome'->>'had_override')::bool FROM audit_events
-          WHERE event_type = 'operator.budget_clear'",
+    let (actor, had, status): (String, Option<bool>, Option<String>) = sqlx::query_as(
+        "SELECT actor, (details->'outcome'->>'had_override')::bool, details->'outcome'->>'status'
+           FROM audit_events WHERE event_type = 'operator.budget_clear'",
     )
     .fetch_one(&app.db.pool)
     .await
     .expect("the operator.budget_clear event");
     assert_eq!(actor, "operator:Bob");
     assert_eq!(had, Some(false), "what the action found is on its event");
+    assert_eq!(status.as_deref(), Some("applied"));
 }
 
 /// Installs a trigger on `audit_events` that raises `message` for the rows `when` selects, at

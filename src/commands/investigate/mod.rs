@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::operator::OUTCOME_SQL;
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::polling::chain;
@@ -228,6 +229,8 @@ pub struct ApprovalEvent {
     pub at: DateTime<Utc>,
     pub event_type: String,
     pub summary: String,
+    /// An operator action's outcome (`enqueue_approval`), as [`FactView::outcome`].
+    pub outcome: Option<String>,
 }
 
 /// One inbound callback (the body is not shown).
@@ -257,9 +260,26 @@ pub struct FactView {
     /// `--reason`, when the operator gave one.
     pub reason: Option<String>,
     pub summary: String,
+    /// An operator action's outcome: `applied`, `failed`, or `unknown` (requested, with no
+    /// outcome on record: check whether it took effect); `None` for other events
+    /// (`super::operator::OUTCOME_SQL`).
+    pub outcome: Option<String>,
     /// The resource it is linked to here (the card, a task, `maintenance`).
     pub resource_type: String,
     pub resource_id: String,
+}
+
+/// What an operator action's outcome (`FactView::outcome`) says, for people; empty for an applied
+/// one and for events that are not operator actions.
+pub fn outcome_note(outcome: Option<&str>) -> &'static str {
+    match outcome {
+        Some("unknown") => {
+            "outcome unknown: requested, and no outcome on record (the process stopped or \
+             PostgreSQL failed before it was written); check whether it took effect"
+        }
+        Some("failed") => "failed: not carried out (the reason is in the event's details)",
+        _ => "",
+    }
 }
 
 /// How many fleet-wide facts are shown.
@@ -436,16 +456,17 @@ pub async fn investigate(
             .iter()
             .map(|a| a.approval_id.to_string())
             .collect();
-        let events: Vec<ApprovalEvent> = sqlx::query_as(
-            "SELECT h.resource_id, h.at, h.event_type, h.summary
+        let events: Vec<ApprovalEvent> = sqlx::query_as(&format!(
+            "SELECT h.resource_id, h.at, h.event_type, h.summary, h.outcome
                FROM unnest($1::text[]) AS ids(id)
                CROSS JOIN LATERAL (
-                    SELECT r.resource_id, e.created_at AS at, e.event_type, e.summary
+                    SELECT r.resource_id, e.created_at AS at, e.event_type, e.summary,
+                           {OUTCOME_SQL} AS outcome
                       FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
                      WHERE r.resource_type = 'approval' AND r.resource_id = ids.id
                      ORDER BY r.created_at DESC LIMIT $2) h
-              ORDER BY h.at DESC",
-        )
+              ORDER BY h.at DESC"
+        ))
         .bind(&ids)
         .bind(APPROVAL_HISTORY as i64)
         .fetch_all(pool)
@@ -504,7 +525,7 @@ async fn facts(
 ) -> sqlx::Result<Vec<FactView>> {
     sqlx::query_as(&format!(
         "SELECT e.created_at AS at, e.id, e.event_type, e.actor, e.details->>'reason' AS reason,
-                e.summary, r.resource_type, r.resource_id
+                e.summary, {OUTCOME_SQL} AS outcome, r.resource_type, r.resource_id
            FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
           WHERE {filter}
           ORDER BY r.created_at DESC LIMIT $2"
@@ -528,7 +549,8 @@ async fn fleet_facts(pool: &sqlx::PgPool, limit: i64) -> sqlx::Result<Vec<FactVi
         .map(|(kind, id)| {
             format!(
                 "(SELECT e.created_at AS at, e.id, e.event_type, e.actor,
-                         e.details->>'reason' AS reason, e.summary, r.resource_type, r.resource_id
+                         e.details->>'reason' AS reason, e.summary, {OUTCOME_SQL} AS outcome,
+                         r.resource_type, r.resource_id
                     FROM audit_resources r JOIN audit_events e ON e.id = r.audit_event_id
                    WHERE r.resource_type = '{kind}' AND r.resource_id = '{id}'
                    ORDER BY r.created_at DESC LIMIT $1)"

@@ -139,10 +139,22 @@ pub fn render_text(inv: &Investigation) -> String {
             let _ = writeln!(s, "  (none)");
         }
         for f in facts {
+            let note = super::outcome_note(f.outcome.as_deref());
             let _ = writeln!(
                 s,
-                "  {} audit #{} {} by {} on {}:{}: {}",
-                f.at, f.id, f.event_type, f.actor, f.resource_type, f.resource_id, f.summary
+                "  {} audit #{} {} by {} on {}:{}: {}{}",
+                f.at,
+                f.id,
+                f.event_type,
+                f.actor,
+                f.resource_type,
+                f.resource_id,
+                f.summary,
+                if note.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{note}]")
+                }
             );
         }
     }
@@ -183,7 +195,19 @@ pub fn render_text(inv: &Investigation) -> String {
             a.updated_at
         );
         for e in &a.history {
-            let _ = writeln!(s, "    {} {}: {}", e.at, e.event_type, e.summary);
+            let note = super::outcome_note(e.outcome.as_deref());
+            let _ = writeln!(
+                s,
+                "    {} {}: {}{}",
+                e.at,
+                e.event_type,
+                e.summary,
+                if note.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [{note}]")
+                }
+            );
         }
     }
     let _ = writeln!(s, "\ncallbacks");
