@@ -1045,3 +1045,237 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         .await;
     assert_eq!(browser.alert_text().await, None);
 }
+
+/// Text as maud escapes it in an element's content or an attribute value.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Malformed values a row can hold: HTML, 10 KB, control characters, empty, blank.
+fn malformed_values() -> Vec<String> {
+    vec![
+        "<script>alert('cw-xss')</script><img src=x onerror=alert(2)>".to_owned(),
+        format!("long-{}<i>end</i>", "y".repeat(10 * 1024)),
+        "ctl-\u{1}\u{7}\u{1b}[31m\u{7f}\t\u{b}\u{c}end".to_owned(),
+        String::new(),
+        "   ".to_owned(),
+    ]
+}
+
+/// Inserts malformed rows into every table a console page reads: cards (parked), their failed
+/// polls online and archived, operator and other audit events with details of every JSON shape
+/// (online and archived), payments, approvals, and failed callbacks whose `resource_id` is no
+/// uuid. `c-fine` is a well-formed card whose fleet facts include the malformed task events.
+async fn insert_malformed_rows(app: &TestApp, bad: &[String]) {
+    let pool = &app.db.pool;
+    app.insert_card("c-fine").await;
+    let details = [
+        r#""a string""#,
+        r#"{"outcome": 5, "reason": {"nested": [1]}}"#,
+        r#"{"outcome": {"status": "<b>requested</b>"}, "reason": "<b>why</b>"}"#,
+        "[]",
+        "null",
+    ];
+    for (i, v) in bad.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO cards (card_ref, card_token, carddata_parked_at, card_status_parked_at)
+             VALUES ($1, $1, now(), now())",
+        )
+        .bind(v)
+        .execute(pool)
+        .await
+        .expect("a malformed card");
+        sqlx::query(
+            "INSERT INTO integration_logs
+               (correlation_id, resource_type, resource_id, scenario, state, request_summary,
+                response_summary, error, recovery_summary, started_at, finished_at)
+             VALUES (gen_random_uuid(), 'card', $1, 'carddata_poll', 'failed', $1, $1, $1, $1,
+                     now(), now())",
+        )
+        .bind(v)
+        .execute(pool)
+        .await
+        .expect("a malformed log");
+        sqlx::query(
+            "INSERT INTO integration_logs_archive
+               (correlation_id, resource_type, resource_id, scenario, state, request_summary,
+                response_summary, error, recovery_summary, started_at, finished_at, created_at)
+             VALUES (gen_random_uuid(), 'card', $1, $1, 'unknown', $1, $1, $1, $1,
+                     now() - interval '40 days', now() - interval '40 days', now() - interval '40 days')",
+        )
+        .bind(v)
+        .execute(pool)
+        .await
+        .expect("a malformed archived log");
+        for (events, resources) in [
+            ("audit_events", "audit_resources"),
+            ("audit_events_archive", "audit_resources_archive"),
+        ] {
+            for event_type in [format!("operator.{v}"), v.clone()] {
+                let id: i64 = sqlx::query_scalar(&format!(
+                    "INSERT INTO {events} (event_type, actor, summary, details)
+                     VALUES ($1, $2, $2, $3::jsonb) RETURNING id"
+                ))
+                .bind(&event_type)
+                .bind(v)
+                .bind(details[i % details.len()])
+                .fetch_one(pool)
+                .await
+                .expect("a malformed audit event");
+                sqlx::query(&format!(
+                    "INSERT INTO {resources} (audit_event_id, resource_type, resource_id)
+                     VALUES ($1, 'card', $2), ($1, 'task', 'carddata'), ($1, 'approval', $2)"
+                ))
+                .bind(id)
+                .bind(v)
+                .execute(pool)
+                .await
+                .expect("its links");
+            }
+        }
+        let payment: uuid::Uuid = sqlx::query_scalar(
+            "INSERT INTO payments (payment_id, card_ref, amount_minor, currency, status, channel_ref)
+             VALUES (gen_random_uuid(), $1, 100, 'EUR', 'unknown', $1) RETURNING payment_id",
+        )
+        .bind(v)
+        .fetch_one(pool)
+        .await
+        .expect("a payment of a malformed card");
+        let approval: uuid::Uuid = sqlx::query_scalar(
+            "INSERT INTO approvals (approval_id, card_ref, kind, status, channel_ref, failure_reason,
+                                    updated_at)
+             VALUES (gen_random_uuid(), $1, $1, 'unknown', $1, $1, now() - interval '2 hours')
+             RETURNING approval_id",
+        )
+        .bind(v)
+        .fetch_one(pool)
+        .await
+        .expect("a malformed approval");
+        // Failed callbacks about a payment, a card, an approval and something else, whose
+        // resource_id is the malformed value; and ones about a real payment and approval of the
+        // card, one with an id in capitals (a uuid all the same).
+        for (j, (resource_type, resource_id)) in [
+            (Some("payment"), Some(v.clone())),
+            (Some("payment"), Some("not-a-uuid".to_owned())),
+            (Some("payment"), Some(payment.to_string().to_uppercase())),
+            (Some("card"), Some(v.clone())),
+            (Some("approval"), Some(approval.to_string())),
+            (Some(v.as_str()), Some(v.clone())),
+            (None, None),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            sqlx::query(
+                "INSERT INTO inbound_callbacks
+                   (channel, callback_id, body, state, reason, resource_type, resource_id)
+                 VALUES ($1, $2, $1, 'failed', $1, $3, $4)",
+            )
+            .bind(v)
+            .bind(format!("{v}#{j}"))
+            .bind(resource_type)
+            .bind(resource_id)
+            .execute(pool)
+            .await
+            .expect("a malformed failed callback");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_every_page_renders_whatever_malformed_rows_the_tables_hold_and_shows_them_as_text(
+) {
+    if let Some(why) = webdriver::unavailable() {
+        assert!(
+            std::env::var_os("CARDWORKER_REQUIRE_BROWSER").is_none(),
+            "CARDWORKER_REQUIRE_BROWSER is set but {why}"
+        );
+        eprintln!("SKIPPED: the console's browser test needs headless Chromium: {why}");
+        return;
+    }
+    let app = spawn_app_with(|c| {
+        // The malformed rows stay as inserted: no recovery run settles them meanwhile.
+        c.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+        c.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    let bad = malformed_values();
+    insert_malformed_rows(&app, &bad).await;
+    let shown: Vec<&String> = bad.iter().filter(|v| !v.trim().is_empty()).collect();
+
+    let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
+    let browser = Browser::start().await.expect("browser");
+    let base = &console.url;
+    // Every page, with the values each must show as written.
+    let mut pages: Vec<(String, Vec<&String>)> = vec![
+        ("/".to_owned(), vec![]),
+        ("/queues".to_owned(), vec![]),
+        ("/parked".to_owned(), shown.clone()),
+        ("/money".to_owned(), shown.clone()),
+        ("/cards/c-fine".to_owned(), shown.clone()),
+    ];
+    for v in &bad {
+        pages.push((
+            cardworker::console::pages::card_href(v),
+            shown.iter().copied().filter(|s| *s == v).collect(),
+        ));
+    }
+    let http = reqwest::Client::new();
+    for (path, values) in &pages {
+        let label: String = path.chars().take(60).collect();
+        let resp = http
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .expect("the console answers");
+        let status = resp.status().as_u16();
+        let html = resp.text().await.expect("body");
+        assert_eq!(
+            status,
+            200,
+            "{label}: {}",
+            html.chars().take(2_000).collect::<String>()
+        );
+        assert!(
+            !html.contains("<script>alert") && !html.contains("<img src=x"),
+            "{label}: a stored value rendered as HTML"
+        );
+        for v in values {
+            assert!(
+                html.contains(&escaped(v)),
+                "{label}: {:?} not shown escaped",
+                v.chars().take(60).collect::<String>()
+            );
+        }
+
+        browser.goto(&format!("{base}{path}")).await;
+        assert_eq!(browser.alert_text().await, None, "{label}: no alert opened");
+        browser
+            .wait_text("main h1", "the page's title", |t| !t.is_empty())
+            .await;
+        let scripts = browser
+            .js("return document.scripts.length;", serde_json::json!([]))
+            .await;
+        assert!(
+            scripts.as_u64().is_some_and(|n| n <= 1),
+            "{label}: only the console's refresh script runs: {scripts}"
+        );
+        for v in values {
+            let on_page = browser
+                .js(
+                    "return document.body.textContent.includes(arguments[0]);",
+                    serde_json::json!([v]),
+                )
+                .await;
+            assert_eq!(
+                on_page,
+                serde_json::json!(true),
+                "{label}: {:?} not on the page as text",
+                v.chars().take(60).collect::<String>()
+            );
+        }
+    }
+}
