@@ -548,6 +548,14 @@ pub struct Money {
     pub callbacks: Vec<FailedCallback>,
 }
 
+/// A uuid as text that PostgreSQL's `uuid` input always accepts (32 hex digits, with or without
+/// the four dashes, either case): the only stored text a page casts to `uuid`. A callback's
+/// `resource_id` is stored as the channel sent it, so it may hold anything; the cast comes after
+/// this match (`CASE` evaluates its result only for the branch that matched), so no stored text
+/// can make a page's query fail.
+pub const UUID_TEXT: &str =
+    "^[0-9A-Fa-f]{8}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{4}-?[0-9A-Fa-f]{12}$";
+
 /// Reads the money page.
 pub async fn money(ctx: &AppContext) -> anyhow::Result<Money> {
     let threshold_secs = ctx.config.payments.recovery_after_secs;
@@ -579,7 +587,7 @@ pub async fn money(ctx: &AppContext) -> anyhow::Result<Money> {
     .fetch_all(&ctx.pool)
     .await
     .context("reading approvals that need attention")?;
-    let mut callbacks: Vec<FailedCallback> = sqlx::query_as(
+    let mut callbacks: Vec<FailedCallback> = sqlx::query_as(&format!(
         "SELECT cb.channel, cb.callback_id, cb.reason, cb.resource_type, cb.resource_id,
                 CASE WHEN cb.resource_type = 'card' THEN cb.resource_id ELSE p.card_ref END
                   AS card_ref,
@@ -587,10 +595,11 @@ pub async fn money(ctx: &AppContext) -> anyhow::Result<Money> {
            FROM inbound_callbacks cb
            LEFT JOIN payments p
              ON p.payment_id = CASE WHEN cb.resource_type = 'payment'
+                                     AND cb.resource_id ~ '{UUID_TEXT}'
                                     THEN cb.resource_id::uuid END
           WHERE cb.state = 'failed'
-          ORDER BY cb.last_received_at DESC LIMIT $1",
-    )
+          ORDER BY cb.last_received_at DESC LIMIT $1"
+    ))
     .bind(LIST_LIMIT)
     .fetch_all(&ctx.pool)
     .await

@@ -103,6 +103,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/parked", get(parked_page))
         .route("/money", get(money_page))
         .route("/cards", get(card_search))
+        .route("/cards/", get(blank_card_page))
         .route("/cards/{card_ref}", get(card_page))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
@@ -236,6 +237,12 @@ async fn card_page(
         }
         Err(InvestigateError::Other(e)) => unavailable(&v, new, "Card", &e),
     }
+}
+
+/// The page of the card whose card_ref is empty (`card_href("")`): a row may hold one, and the
+/// lists link to it like any other.
+async fn blank_card_page(state: Shared, headers: HeaderMap) -> Response {
+    card_page(state, headers, UrlPath(String::new())).await
 }
 
 async fn login_page(State(c): Shared, headers: HeaderMap) -> Response {
