@@ -161,8 +161,8 @@ impl Action {
 /// committed together with its action (`unpark`, which changes PostgreSQL first), so it is
 /// `applied`. It reads JSON only with `->` and `->>`, which never fail on a value of another shape.
 pub const OUTCOME_SQL: &str = "CASE WHEN e.event_type LIKE 'operator.%' THEN \
-     CASE e.details->'outcome'->>'status' WHEN 'requested' THEN 'unknown' WHEN 'failed' THEN 'failed' \
-     ELSE 'applied' END END";
+     CASE e.details->'outcome'->>'status' WHEN 'requested' THEN 'unknown' \
+     WHEN 'failed' THEN 'failed' ELSE 'applied' END END";
 
 /// How many times an action's outcome is written before it is left `requested` (unknown).
 const OUTCOME_ATTEMPTS: u32 = 3;

@@ -17,8 +17,9 @@ use super::{Kind, Row as _, Thresholds};
 /// on the database's clock: the clock that wrote `attempt_deadline` and `updated_at` (`now()`).
 /// A host whose clock is ahead or behind (a CLI host, a worker) then decides as one whose clock
 /// is right; this host's clock is never compared with a stored time.
-pub const ON_DB_CLOCK: &str = "COALESCE(status = 'pending' AND attempt_deadline > now(), false) \
-     AS in_flight, GREATEST(floor(extract(epoch FROM now() - updated_at) * 1000), 0)::int8 AS idle_ms";
+pub const ON_DB_CLOCK: &str =
+    "COALESCE(status = 'pending' AND attempt_deadline > now(), false) AS in_flight, \
+     GREATEST(floor(extract(epoch FROM now() - updated_at) * 1000), 0)::int8 AS idle_ms";
 
 /// Loads one row (`None` when unknown).
 pub async fn load<'e, K: Kind>(

@@ -1,6 +1,8 @@
-//! Operator actions name who did them and commit with their audit event, or not at all: the
-//! command line records `CARDWORKER_OPERATOR` (else the OS user) `via` `cli`, and an action whose
-//! audit event cannot be written is not carried out, and says so (exit 1).
+//! Operator actions name who did them, and none stands without its record: the command line
+//! records `CARDWORKER_OPERATOR` (else the OS user) `via` `cli`; the request is committed before
+//! the action (one that cannot be is not carried out, and says so, exit 1), and its outcome
+//! after it (`applied` or `failed`); one whose outcome PostgreSQL does not take stays `requested`,
+//! shown as outcome unknown by the CLI, `investigate` and the console.
 
 use std::process::Command;
 
@@ -225,4 +227,38 @@ async fn an_action_whose_outcome_cannot_be_recorded_stands_on_record_as_requeste
         .await
         .expect("body");
     assert!(page.contains("outcome unknown"), "{page}");
+}
+
+#[tokio::test]
+async fn an_action_that_fails_is_on_record_as_failed_with_its_error_and_shown_so() {
+    use cardworker::commands::operator::{carry_out, Action, NotRecorded, Operator, OUTCOME_SQL};
+    let db = crate::harness::TestDb::new().await;
+    let action = Action::new(
+        "budget_pause",
+        "task",
+        vec!["carddata".to_owned()],
+        "carddata paused".to_owned(),
+        Some("brake".to_owned()),
+    );
+    let done = carry_out(&db.pool, &action, &Operator::console("Ada"), async {
+        Err::<((), serde_json::Value), _>(anyhow::anyhow!("Redis said no"))
+    })
+    .await;
+    assert!(matches!(done, Err(NotRecorded::Failed(_))), "{done:?}");
+    let (status, error, shown): (Option<String>, Option<String>, Option<String>) =
+        sqlx::query_as(&format!(
+            "SELECT e.details->'outcome'->>'status', e.details->'outcome'->>'error', {OUTCOME_SQL}
+               FROM audit_events e WHERE e.event_type = 'operator.budget_pause'"
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .expect("the operator.budget_pause event");
+    assert_eq!(status.as_deref(), Some("failed"));
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("Redis said no")),
+        "{error:?}"
+    );
+    assert_eq!(shown.as_deref(), Some("failed"));
 }
