@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::budget::BudgetView;
+use crate::commands::investigate::{FactView, FLEET_FACTS};
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::gateway::redact_digits;
@@ -133,6 +134,10 @@ pub struct Fleet {
     pub workers: Vec<WorkerView>,
     /// Polls per hour by outcome (`None` when Redis did not answer).
     pub chart: Option<PollChart>,
+    /// The latest fleet-wide facts (operator actions on tasks and maintenance, circuit
+    /// transitions), newest first, each operator action with its outcome (`None` when PostgreSQL
+    /// did not answer).
+    pub facts: Option<Vec<FactView>>,
     /// Problems met while reading (shown on the page).
     pub errors: Vec<String>,
 }
@@ -235,6 +240,24 @@ pub async fn fleet(ctx: &AppContext) -> Fleet {
         None
     };
 
+    let facts = if postgres_ok {
+        match bounded("fleet facts", async {
+            crate::commands::investigate::fleet_facts(&ctx.pool, FLEET_FACTS)
+                .await
+                .context("reading the fleet's latest facts")
+        })
+        .await
+        {
+            Ok(f) => Some(f),
+            Err(e) => {
+                errors.push(format!("{e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
     let maintenance = maintenance(ctx, postgres_ok, redis_ok, &mut errors).await;
     Fleet {
         postgres_ok,
@@ -245,6 +268,7 @@ pub async fn fleet(ctx: &AppContext) -> Fleet {
         queues: queues_out,
         workers,
         chart,
+        facts,
         errors,
     }
 }

@@ -7,7 +7,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::data::{Fleet, Money, ParkedView, PollChart, QueueCounts, QueueDead, OUTCOMES};
 use crate::budget::CircuitState;
-use crate::commands::investigate::{Investigation, TimelineEntry};
+use crate::commands::investigate::{FactView, Investigation, TimelineEntry};
 use crate::config::Task;
 use crate::maintenance::session::DAYS_PENDING_CAP;
 use crate::polling::unchanged::HOURS_KEPT;
@@ -58,6 +58,20 @@ fn when(t: &DateTime<Utc>) -> String {
 
 fn opt_when(t: &Option<DateTime<Utc>>) -> String {
     t.as_ref().map(when).unwrap_or_else(|| "-".to_owned())
+}
+
+/// Audit events as facts: when, what, who, on what, and for an operator action whose outcome is
+/// not a plain `applied`, that outcome.
+fn facts_table(id: &str, facts: &[FactView], none: &str) -> Markup {
+    html! {
+        table id=(id) {
+            tr { th { "at" } th { "event" } th { "by" } th { "on" } th { "summary" } }
+            @if facts.is_empty() { (empty_row(5, none)) }
+            @for f in facts {
+                tr.fact data-outcome=(f.outcome.as_deref().unwrap_or("")) { td { (when(&f.at)) } td { (f.event_type) } td { (f.actor) } td { (f.resource_type) ":" (f.resource_id) } td { (f.summary) (outcome_mark(f.outcome.as_deref())) } }
+            }
+        }
+    }
 }
 
 /// An operator action's outcome when it is not a plain `applied`: unknown (requested, no outcome
@@ -181,6 +195,11 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
         table {
             tr { th { "PostgreSQL" } td { @if f.postgres_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
             tr { th { "Redis" } td { @if f.redis_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
+        }
+        h2 { "Latest operator actions and circuit transitions" }
+        @match &f.facts {
+            Some(facts) => (facts_table("fleet-facts", facts, "No circuit transition or operator action on polling.")),
+            None => p.bad { "Unavailable (PostgreSQL)." },
         }
         h2 { "Polling budgets and circuits" }
         @if let Some(b) = &f.budget {
@@ -580,15 +599,9 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 }
             }
         }
-        @for (title, facts, none) in [("Manual facts (operator actions on this card)", &inv.manual_facts, "No operator action on this card."), ("Fleet facts (circuit transitions, operator actions on polling)", &inv.fleet_facts, "No circuit transition or operator action on polling.")] {
+        @for (title, id, facts, none) in [("Manual facts (operator actions on this card)", "manual-facts", &inv.manual_facts, "No operator action on this card."), ("Fleet facts (circuit transitions, operator actions on polling)", "fleet-facts", &inv.fleet_facts, "No circuit transition or operator action on polling.")] {
             h2 { (title) }
-            table {
-                tr { th { "at" } th { "event" } th { "by" } th { "on" } th { "summary" } }
-                @if facts.is_empty() { (empty_row(5, none)) }
-                @for f in facts {
-                    tr.fact data-outcome=(f.outcome.as_deref().unwrap_or("")) { td { (when(&f.at)) } td { (f.event_type) } td { (f.actor) } td { (f.resource_type) ":" (f.resource_id) } td { (f.summary) (outcome_mark(f.outcome.as_deref())) } }
-                }
-            }
+            (facts_table(id, facts, none))
         }
         h2 { "Payments" }
         table #card-payments {

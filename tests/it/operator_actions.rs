@@ -218,15 +218,20 @@ async fn an_action_whose_outcome_cannot_be_recorded_stands_on_record_as_requeste
     let text = cardworker::commands::investigate::render_text(&inv);
     assert!(text.contains("outcome unknown"), "{text}");
 
-    // And so does the console's card page.
+    // And so do the console's fleet page and card page.
     let console = crate::console::ConsoleProcess::start(&app, None).await;
-    let page = reqwest::get(format!("{}/cards/c-1", console.url))
-        .await
-        .expect("the card page")
-        .text()
-        .await
-        .expect("body");
-    assert!(page.contains("outcome unknown"), "{page}");
+    for path in ["/", "/cards/c-1"] {
+        let page = reqwest::get(format!("{}{path}", console.url))
+            .await
+            .expect("the page")
+            .text()
+            .await
+            .expect("body");
+        assert!(
+            page.contains("data-outcome=\"unknown\"") && page.contains("outcome unknown"),
+            "{path}: {page}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -540,7 +540,7 @@ async fn facts(
 /// actions): one ordered lookup of `audit_resources_resource_idx` per fleet resource (each task,
 /// and maintenance), merged. A single `resource_type IN (…) ORDER BY created_at` would let the
 /// planner walk the whole `created_at` index backwards looking for the rare fleet rows.
-async fn fleet_facts(pool: &sqlx::PgPool, limit: i64) -> sqlx::Result<Vec<FactView>> {
+pub async fn fleet_facts(pool: &sqlx::PgPool, limit: i64) -> sqlx::Result<Vec<FactView>> {
     let resources = Task::ALL
         .iter()
         .map(|t| ("task", t.label()))
