@@ -277,7 +277,10 @@ pub fn outcome_note(outcome: Option<&str>) -> &'static str {
             "outcome unknown: requested, and no outcome on record (the process stopped or \
              PostgreSQL failed before it was written); check whether it took effect"
         }
-        Some("failed") => "failed: not carried out (the reason is in the event's details)",
+        Some("failed") => {
+            "failed: the action returned an error (in the event's details, `outcome.error`); \
+             check whether it took effect before running it again"
+        }
         _ => "",
     }
 }
