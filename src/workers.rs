@@ -46,7 +46,9 @@ pub fn register_metrics(ctx: &AppContext) {
     crate::gateway::register_metrics();
     crate::settle::approval::register_metrics();
     crate::polling::register_metrics();
-    crate::maintenance::register_metrics(ctx.config.maintenance.enabled);
+    crate::maintenance::register_metrics(crate::maintenance::switch::enabled(
+        &ctx.config.maintenance,
+    ));
 }
 
 /// Starts every worker and schedule of `cardworker run`.
@@ -80,7 +82,7 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     // acknowledged as no-ops. Only the schedules depend on the switch.
     spawn_worker::<RunArchive>(ctx, sup);
     spawn_worker::<RunRetention>(ctx, sup);
-    if config.maintenance.enabled {
+    if crate::maintenance::switch::enabled(&config.maintenance) {
         // The backlog gauge is measured by a bounded read-only probe; off, no table is touched.
         let measure_ctx = ctx.clone();
         ctx.shutdown.spawn(async move {

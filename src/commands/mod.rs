@@ -167,7 +167,7 @@ pub async fn maintenance_switch(
     );
     operator::carry_out_to(&config.database, &recorded, by, async {
         let mut redis = connect_redis(config.redis.url.expose()).await?;
-        crate::maintenance::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
+        crate::maintenance::switch::set_paused(&mut redis, &config.redis.key_prefix, paused).await?;
         let said = format!(
             "maintenance {}{}",
             if paused {
@@ -175,7 +175,7 @@ pub async fn maintenance_switch(
             } else {
                 "resumed"
             },
-            maintenance_disabled_note(config)
+            crate::maintenance::switch::brake_note(&config.maintenance)
         );
         Ok((said, serde_json::json!({})))
     })
@@ -233,28 +233,11 @@ async fn enqueue_maintenance<J: cardworker_jobs::Job>(
         .enqueue(job)
         .await
         .with_context(|| format!("enqueueing the {what} run"))?;
-    println!("{what} run enqueued ({id}){}", disabled_note(config));
+    println!(
+        "{what} run enqueued ({id}){}",
+        crate::maintenance::switch::enqueue_note(&config.maintenance)
+    );
     Ok(())
-}
-
-/// What `maintenance pause|resume` adds while maintenance is off: the brake is recorded, but
-/// nothing runs either way.
-fn maintenance_disabled_note(config: &Config) -> &'static str {
-    if config.maintenance.enabled {
-        ""
-    } else {
-        "\nnote: maintenance.enabled is false in this configuration, so archive and retention do not run \
-         anyway (queued runs are acknowledged as no-ops); the pause is kept in Redis and applies \
-         once maintenance is enabled"
-    }
-}
-
-fn disabled_note(config: &Config) -> &'static str {
-    if config.maintenance.enabled {
-        ""
-    } else {
-        "; maintenance.enabled is false, so it will be acknowledged as a no-op"
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -279,12 +279,12 @@ async fn maintenance(
     redis_ok: bool,
     errors: &mut Vec<String>,
 ) -> MaintenanceView {
-    let enabled = ctx.config.maintenance.enabled;
+    let enabled = crate::maintenance::switch::enabled(&ctx.config.maintenance);
     let paused = if redis_ok {
         let mut conn = ctx.redis.clone();
         match bounded(
             "maintenance brake",
-            crate::maintenance::is_paused(&mut conn, ctx.prefix()),
+            crate::maintenance::switch::is_paused(&mut conn, ctx.prefix()),
         )
         .await
         {

@@ -12,6 +12,8 @@
 //! - [`day`]: Asia/Shanghai day arithmetic.
 //! - [`last_day`]: the last day each job processed, recorded in Redis by every run.
 //! - [`status`]: what `cardworker maintenance status` reports (switch, brake, last day, backlog).
+//! - [`switch`]: may maintenance run now? The master switch and the brake, asked by every other
+//!   place.
 
 pub mod archive;
 pub mod day;
@@ -20,9 +22,11 @@ pub mod retention;
 pub mod run;
 pub mod session;
 pub mod status;
+pub mod switch;
 
 pub use run::{register_metrics, run_job};
 pub use session::{JobKind, RunReport};
+pub use switch::{is_paused, set_paused};
 
 use std::sync::Arc;
 
@@ -70,38 +74,4 @@ impl<J: MaintenanceJob> Scheduled for J {
 /// Counts one maintenance run by result.
 pub fn count_run(job: &'static str, result: &'static str) {
     metrics::counter!(m::MAINTENANCE_RUNS, "job" => job, "result" => result).increment(1);
-}
-
-/// The Redis key of the runtime brake shared by every pod.
-pub fn paused_key(prefix: &str) -> String {
-    format!("{prefix}:maintenance:paused")
-}
-
-/// Sets or lifts the maintenance brake.
-pub async fn set_paused(
-    conn: &mut redis::aio::ConnectionManager,
-    prefix: &str,
-    paused: bool,
-) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    use redis::AsyncCommands as _;
-    let key = paused_key(prefix);
-    if paused {
-        conn.set::<_, _, ()>(&key, "1").await
-    } else {
-        conn.del::<_, ()>(&key).await
-    }
-    .context("writing the maintenance brake to Redis")
-}
-
-/// Whether the maintenance brake is set.
-pub async fn is_paused(
-    conn: &mut redis::aio::ConnectionManager,
-    prefix: &str,
-) -> anyhow::Result<bool> {
-    use anyhow::Context as _;
-    use redis::AsyncCommands as _;
-    conn.exists(paused_key(prefix))
-        .await
-        .context("reading the maintenance brake from Redis")
 }

@@ -23,7 +23,8 @@ use super::session::{
     count_due_days, oldest_due, JobKind, RunReport, Session, APPLICATION_NAME, LOCK_KEY,
     PROBE_APPLICATION_NAME, RESULTS,
 };
-use super::{archive, day, is_paused, retention};
+use super::switch;
+use super::{archive, day, retention};
 use crate::context::AppContext;
 use crate::telemetry::metrics as m;
 
@@ -38,7 +39,7 @@ pub async fn run_queued(
     job: JobKind,
     scheduled_for: Option<i64>,
 ) -> anyhow::Result<()> {
-    if !ctx.config.maintenance.enabled {
+    if !switch::enabled(&ctx.config.maintenance) {
         tracing::info!(
             job = job.label(),
             scheduled_for = %crate::telemetry::rfc3339_opt(scheduled_for),
@@ -157,7 +158,8 @@ async fn connect(ctx: &AppContext, application_name: &str) -> anyhow::Result<PgC
 }
 
 async fn run_locked(ctx: &AppContext, report: &mut RunReport) -> anyhow::Result<()> {
-    if is_paused(&mut ctx.redis.clone(), ctx.prefix()).await? {
+    // A run asked for directly (`run_job`) runs whatever the switch says; the brake holds it.
+    if switch::is_paused(&mut ctx.redis.clone(), ctx.prefix()).await? {
         report.result = "skipped_paused";
         return Ok(());
     }

@@ -13,7 +13,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection as _, Postgres, Transaction};
 
-use super::{day, is_paused};
+use super::day;
+use super::switch::is_paused;
 use crate::context::AppContext;
 
 /// The advisory lock key shared by archive and retention: one maintenance run at a time per

@@ -56,7 +56,7 @@ pub struct MaintenanceStatus {
 
 /// Gathers the status: two Redis reads per job and the backlog probes of [`run::backlog`].
 pub async fn status(ctx: &AppContext) -> anyhow::Result<MaintenanceStatus> {
-    let paused = super::is_paused(&mut ctx.redis.clone(), ctx.prefix()).await?;
+    let paused = super::switch::is_paused(&mut ctx.redis.clone(), ctx.prefix()).await?;
     let mut jobs = BTreeMap::new();
     for job in [JobKind::Archive, JobKind::Retention] {
         let last = last_day::read(ctx, job).await?;
@@ -77,7 +77,7 @@ pub async fn status(ctx: &AppContext) -> anyhow::Result<MaintenanceStatus> {
         );
     }
     Ok(MaintenanceStatus {
-        enabled: ctx.config.maintenance.enabled,
+        enabled: super::switch::enabled(&ctx.config.maintenance),
         cleanup_enabled: ctx.config.maintenance.cleanup_enabled,
         paused,
         jobs,
