@@ -47,10 +47,10 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     workers::register_metrics(&ctx);
     let queues = workers::queue_names(ctx.prefix());
 
-    // The fleet-wide gauges are read in the background: a scrape never waits on Redis or
-    // PostgreSQL. One round before the endpoint serves, so that the first scrape has them; the
+    // The fleet-wide gauges are read in the background: a scrape waits on Redis or PostgreSQL
+    // only when it wakes a paused refresh, and at most `fleet::FRESH_WAIT`. One round before the endpoint serves, so that the first scrape has them; the
     // loop runs until the process stops, so they stay fresh while it drains.
-    let fleet = telemetry::fleet::FleetGauges::default();
+    let fleet = telemetry::fleet::FleetGauges::new(ctx.config.telemetry.fleet_gauges_idle());
     let round = Arc::new(tokio::sync::Mutex::new(workers::FleetRound::new(
         ctx.clone(),
     )));

@@ -46,6 +46,7 @@ pub fn register_metrics(ctx: &AppContext) {
     crate::gateway::register_metrics();
     crate::settle::approval::register_metrics();
     crate::polling::register_metrics();
+    crate::polling::register_lateness(&ctx.config.polling);
     crate::maintenance::register_metrics(crate::maintenance::switch::enabled(
         &ctx.config.maintenance,
     ));
@@ -155,14 +156,15 @@ pub fn on_redis_data_lost_here(ctx: &Arc<AppContext>) -> crate::runner::redis_wa
 pub const FLEET_READ_LIMIT: Duration = Duration::from_secs(5);
 
 /// One round of the fleet-wide gauges' background refresh (`telemetry::fleet`): the budget
-/// (tokens, limits, circuits) and the queue depths from Redis, the parked chains from PostgreSQL.
+/// (tokens, limits, circuits), the queue depths and the polls' lateness from Redis, the parked
+/// chains from PostgreSQL.
 /// While the Redis probe finds Redis down, the Redis reads are skipped (they would wait out the
 /// reconnect). A source that fails is logged when it starts failing and when it reads again.
 pub struct FleetRound {
     ctx: Arc<AppContext>,
     queues: Vec<QueueName>,
-    /// Whether each source's last read succeeded: budget, queue depths, parked chains.
-    ok: [bool; 3],
+    /// Whether each source's last read succeeded: budget, queue depths, lateness, parked chains.
+    ok: [bool; 4],
 }
 
 impl FleetRound {
@@ -172,7 +174,7 @@ impl FleetRound {
         Self {
             ctx,
             queues,
-            ok: [true; 3],
+            ok: [true; 4],
         }
     }
 
@@ -196,9 +198,19 @@ impl FleetRound {
             } else {
                 Err(anyhow::anyhow!("Redis is down"))
             },
+            if redis_up {
+                bounded(crate::polling::publish_lateness(&ctx)).await
+            } else {
+                Err(anyhow::anyhow!("Redis is down"))
+            },
             bounded(crate::polling::publish_parked_chains(&ctx)).await,
         ];
-        let names = ["polling budget", "queue depths", "parked chains"];
+        let names = [
+            "polling budget",
+            "queue depths",
+            "polling lateness",
+            "parked chains",
+        ];
         for ((result, was_ok), name) in results.iter().zip(&mut self.ok).zip(names) {
             match (result, *was_ok) {
                 (Err(e), true) => {

@@ -150,6 +150,7 @@ const RULES: &[(&str, Rule)] = &[
     ("telemetry.listen", Rule::SocketAddr),
     ("telemetry.log_format", Rule::LogFormat),
     ("telemetry.fleet_gauges_secs", int(1, 30)),
+    ("telemetry.fleet_gauges_idle_secs", int(1, 3600)),
     ("console.listen", Rule::SocketAddr),
     ("console.admin_token", Rule::EnvOnlyToken),
 ];

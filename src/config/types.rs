@@ -532,6 +532,9 @@ pub struct TelemetryConfig {
     /// Seconds between two background reads of the fleet-wide gauges (tokens, limits, circuits,
     /// parked chains, queue depth) while the endpoint is scraped; 1..=30.
     pub fleet_gauges_secs: u64,
+    /// Seconds without a scrape after which the background reads of the fleet-wide gauges pause
+    /// (the next scrape wakes them and waits up to a second for a fresh round); 1..=3600.
+    pub fleet_gauges_idle_secs: u64,
 }
 
 impl Default for TelemetryConfig {
@@ -540,6 +543,7 @@ impl Default for TelemetryConfig {
             listen: "0.0.0.0:9464".to_owned(),
             log_format: LogFormat::Json,
             fleet_gauges_secs: 10,
+            fleet_gauges_idle_secs: 300,
         }
     }
 }
@@ -548,6 +552,11 @@ impl TelemetryConfig {
     /// `fleet_gauges_secs` as a [`Duration`].
     pub fn fleet_gauges_every(&self) -> Duration {
         Duration::from_secs(self.fleet_gauges_secs)
+    }
+
+    /// `fleet_gauges_idle_secs` as a [`Duration`].
+    pub fn fleet_gauges_idle(&self) -> Duration {
+        Duration::from_secs(self.fleet_gauges_idle_secs)
     }
 }
 

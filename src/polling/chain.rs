@@ -64,6 +64,14 @@ pub fn due_key(prefix: &str, task: Task) -> String {
     keys::chain_due(prefix, queue_of(task))
 }
 
+/// The late set of one task: card_ref -> the due ms (Redis clock) of a poll that was deferred,
+/// written at its first deferral ([`schedule`]). A deferral re-scores the due set to the deferred
+/// time, so this is where a poll starved of tokens keeps the time it was due; [`lateness`] reads
+/// it and removes the entries of chains that polled since.
+pub fn late_key(prefix: &str, task: Task) -> String {
+    format!("{}:late", chain_key(prefix, task))
+}
+
 /// A polling job: one of the two payloads, seen through its chain.
 pub trait PollJob: Job + Clone {
     /// Which task it is.
@@ -385,17 +393,91 @@ pub async fn schedule_counted<'a>(
         tally.to_owned(),
         turn_arg(next.turn),
     ];
+    let via = via.into();
+    let first_deferral = match &via {
+        Via::Direct(conn) if next.deferrals == 1 => Some((**conn).clone()),
+        _ => None,
+    };
     let done: i64 = via
-        .into()
         .call(prefix, task, args)
         .await
         .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
+    if let (1, Some(mut conn)) = (done, first_deferral) {
+        note_deferred(&mut conn, prefix, task, card_ref, next.turn).await;
+    }
     if let (1, Count::Unchanged(at)) = (done, count) {
         // The fleet-wide hourly counter is added up in this process and written every few
         // seconds: one INCRBY per counter and flush, not one INCR per poll.
         unchanged::count_fleet(prefix, task, *at);
     }
     Ok(done == 1)
+}
+
+/// Keeps the due time of a poll deferred for the first time in its task's late set
+/// ([`late_key`]): `turn` is the deferred job's own turn, the due time it was fed for (the local
+/// clock when unknown). One command, on a deferral only; a failure costs only the accuracy of
+/// the lateness gauges, so it is logged, not returned.
+async fn note_deferred(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    turn: u64,
+) {
+    let due = if turn == 0 {
+        u64::try_from(Utc::now().timestamp_millis()).unwrap_or_default()
+    } else {
+        turn
+    };
+    let written: redis::RedisResult<i64> = redis::cmd("ZADD")
+        .arg(late_key(prefix, task))
+        .arg(due)
+        .arg(card_ref)
+        .query_async(conn)
+        .await;
+    if let Err(e) = written {
+        tracing::debug!(%task, %card_ref, error = %e, "a deferred poll's due time is not in the late set");
+    }
+}
+
+/// How late one task's polling runs, fleet-wide ([`lateness`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lateness {
+    /// Polls due and not yet started: waiting to be fed, fed and not running, or deferred.
+    pub due_now: u64,
+    /// How long past its due time the oldest of them is (zero when none is).
+    pub overdue: Duration,
+}
+
+/// Entries of the fed range and of the late set [`lateness`] looks at, oldest first: the bound
+/// of its one call.
+pub const LATENESS_WALK: usize = 256;
+
+static LATENESS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lateness.lua")));
+
+/// Reads how late the task's polling runs in one script call (`lateness.lua`): the head and
+/// count of the due set's due range, the oldest [`LATENESS_WALK`] fed entries not yet running,
+/// and the oldest [`LATENESS_WALK`] deferred polls at the time they were first due.
+pub async fn lateness(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    task: Task,
+) -> anyhow::Result<Lateness> {
+    let (now, oldest, due_now): (i64, i64, u64) = LATENESS
+        .key(due_key(prefix, task))
+        .key(late_key(prefix, task))
+        .key(chain_key(prefix, task))
+        .arg(FED)
+        .arg(LATENESS_WALK)
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("reading how late the {task} polls run"))?;
+    let overdue = if oldest < 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(u64::try_from(now.saturating_sub(oldest)).unwrap_or_default())
+    };
+    Ok(Lateness { due_now, overdue })
 }
 
 /// What a successor's write does to the chain's unchanged-poll tally.

@@ -66,6 +66,30 @@ pub fn register_metrics() {
     }
 }
 
+/// Registers the lateness gauges of each task at zero and publishes each task's configured
+/// interval (`cardworker_poll_interval_seconds`), which the alert on lateness compares with.
+pub fn register_lateness(polling: &crate::config::PollingConfig) {
+    for task in Task::ALL {
+        let interval = polling.task(task).interval_secs as f64;
+        metrics::gauge!(m::POLL_INTERVAL, "task" => task.label()).set(interval);
+        metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(0.0);
+        metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(0.0);
+    }
+}
+
+/// Reads how late each task's polling runs (one script call per task, [`chain::lateness`]) and
+/// publishes `cardworker_poll_due_now{task}` and `cardworker_poll_overdue_seconds{task}`. Part of
+/// the fleet-wide gauges' background refresh (`telemetry::fleet`).
+pub async fn publish_lateness(ctx: &AppContext) -> anyhow::Result<()> {
+    let mut conn = ctx.redis.clone();
+    for task in Task::ALL {
+        let late = chain::lateness(&mut conn, ctx.prefix(), task).await?;
+        metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(late.due_now as f64);
+        metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(late.overdue.as_secs_f64());
+    }
+    Ok(())
+}
+
 /// Counts the parked chains per task and publishes `cardworker_parked_chains{task}`: two counts
 /// on the partial indexes of parked cards (index-only, proportional to the parked cards, not to
 /// the table). Part of the fleet-wide gauges' background refresh (`telemetry::fleet`).

@@ -59,10 +59,11 @@ pub async fn serve(
 }
 
 /// Renders what the process holds: never a read of Redis or PostgreSQL (the fleet-wide gauges are
-/// the last values read in the background), so a scrape answers at once during their outages.
+/// the last values read in the background). A scrape that wakes their paused refresh waits for
+/// that round, up to `fleet::FRESH_WAIT`; otherwise, and during an outage, it answers at once.
 async fn metrics(State(state): State<EndpointState>) -> String {
     if let Some(fleet) = &state.fleet {
-        fleet.on_scrape();
+        fleet.on_scrape().await;
     }
     state.metrics.render()
 }

@@ -75,6 +75,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         PerChain,
     ),
     k(
+        "<prefix>:chain:<task>:late",
+        "polling lateness (chain.rs, lateness.lua): card -> the due ms of a deferred poll, written at its first deferral, removed by the fleet-wide gauges' read once its chain polled or ended",
+        PerChain,
+    ),
+    k(
         "<prefix>:reconcile:cursor:<task>",
         "polling reconcile: the cursor walk's position",
         Deployment,

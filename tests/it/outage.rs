@@ -519,3 +519,55 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
         Some("gateway fixed the channel")
     );
 }
+
+/// Waits until `event` (`gateway.circuit_opened`, …) is on record for both tasks, reading
+/// PostgreSQL only (no scrape).
+async fn circuit_event_for_both_tasks(app: &TestApp, event: &str, limit: Duration) {
+    wait_until(limit, &format!("{event} for both tasks"), || async {
+        let tasks: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT r.resource_id FROM audit_events e
+               JOIN audit_resources r ON r.audit_event_id = e.id
+              WHERE e.event_type = $1",
+        )
+        .bind(event)
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("circuit events");
+        tasks.len() == 2
+    })
+    .await;
+}
+
+/// The operator's case: a worker nobody scrapes (its fleet-wide gauges' refresh paused after the
+/// round at start), a Gateway-wide outage that opens both circuits, then one `curl /metrics`.
+/// That one scrape finds the gauges older than a refresh period, wakes the refresh and waits for
+/// its round, so it shows the open circuits, and an age younger than the period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_scrape_after_an_unscraped_outage_shows_the_circuit_open_now() {
+    let app = spawn_app_with(|cfg| {
+        outage_config(cfg);
+        cfg.telemetry.fleet_gauges_secs = 1;
+    })
+    .await;
+    cards_polled_once(&app).await;
+    app.sim.set_error_rate(1.0);
+    circuit_event_for_both_tasks(&app, "gateway.circuit_opened", Duration::from_secs(60)).await;
+
+    let at = Instant::now();
+    let (status, text) = app.get("/metrics").await;
+    let took = at.elapsed();
+    assert_eq!(status, 200);
+    for t in ["carddata", "card_status"] {
+        assert_eq!(
+            metric_value(&text, "cardworker_gateway_circuit_open", &[("task", t)]),
+            1.0,
+            "{t}'s circuit is open (or half-open) during the outage, and one scrape shows it"
+        );
+    }
+    let age = metric_value(&text, "cardworker_fleet_gauges_age_seconds", &[]);
+    assert!(
+        age < 1.0,
+        "the values are from the round the scrape woke: {age} s old"
+    );
+    assert!(took < Duration::from_secs(2), "the scrape waited {took:?}");
+}
