@@ -137,6 +137,16 @@ else:
     if not spec_table <= sample or not sample <= spec_pinned:
         problems.append(f"sample_metrics.txt vs spec: missing {sorted(spec_table - sample)}, not in the spec {sorted(sample - spec_pinned)}")
 
+# the polling intervals the lateness alert compares with are those of config/production.toml
+import tomllib
+prod = tomllib.loads((root / "config/production.toml").read_text())
+recorded = next((r["expr"] for g in rules["groups"] for r in g["rules"]
+                 if r.get("record") == "cardworker:poll_interval_seconds"), "")
+for task in ("carddata", "card_status"):
+    want = prod["polling"][task]["interval_secs"]
+    if f'label_replace(vector({want}), "task", "{task}", "", "")' not in recorded:
+        problems.append(f"cardworker:poll_interval_seconds: {task} is not {want} s as in config/production.toml")
+
 if problems:
     print("\n".join(problems))
     sys.exit(1)

@@ -46,7 +46,6 @@ pub fn register_metrics(ctx: &AppContext) {
     crate::gateway::register_metrics();
     crate::settle::approval::register_metrics();
     crate::polling::register_metrics();
-    crate::polling::register_lateness(&ctx.config.polling);
     crate::maintenance::register_metrics(crate::maintenance::switch::enabled(
         &ctx.config.maintenance,
     ));

@@ -42,7 +42,7 @@ use crate::telemetry::metrics as m;
 pub const BUDGET_UNAVAILABLE: &str = "budget_unavailable";
 
 /// Registers the polling series at zero: every outcome and every deferral reason of each task,
-/// and each task's circuit gauge and transitions.
+/// each task's circuit gauge and transitions, and its lateness gauges.
 pub fn register_metrics() {
     for task in Task::ALL {
         for outcome in poll::OUTCOMES {
@@ -59,21 +59,12 @@ pub fn register_metrics() {
         }
         metrics::gauge!(m::GATEWAY_CIRCUIT_OPEN, "task" => task.label()).set(0.0);
         metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(0.0);
+        metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(0.0);
+        metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(0.0);
         for to in TRANSITION_LABELS {
             metrics::counter!(m::GATEWAY_CIRCUIT_TRANSITIONS, "task" => task.label(), "to" => to)
                 .increment(0);
         }
-    }
-}
-
-/// Registers the lateness gauges of each task at zero and publishes each task's configured
-/// interval (`cardworker_poll_interval_seconds`), which the alert on lateness compares with.
-pub fn register_lateness(polling: &crate::config::PollingConfig) {
-    for task in Task::ALL {
-        let interval = polling.task(task).interval_secs as f64;
-        metrics::gauge!(m::POLL_INTERVAL, "task" => task.label()).set(interval);
-        metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(0.0);
-        metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(0.0);
     }
 }
 

@@ -20,9 +20,6 @@ pub const POLL_OVERDUE: &str = "cardworker_poll_overdue_seconds";
 /// Gauge: `task`; polls due and not yet started, fleet-wide: waiting to be fed, fed and not
 /// running, or deferred (waiting for tokens or a closed circuit). Read with the overdue gauge.
 pub const POLL_DUE_NOW: &str = "cardworker_poll_due_now";
-/// Gauge: `task`; the configured `polling.<task>.interval_secs`, for rules that compare
-/// lateness with one interval.
-pub const POLL_INTERVAL: &str = "cardworker_poll_interval_seconds";
 /// Gauge: `scope`; the effective limit.
 pub const POLL_LIMIT: &str = "cardworker_poll_limit";
 /// Counter: `scope`; leases that ended by expiry instead of a release (a crashed or stalled
