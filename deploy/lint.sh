@@ -58,7 +58,33 @@ for f in deploy/k8s/*.yaml; do
   esac
   CORE_MANIFESTS+=("$f")
 done
+# The autoscaling recipe (not in kustomization.yaml): the HPA and prometheus-adapter's rule are core
+# kinds; the KEDA ScaledObject is checked below against KEDA's own schema.
+CORE_MANIFESTS+=(deploy/k8s/autoscaling/hpa.yaml deploy/k8s/autoscaling/prometheus-adapter-rules.yaml)
 quiet "$VENV/bin/kubernetes-validate" --kubernetes-version "$K8S_VERSION" --strict --quiet "${CORE_MANIFESTS[@]}"
+
+# ---- KEDA: the ScaledObject against KEDA's API schema -------------------------------------
+# The npm package @kubernetes-models/keda (pinned in deploy/keda-schema/package-lock.json) ships
+# KEDA's API types as a JSON-schema validator; deploy/check_keda.mjs adds unknown-field and
+# prometheus-trigger checks. Installed with the machine's npm (Debian's nodejs and npm when
+# missing) into a cache directory, reused while the lock file is unchanged.
+KEDA_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/cardworker-lint-keda"
+if ! command -v npm > /dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  log "installing Debian's nodejs and npm for the KEDA schema check"
+  quiet $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  quiet $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+if ! cmp -s deploy/keda-schema/package-lock.json "$KEDA_DIR/package-lock.json" \
+  || [ ! -d "$KEDA_DIR/node_modules/@kubernetes-models/keda" ]; then
+  log "installing KEDA's schema (npm) into $KEDA_DIR"
+  rm -rf "$KEDA_DIR"
+  mkdir -p "$KEDA_DIR"
+  cp deploy/keda-schema/package.json deploy/keda-schema/package-lock.json "$KEDA_DIR/"
+  quiet npm ci --prefix "$KEDA_DIR" --silent --no-audit --no-fund
+fi
+quiet node deploy/check_keda.mjs "$KEDA_DIR" deploy/k8s/autoscaling/keda-scaledobject.yaml
 quiet "$PY" deploy/k8s/sync_configmap.py --check
 
 # ---- Dockerfile, YAML, JSON ----------------------------------------------------------------
@@ -146,6 +172,25 @@ for task in ("carddata", "card_status"):
     want = prod["polling"][task]["interval_secs"]
     if f'label_replace(vector({want}), "task", "{task}", "", "")' not in recorded:
         problems.append(f"cardworker:poll_interval_seconds: {task} is not {want} s as in config/production.toml")
+
+# the autoscalers' ceiling: pods beyond total_limit / per-pod concurrency add nothing (a pod runs at
+# most polling.<task>.limit polls of a task, and `budget set` raises a task up to total_limit), never
+# below the replicas kept for availability
+import math
+per_pod = min(prod["polling"][t]["limit"] for t in ("carddata", "card_status"))
+ceiling = math.ceil(prod["polling"]["total_limit"] / per_pod)
+hpa = yaml.safe_load((root / "deploy/k8s/autoscaling/hpa.yaml").read_text())
+so = yaml.safe_load((root / "deploy/k8s/autoscaling/keda-scaledobject.yaml").read_text())
+for name, lo, hi in (("hpa.yaml", hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]),
+                     ("keda-scaledobject.yaml", so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"])):
+    if hi != max(lo, ceiling):
+        problems.append(f"deploy/k8s/autoscaling/{name}: the replica ceiling is {hi}, but config/production.toml "
+                        f"gives max(min {lo}, ceil(total_limit / smallest task limit) = {ceiling})")
+adapter = yaml.safe_load(yaml.safe_load((root / "deploy/k8s/autoscaling/prometheus-adapter-rules.yaml").read_text())["data"]["config.yaml"])
+names = {r["name"]["as"] for r in adapter.get("externalRules", [])}
+for m in hpa["spec"]["metrics"]:
+    if m["external"]["metric"]["name"] not in names:
+        problems.append(f"hpa.yaml: external metric {m['external']['metric']['name']} has no prometheus-adapter rule")
 
 if problems:
     print("\n".join(problems))
