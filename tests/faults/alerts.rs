@@ -29,9 +29,15 @@ const PARKED_THRESHOLD: u32 = 3;
 const STALE_THRESHOLD: u32 = 10;
 /// The cards the worker polls.
 const CARDS: usize = 30;
+/// Each task's polling interval in the rig, seconds: the copy's `cardworker:poll_interval_seconds`.
+const INTERVAL_SECS: u32 = 2;
+/// The `namespace` label the test's Prometheus puts on every series, as the Prometheus Operator
+/// does in a cluster (prometheus-adapter's rule matches on it).
+const NAMESPACE: &str = "cardworker";
 
-/// The product's rules with every `for:` set to [`FOR`] and the two thresholds lowered. Panics
-/// when a rule it rewrites is not there as written, so that a change to the rules shows here.
+/// The product's rules with every `for:` set to [`FOR`], the two thresholds lowered and the
+/// recorded polling intervals set to the rig's ([`INTERVAL_SECS`]). Panics when a rule it rewrites
+/// is not there as written, so that a change to the rules shows here.
 fn rules_copy() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/rules.yml");
     let rules = std::fs::read_to_string(&path).expect("read deploy/prometheus/rules.yml");
@@ -59,6 +65,14 @@ fn rules_copy() -> String {
             format!(
                 "(max by (instance) (cardworker_fleet_gauges_age_seconds) > {STALE_THRESHOLD})"
             ),
+        ),
+        (
+            r#"label_replace(vector(30), "task", "carddata", "", "")"#.to_owned(),
+            format!(r#"label_replace(vector({INTERVAL_SECS}), "task", "carddata", "", "")"#),
+        ),
+        (
+            r#"label_replace(vector(300), "task", "card_status", "", "")"#.to_owned(),
+            format!(r#"label_replace(vector({INTERVAL_SECS}), "task", "card_status", "", "")"#),
         ),
     ] {
         assert_eq!(
@@ -92,7 +106,8 @@ impl Prometheus {
                 "global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 1s\n\
                  rule_files:\n  - rules.yml\n\
                  scrape_configs:\n  - job_name: cardworker\n    honor_labels: true\n    \
-                 static_configs:\n      - targets: ['{target}']\n"
+                 static_configs:\n      - targets: ['{target}']\n        \
+                 labels:\n          namespace: {NAMESPACE}\n"
             ),
         )
         .expect("write the config");
@@ -304,8 +319,8 @@ fn prometheus_binary() -> PathBuf {
 }
 
 /// A worker on a private redis-server and a fresh database, polling [`CARDS`] cards (both tasks
-/// every 2 s, limits 8 total and 4 per task, as the budget's defaults) at the simulator, and a
-/// Prometheus scraping it.
+/// every [`INTERVAL_SECS`], limits 8 total and 4 per task, as the budget's defaults) at the
+/// simulator, and a Prometheus scraping it.
 struct Rig {
     prometheus: Prometheus,
     worker: Worker,
@@ -343,8 +358,8 @@ impl Rig {
                  [gateway]\nbase_url = \"{gateway}\"\n\n\
                  [worker]\nshutdown_grace_secs = 5\nredis_outage_grace_secs = 600\n\n\
                  [polling]\ntotal_limit = 8\nreconcile_cron = \"0 0 0 1 1 *\"\n\n\
-                 [polling.carddata]\nlimit = 4\ninterval_secs = 2\nmax_consecutive_failures = 2\n\n\
-                 [polling.card_status]\nlimit = 4\ninterval_secs = 2\nmax_consecutive_failures = 2\n\n\
+                 [polling.carddata]\nlimit = 4\ninterval_secs = {INTERVAL_SECS}\nmax_consecutive_failures = 2\n\n\
+                 [polling.card_status]\nlimit = 4\ninterval_secs = {INTERVAL_SECS}\nmax_consecutive_failures = 2\n\n\
                  [payments]\nrecovery_cron = \"0 0 0 1 1 *\"\n\n\
                  [telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\nfleet_gauges_secs = 1\n",
                 db = db.url,
@@ -580,4 +595,109 @@ async fn on_a_real_prometheus_a_stalled_fleet_gauge_refresh_fires_fleet_gauges_s
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_polling_behind_fires_when_the_budget_is_too_low_for_the_cards_and_clears_when_it_is_raised(
+) {
+    let rig = Rig::start().await;
+    let p = &rig.prometheus;
+    // 30 cards every 2 s want 15 polls a second per task. At 100 ms a call, one token carries
+    // 10 a second: carddata falls behind. card_status keeps its 4 tokens (40 a second).
+    rig.sim.set_latency(100, 0);
+    rig.cli(&[
+        "budget",
+        "set",
+        "--task",
+        "carddata",
+        "--limit",
+        "1",
+        "--reason",
+        "alert test: too low",
+    ]);
+    p.wait_firing(
+        "CardworkerPollingBehind",
+        &[("task", "carddata")],
+        Duration::from_secs(120),
+    )
+    .await;
+    let due = p
+        .scalar("max(cardworker_poll_due_now{task=\"carddata\"})")
+        .await
+        .unwrap_or(0.0);
+    assert!(due > 0.0, "polls wait while carddata is behind: {due}");
+    assert!(
+        !p.firing("CardworkerPollingBehind", &[("task", "card_status")])
+            .await,
+        "card_status keeps up"
+    );
+
+    rig.cli(&[
+        "budget",
+        "set",
+        "--task",
+        "carddata",
+        "--limit",
+        "4",
+        "--reason",
+        "alert test: raised",
+    ]);
+    p.wait(
+        "CardworkerPollingBehind to clear",
+        Duration::from_secs(120),
+        || async {
+            !p.alerts()
+                .await
+                .iter()
+                .any(|(name, _, _)| name == "CardworkerPollingBehind")
+        },
+    )
+    .await;
+    let overdue = p
+        .scalar("max(cardworker_poll_overdue_seconds{task=\"carddata\"})")
+        .await
+        .unwrap_or(f64::NAN);
+    assert!(
+        overdue <= f64::from(INTERVAL_SECS),
+        "carddata keeps up again: {overdue} s overdue"
+    );
+}
+
+/// The external metric the HorizontalPodAutoscaler scales on, as prometheus-adapter asks
+/// Prometheus for it: the rule's `metricsQuery` with `<<.Series>>` the series of its
+/// `seriesQuery` and `<<.LabelMatchers>>` the HPA's namespace and selector.
+fn adapter_query(task: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/k8s/autoscaling/prometheus-adapter-rules.yaml");
+    let rules = std::fs::read_to_string(&path).expect("read the prometheus-adapter rule");
+    let quoted = |key: &str| -> String {
+        let line = rules
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in {}", path.display()));
+        let value = line.split_once(key).expect("key").1.trim();
+        value.trim_matches('\'').to_owned()
+    };
+    let series = quoted("- seriesQuery:");
+    let series = series.split('{').next().expect("a series name").to_owned();
+    quoted("metricsQuery:")
+        .replace("<<.Series>>", &series)
+        .replace(
+            "<<.LabelMatchers>>",
+            &format!("namespace=\"{NAMESPACE}\",task=\"{task}\""),
+        )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_real_prometheus_the_autoscaler_s_adapter_query_returns_one_value_for_each_task() {
+    let rig = Rig::start().await;
+    let p = &rig.prometheus;
+    for task in ["carddata", "card_status"] {
+        let query = adapter_query(task);
+        let samples = p.query(&query).await;
+        assert_eq!(samples.len(), 1, "{query}: {samples:?}");
+        assert!(samples[0].1 >= 0.0, "{query}: {samples:?}");
+    }
+    // The selector selects: a task that does not exist yields nothing.
+    assert!(p.query(&adapter_query("no_such_task")).await.is_empty());
 }
