@@ -26,6 +26,7 @@ mod gateway;
 mod identifiers;
 mod intake;
 mod key_inventory;
+mod lateness;
 mod maintenance;
 mod messages;
 mod migrations;
