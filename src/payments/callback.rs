@@ -44,7 +44,7 @@ use crate::runner::RunJob;
 use crate::settle::approval::Approval;
 use crate::settle::decide::{close_open_attempt, decide};
 use crate::settle::payment::PaymentCall;
-use crate::settle::{table, Decided, Kind, Row as _, Via};
+use crate::settle::{table, Arrival, Decided, Kind, Row as _};
 use crate::storage::cards;
 use crate::storage::fault::clean;
 use crate::storage::ident::{self, IdentError};
@@ -381,7 +381,7 @@ async fn refuse_key(
 fn count_decision(body: &CallbackBody) {
     fn count<K: Kind>(status: &str) {
         if K::is_final(status) {
-            K::count_decision(status, Via::Callback);
+            K::count_decision(status, Arrival::Callback);
         }
     }
     match body {
@@ -617,7 +617,7 @@ async fn apply_decision<K: Kind>(
         &row,
         status,
         Some(channel_ref),
-        Via::Callback,
+        Arrival::Callback,
         (None, None),
     )
     .await?;

@@ -8,7 +8,7 @@ use serde_json::json;
 use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
-use super::{Answer, Kind, Names, Tracking, Via};
+use super::{Answer, Arrival, Kind, Names, Tracking};
 use crate::context::AppContext;
 use crate::gateway::{ApprovalQuery, ApprovalRequest, ApprovalResult, CallResult, APPROVAL_KINDS};
 use crate::storage::reliable::OutboxEvent;
@@ -192,7 +192,7 @@ impl Kind for Approval {
         a: &ApprovalRow,
         status: &str,
         channel_ref: Option<&str>,
-        via: Via,
+        via: Arrival,
     ) -> OutboxEvent {
         OutboxEvent {
             aggregate_type: "approval",
@@ -210,7 +210,7 @@ impl Kind for Approval {
         }
     }
 
-    fn count_decision(status: &str, via: Via) {
+    fn count_decision(status: &str, via: Arrival) {
         let status = match status {
             "approved" => "approved",
             "declined" => "declined",
@@ -224,7 +224,7 @@ impl Kind for Approval {
 /// Registers every `cardworker_approval_decisions_total{status,via}` series at zero.
 pub fn register_metrics() {
     for status in Approval::FINAL {
-        for via in [Via::Response, Via::Query, Via::Callback] {
+        for via in [Arrival::Response, Arrival::Query, Arrival::Callback] {
             let _ =
                 metrics::counter!(APPROVAL_DECISIONS, "status" => *status, "via" => via.as_str());
         }

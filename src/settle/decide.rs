@@ -20,9 +20,10 @@ use super::{table, Kind, Row as _};
 use crate::storage::records::{insert_audit, AuditRecord};
 use crate::storage::reliable::{FinalState, Finish, Pending, ReliableError};
 
-/// How a decision arrived (the `via` label of `cardworker_approval_decisions_total`).
+/// How a decision arrived: by the POST's answer, a recovery query or a callback (the `via` label
+/// of `cardworker_approval_decisions_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Via {
+pub enum Arrival {
     /// The POST's own answer.
     Response,
     /// Recovery's `GET` of the Gateway's record.
@@ -34,14 +35,14 @@ pub enum Via {
     Refused,
 }
 
-impl Via {
+impl Arrival {
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Via::Response => "response",
-            Via::Query => "query",
-            Via::Callback => "callback",
-            Via::Refused => "refused",
+            Arrival::Response => "response",
+            Arrival::Query => "query",
+            Arrival::Callback => "callback",
+            Arrival::Refused => "refused",
         }
     }
 }
@@ -71,7 +72,7 @@ pub async fn decide<K: Kind>(
     row: &K::Row,
     status: &str,
     channel_ref: Option<&str>,
-    via: Via,
+    via: Arrival,
     trace: (Option<Uuid>, Option<i64>),
 ) -> sqlx::Result<Decided> {
     let current = row.status();

@@ -47,7 +47,7 @@ pub mod recover;
 pub mod submit;
 pub mod table;
 
-pub use decide::{Decided, Via};
+pub use decide::{Arrival, Decided};
 pub use recover::RecoveryReport;
 pub use submit::Submitted;
 
@@ -252,12 +252,12 @@ pub trait Kind: Send + Sync + Sized + 'static {
         row: &Self::Row,
         status: &str,
         channel_ref: Option<&str>,
-        via: Via,
+        via: Arrival,
     ) -> OutboxEvent;
 
     /// Counts an applied final decision (metrics). Called by whoever applied it, after its
     /// transaction committed (a rolled-back attempt is applied again and must not count twice).
-    fn count_decision(_status: &str, _via: Via) {}
+    fn count_decision(_status: &str, _via: Arrival) {}
 
     /// Whether `status` is final.
     fn is_final(status: &str) -> bool {

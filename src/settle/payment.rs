@@ -7,7 +7,7 @@ use serde_json::json;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::{Answer, Kind, Names, Tracking, Via};
+use super::{Answer, Arrival, Kind, Names, Tracking};
 use crate::context::AppContext;
 use crate::gateway::{CallResult, PaymentQuery, PaymentRequest, PaymentResult};
 use crate::storage::reliable::OutboxEvent;
@@ -141,7 +141,7 @@ impl Kind for PaymentCall {
         p: &Payment,
         status: &str,
         channel_ref: Option<&str>,
-        via: Via,
+        via: Arrival,
     ) -> OutboxEvent {
         OutboxEvent {
             aggregate_type: "payment",
@@ -155,10 +155,10 @@ impl Kind for PaymentCall {
                 "status": status,
                 "channel_ref": channel_ref,
                 "source": match via {
-                    Via::Response => "submit",
-                    Via::Query => "recovery",
-                    Via::Callback => "callback",
-                    Via::Refused => "refused",
+                    Arrival::Response => "submit",
+                    Arrival::Query => "recovery",
+                    Arrival::Callback => "callback",
+                    Arrival::Refused => "refused",
                 },
             }),
         }

@@ -32,7 +32,7 @@ use chrono::Utc;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::decide::{close_open_attempt, decide, Decided, Via};
+use super::decide::{close_open_attempt, decide, Arrival, Decided};
 use super::{table, Kind, Row as _, Thresholds};
 use crate::context::AppContext;
 use crate::gateway::{CallResult, Outcome};
@@ -314,7 +314,7 @@ async fn settle_one<K: Kind>(
                 &row,
                 answer.status,
                 Some(&answer.channel_ref),
-                Via::Query,
+                Arrival::Query,
                 (Some(correlation_id), Some(query_log)),
             )
             .await?;
@@ -395,7 +395,7 @@ async fn settle_one<K: Kind>(
     tx.commit().await?;
     // Counted after the commit, so that a rolled-back settlement never counts.
     if let Some(status) = applied {
-        K::count_decision(status, Via::Query);
+        K::count_decision(status, Arrival::Query);
     }
     Ok(step)
 }

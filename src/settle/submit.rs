@@ -40,7 +40,7 @@ use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::decide::{decide, Decided, Via};
+use super::decide::{decide, Arrival, Decided};
 use super::{table, Kind, Row as _};
 use crate::backoff::{Backoff, Jitter};
 use crate::context::AppContext;
@@ -305,7 +305,7 @@ pub(super) async fn refuse_in<K: Kind>(
     )
     .await?;
     if let (Some((status, _)), true) = (K::REFUSED, changed) {
-        let mut event = K::decided_event(row, status, None, Via::Refused);
+        let mut event = K::decided_event(row, status, None, Arrival::Refused);
         if let Some(payload) = event.payload.as_object_mut() {
             payload.insert("reason".into(), json!(reason));
         }
@@ -475,7 +475,7 @@ async fn record_outcome<K: Kind>(
     match pending.finish_in(&mut tx, &finish).await {
         Ok(()) => {
             tx.commit().await?;
-            count_applied::<K>(applied, Via::Response);
+            count_applied::<K>(applied, Arrival::Response);
             Ok(submitted)
         }
         Err(ReliableError::NotPending(log_id)) => {
@@ -490,7 +490,7 @@ async fn record_outcome<K: Kind>(
             ));
             write_terminal::<K>(&mut tx, pending, result, &finish).await?;
             tx.commit().await?;
-            count_applied::<K>(applied, Via::Response);
+            count_applied::<K>(applied, Arrival::Response);
             Ok(submitted)
         }
         Err(e) => Err(e),
@@ -498,7 +498,7 @@ async fn record_outcome<K: Kind>(
 }
 
 /// Counts a final decision this attempt applied, once its transaction committed.
-fn count_applied<K: Kind>(applied: Option<&str>, via: Via) {
+fn count_applied<K: Kind>(applied: Option<&str>, via: Arrival) {
     if let Some(status) = applied {
         K::count_decision(status, via);
     }
@@ -530,7 +530,7 @@ async fn apply_change<K: Kind>(
                 &current,
                 status,
                 channel_ref.as_deref(),
-                Via::Response,
+                Arrival::Response,
                 (Some(pending.correlation_id), Some(log_id)),
             )
             .await?;
