@@ -61,9 +61,6 @@ mod secret;
 mod source;
 mod types;
 
-#[cfg(test)]
-mod test_support;
-
 pub use error::{ConfigError, Problem, Related};
 pub use rules::parse_limit;
 pub use secret::{SecretToken, SecretUrl};

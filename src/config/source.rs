@@ -73,24 +73,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_source_is_shown_as_the_message_names_it() {
-        assert_eq!(Source::Default.to_string(), "default");
-        assert_eq!(
-            Source::File(PathBuf::from("config/x.toml")).to_string(),
-            "config/x.toml"
-        );
-        assert_eq!(
-            Source::Env("CARDWORKER__POLLING__TOTAL_LIMIT".to_owned()).to_string(),
-            "env CARDWORKER__POLLING__TOTAL_LIMIT"
-        );
-        assert_eq!(Source::Code.to_string(), "code");
-        assert_eq!(
-            serde_json::to_string(&Source::Env("CARDWORKER__X".to_owned())).expect("json"),
-            "\"env CARDWORKER__X\""
-        );
-    }
-
-    #[test]
     fn a_key_no_layer_set_has_the_fallback_and_the_last_layer_wins() {
         let file = Source::File(PathBuf::from("c.toml"));
         let env = Source::Env("CARDWORKER__POLLING__TOTAL_LIMIT".to_owned());

@@ -5,6 +5,7 @@
 // `clippy::unwrap_used` is for product code).
 #![allow(clippy::unwrap_used)]
 
+mod config_support;
 mod harness;
 mod pg_cluster;
 mod plan_drive;
@@ -19,6 +20,9 @@ mod card_reads;
 mod chain_intake;
 mod circuit;
 mod config_cli;
+mod config_layers;
+mod config_rules;
+mod config_types;
 mod console;
 mod demo;
 mod endpoint;

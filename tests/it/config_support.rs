@@ -1,14 +1,12 @@
-//! Helpers shared by the unit tests of the config modules: load a TOML text (and env pairs)
-//! through the real layering, and pick the problem of one key out of the result.
+//! Helpers of the config tests: load a TOML text (and env pairs) through the real layering, as
+//! the file `test.toml`, and pick the problem of one key out of the result.
 
 use std::path::{Path, PathBuf};
 
-use toml::Table;
-
-use super::{Config, ConfigError, Problem, Source};
+use cardworker::config::{Config, ConfigError, Problem, Source};
 
 /// Env pairs as [`Config::load_from`] takes them.
-pub(super) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+pub fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -16,31 +14,30 @@ pub(super) fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// The path the test file of [`from_str_env`] is given as, as its problems name it.
-pub(super) const TEST_FILE: &str = "test.toml";
+pub const TEST_FILE: &str = "test.toml";
 
 /// The source of a value from the test file.
-pub(super) fn file_source() -> Source {
+pub fn file_source() -> Source {
     Source::File(PathBuf::from(TEST_FILE))
 }
 
 /// The source of a value from the env override `name`.
-pub(super) fn env_source(name: &str) -> Source {
+pub fn env_source(name: &str) -> Source {
     Source::Env(name.to_owned())
 }
 
 /// Layers `text` (as the file [`TEST_FILE`]) and `pairs` (as the env) over the defaults.
-pub(super) fn from_str_env(text: &str, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-    let table = toml::from_str::<Table>(text).expect("test TOML parses");
-    Config::build(Some((PathBuf::from(TEST_FILE), table)), env(pairs))
+pub fn from_str_env(text: &str, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::load_str(Path::new(TEST_FILE), text, env(pairs))
 }
 
 /// Layers `text` (as the file) over the defaults.
-pub(super) fn from_str(text: &str) -> Result<Config, ConfigError> {
+pub fn from_str(text: &str) -> Result<Config, ConfigError> {
     from_str_env(text, &[])
 }
 
 /// The problems of an invalid configuration; panics on anything else.
-pub(super) fn problems(r: Result<Config, ConfigError>) -> Vec<Problem> {
+pub fn problems(r: Result<Config, ConfigError>) -> Vec<Problem> {
     match r {
         Err(ConfigError::Invalid(p)) => p,
         other => panic!("expected Invalid, got {other:?}"),
@@ -48,7 +45,7 @@ pub(super) fn problems(r: Result<Config, ConfigError>) -> Vec<Problem> {
 }
 
 /// The problem reported for `key`; panics if there is none.
-pub(super) fn problem_for(r: Result<Config, ConfigError>, key: &str) -> Problem {
+pub fn problem_for(r: Result<Config, ConfigError>, key: &str) -> Problem {
     let all = problems(r);
     all.iter()
         .find(|p| p.key == key)
@@ -57,7 +54,7 @@ pub(super) fn problem_for(r: Result<Config, ConfigError>, key: &str) -> Problem 
 }
 
 /// A file of the repository's `config/` directory.
-pub(super) fn bundled(name: &str) -> PathBuf {
+pub fn bundled(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("config")
         .join(name)

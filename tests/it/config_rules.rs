@@ -1,0 +1,453 @@
+//! The value rules (one per key) and the relations between keys, through the library: each
+//! refused value names its key, the value given and its source, and for a relation the other
+//! key and its source too.
+
+use cardworker::config::{parse_limit, Config, Source, LIMIT_CEILING};
+
+use crate::config_support::{
+    env_source, file_source, from_str, from_str_env, problem_for, problems,
+};
+
+#[test]
+fn total_limit_of_zero_is_refused_naming_the_key() {
+    let p = problem_for(
+        from_str("[polling]\ntotal_limit = 0"),
+        "polling.total_limit",
+    );
+    assert_eq!(
+        p.to_string(),
+        "polling.total_limit = 0 (from test.toml): must be an integer in 1..=256"
+    );
+}
+
+#[test]
+fn negative_total_limit_is_refused_naming_the_key() {
+    let p = problem_for(from_str("polling.total_limit = -1"), "polling.total_limit");
+    assert_eq!(p.value, "-1");
+    assert!(p.allowed.contains("1..=256"));
+}
+
+#[test]
+fn fractional_total_limit_is_refused_naming_the_key() {
+    let p = problem_for(from_str("polling.total_limit = 3.5"), "polling.total_limit");
+    assert_eq!(p.value, "3.5");
+    assert!(p.allowed.contains("integer in 1..=256"));
+}
+
+#[test]
+fn non_numeric_total_limit_is_refused_naming_the_key() {
+    let p = problem_for(
+        from_str("polling.total_limit = \"abc\""),
+        "polling.total_limit",
+    );
+    assert_eq!(p.value, "\"abc\"");
+    assert!(p.allowed.contains("integer in 1..=256"));
+}
+
+#[test]
+fn total_limit_above_the_ceiling_is_refused_naming_the_key() {
+    let p = problem_for(
+        from_str("polling.total_limit = 100000"),
+        "polling.total_limit",
+    );
+    assert_eq!(
+        p.to_string(),
+        "polling.total_limit = 100000 (from test.toml): must be an integer in 1..=256"
+    );
+}
+
+#[test]
+fn infinite_total_limit_is_refused_naming_the_key() {
+    let p = problem_for(from_str("polling.total_limit = inf"), "polling.total_limit");
+    assert_eq!(p.value, "inf");
+    assert!(p.allowed.contains("integer in 1..=256"));
+}
+
+#[test]
+fn total_limit_at_the_ceiling_is_accepted() {
+    let c = from_str("polling.total_limit = 256").expect("valid");
+    assert_eq!(c.polling.total_limit, LIMIT_CEILING);
+}
+
+#[test]
+fn bad_cron_is_refused_naming_the_key() {
+    let p = problem_for(
+        from_str("polling.reconcile_cron = \"every ten minutes\""),
+        "polling.reconcile_cron",
+    );
+    assert!(p.allowed.contains("six or seven fields"), "{p}");
+    // Five fields (no seconds) is refused.
+    problem_for(
+        from_str("maintenance.archive_cron = \"30 3 * * *\""),
+        "maintenance.archive_cron",
+    );
+    from_str("payments.recovery_cron = \"*/30 * * * * *\"").expect("valid");
+}
+
+#[test]
+fn urls_need_the_right_scheme() {
+    let all = problems(from_str(
+        "database.url = \"mysql://db/x\"\nredis.url = \"http://r\"\ngateway.base_url = \"ftp://g\"",
+    ));
+    let keys: Vec<&str> = all.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["database.url", "redis.url", "gateway.base_url"]);
+    from_str(
+        "database.url = \"postgresql://u:p@db/x\"\nredis.url = \"rediss://:p@r:6380/1\"\n\
+         gateway.base_url = \"https://g.example\"",
+    )
+    .expect("valid");
+}
+
+#[test]
+fn a_refused_database_url_does_not_echo_its_password() {
+    let p = problem_for(
+        from_str("database.url = \"mysql://u:hunter2@db/x\""),
+        "database.url",
+    );
+    assert!(!p.value.contains("hunter2"), "{p}");
+}
+
+#[test]
+fn key_prefix_and_listen_are_checked() {
+    let all = problems(from_str(
+        "redis.key_prefix = \"{cw}:x\"\ntelemetry.listen = \"localhost\"",
+    ));
+    let keys: Vec<&str> = all.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["redis.key_prefix", "telemetry.listen"]);
+    problem_for(from_str("redis.key_prefix = \"\""), "redis.key_prefix");
+    problem_for(
+        from_str("telemetry.log_format = \"xml\""),
+        "telemetry.log_format",
+    );
+}
+
+#[test]
+fn the_console_admin_token_is_refused_from_a_file_and_accepted_from_the_env() {
+    let p = problem_for(
+        from_str("[console]\nadmin_token = \"0123456789abcdef-secret\""),
+        "console.admin_token",
+    );
+    assert_eq!(p.source, file_source());
+    let text = p.to_string();
+    assert!(!text.contains("0123456789abcdef-secret"), "{text}");
+    assert!(
+        text.contains("never from a config file")
+            && text.contains("CARDWORKER__CONSOLE__ADMIN_TOKEN"),
+        "{text}"
+    );
+    let c = from_str_env(
+        "[console]\nlisten = \"127.0.0.1:9999\"",
+        &[(
+            "CARDWORKER__CONSOLE__ADMIN_TOKEN",
+            "0123456789abcdef-secret",
+        )],
+    )
+    .expect("a token from the env is accepted");
+    assert_eq!(
+        c.console.admin_token.expose(),
+        Some("0123456789abcdef-secret")
+    );
+    assert!(!format!("{c:?}").contains("0123456789abcdef"));
+    assert_eq!(Config::default().console.admin_token.expose(), None);
+    let short = problem_for(
+        from_str_env("", &[("CARDWORKER__CONSOLE__ADMIN_TOKEN", "short")]),
+        "console.admin_token",
+    );
+    assert_eq!(short.source, env_source("CARDWORKER__CONSOLE__ADMIN_TOKEN"));
+    assert!(!short.to_string().contains("short\""), "{short}");
+    problem_for(
+        from_str("[console]\nlisten = \"localhost\""),
+        "console.listen",
+    );
+}
+
+#[test]
+fn parse_limit_accepts_only_plain_integers_in_range() {
+    for (raw, want) in [("1", 1), ("8", 8), ("256", 256), (" 4 ", 4), ("007", 7)] {
+        assert_eq!(parse_limit(raw), Ok(want), "{raw}");
+    }
+    for raw in [
+        "0",
+        "-1",
+        "+1",
+        "3.5",
+        "abc",
+        "inf",
+        "NaN",
+        "1e9",
+        "257",
+        "100000",
+        "99999999999999999999",
+        "",
+        " ",
+    ] {
+        let err = parse_limit(raw).expect_err(raw);
+        assert!(
+            err.contains("must be an integer in 1..=256"),
+            "{raw}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_value_from_the_file_names_the_file_as_its_source() {
+    let p = problem_for(from_str("polling.total_limit = 0"), "polling.total_limit");
+    assert_eq!(p.source, file_source());
+    assert!(p.to_string().contains("(from test.toml)"), "{p}");
+}
+
+#[test]
+fn a_value_from_the_env_names_the_env_variable_as_its_source() {
+    let p = problem_for(
+        from_str_env(
+            "polling.total_limit = 5",
+            &[("CARDWORKER__POLLING__TOTAL_LIMIT", "abc")],
+        ),
+        "polling.total_limit",
+    );
+    assert_eq!(
+        p.to_string(),
+        "polling.total_limit = \"abc\" (from env CARDWORKER__POLLING__TOTAL_LIMIT): \
+         must be an integer in 1..=256"
+    );
+}
+
+#[test]
+fn a_nested_env_override_names_its_own_variable() {
+    let p = problem_for(
+        from_str_env("", &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "0")]),
+        "polling.carddata.limit",
+    );
+    assert_eq!(p.source, env_source("CARDWORKER__POLLING__CARDDATA__LIMIT"));
+}
+
+#[test]
+fn a_config_built_in_code_names_code_as_the_source() {
+    let mut c = Config::default();
+    c.polling.total_limit = 0;
+    c.polling.lease_ttl_secs = 16;
+    let err = c.validate().expect_err("invalid");
+    let sources: Vec<&Source> = err.problems().iter().map(|p| &p.source).collect();
+    assert_eq!(sources, [&Source::Code, &Source::Code], "{err}");
+    assert!(err.to_string().contains("(from code)"), "{err}");
+    c.telemetry.listen = "nowhere".to_owned();
+    let err = c.telemetry.listen_addr().expect_err("invalid");
+    assert_eq!(err.problems()[0].source, Source::Code);
+}
+
+#[test]
+fn task_limit_above_the_total_is_refused() {
+    let p = problem_for(
+        from_str("[polling]\ntotal_limit = 3\n[polling.carddata]\nlimit = 4"),
+        "polling.carddata.limit",
+    );
+    assert_eq!(p.value, "4");
+    assert!(p.allowed.contains("at most polling.total_limit (3)"), "{p}");
+    // card_status keeps its default 4, also above 3.
+    let all = problems(from_str("polling.total_limit = 3"));
+    assert_eq!(all.len(), 2, "{all:?}");
+}
+
+#[test]
+fn handler_timeout_must_exceed_gateway_timeout_plus_one_second() {
+    // 5000 ms + 1 s = 6 s: 6 is refused, 7 accepted.
+    let p = problem_for(
+        from_str("polling.handler_timeout_secs = 6\npolling.lease_ttl_secs = 60"),
+        "polling.handler_timeout_secs",
+    );
+    assert!(p.allowed.contains("at least 7"), "{p}");
+    from_str("polling.handler_timeout_secs = 7").expect("valid");
+    // Raising the gateway timeout above the handler timeout is refused too.
+    let p = problem_for(
+        from_str("gateway.timeout_ms = 15000"),
+        "polling.handler_timeout_secs",
+    );
+    assert!(p.allowed.contains("15000 ms"), "{p}");
+}
+
+#[test]
+fn lease_ttl_must_cover_handler_timeout_plus_five_seconds() {
+    let p = problem_for(
+        from_str("polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 19"),
+        "polling.lease_ttl_secs",
+    );
+    assert!(p.allowed.contains("15 + 5 = 20"), "{p}");
+    from_str("polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 20").expect("valid");
+    problem_for(
+        from_str("polling.lease_ttl_secs = 3601"),
+        "polling.lease_ttl_secs",
+    );
+}
+
+#[test]
+fn circuit_min_calls_above_the_window_is_refused_naming_both_keys() {
+    let p = problem_for(
+        from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 11"),
+        "polling.circuit.min_calls",
+    );
+    assert_eq!(p.value, "11");
+    assert!(
+        p.allowed
+            .contains("at most polling.circuit.window_calls (10)"),
+        "{p}"
+    );
+    assert_eq!(p.related[0].key, "polling.circuit.window_calls");
+    from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 10").expect("valid");
+    let p = problem_for(
+        from_str("[polling.circuit]\nmin_calls = 4\nmin_failing_cards = 5"),
+        "polling.circuit.min_failing_cards",
+    );
+    assert!(
+        p.allowed.contains("at most polling.circuit.min_calls (4)"),
+        "{p}"
+    );
+}
+
+#[test]
+fn circuit_max_cooldown_below_the_cooldown_is_refused() {
+    let p = problem_for(
+        from_str("polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 20"),
+        "polling.circuit.max_cooldown_secs",
+    );
+    assert!(
+        p.allowed
+            .contains("at least polling.circuit.cooldown_secs (30)"),
+        "{p}"
+    );
+    from_str("polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 30")
+        .expect("valid");
+}
+
+#[test]
+fn circuit_and_parked_retry_keys_are_range_checked_naming_the_key() {
+    for (text, key) in [
+        (
+            "polling.circuit.window_calls = 1",
+            "polling.circuit.window_calls",
+        ),
+        (
+            "polling.circuit.window_secs = 0",
+            "polling.circuit.window_secs",
+        ),
+        ("polling.circuit.min_calls = 0", "polling.circuit.min_calls"),
+        (
+            "polling.circuit.min_failing_cards = 0",
+            "polling.circuit.min_failing_cards",
+        ),
+        (
+            "polling.circuit.failure_percent = 101",
+            "polling.circuit.failure_percent",
+        ),
+        (
+            "polling.circuit.failure_percent = 0",
+            "polling.circuit.failure_percent",
+        ),
+        (
+            "polling.circuit.cooldown_secs = 0",
+            "polling.circuit.cooldown_secs",
+        ),
+        (
+            "polling.circuit.max_cooldown_secs = 3601",
+            "polling.circuit.max_cooldown_secs",
+        ),
+        (
+            "polling.circuit.half_open_probes = 0",
+            "polling.circuit.half_open_probes",
+        ),
+        (
+            "polling.circuit.enabled = \"yes\"",
+            "polling.circuit.enabled",
+        ),
+        (
+            "polling.carddata.parked_retry_secs = 0",
+            "polling.carddata.parked_retry_secs",
+        ),
+        (
+            "polling.card_status.parked_retry_secs = 2592001",
+            "polling.card_status.parked_retry_secs",
+        ),
+        ("polling.circuit.nope = 1", "polling.circuit.nope"),
+    ] {
+        let p = problem_for(from_str(text), key);
+        assert!(p.to_string().starts_with(key), "{text}: {p}");
+    }
+    let c = from_str(
+        "polling.carddata.parked_retry_secs = 1\n[polling.circuit]\nenabled = false\n\
+         failure_percent = 100\nhalf_open_probes = 100",
+    )
+    .expect("valid");
+    assert_eq!(c.polling.carddata.parked_retry_secs, 1);
+    assert!(!c.polling.circuit.enabled);
+}
+
+#[test]
+fn defer_max_delay_below_defer_delay_is_refused() {
+    problem_for(
+        from_str("polling.defer_delay_secs = 10\npolling.defer_max_delay_secs = 5"),
+        "polling.defer_max_delay_secs",
+    );
+}
+
+#[test]
+fn a_relation_names_the_source_of_both_keys() {
+    // The handler timeout comes from the file, the gateway timeout from the env.
+    let p = problem_for(
+        from_str_env(
+            "polling.handler_timeout_secs = 10",
+            &[("CARDWORKER__GATEWAY__TIMEOUT_MS", "20000")],
+        ),
+        "polling.handler_timeout_secs",
+    );
+    assert_eq!(p.source, file_source());
+    assert_eq!(p.related.len(), 1, "{p}");
+    assert_eq!(p.related[0].key, "gateway.timeout_ms");
+    assert_eq!(p.related[0].value, "20000");
+    assert_eq!(
+        p.related[0].source,
+        env_source("CARDWORKER__GATEWAY__TIMEOUT_MS")
+    );
+    let text = p.to_string();
+    assert!(
+        text.starts_with("polling.handler_timeout_secs = 10 (from test.toml): "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "; checked against gateway.timeout_ms = 20000 \
+             (from env CARDWORKER__GATEWAY__TIMEOUT_MS)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_default_that_conflicts_with_a_file_value_names_both_sources() {
+    // card_status keeps its default limit 4, above the file's total_limit 3.
+    let p = problem_for(
+        from_str(
+            "polling.total_limit = 3
+polling.carddata.limit = 2",
+        ),
+        "polling.card_status.limit",
+    );
+    assert_eq!(p.source, Source::Default);
+    assert_eq!(p.related[0].key, "polling.total_limit");
+    assert_eq!(p.related[0].source, file_source());
+    assert!(
+        p.to_string()
+            .starts_with("polling.card_status.limit = 4 (from default): "),
+        "{p}"
+    );
+    for (key, other) in [
+        ("polling.lease_ttl_secs", "polling.handler_timeout_secs"),
+        ("polling.defer_max_delay_secs", "polling.defer_delay_secs"),
+    ] {
+        let p = problem_for(
+            from_str("polling.handler_timeout_secs = 60\npolling.defer_delay_secs = 40"),
+            key,
+        );
+        assert_eq!(p.source, Source::Default, "{p}");
+        assert_eq!(p.related[0].key, other, "{p}");
+        assert_eq!(p.related[0].source, file_source(), "{p}");
+    }
+}
