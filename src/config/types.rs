@@ -4,9 +4,9 @@
 //! Nothing here validates: every section is a plain serde struct with `deny_unknown_fields`, and
 //! the checks live in `rules` so that one table describes every key.
 //!
-//! One file on purpose: the sections mirror `config/default.toml` one to one, and a reader checks
-//! a key's type, default and unit in one place; about a third of it is the tests of the defaults
-//! and of the redaction of secrets.
+//! The sections mirror `config/default.toml` one to one, each declared with `section!`: a
+//! field's type, doc, default and `Duration` getter on one line, so that a reader checks a key's
+//! type, default and unit in one place.
 
 use std::fmt;
 use std::str::FromStr;
@@ -129,150 +129,112 @@ pub struct Config {
     pub console: ConsoleConfig,
 }
 
-/// `[database]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DatabaseConfig {
-    /// `postgres://` or `postgresql://` URL; may carry a password (redacted when shown).
-    pub url: SecretUrl,
-    /// Pool size, 1..=200.
-    pub max_connections: u32,
-}
-
-impl Default for DatabaseConfig {
-    fn default() -> Self {
-        Self {
-            url: SecretUrl::from("postgres://root@127.0.0.1:5432/cardworker"),
-            max_connections: 10,
+/// Declares a section: the struct (every field defaulted, unknown fields refused), its `Default`
+/// from the value written beside each field, and a `Duration` getter for each field that names
+/// one (`=> getter from_secs`).
+macro_rules! section {
+    (
+        $(#[$meta:meta])*
+        $name:ident {
+            $(
+                $(#[$field_meta:meta])*
+                $field:ident: $ty:ty = $default:expr $(=> $getter:ident $unit:ident)?;
+            )*
         }
-    }
-}
-
-/// `[redis]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RedisConfig {
-    /// `redis://` or `rediss://` URL; may carry a password (redacted when shown).
-    pub url: SecretUrl,
-    /// Every Redis key and queue of this deployment lives under it. Non-empty,
-    /// `[A-Za-z0-9_.-]` only.
-    pub key_prefix: String,
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        Self {
-            url: SecretUrl::from("redis://127.0.0.1:6379/0"),
-            key_prefix: "cardworker".to_owned(),
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$field_meta])* pub $field: $ty,)*
         }
-    }
-}
 
-/// `[gateway]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GatewayConfig {
-    /// `http://` or `https://` base URL of the Gateway. It may carry user info (basic
-    /// credentials), so it is redacted when shown like the other URLs.
-    pub base_url: SecretUrl,
-    /// Timeout of one Gateway call in milliseconds, 100..=60000.
-    pub timeout_ms: u64,
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        Self {
-            base_url: SecretUrl::from("http://127.0.0.1:8089"),
-            timeout_ms: 5000,
+        impl Default for $name {
+            fn default() -> Self {
+                Self { $($field: $default,)* }
+            }
         }
-    }
-}
 
-impl GatewayConfig {
-    /// `timeout_ms` as a [`Duration`].
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-}
-
-/// `[worker]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WorkerConfig {
-    /// Time in-flight jobs get to finish on shutdown, 1..=600 s.
-    pub shutdown_grace_secs: u64,
-    /// How long a Redis outage is ridden out (workers stop fetching, restart when Redis answers)
-    /// before the process exits non-zero, 0..=3600 s; 0 exits at the first outage.
-    pub redis_outage_grace_secs: u64,
-}
-
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        Self {
-            shutdown_grace_secs: 30,
-            redis_outage_grace_secs: 60,
+        impl $name {
+            $($(
+                #[doc = concat!("`", stringify!($field), "` as a [`Duration`].")]
+                pub fn $getter(&self) -> Duration {
+                    Duration::$unit(self.$field)
+                }
+            )?)*
         }
+    };
+}
+
+section! {
+    /// `[database]`
+    DatabaseConfig {
+        /// `postgres://` or `postgresql://` URL; may carry a password (redacted when shown).
+        url: SecretUrl = SecretUrl::from("postgres://root@127.0.0.1:5432/cardworker");
+        /// Pool size, 1..=200.
+        max_connections: u32 = 10;
     }
 }
 
-impl WorkerConfig {
-    /// `shutdown_grace_secs` as a [`Duration`].
-    pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_secs(self.shutdown_grace_secs)
-    }
-
-    /// `redis_outage_grace_secs` as a [`Duration`].
-    pub fn redis_outage_grace(&self) -> Duration {
-        Duration::from_secs(self.redis_outage_grace_secs)
+section! {
+    /// `[redis]`
+    RedisConfig {
+        /// `redis://` or `rediss://` URL; may carry a password (redacted when shown).
+        url: SecretUrl = SecretUrl::from("redis://127.0.0.1:6379/0");
+        /// Every Redis key and queue of this deployment lives under it. Non-empty,
+        /// `[A-Za-z0-9_.-]` only.
+        key_prefix: String = "cardworker".to_owned();
     }
 }
 
-/// `[polling]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PollingConfig {
-    /// Tokens for all polling tasks together, fleet-wide, 1..=[`LIMIT_CEILING`].
-    pub total_limit: u32,
-    /// Hard limit on one poll in seconds; greater than the gateway timeout + 1 s.
-    pub handler_timeout_secs: u64,
-    /// Token lease in seconds; `>= handler_timeout_secs + 5`, `<= 3600`.
-    pub lease_ttl_secs: u64,
-    /// First delay for a job deferred for lack of tokens, 1..=60 s.
-    pub defer_delay_secs: u64,
-    /// Cap of the (jittered, growing) defer delay; `>= defer_delay_secs`, `<= 600`.
-    pub defer_max_delay_secs: u64,
-    /// Cron of the scheduled reconcile (six or seven fields, seconds first; Asia/Shanghai).
-    pub reconcile_cron: String,
-    /// Cards examined per scheduled reconcile run, 1..=100000.
-    pub reconcile_batch: u32,
-    /// `[polling.carddata]`
-    pub carddata: TaskConfig,
-    /// `[polling.card_status]`
-    pub card_status: TaskConfig,
-    /// `[polling.circuit]`: the fleet-wide Gateway circuit breaker (one per task).
-    pub circuit: CircuitConfig,
+section! {
+    /// `[gateway]`
+    GatewayConfig {
+        /// `http://` or `https://` base URL of the Gateway. It may carry user info (basic
+        /// credentials), so it is redacted when shown like the other URLs.
+        base_url: SecretUrl = SecretUrl::from("http://127.0.0.1:8089");
+        /// Timeout of one Gateway call in milliseconds, 100..=60000.
+        timeout_ms: u64 = 5000 => timeout from_millis;
+    }
 }
 
-impl Default for PollingConfig {
-    fn default() -> Self {
-        Self {
-            total_limit: 8,
-            handler_timeout_secs: 15,
-            lease_ttl_secs: 60,
-            defer_delay_secs: 2,
-            defer_max_delay_secs: 30,
-            reconcile_cron: "0 */10 * * * *".to_owned(),
-            reconcile_batch: 2000,
-            carddata: TaskConfig {
-                interval_secs: 30,
-                ..TaskConfig::default()
-            },
-            card_status: TaskConfig {
-                interval_secs: 300,
-                ..TaskConfig::default()
-            },
-            circuit: CircuitConfig::default(),
-        }
+section! {
+    /// `[worker]`
+    WorkerConfig {
+        /// Time in-flight jobs get to finish on shutdown, 1..=600 s.
+        shutdown_grace_secs: u64 = 30 => shutdown_grace from_secs;
+        /// How long a Redis outage is ridden out (workers stop fetching, restart when Redis
+        /// answers) before the process exits non-zero, 0..=3600 s; 0 exits at the first outage.
+        redis_outage_grace_secs: u64 = 60 => redis_outage_grace from_secs;
+    }
+}
+
+section! {
+    /// `[polling]`
+    PollingConfig {
+        /// Tokens for all polling tasks together, fleet-wide, 1..=[`LIMIT_CEILING`].
+        total_limit: u32 = 8;
+        /// Hard limit on one poll in seconds; greater than the gateway timeout + 1 s.
+        handler_timeout_secs: u64 = 15 => handler_timeout from_secs;
+        /// Token lease in seconds; `>= handler_timeout_secs + 5`, `<= 3600`.
+        lease_ttl_secs: u64 = 60 => lease_ttl from_secs;
+        /// First delay for a job deferred for lack of tokens, 1..=60 s.
+        defer_delay_secs: u64 = 2 => defer_delay from_secs;
+        /// Cap of the (jittered, growing) defer delay; `>= defer_delay_secs`, `<= 600`.
+        defer_max_delay_secs: u64 = 30 => defer_max_delay from_secs;
+        /// Cron of the scheduled reconcile (six or seven fields, seconds first; Asia/Shanghai).
+        reconcile_cron: String = "0 */10 * * * *".to_owned();
+        /// Cards examined per scheduled reconcile run, 1..=100000.
+        reconcile_batch: u32 = 2000;
+        /// `[polling.carddata]`
+        carddata: TaskConfig = TaskConfig::default();
+        /// `[polling.card_status]`
+        card_status: TaskConfig = TaskConfig {
+            interval_secs: 300,
+            ..TaskConfig::default()
+        };
+        /// `[polling.circuit]`: the fleet-wide Gateway circuit breaker (one per task).
+        circuit: CircuitConfig = CircuitConfig::default();
     }
 }
 
@@ -284,300 +246,132 @@ impl PollingConfig {
             Task::CardStatus => &self.card_status,
         }
     }
+}
 
-    /// `handler_timeout_secs` as a [`Duration`].
-    pub fn handler_timeout(&self) -> Duration {
-        Duration::from_secs(self.handler_timeout_secs)
-    }
-
-    /// `lease_ttl_secs` as a [`Duration`].
-    pub fn lease_ttl(&self) -> Duration {
-        Duration::from_secs(self.lease_ttl_secs)
-    }
-
-    /// `defer_delay_secs` as a [`Duration`].
-    pub fn defer_delay(&self) -> Duration {
-        Duration::from_secs(self.defer_delay_secs)
-    }
-
-    /// `defer_max_delay_secs` as a [`Duration`].
-    pub fn defer_max_delay(&self) -> Duration {
-        Duration::from_secs(self.defer_max_delay_secs)
+section! {
+    /// `[polling.carddata]` and `[polling.card_status]`
+    TaskConfig {
+        /// Per-task token limit, 1..=[`LIMIT_CEILING`] and `<= total_limit`; `budget set`
+        /// overrides it at run time.
+        limit: u32 = 4;
+        /// Delay between two polls of one card, 1..=86400 s.
+        interval_secs: u64 = 30 => interval from_secs;
+        /// Consecutive failed polls after which the chain is parked, 1..=1000.
+        max_consecutive_failures: u32 = 10;
+        /// A parked chain is probed again (one poll) this long after it was parked,
+        /// 1..=2592000 s; a success un-parks it.
+        parked_retry_secs: u64 = 21_600 => parked_retry from_secs;
     }
 }
 
-/// `[polling.carddata]` and `[polling.card_status]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TaskConfig {
-    /// Per-task token limit, 1..=[`LIMIT_CEILING`] and `<= total_limit`; `budget set`
-    /// overrides it at run time.
-    pub limit: u32,
-    /// Delay between two polls of one card, 1..=86400 s.
-    pub interval_secs: u64,
-    /// Consecutive failed polls after which the chain is parked, 1..=1000.
-    pub max_consecutive_failures: u32,
-    /// A parked chain is probed again (one poll) this long after it was parked,
-    /// 1..=2592000 s; a success un-parks it.
-    pub parked_retry_secs: u64,
-}
-
-impl Default for TaskConfig {
-    fn default() -> Self {
-        Self {
-            limit: 4,
-            interval_secs: 30,
-            max_consecutive_failures: 10,
-            parked_retry_secs: 21_600,
-        }
+section! {
+    /// `[polling.circuit]`: when the Gateway fails broadly, every pod stops calling it for a
+    /// polling task (the state is in Redis, shared by the fleet); see `budget::circuit`.
+    ///
+    /// The window is the last `window_calls` Gateway outcomes of the task, fleet-wide, of which
+    /// only those younger than `window_secs` count. The circuit opens when at least `min_calls`
+    /// of them count, at least `failure_percent` % of those failed (failed, unknown or timed
+    /// out), and the failures are about at least `min_failing_cards` distinct cards (a few bad
+    /// cards are parked, they never open the circuit). After `cooldown_secs` it lets
+    /// `half_open_probes` polls through: a success closes it, a failure opens it again with twice
+    /// the cool-down, up to `max_cooldown_secs`.
+    CircuitConfig {
+        /// Whether the breaker opens by itself (an operator can force it either way regardless).
+        enabled: bool = true;
+        /// How many of the latest outcomes the window holds, 2..=10000.
+        window_calls: u32 = 20;
+        /// Outcomes older than this do not count, 1..=3600 s.
+        window_secs: u64 = 60 => window from_secs;
+        /// Fewer counted outcomes never open the circuit, 1..=10000 and at most `window_calls`.
+        min_calls: u32 = 10;
+        /// Failures about fewer distinct cards never open it, 1..=10000 and at most `min_calls`.
+        min_failing_cards: u32 = 3;
+        /// The share of failed outcomes that opens it, 1..=100 (percent).
+        failure_percent: u32 = 50;
+        /// The first cool-down before probes are let through, 1..=3600 s.
+        cooldown_secs: u64 = 10 => cooldown from_secs;
+        /// The cool-down doubles after each failed probe, up to this; `>= cooldown_secs`,
+        /// `<= 3600`.
+        max_cooldown_secs: u64 = 120 => max_cooldown from_secs;
+        /// Probe polls let through when the cool-down is over, 1..=100.
+        half_open_probes: u32 = 2;
     }
 }
 
-impl TaskConfig {
-    /// `interval_secs` as a [`Duration`].
-    pub fn interval(&self) -> Duration {
-        Duration::from_secs(self.interval_secs)
-    }
-
-    /// `parked_retry_secs` as a [`Duration`].
-    pub fn parked_retry(&self) -> Duration {
-        Duration::from_secs(self.parked_retry_secs)
-    }
-}
-
-/// `[polling.circuit]`: when the Gateway fails broadly, every pod stops calling it for a polling
-/// task (the state is in Redis, shared by the fleet); see `budget::circuit`.
-///
-/// The window is the last `window_calls` Gateway outcomes of the task, fleet-wide, of which only
-/// those younger than `window_secs` count. The circuit opens when at least `min_calls` of them
-/// count, at least `failure_percent` % of those failed (failed, unknown or timed out), and the
-/// failures are about at least `min_failing_cards` distinct cards (a few bad cards are parked,
-/// they never open the circuit). After
-/// `cooldown_secs` it lets `half_open_probes` polls through: a success closes it, a failure
-/// opens it again with twice the cool-down, up to `max_cooldown_secs`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CircuitConfig {
-    /// Whether the breaker opens by itself (an operator can force it either way regardless).
-    pub enabled: bool,
-    /// How many of the latest outcomes the window holds, 2..=10000.
-    pub window_calls: u32,
-    /// Outcomes older than this do not count, 1..=3600 s.
-    pub window_secs: u64,
-    /// Fewer counted outcomes never open the circuit, 1..=10000 and at most `window_calls`.
-    pub min_calls: u32,
-    /// Failures about fewer distinct cards never open it, 1..=10000 and at most `min_calls`.
-    pub min_failing_cards: u32,
-    /// The share of failed outcomes that opens it, 1..=100 (percent).
-    pub failure_percent: u32,
-    /// The first cool-down before probes are let through, 1..=3600 s.
-    pub cooldown_secs: u64,
-    /// The cool-down doubles after each failed probe, up to this; `>= cooldown_secs`, `<= 3600`.
-    pub max_cooldown_secs: u64,
-    /// Probe polls let through when the cool-down is over, 1..=100.
-    pub half_open_probes: u32,
-}
-
-impl Default for CircuitConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            window_calls: 20,
-            window_secs: 60,
-            min_calls: 10,
-            min_failing_cards: 3,
-            failure_percent: 50,
-            cooldown_secs: 10,
-            max_cooldown_secs: 120,
-            half_open_probes: 2,
-        }
+section! {
+    /// `[payments]`
+    PaymentsConfig {
+        /// Worker concurrency for payment submission (not a polling budget), 1..=256.
+        concurrency: u32 = 4;
+        /// A payment still pending/unknown after this many seconds is reconciled, 10..=86400.
+        recovery_after_secs: u64 = 300 => recovery_after from_secs;
+        /// Cron of payment recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
+        recovery_cron: String = "0 * * * * *".to_owned();
     }
 }
 
-impl CircuitConfig {
-    /// `cooldown_secs` as a [`Duration`].
-    pub fn cooldown(&self) -> Duration {
-        Duration::from_secs(self.cooldown_secs)
-    }
-
-    /// `max_cooldown_secs` as a [`Duration`].
-    pub fn max_cooldown(&self) -> Duration {
-        Duration::from_secs(self.max_cooldown_secs)
-    }
-
-    /// `window_secs` as a [`Duration`].
-    pub fn window(&self) -> Duration {
-        Duration::from_secs(self.window_secs)
+section! {
+    /// `[approvals]` (spec section 7)
+    ApprovalsConfig {
+        /// Worker concurrency for approval submission, 1..=256.
+        concurrency: u32 = 4;
+        /// A requested/pending/unknown approval untouched this long is queried, 10..=86400.
+        recovery_after_secs: u64 = 300 => recovery_after from_secs;
+        /// An in_review approval not queried for this long is queried again, 60..=86400.
+        review_query_secs: u64 = 900 => review_query from_secs;
+        /// Cron of approval recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
+        recovery_cron: String = "30 * * * * *".to_owned();
     }
 }
 
-/// `[payments]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PaymentsConfig {
-    /// Worker concurrency for payment submission (not a polling budget), 1..=256.
-    pub concurrency: u32,
-    /// A payment still pending/unknown after this many seconds is reconciled, 10..=86400.
-    pub recovery_after_secs: u64,
-    /// Cron of payment recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
-    pub recovery_cron: String,
-}
-
-impl Default for PaymentsConfig {
-    fn default() -> Self {
-        Self {
-            concurrency: 4,
-            recovery_after_secs: 300,
-            recovery_cron: "0 * * * * *".to_owned(),
-        }
+section! {
+    /// `[maintenance]`
+    MaintenanceConfig {
+        /// Master switch for archive and retention; off by default.
+        enabled: bool = false;
+        /// Physical deletion in retention (AuditRetentionCleanupEnabled).
+        cleanup_enabled: bool = false;
+        /// Cron of the archive run (Asia/Shanghai).
+        archive_cron: String = "0 30 3 * * *".to_owned();
+        /// Cron of the retention run (Asia/Shanghai).
+        retention_cron: String = "0 0 4 * * *".to_owned();
+        /// Day D is due for archive when D + this < today (Shanghai), 1..=3650.
+        archive_after_days: u32 = 30;
+        /// Retention horizon in days, 1..=36500.
+        retention_days: u32 = 180;
+        /// Rows per transaction, 1..=100000.
+        batch_size: u32 = 1000;
+        /// Statement timeout for maintenance statements, 100..=600000 ms.
+        statement_timeout_ms: u64 = 5000 => statement_timeout from_millis;
     }
 }
 
-impl PaymentsConfig {
-    /// `recovery_after_secs` as a [`Duration`].
-    pub fn recovery_after(&self) -> Duration {
-        Duration::from_secs(self.recovery_after_secs)
+section! {
+    /// `[telemetry]`
+    TelemetryConfig {
+        /// Listen address of `/metrics`, `/healthz`, `/readyz`; a socket address.
+        listen: String = "0.0.0.0:9464".to_owned();
+        /// `json` or `pretty`.
+        log_format: LogFormat = LogFormat::Json;
+        /// Seconds between two background reads of the fleet-wide gauges (tokens, limits,
+        /// circuits, parked chains, queue depth) while the endpoint is scraped; 1..=30.
+        fleet_gauges_secs: u64 = 10 => fleet_gauges_every from_secs;
+        /// Seconds without a scrape after which the background reads of the fleet-wide gauges
+        /// pause (the next scrape wakes them and waits up to a second for a fresh round);
+        /// 1..=3600.
+        fleet_gauges_idle_secs: u64 = 300 => fleet_gauges_idle from_secs;
     }
 }
 
-/// `[approvals]` (spec section 7)
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ApprovalsConfig {
-    /// Worker concurrency for approval submission, 1..=256.
-    pub concurrency: u32,
-    /// A requested/pending/unknown approval untouched this long is queried, 10..=86400.
-    pub recovery_after_secs: u64,
-    /// An in_review approval not queried for this long is queried again, 60..=86400.
-    pub review_query_secs: u64,
-    /// Cron of approval recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
-    pub recovery_cron: String,
-}
-
-impl Default for ApprovalsConfig {
-    fn default() -> Self {
-        Self {
-            concurrency: 4,
-            recovery_after_secs: 300,
-            review_query_secs: 900,
-            recovery_cron: "30 * * * * *".to_owned(),
-        }
-    }
-}
-
-impl ApprovalsConfig {
-    /// `recovery_after_secs` as a [`Duration`].
-    pub fn recovery_after(&self) -> Duration {
-        Duration::from_secs(self.recovery_after_secs)
-    }
-
-    /// `review_query_secs` as a [`Duration`].
-    pub fn review_query(&self) -> Duration {
-        Duration::from_secs(self.review_query_secs)
-    }
-}
-
-/// `[maintenance]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MaintenanceConfig {
-    /// Master switch for archive and retention; off by default.
-    pub enabled: bool,
-    /// Physical deletion in retention (AuditRetentionCleanupEnabled).
-    pub cleanup_enabled: bool,
-    /// Cron of the archive run (Asia/Shanghai).
-    pub archive_cron: String,
-    /// Cron of the retention run (Asia/Shanghai).
-    pub retention_cron: String,
-    /// Day D is due for archive when D + this < today (Shanghai), 1..=3650.
-    pub archive_after_days: u32,
-    /// Retention horizon in days, 1..=36500.
-    pub retention_days: u32,
-    /// Rows per transaction, 1..=100000.
-    pub batch_size: u32,
-    /// Statement timeout for maintenance statements, 100..=600000 ms.
-    pub statement_timeout_ms: u64,
-}
-
-impl Default for MaintenanceConfig {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            cleanup_enabled: false,
-            archive_cron: "0 30 3 * * *".to_owned(),
-            retention_cron: "0 0 4 * * *".to_owned(),
-            archive_after_days: 30,
-            retention_days: 180,
-            batch_size: 1000,
-            statement_timeout_ms: 5000,
-        }
-    }
-}
-
-impl MaintenanceConfig {
-    /// `statement_timeout_ms` as a [`Duration`].
-    pub fn statement_timeout(&self) -> Duration {
-        Duration::from_millis(self.statement_timeout_ms)
-    }
-}
-
-/// `[telemetry]`
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TelemetryConfig {
-    /// Listen address of `/metrics`, `/healthz`, `/readyz`; a socket address.
-    pub listen: String,
-    /// `json` or `pretty`.
-    pub log_format: LogFormat,
-    /// Seconds between two background reads of the fleet-wide gauges (tokens, limits, circuits,
-    /// parked chains, queue depth) while the endpoint is scraped; 1..=30.
-    pub fleet_gauges_secs: u64,
-    /// Seconds without a scrape after which the background reads of the fleet-wide gauges pause
-    /// (the next scrape wakes them and waits up to a second for a fresh round); 1..=3600.
-    pub fleet_gauges_idle_secs: u64,
-}
-
-impl Default for TelemetryConfig {
-    fn default() -> Self {
-        Self {
-            listen: "0.0.0.0:9464".to_owned(),
-            log_format: LogFormat::Json,
-            fleet_gauges_secs: 10,
-            fleet_gauges_idle_secs: 300,
-        }
-    }
-}
-
-impl TelemetryConfig {
-    /// `fleet_gauges_secs` as a [`Duration`].
-    pub fn fleet_gauges_every(&self) -> Duration {
-        Duration::from_secs(self.fleet_gauges_secs)
-    }
-
-    /// `fleet_gauges_idle_secs` as a [`Duration`].
-    pub fn fleet_gauges_idle(&self) -> Duration {
-        Duration::from_secs(self.fleet_gauges_idle_secs)
-    }
-}
-
-/// `[console]` (spec section 8): the operator's console, a process of its own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ConsoleConfig {
-    /// Listen address of `cardworker console` (loopback by default); a socket address.
-    pub listen: String,
-    /// The token every console action needs. Accepted only from env
-    /// `CARDWORKER__CONSOLE__ADMIN_TOKEN` (a mounted Secret goes through it), never from a file;
-    /// empty = the console is read-only.
-    pub admin_token: SecretToken,
-}
-
-impl Default for ConsoleConfig {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:9465".to_owned(),
-            admin_token: SecretToken::default(),
-        }
+section! {
+    /// `[console]` (spec section 8): the operator's console, a process of its own.
+    ConsoleConfig {
+        /// Listen address of `cardworker console` (loopback by default); a socket address.
+        listen: String = "127.0.0.1:9465".to_owned();
+        /// The token every console action needs. Accepted only from env
+        /// `CARDWORKER__CONSOLE__ADMIN_TOKEN` (a mounted Secret goes through it), never from a
+        /// file; empty = the console is read-only.
+        admin_token: SecretToken = SecretToken::default();
     }
 }
 
@@ -587,9 +381,7 @@ impl Config {
     pub fn to_toml_string(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string_pretty(self)?)
     }
-}
 
-impl Config {
     /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` (user
     /// info and a `password` query parameter) replaced by `***`, for showing: unlike `Debug`,
     /// serializing a [`SecretUrl`] writes what it holds, so `check-config` renders this copy.
