@@ -6,18 +6,116 @@
 //! naming its dotted key, a refused value can be put back to its default to keep checking the
 //! rest, and every problem is collected instead of stopping at the first.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use toml::{Table, Value};
 
 use super::error::{ConfigError, Problem};
 use super::relations::check_relations;
-use super::rules::{
-    check_values, join_key, keys, lookup, one_line, rule_for, show, show_str, Rule,
-};
+use super::rules::{join_key, lookup, one_line, show, show_str, Rule};
 use super::source::{Source, Sources};
 use super::types::Config;
 use super::{CONFIG_PATH_ENV, ENV_PREFIX};
+
+/// Every leaf key of the configuration, dotted (`polling.total_limit`), with its rule: the
+/// `RULES` of each section, flattened.
+fn leaf_rules() -> &'static [(String, Rule)] {
+    fn flatten(prefix: &str, rules: &[(&str, Rule)], out: &mut Vec<(String, Rule)>) {
+        for (k, rule) in rules {
+            match rule {
+                Rule::Section(inner) => flatten(&join_key(prefix, k), inner, out),
+                leaf => out.push((join_key(prefix, k), *leaf)),
+            }
+        }
+    }
+    static LEAVES: LazyLock<Vec<(String, Rule)>> = LazyLock::new(|| {
+        let mut out = Vec::new();
+        flatten("", Config::RULES, &mut out);
+        out
+    });
+    &LEAVES
+}
+
+/// Every key of the configuration, dotted.
+fn keys() -> impl Iterator<Item = &'static str> {
+    leaf_rules().iter().map(|(k, _)| k.as_str())
+}
+
+fn rule_for(key: &str) -> Option<Rule> {
+    leaf_rules().iter().find(|(k, _)| k == key).map(|(_, r)| *r)
+}
+
+/// Checks every leaf of `root` against its rule; returns the problems (each naming where its
+/// value came from, per `sources`) and the refused keys.
+fn check_values(root: &Table, sources: &Sources) -> (Vec<Problem>, BTreeSet<&'static str>) {
+    let mut problems = Vec::new();
+    let mut bad = BTreeSet::new();
+    for (key, rule) in leaf_rules() {
+        let key = key.as_str();
+        let Some(v) = lookup(root, key) else {
+            problems.push(Problem::new(
+                key,
+                "(missing)",
+                sources.of(key),
+                rule.allowed(),
+            ));
+            bad.insert(key);
+            continue;
+        };
+        // An empty token in a file sets nothing (`check-config` renders it so); any other is
+        // refused there.
+        let secret_in_file = matches!(rule, Rule::EnvOnlyToken)
+            && matches!(sources.of(key), Source::File(_))
+            && v.as_str() != Some("");
+        if secret_in_file {
+            problems.push(Problem::new(
+                key,
+                show(Some(*rule), key, v),
+                sources.of(key),
+                format!(
+                    "{} (a secret in a config file ends up in a ConfigMap or a repository; \
+                     set env CARDWORKER__CONSOLE__ADMIN_TOKEN instead)",
+                    rule.allowed()
+                ),
+            ));
+            bad.insert(key);
+            continue;
+        }
+        if let Err(detail) = rule.check(v) {
+            let mut allowed = rule.allowed();
+            if let Some(detail) = detail {
+                allowed.push_str(&format!(" ({})", one_line(&detail)));
+            }
+            problems.push(Problem::new(
+                key,
+                show(Some(*rule), key, v),
+                sources.of(key),
+                allowed,
+            ));
+            bad.insert(key);
+        }
+    }
+    (problems, bad)
+}
+
+impl Config {
+    /// Validates a configuration built in code (loading already does this); reports every
+    /// problem at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let table = Table::try_from(self)?;
+        // A config built in code has no layers to point at.
+        let sources = Sources::all_from(Source::Code);
+        let (mut problems, bad) = check_values(&table, &sources);
+        problems.extend(check_relations(self, &bad, &sources));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
 
 /// Separator between the segments of an env override name.
 const ENV_SEPARATOR: &str = "__";
@@ -295,7 +393,7 @@ impl Layer<'_> {
 
     /// Reports `key = v` of this layer as refused (and leaves the merged value alone).
     fn refuse(&mut self, key: String, v: &Value, allowed: String) {
-        let value = show(&key, v);
+        let value = show(rule_for(&key), &key, v);
         self.problems
             .push(Problem::new(key, value, self.source.clone(), allowed));
     }
@@ -349,7 +447,27 @@ fn parse_env_scalar(raw: &str) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::edit_distance;
+    use super::*;
+
+    #[test]
+    fn every_leaf_key_has_exactly_one_rule() {
+        let table = Table::try_from(Config::default()).expect("serializes");
+        fn leaves(prefix: &str, t: &Table, out: &mut Vec<String>) {
+            for (k, v) in t {
+                let key = join_key(prefix, k);
+                match v {
+                    Value::Table(t) => leaves(&key, t, out),
+                    _ => out.push(key),
+                }
+            }
+        }
+        let mut keys = Vec::new();
+        leaves("", &table, &mut keys);
+        keys.sort();
+        let mut ruled: Vec<String> = leaf_rules().iter().map(|(k, _)| k.clone()).collect();
+        ruled.sort();
+        assert_eq!(keys, ruled);
+    }
 
     #[test]
     fn edit_distance_counts_single_character_edits() {

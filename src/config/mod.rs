@@ -34,12 +34,12 @@
 //!
 //! # Layout
 //!
-//! - `types`: the domain types ([`Config`] and its sections, [`Task`], [`LogFormat`]), their
-//!   defaults and the `Duration` helpers.
-//! - `load`: the layering (defaults -> file -> `CARDWORKER__...` env) and the merge that refuses
-//!   unknown keys and records the source of every key it sets.
-//! - `rules`: the table of value rules (one per leaf key), [`Config::validate`] and
-//!   [`parse_limit`].
+//! - `types`: the domain types ([`Config`] and its sections, [`Task`], [`LogFormat`]); each
+//!   section's fields with their defaults, value rules and `Duration` helpers.
+//! - `load`: the layering (defaults -> file -> `CARDWORKER__...` env), the merge that refuses
+//!   unknown keys and records the source of every key it sets, the check of every value against
+//!   its rule, and [`Config::validate`].
+//! - `rules`: what a value rule may say, [`parse_limit`], and how a refused value is shown.
 //! - `relations`: the checks between keys (limits, timeouts, delays), on the typed [`Config`].
 //! - `secret`: [`SecretUrl`] and URL redaction ([`Config::redacted`]).
 //! - `source`: [`Source`], where a value came from, and the per-key record the merge keeps.

@@ -7,11 +7,9 @@
 
 use std::collections::BTreeSet;
 
-use toml::Table;
-
-use super::error::{ConfigError, Problem};
-use super::rules::{check_values, limit_allowed};
-use super::source::{Source, Sources};
+use super::error::Problem;
+use super::rules::limit_allowed;
+use super::source::Sources;
 use super::types::{Config, Task};
 
 /// Checks the relations between keys; a key already refused is not checked again. Each problem
@@ -162,20 +160,4 @@ pub(super) fn check_relations(
         );
     }
     problems
-}
-impl Config {
-    /// Validates a configuration built in code (loading already does this); reports every
-    /// problem at once.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let table = Table::try_from(self)?;
-        // A config built in code has no layers to point at.
-        let sources = Sources::all_from(Source::Code);
-        let (mut problems, bad) = check_values(&table, &sources);
-        problems.extend(check_relations(self, &bad, &sources));
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError::Invalid(problems))
-        }
-    }
 }

@@ -1,18 +1,14 @@
-//! The value rules: one `Rule` per leaf key (`RULES`), checked on the merged TOML table so
-//! that a value of the wrong type is refused naming its key (serde would stop at the first one);
-//! and [`Config::validate`], which runs them and then the relations (see `relations`).
+//! The vocabulary of the value rules: what a key may hold ([`Rule`], written beside each field in
+//! `types`), checked on the merged TOML table so that a value of the wrong type is refused naming
+//! its key (serde would stop at the first one); [`parse_limit`]; and how a refused value is shown.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
 use toml::{Table, Value};
 use url::Url;
 
-use super::error::{ConfigError, Problem};
 use super::secret::redact_url;
-use super::source::{Source, Sources};
-use super::types::TelemetryConfig;
 use super::LIMIT_CEILING;
 
 /// What a limit may be, as said in error messages.
@@ -56,104 +52,26 @@ pub(super) enum Rule {
     /// A secret token accepted only from an env override (never from a file): empty (unset), or
     /// at least [`MIN_TOKEN_CHARS`] characters without whitespace.
     EnvOnlyToken,
+    /// A section, with the rules of its own keys (named relative to it).
+    Section(&'static [(&'static str, Rule)]),
 }
 
 /// The shortest admin token accepted.
 pub const MIN_TOKEN_CHARS: usize = 16;
 
-const fn int(lo: i64, hi: i64) -> Rule {
+/// An integer in `lo..=hi`.
+pub(super) const fn int(lo: i64, hi: i64) -> Rule {
     Rule::Int { lo, hi, note: "" }
 }
 
-const fn int_note(lo: i64, hi: i64, note: &'static str) -> Rule {
+/// An integer in `lo..=hi`; `note` names the relations checked later.
+pub(super) const fn int_note(lo: i64, hi: i64, note: &'static str) -> Rule {
     Rule::Int { lo, hi, note }
 }
 
 // `as` is a lossless widening here (u32 -> i64); `From` is not const.
-const LIMIT_HI: i64 = LIMIT_CEILING as i64;
-const TASK_LIMIT: Rule = int_note(1, LIMIT_HI, ", and at most polling.total_limit");
-const INTERVAL: Rule = int(1, 86_400);
-const MAX_FAILURES: Rule = int(1, 1000);
-const PARKED_RETRY: Rule = int(1, 2_592_000);
-
-/// Every leaf key of the configuration and how it is checked.
-const RULES: &[(&str, Rule)] = &[
-    ("database.url", Rule::Url(&["postgres", "postgresql"])),
-    ("database.max_connections", int(1, 200)),
-    ("redis.url", Rule::Url(&["redis", "rediss"])),
-    ("redis.key_prefix", Rule::KeyPrefix),
-    ("gateway.base_url", Rule::Url(&["http", "https"])),
-    ("gateway.timeout_ms", int(100, 60_000)),
-    ("worker.shutdown_grace_secs", int(1, 600)),
-    ("worker.redis_outage_grace_secs", int(0, 3600)),
-    ("polling.total_limit", int(1, LIMIT_HI)),
-    (
-        "polling.handler_timeout_secs",
-        int_note(
-            1,
-            3595,
-            ", and greater than (gateway.timeout_ms + 1000 ms) in seconds",
-        ),
-    ),
-    (
-        "polling.lease_ttl_secs",
-        int_note(6, 3600, ", and at least polling.handler_timeout_secs + 5"),
-    ),
-    ("polling.defer_delay_secs", int(1, 60)),
-    (
-        "polling.defer_max_delay_secs",
-        int_note(1, 600, ", and at least polling.defer_delay_secs"),
-    ),
-    ("polling.reconcile_cron", Rule::Cron),
-    ("polling.reconcile_batch", int(1, 100_000)),
-    ("polling.carddata.limit", TASK_LIMIT),
-    ("polling.carddata.interval_secs", INTERVAL),
-    ("polling.carddata.max_consecutive_failures", MAX_FAILURES),
-    ("polling.card_status.limit", TASK_LIMIT),
-    ("polling.card_status.interval_secs", INTERVAL),
-    ("polling.card_status.max_consecutive_failures", MAX_FAILURES),
-    ("polling.carddata.parked_retry_secs", PARKED_RETRY),
-    ("polling.card_status.parked_retry_secs", PARKED_RETRY),
-    ("polling.circuit.enabled", Rule::Bool),
-    ("polling.circuit.window_calls", int(2, 10_000)),
-    ("polling.circuit.window_secs", int(1, 3600)),
-    (
-        "polling.circuit.min_calls",
-        int_note(1, 10_000, ", and at most polling.circuit.window_calls"),
-    ),
-    (
-        "polling.circuit.min_failing_cards",
-        int_note(1, 10_000, ", and at most polling.circuit.min_calls"),
-    ),
-    ("polling.circuit.failure_percent", int(1, 100)),
-    ("polling.circuit.cooldown_secs", int(1, 3600)),
-    (
-        "polling.circuit.max_cooldown_secs",
-        int_note(1, 3600, ", and at least polling.circuit.cooldown_secs"),
-    ),
-    ("polling.circuit.half_open_probes", int(1, 100)),
-    ("payments.concurrency", int(1, 256)),
-    ("payments.recovery_after_secs", int(10, 86_400)),
-    ("payments.recovery_cron", Rule::Cron),
-    ("approvals.concurrency", int(1, 256)),
-    ("approvals.recovery_after_secs", int(10, 86_400)),
-    ("approvals.review_query_secs", int(60, 86_400)),
-    ("approvals.recovery_cron", Rule::Cron),
-    ("maintenance.enabled", Rule::Bool),
-    ("maintenance.cleanup_enabled", Rule::Bool),
-    ("maintenance.archive_cron", Rule::Cron),
-    ("maintenance.retention_cron", Rule::Cron),
-    ("maintenance.archive_after_days", int(1, 3650)),
-    ("maintenance.retention_days", int(1, 36_500)),
-    ("maintenance.batch_size", int(1, 100_000)),
-    ("maintenance.statement_timeout_ms", int(100, 600_000)),
-    ("telemetry.listen", Rule::SocketAddr),
-    ("telemetry.log_format", Rule::LogFormat),
-    ("telemetry.fleet_gauges_secs", int(1, 30)),
-    ("telemetry.fleet_gauges_idle_secs", int(1, 3600)),
-    ("console.listen", Rule::SocketAddr),
-    ("console.admin_token", Rule::EnvOnlyToken),
-];
+/// The range of every polling limit.
+pub(super) const LIMIT_HI: i64 = LIMIT_CEILING as i64;
 
 impl Rule {
     /// What is allowed, for the error message.
@@ -175,11 +93,12 @@ impl Rule {
                  whitespace, and must come from env CARDWORKER__CONSOLE__ADMIN_TOKEN (or a \
                  Secret mounted through it), never from a config file"
             ),
+            Rule::Section(_) => "must be a section".to_owned(),
         }
     }
 
     /// `Ok` when `v` satisfies the rule, else an optional detail for the message.
-    fn check(self, v: &Value) -> Result<(), Option<String>> {
+    pub(super) fn check(self, v: &Value) -> Result<(), Option<String>> {
         match (self, v) {
             (Rule::Int { lo, hi, .. }, Value::Integer(i)) if (lo..=hi).contains(i) => Ok(()),
             (Rule::Bool, Value::Boolean(_)) => Ok(()),
@@ -212,65 +131,6 @@ impl Rule {
     }
 }
 
-/// Every key of the configuration, dotted (`polling.total_limit`).
-pub(super) fn keys() -> impl Iterator<Item = &'static str> {
-    RULES.iter().map(|(k, _)| *k)
-}
-
-pub(super) fn rule_for(key: &str) -> Option<Rule> {
-    RULES.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
-}
-
-/// Checks every leaf of `root` against [`RULES`]; returns the problems (each naming where its
-/// value came from, per `sources`) and the refused keys.
-pub(super) fn check_values(
-    root: &Table,
-    sources: &Sources,
-) -> (Vec<Problem>, BTreeSet<&'static str>) {
-    let mut problems = Vec::new();
-    let mut bad = BTreeSet::new();
-    for (key, rule) in RULES {
-        let Some(v) = lookup(root, key) else {
-            problems.push(Problem::new(
-                *key,
-                "(missing)",
-                sources.of(key),
-                rule.allowed(),
-            ));
-            bad.insert(*key);
-            continue;
-        };
-        // An empty token in a file sets nothing (`check-config` renders it so); any other is
-        // refused there.
-        let secret_in_file = matches!(rule, Rule::EnvOnlyToken)
-            && matches!(sources.of(key), Source::File(_))
-            && v.as_str() != Some("");
-        if secret_in_file {
-            problems.push(Problem::new(
-                *key,
-                show(key, v),
-                sources.of(key),
-                format!(
-                    "{} (a secret in a config file ends up in a ConfigMap or a repository; \
-                     set env CARDWORKER__CONSOLE__ADMIN_TOKEN instead)",
-                    rule.allowed()
-                ),
-            ));
-            bad.insert(*key);
-            continue;
-        }
-        if let Err(detail) = rule.check(v) {
-            let mut allowed = rule.allowed();
-            if let Some(detail) = detail {
-                allowed.push_str(&format!(" ({})", one_line(&detail)));
-            }
-            problems.push(Problem::new(*key, show(key, v), sources.of(key), allowed));
-            bad.insert(*key);
-        }
-    }
-    (problems, bad)
-}
-
 pub(super) fn join_key(prefix: &str, k: &str) -> String {
     if prefix.is_empty() {
         k.to_owned()
@@ -288,25 +148,10 @@ pub(super) fn lookup<'a>(root: &'a Table, key: &str) -> Option<&'a Value> {
     Some(v)
 }
 
-impl TelemetryConfig {
-    /// `listen` as a [`SocketAddr`] (validated at load time).
-    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.listen.parse().map_err(|_| {
-            // Loading has checked the address, so only a config built in code gets here.
-            ConfigError::Invalid(vec![Problem::new(
-                "telemetry.listen",
-                show_str(&self.listen),
-                Source::Code,
-                Rule::SocketAddr.allowed(),
-            )])
-        })
-    }
-}
-
 /// Shows a value as given (TOML notation), with URL passwords redacted.
-pub(super) fn show(key: &str, v: &Value) -> String {
+pub(super) fn show(rule: Option<Rule>, key: &str, v: &Value) -> String {
     match v {
-        Value::String(s) if matches!(rule_for(key), Some(Rule::Url(_))) => show_str(&redact_url(s)),
+        Value::String(s) if matches!(rule, Some(Rule::Url(_))) => show_str(&redact_url(s)),
         Value::String(s) if is_secret_key(key) => show_str("***"),
         Value::Table(_) => "(a section)".to_owned(),
         Value::String(s) => show_str(s),
@@ -340,30 +185,4 @@ fn is_secret_key(key: &str) -> bool {
     ["password", "secret", "token"]
         .iter()
         .any(|w| k.contains(w))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::types::Config;
-
-    #[test]
-    fn every_leaf_key_has_exactly_one_rule() {
-        let table = Table::try_from(Config::default()).expect("serializes");
-        fn leaves(prefix: &str, t: &Table, out: &mut Vec<String>) {
-            for (k, v) in t {
-                let key = join_key(prefix, k);
-                match v {
-                    Value::Table(t) => leaves(&key, t, out),
-                    _ => out.push(key),
-                }
-            }
-        }
-        let mut keys = Vec::new();
-        leaves("", &table, &mut keys);
-        keys.sort();
-        let mut ruled: Vec<String> = RULES.iter().map(|(k, _)| (*k).to_owned()).collect();
-        ruled.sort();
-        assert_eq!(keys, ruled);
-    }
 }

@@ -14,8 +14,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::ConfigError;
+use std::net::SocketAddr;
+
+use super::error::{ConfigError, Problem};
+use super::rules::{int, int_note, show_str, Rule, LIMIT_HI};
 use super::secret::{SecretToken, SecretUrl};
+use super::source::Source;
 #[cfg(doc)]
 use super::LIMIT_CEILING;
 
@@ -103,42 +107,16 @@ pub enum LogFormat {
     Pretty,
 }
 
-/// The whole configuration; see the module docs for how it is layered and validated.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// `[database]`: PostgreSQL.
-    pub database: DatabaseConfig,
-    /// `[redis]`: Redis (queues, budgets, runtime brakes).
-    pub redis: RedisConfig,
-    /// `[gateway]`: the card/payment Gateway.
-    pub gateway: GatewayConfig,
-    /// `[worker]`: process lifecycle.
-    pub worker: WorkerConfig,
-    /// `[polling]`: polling budgets and chains.
-    pub polling: PollingConfig,
-    /// `[payments]`: payment submission and recovery.
-    pub payments: PaymentsConfig,
-    /// `[approvals]`: approval submission and recovery.
-    pub approvals: ApprovalsConfig,
-    /// `[maintenance]`: archive and retention.
-    pub maintenance: MaintenanceConfig,
-    /// `[telemetry]`: HTTP endpoint and logs.
-    pub telemetry: TelemetryConfig,
-    /// `[console]`: the operator's console (`cardworker console`).
-    pub console: ConsoleConfig,
-}
-
 /// Declares a section: the struct (every field defaulted, unknown fields refused), its `Default`
-/// from the value written beside each field, and a `Duration` getter for each field that names
-/// one (`=> getter from_secs`).
+/// from the value written beside each field, the [`Rule`] of each field (`RULES`) and a
+/// `Duration` getter for each field that names one (`=> getter from_secs`).
 macro_rules! section {
     (
         $(#[$meta:meta])*
         $name:ident {
             $(
                 $(#[$field_meta:meta])*
-                $field:ident: $ty:ty = $default:expr $(=> $getter:ident $unit:ident)?;
+                $field:ident: $ty:ty = $default:expr, $rule:expr $(=> $getter:ident $unit:ident)?;
             )*
         }
     ) => {
@@ -156,6 +134,10 @@ macro_rules! section {
         }
 
         impl $name {
+            /// The rule of each key of this section, named relative to it.
+            pub(super) const RULES: &'static [(&'static str, Rule)] =
+                &[$((stringify!($field), $rule),)*];
+
             $($(
                 #[doc = concat!("`", stringify!($field), "` as a [`Duration`].")]
                 pub fn $getter(&self) -> Duration {
@@ -167,12 +149,42 @@ macro_rules! section {
 }
 
 section! {
+    /// The whole configuration; see the module docs for how it is layered and validated.
+    Config {
+        /// `[database]`: PostgreSQL.
+        database: DatabaseConfig = DatabaseConfig::default(), Rule::Section(DatabaseConfig::RULES);
+        /// `[redis]`: Redis (queues, budgets, runtime brakes).
+        redis: RedisConfig = RedisConfig::default(), Rule::Section(RedisConfig::RULES);
+        /// `[gateway]`: the card/payment Gateway.
+        gateway: GatewayConfig = GatewayConfig::default(), Rule::Section(GatewayConfig::RULES);
+        /// `[worker]`: process lifecycle.
+        worker: WorkerConfig = WorkerConfig::default(), Rule::Section(WorkerConfig::RULES);
+        /// `[polling]`: polling budgets and chains.
+        polling: PollingConfig = PollingConfig::default(), Rule::Section(PollingConfig::RULES);
+        /// `[payments]`: payment submission and recovery.
+        payments: PaymentsConfig = PaymentsConfig::default(), Rule::Section(PaymentsConfig::RULES);
+        /// `[approvals]`: approval submission and recovery.
+        approvals: ApprovalsConfig = ApprovalsConfig::default(),
+            Rule::Section(ApprovalsConfig::RULES);
+        /// `[maintenance]`: archive and retention.
+        maintenance: MaintenanceConfig = MaintenanceConfig::default(),
+            Rule::Section(MaintenanceConfig::RULES);
+        /// `[telemetry]`: HTTP endpoint and logs.
+        telemetry: TelemetryConfig = TelemetryConfig::default(),
+            Rule::Section(TelemetryConfig::RULES);
+        /// `[console]`: the operator's console (`cardworker console`).
+        console: ConsoleConfig = ConsoleConfig::default(), Rule::Section(ConsoleConfig::RULES);
+    }
+}
+
+section! {
     /// `[database]`
     DatabaseConfig {
         /// `postgres://` or `postgresql://` URL; may carry a password (redacted when shown).
-        url: SecretUrl = SecretUrl::from("postgres://root@127.0.0.1:5432/cardworker");
+        url: SecretUrl = SecretUrl::from("postgres://root@127.0.0.1:5432/cardworker"),
+            Rule::Url(&["postgres", "postgresql"]);
         /// Pool size, 1..=200.
-        max_connections: u32 = 10;
+        max_connections: u32 = 10, int(1, 200);
     }
 }
 
@@ -180,10 +192,11 @@ section! {
     /// `[redis]`
     RedisConfig {
         /// `redis://` or `rediss://` URL; may carry a password (redacted when shown).
-        url: SecretUrl = SecretUrl::from("redis://127.0.0.1:6379/0");
+        url: SecretUrl = SecretUrl::from("redis://127.0.0.1:6379/0"),
+            Rule::Url(&["redis", "rediss"]);
         /// Every Redis key and queue of this deployment lives under it. Non-empty,
         /// `[A-Za-z0-9_.-]` only.
-        key_prefix: String = "cardworker".to_owned();
+        key_prefix: String = "cardworker".to_owned(), Rule::KeyPrefix;
     }
 }
 
@@ -192,9 +205,10 @@ section! {
     GatewayConfig {
         /// `http://` or `https://` base URL of the Gateway. It may carry user info (basic
         /// credentials), so it is redacted when shown like the other URLs.
-        base_url: SecretUrl = SecretUrl::from("http://127.0.0.1:8089");
+        base_url: SecretUrl = SecretUrl::from("http://127.0.0.1:8089"),
+            Rule::Url(&["http", "https"]);
         /// Timeout of one Gateway call in milliseconds, 100..=60000.
-        timeout_ms: u64 = 5000 => timeout from_millis;
+        timeout_ms: u64 = 5000, int(100, 60_000) => timeout from_millis;
     }
 }
 
@@ -202,10 +216,10 @@ section! {
     /// `[worker]`
     WorkerConfig {
         /// Time in-flight jobs get to finish on shutdown, 1..=600 s.
-        shutdown_grace_secs: u64 = 30 => shutdown_grace from_secs;
+        shutdown_grace_secs: u64 = 30, int(1, 600) => shutdown_grace from_secs;
         /// How long a Redis outage is ridden out (workers stop fetching, restart when Redis
         /// answers) before the process exits non-zero, 0..=3600 s; 0 exits at the first outage.
-        redis_outage_grace_secs: u64 = 60 => redis_outage_grace from_secs;
+        redis_outage_grace_secs: u64 = 60, int(0, 3600) => redis_outage_grace from_secs;
     }
 }
 
@@ -213,28 +227,34 @@ section! {
     /// `[polling]`
     PollingConfig {
         /// Tokens for all polling tasks together, fleet-wide, 1..=[`LIMIT_CEILING`].
-        total_limit: u32 = 8;
+        total_limit: u32 = 8, int(1, LIMIT_HI);
         /// Hard limit on one poll in seconds; greater than the gateway timeout + 1 s.
-        handler_timeout_secs: u64 = 15 => handler_timeout from_secs;
+        handler_timeout_secs: u64 = 15,
+            int_note(1, 3595, ", and greater than (gateway.timeout_ms + 1000 ms) in seconds")
+            => handler_timeout from_secs;
         /// Token lease in seconds; `>= handler_timeout_secs + 5`, `<= 3600`.
-        lease_ttl_secs: u64 = 60 => lease_ttl from_secs;
+        lease_ttl_secs: u64 = 60,
+            int_note(6, 3600, ", and at least polling.handler_timeout_secs + 5")
+            => lease_ttl from_secs;
         /// First delay for a job deferred for lack of tokens, 1..=60 s.
-        defer_delay_secs: u64 = 2 => defer_delay from_secs;
+        defer_delay_secs: u64 = 2, int(1, 60) => defer_delay from_secs;
         /// Cap of the (jittered, growing) defer delay; `>= defer_delay_secs`, `<= 600`.
-        defer_max_delay_secs: u64 = 30 => defer_max_delay from_secs;
+        defer_max_delay_secs: u64 = 30,
+            int_note(1, 600, ", and at least polling.defer_delay_secs")
+            => defer_max_delay from_secs;
         /// Cron of the scheduled reconcile (six or seven fields, seconds first; Asia/Shanghai).
-        reconcile_cron: String = "0 */10 * * * *".to_owned();
+        reconcile_cron: String = "0 */10 * * * *".to_owned(), Rule::Cron;
         /// Cards examined per scheduled reconcile run, 1..=100000.
-        reconcile_batch: u32 = 2000;
+        reconcile_batch: u32 = 2000, int(1, 100_000);
         /// `[polling.carddata]`
-        carddata: TaskConfig = TaskConfig::default();
+        carddata: TaskConfig = TaskConfig::default(), Rule::Section(TaskConfig::RULES);
         /// `[polling.card_status]`
         card_status: TaskConfig = TaskConfig {
             interval_secs: 300,
             ..TaskConfig::default()
-        };
+        }, Rule::Section(TaskConfig::RULES);
         /// `[polling.circuit]`: the fleet-wide Gateway circuit breaker (one per task).
-        circuit: CircuitConfig = CircuitConfig::default();
+        circuit: CircuitConfig = CircuitConfig::default(), Rule::Section(CircuitConfig::RULES);
     }
 }
 
@@ -253,14 +273,14 @@ section! {
     TaskConfig {
         /// Per-task token limit, 1..=[`LIMIT_CEILING`] and `<= total_limit`; `budget set`
         /// overrides it at run time.
-        limit: u32 = 4;
+        limit: u32 = 4, int_note(1, LIMIT_HI, ", and at most polling.total_limit");
         /// Delay between two polls of one card, 1..=86400 s.
-        interval_secs: u64 = 30 => interval from_secs;
+        interval_secs: u64 = 30, int(1, 86_400) => interval from_secs;
         /// Consecutive failed polls after which the chain is parked, 1..=1000.
-        max_consecutive_failures: u32 = 10;
+        max_consecutive_failures: u32 = 10, int(1, 1000);
         /// A parked chain is probed again (one poll) this long after it was parked,
         /// 1..=2592000 s; a success un-parks it.
-        parked_retry_secs: u64 = 21_600 => parked_retry from_secs;
+        parked_retry_secs: u64 = 21_600, int(1, 2_592_000) => parked_retry from_secs;
     }
 }
 
@@ -277,24 +297,26 @@ section! {
     /// the cool-down, up to `max_cooldown_secs`.
     CircuitConfig {
         /// Whether the breaker opens by itself (an operator can force it either way regardless).
-        enabled: bool = true;
+        enabled: bool = true, Rule::Bool;
         /// How many of the latest outcomes the window holds, 2..=10000.
-        window_calls: u32 = 20;
+        window_calls: u32 = 20, int(2, 10_000);
         /// Outcomes older than this do not count, 1..=3600 s.
-        window_secs: u64 = 60 => window from_secs;
+        window_secs: u64 = 60, int(1, 3600) => window from_secs;
         /// Fewer counted outcomes never open the circuit, 1..=10000 and at most `window_calls`.
-        min_calls: u32 = 10;
+        min_calls: u32 = 10, int_note(1, 10_000, ", and at most polling.circuit.window_calls");
         /// Failures about fewer distinct cards never open it, 1..=10000 and at most `min_calls`.
-        min_failing_cards: u32 = 3;
+        min_failing_cards: u32 = 3, int_note(1, 10_000, ", and at most polling.circuit.min_calls");
         /// The share of failed outcomes that opens it, 1..=100 (percent).
-        failure_percent: u32 = 50;
+        failure_percent: u32 = 50, int(1, 100);
         /// The first cool-down before probes are let through, 1..=3600 s.
-        cooldown_secs: u64 = 10 => cooldown from_secs;
+        cooldown_secs: u64 = 10, int(1, 3600) => cooldown from_secs;
         /// The cool-down doubles after each failed probe, up to this; `>= cooldown_secs`,
         /// `<= 3600`.
-        max_cooldown_secs: u64 = 120 => max_cooldown from_secs;
+        max_cooldown_secs: u64 = 120,
+            int_note(1, 3600, ", and at least polling.circuit.cooldown_secs")
+            => max_cooldown from_secs;
         /// Probe polls let through when the cool-down is over, 1..=100.
-        half_open_probes: u32 = 2;
+        half_open_probes: u32 = 2, int(1, 100);
     }
 }
 
@@ -302,11 +324,11 @@ section! {
     /// `[payments]`
     PaymentsConfig {
         /// Worker concurrency for payment submission (not a polling budget), 1..=256.
-        concurrency: u32 = 4;
+        concurrency: u32 = 4, int(1, 256);
         /// A payment still pending/unknown after this many seconds is reconciled, 10..=86400.
-        recovery_after_secs: u64 = 300 => recovery_after from_secs;
+        recovery_after_secs: u64 = 300, int(10, 86_400) => recovery_after from_secs;
         /// Cron of payment recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
-        recovery_cron: String = "0 * * * * *".to_owned();
+        recovery_cron: String = "0 * * * * *".to_owned(), Rule::Cron;
     }
 }
 
@@ -314,13 +336,13 @@ section! {
     /// `[approvals]` (spec section 7)
     ApprovalsConfig {
         /// Worker concurrency for approval submission, 1..=256.
-        concurrency: u32 = 4;
+        concurrency: u32 = 4, int(1, 256);
         /// A requested/pending/unknown approval untouched this long is queried, 10..=86400.
-        recovery_after_secs: u64 = 300 => recovery_after from_secs;
+        recovery_after_secs: u64 = 300, int(10, 86_400) => recovery_after from_secs;
         /// An in_review approval not queried for this long is queried again, 60..=86400.
-        review_query_secs: u64 = 900 => review_query from_secs;
+        review_query_secs: u64 = 900, int(60, 86_400) => review_query from_secs;
         /// Cron of approval recovery (Asia/Shanghai); not gated by `maintenance.enabled`.
-        recovery_cron: String = "30 * * * * *".to_owned();
+        recovery_cron: String = "30 * * * * *".to_owned(), Rule::Cron;
     }
 }
 
@@ -328,21 +350,21 @@ section! {
     /// `[maintenance]`
     MaintenanceConfig {
         /// Master switch for archive and retention; off by default.
-        enabled: bool = false;
+        enabled: bool = false, Rule::Bool;
         /// Physical deletion in retention (AuditRetentionCleanupEnabled).
-        cleanup_enabled: bool = false;
+        cleanup_enabled: bool = false, Rule::Bool;
         /// Cron of the archive run (Asia/Shanghai).
-        archive_cron: String = "0 30 3 * * *".to_owned();
+        archive_cron: String = "0 30 3 * * *".to_owned(), Rule::Cron;
         /// Cron of the retention run (Asia/Shanghai).
-        retention_cron: String = "0 0 4 * * *".to_owned();
+        retention_cron: String = "0 0 4 * * *".to_owned(), Rule::Cron;
         /// Day D is due for archive when D + this < today (Shanghai), 1..=3650.
-        archive_after_days: u32 = 30;
+        archive_after_days: u32 = 30, int(1, 3650);
         /// Retention horizon in days, 1..=36500.
-        retention_days: u32 = 180;
+        retention_days: u32 = 180, int(1, 36_500);
         /// Rows per transaction, 1..=100000.
-        batch_size: u32 = 1000;
+        batch_size: u32 = 1000, int(1, 100_000);
         /// Statement timeout for maintenance statements, 100..=600000 ms.
-        statement_timeout_ms: u64 = 5000 => statement_timeout from_millis;
+        statement_timeout_ms: u64 = 5000, int(100, 600_000) => statement_timeout from_millis;
     }
 }
 
@@ -350,16 +372,16 @@ section! {
     /// `[telemetry]`
     TelemetryConfig {
         /// Listen address of `/metrics`, `/healthz`, `/readyz`; a socket address.
-        listen: String = "0.0.0.0:9464".to_owned();
+        listen: String = "0.0.0.0:9464".to_owned(), Rule::SocketAddr;
         /// `json` or `pretty`.
-        log_format: LogFormat = LogFormat::Json;
+        log_format: LogFormat = LogFormat::Json, Rule::LogFormat;
         /// Seconds between two background reads of the fleet-wide gauges (tokens, limits,
         /// circuits, parked chains, queue depth) while the endpoint is scraped; 1..=30.
-        fleet_gauges_secs: u64 = 10 => fleet_gauges_every from_secs;
+        fleet_gauges_secs: u64 = 10, int(1, 30) => fleet_gauges_every from_secs;
         /// Seconds without a scrape after which the background reads of the fleet-wide gauges
         /// pause (the next scrape wakes them and waits up to a second for a fresh round);
         /// 1..=3600.
-        fleet_gauges_idle_secs: u64 = 300 => fleet_gauges_idle from_secs;
+        fleet_gauges_idle_secs: u64 = 300, int(1, 3600) => fleet_gauges_idle from_secs;
     }
 }
 
@@ -367,11 +389,11 @@ section! {
     /// `[console]` (spec section 8): the operator's console, a process of its own.
     ConsoleConfig {
         /// Listen address of `cardworker console` (loopback by default); a socket address.
-        listen: String = "127.0.0.1:9465".to_owned();
+        listen: String = "127.0.0.1:9465".to_owned(), Rule::SocketAddr;
         /// The token every console action needs. Accepted only from env
         /// `CARDWORKER__CONSOLE__ADMIN_TOKEN` (a mounted Secret goes through it), never from a
         /// file; empty = the console is read-only.
-        admin_token: SecretToken = SecretToken::default();
+        admin_token: SecretToken = SecretToken::default(), Rule::EnvOnlyToken;
     }
 }
 
@@ -394,5 +416,20 @@ impl Config {
             c.console.admin_token = SecretToken::new("***");
         }
         c
+    }
+}
+
+impl TelemetryConfig {
+    /// `listen` as a [`SocketAddr`] (validated at load time).
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|_| {
+            // Loading has checked the address, so only a config built in code gets here.
+            ConfigError::Invalid(vec![Problem::new(
+                "telemetry.listen",
+                show_str(&self.listen),
+                Source::Code,
+                Rule::SocketAddr.allowed(),
+            )])
+        })
     }
 }
