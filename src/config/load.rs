@@ -53,47 +53,33 @@ fn check_values(root: &Table, sources: &Sources) -> (Vec<Problem>, BTreeSet<&'st
     let mut problems = Vec::new();
     let mut bad = BTreeSet::new();
     for (key, rule) in leaf_rules() {
-        let key = key.as_str();
-        let Some(v) = lookup(root, key) else {
-            problems.push(Problem::new(
-                key,
-                "(missing)",
-                sources.of(key),
-                rule.allowed(),
-            ));
-            bad.insert(key);
-            continue;
-        };
-        // An empty token in a file sets nothing (`check-config` renders it so); any other is
-        // refused there.
-        let secret_in_file = matches!(rule, Rule::EnvOnlyToken)
-            && matches!(sources.of(key), Source::File(_))
-            && v.as_str() != Some("");
-        if secret_in_file {
-            problems.push(Problem::new(
-                key,
-                show(Some(*rule), key, v),
-                sources.of(key),
-                format!(
+        let (key, source) = (key.as_str(), sources.of(key));
+        let refused = match lookup(root, key) {
+            None => Some(("(missing)".to_owned(), rule.allowed())),
+            // An empty token in a file sets nothing (`check-config` renders it so); any other is
+            // refused there.
+            Some(v)
+                if matches!(rule, Rule::EnvOnlyToken)
+                    && matches!(source, Source::File(_))
+                    && v.as_str() != Some("") =>
+            {
+                let allowed = format!(
                     "{} (a secret in a config file ends up in a ConfigMap or a repository; \
                      set env CARDWORKER__CONSOLE__ADMIN_TOKEN instead)",
                     rule.allowed()
-                ),
-            ));
-            bad.insert(key);
-            continue;
-        }
-        if let Err(detail) = rule.check(v) {
-            let mut allowed = rule.allowed();
-            if let Some(detail) = detail {
-                allowed.push_str(&format!(" ({})", one_line(&detail)));
+                );
+                Some((show(Some(*rule), key, v), allowed))
             }
-            problems.push(Problem::new(
-                key,
-                show(Some(*rule), key, v),
-                sources.of(key),
-                allowed,
-            ));
+            Some(v) => rule.check(v).err().map(|detail| {
+                let allowed = match detail {
+                    Some(detail) => format!("{} ({})", rule.allowed(), one_line(&detail)),
+                    None => rule.allowed(),
+                };
+                (show(Some(*rule), key, v), allowed)
+            }),
+        };
+        if let Some((value, allowed)) = refused {
+            problems.push(Problem::new(key, value, source, allowed));
             bad.insert(key);
         }
     }

@@ -10,7 +10,124 @@ use std::collections::BTreeSet;
 use super::error::Problem;
 use super::rules::limit_allowed;
 use super::source::Sources;
-use super::types::{Config, Task};
+use super::types::Config;
+
+/// One relation: its key, the key it is checked against, both values (in that order), whether
+/// they break it, and what is allowed given the other value.
+struct Relation {
+    key: &'static str,
+    other: &'static str,
+    values: fn(&Config) -> (u64, u64),
+    broken: fn(u64, u64) -> bool,
+    allowed: fn(u64) -> String,
+}
+
+fn task_limit_allowed(total: u64) -> String {
+    format!(
+        "{}, and at most polling.total_limit ({total})",
+        limit_allowed()
+    )
+}
+
+/// Every relation, in the order its problems are reported.
+const RELATIONS: &[Relation] = &[
+    Relation {
+        key: "polling.carddata.limit",
+        other: "polling.total_limit",
+        values: |c| {
+            (
+                c.polling.carddata.limit.into(),
+                c.polling.total_limit.into(),
+            )
+        },
+        broken: |limit, total| limit > total,
+        allowed: task_limit_allowed,
+    },
+    Relation {
+        key: "polling.card_status.limit",
+        other: "polling.total_limit",
+        values: |c| {
+            (
+                c.polling.card_status.limit.into(),
+                c.polling.total_limit.into(),
+            )
+        },
+        broken: |limit, total| limit > total,
+        allowed: task_limit_allowed,
+    },
+    Relation {
+        key: "polling.handler_timeout_secs",
+        other: "gateway.timeout_ms",
+        values: |c| (c.polling.handler_timeout_secs, c.gateway.timeout_ms),
+        broken: |secs, ms| secs.saturating_mul(1000) <= ms.saturating_add(1000),
+        allowed: |ms| {
+            format!(
+                "must be greater than gateway.timeout_ms + 1 s ({ms} ms + 1000 ms), i.e. at \
+                 least {}",
+                ms.saturating_add(1000) / 1000 + 1
+            )
+        },
+    },
+    Relation {
+        key: "polling.lease_ttl_secs",
+        other: "polling.handler_timeout_secs",
+        values: |c| (c.polling.lease_ttl_secs, c.polling.handler_timeout_secs),
+        broken: |lease, handler| lease < handler.saturating_add(5),
+        allowed: |handler| {
+            format!(
+                "must be at least polling.handler_timeout_secs + 5 ({handler} + 5 = {}) \
+                 and at most 3600",
+                handler.saturating_add(5)
+            )
+        },
+    },
+    Relation {
+        key: "polling.defer_max_delay_secs",
+        other: "polling.defer_delay_secs",
+        values: |c| (c.polling.defer_max_delay_secs, c.polling.defer_delay_secs),
+        broken: |max, first| max < first,
+        allowed: |first| {
+            format!("must be at least polling.defer_delay_secs ({first}) and at most 600")
+        },
+    },
+    Relation {
+        key: "polling.circuit.max_cooldown_secs",
+        other: "polling.circuit.cooldown_secs",
+        values: |c| {
+            let circuit = &c.polling.circuit;
+            (circuit.max_cooldown_secs, circuit.cooldown_secs)
+        },
+        broken: |max, first| max < first,
+        allowed: |first| {
+            format!("must be at least polling.circuit.cooldown_secs ({first}) and at most 3600")
+        },
+    },
+    Relation {
+        key: "polling.circuit.min_calls",
+        other: "polling.circuit.window_calls",
+        values: |c| {
+            let circuit = &c.polling.circuit;
+            (circuit.min_calls.into(), circuit.window_calls.into())
+        },
+        broken: |min, window| min > window,
+        allowed: |window| {
+            format!(
+                "must be at most polling.circuit.window_calls ({window}): the window could never \
+                 hold enough calls to open the circuit"
+            )
+        },
+    },
+    Relation {
+        key: "polling.circuit.min_failing_cards",
+        other: "polling.circuit.min_calls",
+        values: |c| {
+            let circuit = &c.polling.circuit;
+            (circuit.min_failing_cards.into(), circuit.min_calls.into())
+        },
+        broken: |cards, min| cards > min,
+        allowed: |min| format!("must be at most polling.circuit.min_calls ({min})"),
+    },
+];
 
 /// Checks the relations between keys; a key already refused is not checked again. Each problem
 /// names the source of its key and of the key it was checked against, since either may be the
@@ -20,144 +137,20 @@ pub(super) fn check_relations(
     bad: &BTreeSet<&'static str>,
     sources: &Sources,
 ) -> Vec<Problem> {
-    let ok = |keys: &[&str]| keys.iter().all(|k| !bad.contains(k));
-    let mut problems = Vec::new();
-    let p = &c.polling;
-
-    for task in Task::ALL {
-        let key = format!("polling.{}.limit", task.label());
-        let limit = p.task(task).limit;
-        if ok(&[key.as_str(), "polling.total_limit"]) && limit > p.total_limit {
-            let allowed = format!(
-                "{}, and at most polling.total_limit ({})",
-                limit_allowed(),
-                p.total_limit
-            );
-            let source = sources.of(&key);
-            problems.push(
-                Problem::new(key, limit.to_string(), source, allowed).checked_against(
-                    "polling.total_limit",
-                    p.total_limit,
-                    sources.of("polling.total_limit"),
-                ),
-            );
-        }
-    }
-
-    let gateway_plus_one = c.gateway.timeout_ms.saturating_add(1000);
-    if ok(&["polling.handler_timeout_secs", "gateway.timeout_ms"])
-        && p.handler_timeout_secs.saturating_mul(1000) <= gateway_plus_one
-    {
-        let key = "polling.handler_timeout_secs";
-        let allowed = format!(
-            "must be greater than gateway.timeout_ms + 1 s ({} ms + 1000 ms), i.e. at least {}",
-            c.gateway.timeout_ms,
-            gateway_plus_one / 1000 + 1
-        );
-        problems.push(
-            Problem::new(
-                key,
-                p.handler_timeout_secs.to_string(),
-                sources.of(key),
-                allowed,
-            )
-            .checked_against(
-                "gateway.timeout_ms",
-                c.gateway.timeout_ms,
-                sources.of("gateway.timeout_ms"),
-            ),
-        );
-    }
-
-    let lease_min = p.handler_timeout_secs.saturating_add(5);
-    if ok(&["polling.lease_ttl_secs", "polling.handler_timeout_secs"])
-        && p.lease_ttl_secs < lease_min
-    {
-        let key = "polling.lease_ttl_secs";
-        let allowed = format!(
-            "must be at least polling.handler_timeout_secs + 5 ({} + 5 = {lease_min}) \
-             and at most 3600",
-            p.handler_timeout_secs
-        );
-        problems.push(
-            Problem::new(key, p.lease_ttl_secs.to_string(), sources.of(key), allowed)
-                .checked_against(
-                    "polling.handler_timeout_secs",
-                    p.handler_timeout_secs,
-                    sources.of("polling.handler_timeout_secs"),
-                ),
-        );
-    }
-
-    for (key, value, other, other_value, hi) in [
-        (
-            "polling.defer_max_delay_secs",
-            p.defer_max_delay_secs,
-            "polling.defer_delay_secs",
-            p.defer_delay_secs,
-            600,
-        ),
-        (
-            "polling.circuit.max_cooldown_secs",
-            p.circuit.max_cooldown_secs,
-            "polling.circuit.cooldown_secs",
-            p.circuit.cooldown_secs,
-            3600,
-        ),
-    ] {
-        if ok(&[key, other]) && value < other_value {
-            let allowed = format!("must be at least {other} ({other_value}) and at most {hi}");
-            problems.push(
-                Problem::new(key, value.to_string(), sources.of(key), allowed).checked_against(
-                    other,
-                    other_value,
-                    sources.of(other),
-                ),
-            );
-        }
-    }
-
-    let c = &p.circuit;
-    if ok(&["polling.circuit.min_calls", "polling.circuit.window_calls"])
-        && c.min_calls > c.window_calls
-    {
-        let key = "polling.circuit.min_calls";
-        let allowed = format!(
-            "must be at most polling.circuit.window_calls ({}): the window could never hold \
-             enough calls to open the circuit",
-            c.window_calls
-        );
-        problems.push(
-            Problem::new(key, c.min_calls.to_string(), sources.of(key), allowed).checked_against(
-                "polling.circuit.window_calls",
-                c.window_calls,
-                sources.of("polling.circuit.window_calls"),
-            ),
-        );
-    }
-    if ok(&[
-        "polling.circuit.min_failing_cards",
-        "polling.circuit.min_calls",
-    ]) && c.min_failing_cards > c.min_calls
-    {
-        let key = "polling.circuit.min_failing_cards";
-        let allowed = format!(
-            "must be at most polling.circuit.min_calls ({})",
-            c.min_calls
-        );
-        problems.push(
-            Problem::new(
-                key,
-                c.min_failing_cards.to_string(),
-                sources.of(key),
-                allowed,
-            )
-            .checked_against(
-                "polling.circuit.min_calls",
-                c.min_calls,
-                sources.of("polling.circuit.min_calls"),
-            ),
-        );
-    }
-    problems
+    RELATIONS
+        .iter()
+        .filter(|r| !bad.contains(r.key) && !bad.contains(r.other))
+        .filter_map(|r| {
+            let (value, other) = (r.values)(c);
+            (r.broken)(value, other).then(|| {
+                Problem::new(
+                    r.key,
+                    value.to_string(),
+                    sources.of(r.key),
+                    (r.allowed)(other),
+                )
+                .checked_against(r.other, other, sources.of(r.other))
+            })
+        })
+        .collect()
 }
