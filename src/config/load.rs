@@ -161,22 +161,10 @@ fn closest_variable(name: &str) -> String {
         .unwrap_or_else(|| CONFIG_PATH_ENV.to_owned())
 }
 
-/// Levenshtein distance between two ASCII-ish names, by characters.
+/// Levenshtein distance between two names, by characters (clap's `strsim`, already in the
+/// tree for its own suggestions).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
-        }
-    }
-    row[b.len()]
+    strsim::levenshtein(a, b)
 }
 
 impl Config {
