@@ -140,6 +140,24 @@ fn unknown_variable(name: &str) -> bool {
         && !HARNESS_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// Every `CARDWORKER_…` variable that is not ours, refused naming the closest valid one.
+fn unknown_variables(env: &[(String, String)]) -> Vec<Problem> {
+    let mut unknown: Vec<&(String, String)> =
+        env.iter().filter(|(k, _)| unknown_variable(k)).collect();
+    unknown.sort();
+    unknown
+        .into_iter()
+        .map(|(name, raw)| {
+            let allowed = format!(
+                "unknown variable; did you mean {}? (overrides are CARDWORKER__SECTION__KEY, \
+                 two underscores between parts)",
+                closest_variable(name)
+            );
+            Problem::new(name, show_str(raw), Source::Env(name.clone()), allowed)
+        })
+        .collect()
+}
+
 /// The env override of the dotted `key`: `polling.total_limit` -> `CARDWORKER__POLLING__TOTAL_LIMIT`.
 fn override_name(key: &str) -> String {
     format!(
@@ -238,21 +256,7 @@ impl Config {
             layer.merge(&mut merged, file, "");
         }
 
-        let mut unknown: Vec<&(String, String)> =
-            env.iter().filter(|(k, _)| unknown_variable(k)).collect();
-        unknown.sort();
-        for (name, raw) in unknown {
-            problems.push(Problem::new(
-                name.clone(),
-                show_str(raw),
-                Source::Env(name.clone()),
-                format!(
-                    "unknown variable; did you mean {}? (overrides are \
-                     CARDWORKER__SECTION__KEY, two underscores between parts)",
-                    closest_variable(name)
-                ),
-            ));
-        }
+        problems.extend(unknown_variables(&env));
 
         let mut overrides: Vec<(String, String)> = env
             .into_iter()
