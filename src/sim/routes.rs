@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::answer::{card_answer, card_disturbance, payment_garbage, Answer, Disturbance};
 use super::config::{PaymentBehaviour, SimConfig, SimConfigPatch};
-use super::simulator::{header_value, Simulator};
+use super::simulator::{header_value, InFlight, Simulator};
 use super::state::{RequestRecord, SimCardPatch};
 use super::stats::SimStats;
 use crate::gateway::{CallKind, PaymentRequest, IDEMPOTENCY_HEADER};
@@ -79,14 +79,29 @@ pub(crate) fn render(answer: Answer) -> Response {
     }
 }
 
-/// Serves one card read: in-flight accounting, request log, latency, behaviour, change.
+/// Serves one card read: in-flight accounting, request log, latency, behaviour, change. The read
+/// runs on a task of its own, as a real Gateway goes on with a request whose client hung up: it
+/// counts in flight from its arrival to its answer, whether or not the caller still waits.
 async fn card_read(
     sim: Simulator,
     call: CallKind,
     card_ref: String,
     headers: HeaderMap,
 ) -> Response {
-    let _guard = sim.in_flight_card(call, &card_ref);
+    let guard = sim.in_flight_card(call, &card_ref);
+    match tokio::spawn(card_read_to_the_end(sim, call, card_ref, headers, guard)).await {
+        Ok(response) => response,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn card_read_to_the_end(
+    sim: Simulator,
+    call: CallKind,
+    card_ref: String,
+    headers: HeaderMap,
+    _guard: InFlight,
+) -> Response {
     let suffix = if call == CallKind::Carddata {
         "data"
     } else {

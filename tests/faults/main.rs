@@ -10,6 +10,7 @@
 //! [`alerts`] runs the project's alert rules on a real Prometheus scraping a real worker through
 //! those faults.
 
+mod abandoned;
 mod alerts;
 mod budget_cost;
 mod chain_cost;

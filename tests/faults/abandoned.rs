@@ -1,0 +1,159 @@
+//! A token counts a call at the Gateway, not a wait in the worker: a poll that stops waiting for
+//! its call at `gateway.timeout_ms` keeps its tokens until the call is answered, or until
+//! `polling.handler_timeout_secs` after it was sent. The simulator counts a call in flight from
+//! its arrival to its answer, whether or not the worker still waits for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cardworker::config::{Config, Task};
+use cardworker::context::{self, AppContext};
+use cardworker::polling::reconcile;
+use cardworker::sim::{SimStats, Simulator};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+
+use crate::harness::{start_in_process, wait_until, TestDb};
+use crate::private::PrivateRedis;
+
+/// How long the simulator takes to answer every card read: past the client's timeout (1 s),
+/// within the handler's (3 s).
+const ANSWER_AFTER_MS: u64 = 2_500;
+
+/// A worker run in the test's process, stopped when dropped.
+struct InProcess {
+    ctx: Arc<AppContext>,
+    stop: Option<oneshot::Sender<()>>,
+    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(join) = self.join.take() {
+            join.abort();
+        }
+    }
+}
+
+async fn insert_cards(pool: &PgPool, n: usize) {
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
+    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
+        .bind(&cards)
+        .execute(pool)
+        .await
+        .expect("insert cards");
+}
+
+fn calls(stats: &SimStats) -> u64 {
+    ["carddata", "card_status"]
+        .iter()
+        .map(|k| stats.calls_total.get(*k).copied().unwrap_or(0))
+        .sum()
+}
+
+fn assert_within_limits(stats: &SimStats) {
+    assert!(
+        stats.peak_in_flight_polls <= 2,
+        "{} polls at the Gateway at once, total limit 2: {stats:?}",
+        stats.peak_in_flight_polls
+    );
+    for kind in ["carddata", "card_status"] {
+        let peak = stats.peak_per_call.get(kind).copied().unwrap_or(0);
+        assert!(
+            peak <= 2,
+            "{peak} {kind} polls at the Gateway at once, task limit 2: {stats:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gateway_answers_it() {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    sim.set_latency(ANSWER_AFTER_MS, 0);
+    sim.set_error_rate(0.0);
+    sim.set_garbage_rate(0.0);
+    let mut config = Config::default();
+    config.database.url = db.url.clone().into();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.gateway.base_url = sim_handle.base_url().into();
+    config.gateway.timeout_ms = 1_000;
+    config.polling.handler_timeout_secs = 3;
+    config.polling.lease_ttl_secs = 10;
+    config.polling.total_limit = 2;
+    for task in [
+        &mut config.polling.carddata,
+        &mut config.polling.card_status,
+    ] {
+        task.limit = 2;
+        task.interval_secs = 1;
+        task.max_consecutive_failures = 1000;
+    }
+    config.polling.defer_delay_secs = 1;
+    config.polling.defer_max_delay_secs = 2;
+    // The circuit counts every timeout but never opens here, so that polls keep coming.
+    config.polling.circuit.window_calls = 10_000;
+    config.polling.circuit.min_calls = 10_000;
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.worker.shutdown_grace_secs = 5;
+    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    insert_cards(&db.pool, 8).await;
+    let (ctx, _addr, stop, join) = start_in_process(config).await;
+    let worker = InProcess {
+        ctx,
+        stop: Some(stop),
+        join: Some(join),
+    };
+    for task in Task::ALL {
+        reconcile::sweep(&worker.ctx, task)
+            .await
+            .expect("start chains");
+    }
+
+    // Every call outlives the client's timeout: each poll records a timeout and ends after 1 s,
+    // while the Gateway works on its call for 2.5 s. The budget must count the call, not the wait.
+    wait_until(
+        Duration::from_secs(120),
+        "24 card calls through the simulator",
+        || {
+            let stats = sim.stats();
+            assert_within_limits(&stats);
+            async move { calls(&stats) >= 24 }
+        },
+    )
+    .await;
+    assert_within_limits(&sim.stats());
+    // The polls themselves completed: each timeout is a recorded failure, counted in the circuit,
+    // and no job went to the dead set.
+    let failures: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM integration_logs WHERE state = 'failed'")
+            .fetch_one(&db.pool)
+            .await
+            .expect("failures");
+    assert!(failures >= 10, "timeouts recorded as failures: {failures}");
+    let view = worker.ctx.budget.show().await.expect("show");
+    let counted: u64 = view.tasks.values().map(|t| t.circuit.window.failures).sum();
+    assert!(
+        counted >= 10,
+        "the circuit counts the timeouts as failures: {view:?}"
+    );
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+    for queue in ["carddata", "card_status"] {
+        let dead: u64 = redis::cmd("SCARD")
+            .arg(format!(
+                "{}:dead",
+                cardworker_jobs::keys::queue("cw", queue)
+            ))
+            .query_async(&mut admin)
+            .await
+            .unwrap_or(0);
+        assert_eq!(dead, 0, "no {queue} job is dead");
+    }
+}
