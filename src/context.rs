@@ -56,7 +56,8 @@ impl AppContext {
         let redis = connect_redis(config.redis.url.expose()).await?;
         let gateway =
             GatewayClient::new(config.gateway.base_url.expose(), config.gateway.timeout())
-                .context("building the Gateway client")?;
+                .context("building the Gateway client")?
+                .holding_reads_for(config.polling.handler_timeout());
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());

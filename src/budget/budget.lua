@@ -24,7 +24,8 @@
 --          ARGV[12] how many finishes it carries, then 6 values per finish: task index, lease
 --          id, outcome, probe round, card (as for finish), successes of that task to count
 --          before it (circuit_successes). They run first, in the same call, so a slot that turns
---          over costs one round trip, not two.
+--          over costs one round trip, not two. A finish with an empty lease id only counts its
+--          outcome: its poll's lease stays held while its call may still be at the Gateway.
 --   Taking over (ARGV[10] = '1'): the poll admitted by this call gets the lease id of one carried
 --   finish (one of its own task if any, else the first), and that member is re-scored in place
 --   (one ZADD per set) instead of removed and added again. The slot never looks free in
@@ -117,7 +118,7 @@ local function carried_finishes(at, cfg, keep)
     local b = at + 1 + (i - 1) * 6
     local index = tonumber(ARGV[b])
     local existed = 0
-    if i ~= keep then existed = release_lease(index, ARGV[b + 1]) end
+    if i ~= keep and ARGV[b + 1] ~= '' then existed = release_lease(index, ARGV[b + 1]) end
     circuit_successes(KEYS[index + 4], KEYS[index + 6], cfg, tonumber(ARGV[b + 5]) or 0)
     out[i] = record_one(index, existed, ARGV[b + 2], tonumber(ARGV[b + 3]), cfg, ARGV[b + 4])
   end
@@ -169,11 +170,15 @@ if op == 'acquire' then
   local owner = ARGV[11]
   local count = tonumber(ARGV[12] or '0') or 0
   if ARGV[10] == '1' and count > 0 then
-    keep = 1
+    -- An outcome without a lease (its call still counts at the Gateway) is never taken over.
     for i = 1, count do
-      if tonumber(ARGV[13 + (i - 1) * 6]) == index then
-        keep = i
-        break
+      local b = 13 + (i - 1) * 6
+      if ARGV[b + 1] ~= '' then
+        if not keep then keep = i end
+        if tonumber(ARGV[b]) == index then
+          keep = i
+          break
+        end
       end
     end
   end

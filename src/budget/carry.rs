@@ -126,8 +126,11 @@ impl CarriedBatch {
 
 impl Drop for CarriedBatch {
     fn drop(&mut self) {
+        // An outcome without a lease (`Budget::report_outcome`) has nothing to give back.
         for c in std::mem::take(&mut self.items) {
-            self.budget.release_in_background(c.lease);
+            if !c.lease.is_empty() {
+                self.budget.release_in_background(c.lease);
+            }
         }
     }
 }

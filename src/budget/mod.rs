@@ -40,6 +40,8 @@
 //!   Redis call ([`Budget::admit`], [`Budget::finish_poll`]), and their renewal.
 //! - [`carry`]: a finished poll's release rides on the process's next acquire (one round trip
 //!   per admitted poll that asks Redis).
+//! - [`abandoned`]: the lease of a poll whose Gateway call it stopped waiting for stays held until
+//!   the call is answered or `polling.handler_timeout_secs` after it was sent.
 //! - [`circuit`]: the fleet-wide Gateway circuit breaker of each task, admitted by the same call
 //!   as the tokens (an open circuit is one more reason not to admit a poll).
 //! - this module: [`Budget`], the Rust API over it (leases, overrides, pauses, circuits), and the
@@ -53,6 +55,7 @@
 //! whose key layout and return shapes every method shares; splitting it by operation would
 //! spread that contract over several files.
 
+pub mod abandoned;
 pub mod carry;
 pub mod circuit;
 pub mod pool;
@@ -316,8 +319,11 @@ pub struct Budget {
     renew_armed: Arc<std::sync::atomic::AtomicBool>,
     /// Polls started on a kept slot, without a Redis call (for tests and the benchmarks).
     reused: Arc<AtomicU64>,
-    /// `polling.handler_timeout_secs`: a kept slot is reused only while its lease outlasts a poll.
+    /// `polling.handler_timeout_secs`: a kept slot is reused only while its lease outlasts a poll,
+    /// and a call the poll stopped waiting for counts this long after it was sent ([`abandoned`]).
     handler_timeout: Duration,
+    /// Leases held for calls the polls stopped waiting for, per task ([`abandoned`]).
+    abandoned: Arc<abandoned::AbandonedCounts>,
 }
 
 impl Budget {
@@ -352,6 +358,7 @@ impl Budget {
             renew_armed: Arc::default(),
             reused: Arc::default(),
             handler_timeout: p.handler_timeout(),
+            abandoned: Arc::default(),
         }
     }
 

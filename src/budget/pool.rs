@@ -269,14 +269,19 @@ impl Budget {
         }
         // A failure carries the successes added up before it, so the window keeps their order.
         let successes = if report == CallReport::Failed {
-            self.pool
-                .lock()
-                .map(|mut p| std::mem::take(&mut p.task(task).successes))
-                .unwrap_or(0)
+            self.take_successes(task)
         } else {
             0
         };
         self.finish_carried_after(task, slot.lease, report, probe_round, card_ref, successes);
+    }
+
+    /// The successes of `task`'s polls on kept slots not yet counted in its circuit (taken).
+    pub(super) fn take_successes(&self, task: Task) -> u64 {
+        self.pool
+            .lock()
+            .map(|mut p| std::mem::take(&mut p.task(task).successes))
+            .unwrap_or(0)
     }
 
     /// Stops reusing `task`'s slots until the next renewal says otherwise (its circuit opened).

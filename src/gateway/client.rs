@@ -43,6 +43,49 @@ pub struct GatewayClient {
     http: reqwest::Client,
     base: Url,
     timeout: Duration,
+    /// How long a card read the caller stopped waiting for (at `timeout`) is left to run before
+    /// its connection is closed ([`GatewayClient::holding_reads_for`]); `timeout` by default.
+    hold: Duration,
+}
+
+/// A card read under way: its exchange with the Gateway runs on a task of its own, from the
+/// moment it is sent to its answer (or until the client's hold is over), whatever becomes of the
+/// caller. [`SentRead::answer`] waits for it up to the client's timeout;
+/// [`SentRead::at_gateway`] says, to whoever holds it, when the Gateway is done with it.
+pub struct SentRead<T> {
+    kind: CallKind,
+    request_summary: String,
+    started: Instant,
+    timeout: Duration,
+    exchange: tokio::task::JoinHandle<HttpOutcome>,
+    at_gateway: AtGateway,
+    classify: Box<dyn FnOnce(HttpOutcome) -> Classified<T> + Send>,
+}
+
+/// One card read as the Gateway may still see it: when it was sent, and a signal that its
+/// exchange has ended (answered, failed, or cut off at the client's hold). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AtGateway {
+    sent: Instant,
+    ended: tokio::sync::watch::Receiver<bool>,
+}
+
+impl AtGateway {
+    /// When the request was sent.
+    pub fn sent(&self) -> Instant {
+        self.sent
+    }
+
+    /// Whether the exchange has ended (the Gateway answered or the connection is gone).
+    pub fn has_ended(&self) -> bool {
+        *self.ended.borrow() || self.ended.has_changed().is_err()
+    }
+
+    /// Resolves once the exchange has ended.
+    pub async fn ended(mut self) {
+        // The sender is dropped (or set) when the exchange task ends: either way it is over.
+        let _ = self.ended.wait_for(|ended| *ended).await;
+    }
 }
 
 impl GatewayClient {
@@ -74,7 +117,16 @@ impl GatewayClient {
             http,
             base,
             timeout,
+            hold: timeout,
         })
+    }
+
+    /// This client leaving a card read it stopped waiting for (at its timeout) to run on until
+    /// `hold` after it was sent: the Gateway may still be working on it, and whoever holds its
+    /// [`AtGateway`] learns when it is done. Never shorter than the timeout.
+    pub fn holding_reads_for(mut self, hold: Duration) -> Self {
+        self.hold = hold.max(self.timeout);
+        self
     }
 
     /// The configured per-call timeout.
@@ -85,16 +137,19 @@ impl GatewayClient {
     /// `GET /v1/cards/{card_ref}/data`.
     #[tracing::instrument(name = "gateway.card_data", skip_all, fields(call = "carddata", card_ref = %card_ref, correlation_id = %correlation_id))]
     pub async fn card_data(&self, card_ref: &str, correlation_id: Uuid) -> CallResult<CardData> {
-        let kind = CallKind::Carddata;
-        let request_summary = redact::card_request_summary(card_ref, "data");
-        let req = self.url(&["v1", "cards", card_ref, "data"]).map(|url| {
-            self.http
-                .get(url)
-                .header(CORRELATION_HEADER, correlation_id.to_string())
-        });
-        let (outcome, elapsed) = self.send(kind, req).await;
-        let classified = classify::card_data(outcome, card_ref);
-        finish(kind, classified, elapsed, request_summary)
+        self.send_card_data(card_ref, correlation_id).answer().await
+    }
+
+    /// `GET /v1/cards/{card_ref}/data`, sent now on a task of its own ([`SentRead`]).
+    pub fn send_card_data(&self, card_ref: &str, correlation_id: Uuid) -> SentRead<CardData> {
+        let owned = card_ref.to_owned();
+        self.send_read(
+            CallKind::Carddata,
+            card_ref,
+            "data",
+            correlation_id,
+            Box::new(move |outcome| classify::card_data(outcome, &owned)),
+        )
     }
 
     /// `GET /v1/cards/{card_ref}/status`.
@@ -104,16 +159,61 @@ impl GatewayClient {
         card_ref: &str,
         correlation_id: Uuid,
     ) -> CallResult<CardStatus> {
-        let kind = CallKind::CardStatus;
-        let request_summary = redact::card_request_summary(card_ref, "status");
-        let req = self.url(&["v1", "cards", card_ref, "status"]).map(|url| {
+        self.send_card_status(card_ref, correlation_id)
+            .answer()
+            .await
+    }
+
+    /// `GET /v1/cards/{card_ref}/status`, sent now on a task of its own ([`SentRead`]).
+    pub fn send_card_status(&self, card_ref: &str, correlation_id: Uuid) -> SentRead<CardStatus> {
+        let owned = card_ref.to_owned();
+        self.send_read(
+            CallKind::CardStatus,
+            card_ref,
+            "status",
+            correlation_id,
+            Box::new(move |outcome| classify::card_status(outcome, &owned)),
+        )
+    }
+
+    /// Sends one card read on a task of its own, bounded by the client's hold (not its timeout):
+    /// a read the caller stops waiting for stays at the Gateway until it is answered or the hold
+    /// is over, and [`AtGateway`] tells when.
+    fn send_read<T>(
+        &self,
+        kind: CallKind,
+        card_ref: &str,
+        suffix: &str,
+        correlation_id: Uuid,
+        classify: Box<dyn FnOnce(HttpOutcome) -> Classified<T> + Send>,
+    ) -> SentRead<T> {
+        let request_summary = redact::card_request_summary(card_ref, suffix);
+        let req = self.url(&["v1", "cards", card_ref, suffix]).map(|url| {
             self.http
                 .get(url)
+                .timeout(self.hold)
                 .header(CORRELATION_HEADER, correlation_id.to_string())
         });
-        let (outcome, elapsed) = self.send(kind, req).await;
-        let classified = classify::card_status(outcome, card_ref);
-        finish(kind, classified, elapsed, request_summary)
+        let (done, ended) = tokio::sync::watch::channel(false);
+        let started = Instant::now();
+        let client = self.clone();
+        let exchange = tokio::spawn(async move {
+            let outcome = client.exchange(req).await;
+            done.send_replace(true);
+            outcome
+        });
+        SentRead {
+            kind,
+            request_summary,
+            started,
+            timeout: self.timeout,
+            exchange,
+            at_gateway: AtGateway {
+                sent: started,
+                ended,
+            },
+            classify,
+        }
     }
 
     /// `POST /v1/payments` with `Idempotency-Key: <payment_id>`.
@@ -213,6 +313,17 @@ impl GatewayClient {
         Ok(url)
     }
 
+    /// Sends one request and reads the whole body.
+    async fn exchange(&self, req: Result<reqwest::RequestBuilder, String>) -> HttpOutcome {
+        match req {
+            Err(reason) => HttpOutcome::NotSent(reason),
+            Ok(builder) => match builder.send().await {
+                Err(error) => HttpOutcome::NoAnswer(self.transport_error(&error)),
+                Ok(resp) => self.read_body(resp).await,
+            },
+        }
+    }
+
     /// Sends one request, reads the whole body, and records the call's duration.
     async fn send(
         &self,
@@ -220,13 +331,7 @@ impl GatewayClient {
         req: Result<reqwest::RequestBuilder, String>,
     ) -> (HttpOutcome, Duration) {
         let started = Instant::now();
-        let outcome = match req {
-            Err(reason) => HttpOutcome::NotSent(reason),
-            Ok(builder) => match builder.send().await {
-                Err(error) => HttpOutcome::NoAnswer(self.transport_error(&error)),
-                Ok(resp) => self.read_body(resp).await,
-            },
-        };
+        let outcome = self.exchange(req).await;
         let elapsed = started.elapsed();
         metrics::histogram!(GATEWAY_REQUEST_DURATION, "call" => kind.as_str())
             .record(elapsed.as_secs_f64());
@@ -271,6 +376,42 @@ impl GatewayClient {
             kind,
             reason: transport_reason(e, self.timeout),
         }
+    }
+}
+
+impl<T> SentRead<T> {
+    /// The read as the Gateway may still see it, for whoever must know when it is done there.
+    pub fn at_gateway(&self) -> AtGateway {
+        self.at_gateway.clone()
+    }
+}
+
+impl<T: fmt::Debug> SentRead<T> {
+    /// Waits for the answer up to the client's timeout, and classifies it. A read not answered
+    /// by then is a timeout (`Failed`, as for any card read); its exchange runs on, and
+    /// [`AtGateway`] tells when it ends. Records the call's duration as the caller waited it.
+    pub async fn answer(self) -> CallResult<T> {
+        let outcome = match tokio::time::timeout_at(
+            (self.started + self.timeout).into(),
+            self.exchange,
+        )
+        .await
+        {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => HttpOutcome::NoAnswer(TransportError {
+                kind: TransportErrorKind::Other,
+                reason: truncate(format!("request error: {e}"), 256),
+            }),
+            Err(_) => HttpOutcome::NoAnswer(TransportError {
+                kind: TransportErrorKind::Timeout,
+                reason: format!("timeout after {} ms", self.timeout.as_millis()),
+            }),
+        };
+        let elapsed = self.started.elapsed();
+        metrics::histogram!(GATEWAY_REQUEST_DURATION, "call" => self.kind.as_str())
+            .record(elapsed.as_secs_f64());
+        let classified = (self.classify)(outcome);
+        finish(self.kind, classified, elapsed, self.request_summary)
     }
 }
 

@@ -38,7 +38,7 @@ mod redact;
 mod wire;
 
 pub use classify::{CallResult, Failure, Outcome};
-pub use client::GatewayClient;
+pub use client::{AtGateway, GatewayClient, SentRead};
 pub use mask::redact_digits;
 pub use redact::SUMMARY_MAX_BYTES;
 pub use wire::{

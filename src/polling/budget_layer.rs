@@ -62,6 +62,7 @@ use crate::backoff::{Backoff, Jitter};
 use crate::budget::circuit::CIRCUIT_OPEN_REASON;
 use crate::budget::{Acquired, Budget, ShortReason, Slot};
 use crate::config::{PollingConfig, Task as PollTask};
+use crate::gateway::AtGateway;
 use crate::runner::JobError;
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
@@ -336,6 +337,30 @@ impl circuit::Lease for LeaseGuard {
                 held.probe_round,
                 &reported.card_ref,
             );
+        }
+    }
+
+    /// Ends a poll whose Gateway call it stopped waiting for: the outcome (the timeout, a
+    /// failure) counts in the circuit now, and the tokens stay held until the call is over or
+    /// `polling.handler_timeout_secs` after it was sent (`budget::abandoned`), never past the
+    /// lease's own expiry.
+    fn finish_after(mut self: Box<Self>, reported: Reported, call: AtGateway) {
+        if let Some(held) = self.held.take() {
+            self.budget.report_outcome(
+                held.task,
+                reported.report,
+                held.probe_round,
+                &reported.card_ref,
+            );
+            let until = (call.sent() + self.budget.handler_timeout()).min(held.slot.expires);
+            tracing::debug!(
+                task = held.task.label(),
+                card_ref = %reported.card_ref,
+                hold_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                "Gateway call abandoned at the client's timeout; its tokens stay held until it is answered"
+            );
+            self.budget
+                .hold_abandoned(held.task, held.slot, until, call.ended());
         }
     }
 }

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::poll::PollTask;
 use crate::cards::apply::{self, Applied, ChangeSource};
-use crate::gateway::{CallResult, CardStatus, GatewayClient};
+use crate::gateway::{CardStatus, GatewayClient, SentRead};
 use crate::storage::cards::Card;
 
 super::run_job::poll_run_job!(PollCardStatus, "poll.card_status");
@@ -15,12 +15,8 @@ impl PollTask for PollCardStatus {
     type Obs = CardStatus;
     const SCENARIO: &'static str = "card_status_poll";
 
-    async fn call(
-        gateway: &GatewayClient,
-        card_ref: &str,
-        correlation_id: Uuid,
-    ) -> CallResult<CardStatus> {
-        gateway.card_status(card_ref, correlation_id).await
+    fn send(gateway: &GatewayClient, card_ref: &str, correlation_id: Uuid) -> SentRead<CardStatus> {
+        gateway.send_card_status(card_ref, correlation_id)
     }
 
     fn is_change(card: &Card, obs: &CardStatus) -> bool {

@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use super::poll::PollTask;
 use crate::cards::apply::{self, Applied, ChangeSource};
-use crate::gateway::{CallResult, CardData, GatewayClient};
+use crate::gateway::{CardData, GatewayClient, SentRead};
 use crate::storage::cards::Card;
 
 super::run_job::poll_run_job!(PollCardData, "poll.carddata");
@@ -14,12 +14,8 @@ impl PollTask for PollCardData {
     type Obs = CardData;
     const SCENARIO: &'static str = "carddata_poll";
 
-    async fn call(
-        gateway: &GatewayClient,
-        card_ref: &str,
-        correlation_id: Uuid,
-    ) -> CallResult<CardData> {
-        gateway.card_data(card_ref, correlation_id).await
+    fn send(gateway: &GatewayClient, card_ref: &str, correlation_id: Uuid) -> SentRead<CardData> {
+        gateway.send_card_data(card_ref, correlation_id)
     }
 
     fn is_change(card: &Card, obs: &CardData) -> bool {

@@ -25,6 +25,7 @@ use sqlx::PgPool;
 
 use crate::budget::{CallReport, Transition};
 use crate::config::Task;
+use crate::gateway::AtGateway;
 use crate::storage::records::{self, AuditRecord};
 
 /// The audit event written when a task's circuit opens.
@@ -33,10 +34,16 @@ pub const OPENED_EVENT: &str = "gateway.circuit_opened";
 pub const CLOSED_EVENT: &str = "gateway.circuit_closed";
 
 /// What ends a poll's hold on its budget tokens: `finish` once the poll is over (with what it
-/// reported), or its `Drop` if the task that owns it is cancelled first.
+/// reported), `finish_after` when its Gateway call may still be at the Gateway, or its `Drop` if
+/// the task that owns it is cancelled first.
 pub trait Lease: Send {
     /// The poll is over: hand its tokens back (or keep its slot) with its outcome.
     fn finish(self: Box<Self>, reported: Reported);
+
+    /// The poll is over, but it stopped waiting for its Gateway call (`call`), which the Gateway
+    /// may still be working on: the outcome counts now, and the tokens stay held until the call
+    /// ends or `polling.handler_timeout_secs` after it was sent.
+    fn finish_after(self: Box<Self>, reported: Reported, call: AtGateway);
 }
 
 /// What one poll run tells the layer around it.
@@ -47,9 +54,34 @@ struct RunSlot {
     report: Mutex<Option<(bool, String)>>,
     /// The poll's lease, until [`carry`] moves it into the poll's own task.
     lease: Mutex<Option<Box<dyn Lease>>>,
+    /// The poll's Gateway call once it is sent ([`at_gateway`]).
+    call: Mutex<Option<AtGateway>>,
+    /// This delivery of the job: the run marker its chain check writes names it, so that only
+    /// this delivery clears it ([`delivery`]).
+    delivery: String,
 }
 
 impl RunSlot {
+    fn new(probe: bool, lease: Box<dyn Lease>) -> Self {
+        Self {
+            probe,
+            report: Mutex::new(None),
+            lease: Mutex::new(Some(lease)),
+            call: Mutex::new(None),
+            delivery: cardworker_jobs::chain::fresh_chain_id(),
+        }
+    }
+
+    /// Ends `lease` with what the poll reported: at once, or, while the poll's Gateway call is
+    /// still under way (the poll stopped waiting for it), once that call is over.
+    fn end(&self, lease: Box<dyn Lease>) {
+        let reported = self.reported();
+        match self.call.lock().ok().and_then(|mut c| c.take()) {
+            Some(call) if !call.has_ended() => lease.finish_after(reported, call),
+            _ => lease.finish(reported),
+        }
+    }
+
     /// What the poll reported (taken: asked once, when the poll is over).
     fn reported(&self) -> Reported {
         match self.report.lock().ok().and_then(|mut r| r.take()) {
@@ -87,15 +119,11 @@ tokio::task_local! {
 /// off before classifying one). When the poll carried the lease into a task of its own
 /// ([`carry`]), that task has ended it; else it is ended here, with the report.
 pub async fn scoped<F: Future>(probe: bool, lease: Box<dyn Lease>, poll: F) -> F::Output {
-    let slot = Arc::new(RunSlot {
-        probe,
-        report: Mutex::new(None),
-        lease: Mutex::new(Some(lease)),
-    });
+    let slot = Arc::new(RunSlot::new(probe, lease));
     let out = RUN.scope(slot.clone(), poll).await;
     let lease = slot.lease.lock().ok().and_then(|mut l| l.take());
     if let Some(lease) = lease {
-        lease.finish(slot.reported());
+        slot.end(lease);
     }
     out
 }
@@ -116,7 +144,7 @@ pub fn carry<F: Future>(poll: F) -> impl Future<Output = F::Output> {
             Some(slot) => {
                 let out = RUN.scope(slot.clone(), poll).await;
                 if let Some(lease) = lease {
-                    lease.finish(slot.reported());
+                    slot.end(lease);
                 }
                 out
             }
@@ -138,6 +166,25 @@ pub fn report(card_ref: &str, valid: bool) {
 /// Whether this poll is a probe of a half-open circuit.
 pub fn is_probe() -> bool {
     RUN.try_with(|slot| slot.probe).unwrap_or(false)
+}
+
+/// Records that this poll's Gateway call is sent: if the poll stops waiting for it (the client's
+/// timeout) or ends before it is answered, its lease stays held until the call is over (a no-op
+/// outside [`scoped`]).
+pub fn at_gateway(call: AtGateway) {
+    let _ = RUN.try_with(|slot| {
+        if let Ok(mut c) = slot.call.lock() {
+            *c = Some(call);
+        }
+    });
+}
+
+/// This delivery's id, for its run marker (`chain::check`): only the delivery that wrote the
+/// marker clears it. Empty outside [`scoped`] (a poll run directly, as in a test): the marker
+/// then names no delivery.
+pub fn delivery() -> String {
+    RUN.try_with(|slot| slot.delivery.clone())
+        .unwrap_or_default()
 }
 
 /// Logs a transition at warn level and, for an opening or a closing, writes its one audit event
@@ -278,6 +325,10 @@ mod tests {
             if let Some(tx) = self.0.take() {
                 let _ = tx.send(Some(reported));
             }
+        }
+
+        fn finish_after(self: Box<Self>, reported: Reported, _call: AtGateway) {
+            self.finish(reported);
         }
     }
 

@@ -25,6 +25,10 @@ pub const POLL_LIMIT: &str = "cardworker_poll_limit";
 /// Counter: `scope`; leases that ended by expiry instead of a release (a crashed or stalled
 /// holder), fleet-wide, as counted in Redis by the budget's TTL repair. 0 in a healthy fleet.
 pub const BUDGET_LEASES_EXPIRED: &str = "cardworker_budget_leases_expired_total";
+/// Gauge: `task`; tokens this process holds for Gateway calls its polls stopped waiting for (at
+/// `gateway.timeout_ms`), until the call is answered or `polling.handler_timeout_secs` after it
+/// was sent (per pod: aggregate with `sum`).
+pub const BUDGET_ABANDONED_CALLS: &str = "cardworker_budget_abandoned_calls";
 /// Histogram: `call` = `carddata` | `card_status` | `payment_submit` | `payment_query`.
 pub const GATEWAY_REQUEST_DURATION: &str = "cardworker_gateway_request_duration_seconds";
 /// Gauge: `queue`; jobs waiting (intake + apalis backlog), fleet-wide.

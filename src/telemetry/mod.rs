@@ -280,6 +280,9 @@ pub fn register_series() {
         let _ = gauge!(metrics::POLL_LIMIT, "scope" => scope);
         let _ = ::metrics::counter!(metrics::BUDGET_LEASES_EXPIRED, "scope" => scope);
     }
+    for task in scopes {
+        let _ = gauge!(metrics::BUDGET_ABANDONED_CALLS, "task" => task);
+    }
 }
 
 #[cfg(test)]

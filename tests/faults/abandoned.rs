@@ -119,17 +119,29 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
 
     // Every call outlives the client's timeout: each poll records a timeout and ends after 1 s,
     // while the Gateway works on its call for 2.5 s. The budget must count the call, not the wait.
+    let mut abandoned_seen = 0;
     wait_until(
         Duration::from_secs(120),
         "24 card calls through the simulator",
         || {
             let stats = sim.stats();
             assert_within_limits(&stats);
+            abandoned_seen = abandoned_seen.max(
+                Task::ALL
+                    .iter()
+                    .map(|t| worker.ctx.budget.abandoned_calls(*t))
+                    .sum(),
+            );
             async move { calls(&stats) >= 24 }
         },
     )
     .await;
     assert_within_limits(&sim.stats());
+    assert!(
+        abandoned_seen > 0,
+        "tokens were held for calls the polls stopped waiting for"
+    );
+
     // The polls themselves completed: each timeout is a recorded failure, counted in the circuit,
     // and no job went to the dead set.
     let failures: i64 =

@@ -8,6 +8,9 @@
 //!    a failure leaves it parked until the next retry.
 //! 3. Correlation id (UUID v7) in memory, call the Gateway, classify, and report the outcome to
 //!    the Gateway circuit ([`super::circuit::report`]; the budget layer counts it fleet-wide).
+//!    The call is handed to the budget layer as it is sent ([`super::circuit::at_gateway`]): a
+//!    call the poll stops waiting for at `gateway.timeout_ms` still holds the poll's tokens until
+//!    it is answered or `polling.handler_timeout_secs` after it was sent (`budget::abandoned`).
 //!    A poll that is a probe of a half-open circuit and fails records nothing and does not
 //!    advance the card's failures: the failure is the Gateway's, and the circuit re-opens.
 //! 4. By outcome:
@@ -47,7 +50,7 @@ use crate::backoff::{self as backoff_rule, Backoff, Jitter};
 use crate::cards::apply::{Applied, ChangeSource};
 use crate::config::Task;
 use crate::context::AppContext;
-use crate::gateway::{CallResult, GatewayClient, Outcome};
+use crate::gateway::{GatewayClient, Outcome, SentRead};
 use crate::runner::{JobError, RunJob};
 use crate::storage::cards::{self, Card};
 use crate::storage::fault::{self, DbFault};
@@ -68,16 +71,12 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(600);
 /// how a change is applied.
 pub trait PollTask: PollJob + RunJob {
     /// A valid observation.
-    type Obs: Send + Sync + 'static;
+    type Obs: std::fmt::Debug + Send + Sync + 'static;
     /// `integration_logs.scenario`.
     const SCENARIO: &'static str;
 
-    /// Calls the Gateway.
-    fn call(
-        gateway: &GatewayClient,
-        card_ref: &str,
-        correlation_id: Uuid,
-    ) -> impl Future<Output = CallResult<Self::Obs>> + Send;
+    /// Sends the Gateway call (it runs on a task of its own; [`SentRead::answer`] waits for it).
+    fn send(gateway: &GatewayClient, card_ref: &str, correlation_id: Uuid) -> SentRead<Self::Obs>;
 
     /// Whether `obs` differs from the stored card.
     fn is_change(card: &Card, obs: &Self::Obs) -> bool;
@@ -165,6 +164,9 @@ struct Run<'a, J: PollTask> {
     card_ref: String,
     /// The chain after the check (adopted id if any), with the job's failure count and turn.
     state: ChainState,
+    /// No successor is due before this: the Gateway may still be working on this poll's call,
+    /// which the poll stopped waiting for, and the card is never polled twice at once.
+    not_before: Option<std::time::Instant>,
     _job: std::marker::PhantomData<J>,
 }
 
@@ -188,6 +190,7 @@ impl<'a, J: PollTask> Run<'a, J> {
                 deferrals: 0,
                 turn: seen.turn,
             },
+            not_before: None,
             _job: std::marker::PhantomData,
         }
     }
@@ -226,6 +229,10 @@ impl<'a, J: PollTask> Run<'a, J> {
         delay: Duration,
         count: Count,
     ) -> anyhow::Result<bool> {
+        let delay = match self.not_before {
+            Some(at) => delay.max(at.saturating_duration_since(std::time::Instant::now())),
+            None => delay,
+        };
         // The successor's write is fenced by this job's own turn.
         let next = ChainState {
             chain: self.state.chain.clone(),
@@ -371,7 +378,14 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
 
     let correlation_id = Uuid::now_v7();
     let started_at = Utc::now();
-    let result = J::call(&ctx.gateway, &run.card_ref, correlation_id).await;
+    let sent = J::send(&ctx.gateway, &run.card_ref, correlation_id);
+    let at_gateway = sent.at_gateway();
+    // Until it is answered, the call holds the poll's tokens, also past the client's timeout.
+    circuit::at_gateway(at_gateway.clone());
+    let result = sent.answer().await;
+    if !at_gateway.has_ended() {
+        run.not_before = Some(at_gateway.sent() + ctx.config.polling.handler_timeout());
+    }
     let finished_at = Utc::now();
     circuit::report(&run.card_ref, result.outcome.is_valid());
     let log = |state: LogState, error: Option<String>, recovery: Option<String>| LogRecord {

@@ -1,0 +1,81 @@
+//! Leases of calls the worker stopped waiting for: a token counts a call at the Gateway, not a
+//! wait in the worker.
+//!
+//! A poll gives up on its Gateway call at `gateway.timeout_ms`, records the timeout (a failure,
+//! counted in the task's circuit at once) and ends. The Gateway may still be working on the call:
+//! its tokens stay held until the call is answered (its exchange, which runs on a task of its own,
+//! ends) or until `polling.handler_timeout_secs` has passed since it was sent, whichever is first.
+//! So a Gateway that answers within `handler_timeout_secs` never carries more polls at once than
+//! the limits, however short the client's timeout. The client cuts the exchange off at that same
+//! bound (`gateway::GatewayClient::holding_reads_for`), so a lease is never held for a call that
+//! is over.
+//!
+//! While the lease is held this way, the poll still counts as running in this process (a Redis
+//! that comes back empty gets its lease written back, [`Budget::reassert_running`], and the
+//! process admits no more polls than the total on its own), and
+//! `cardworker_budget_abandoned_calls{task}` counts it. Then the slot ends as a poll's slot does
+//! ([`Budget::finish_poll`], with no outcome of its own: the outcome was counted already).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Instant;
+
+use super::{pool::Slot, Budget, CallReport, Task};
+use crate::telemetry::metrics as m;
+
+/// Abandoned calls held per task in this process (carddata, card_status).
+pub(super) type AbandonedCounts = [AtomicI64; 2];
+
+fn index(task: Task) -> usize {
+    usize::from(Budget::task_index(task) - 2)
+}
+
+impl Budget {
+    /// Counts a finished poll's outcome in its task's circuit now (through `budget::carry`, like
+    /// a finish, with no lease to release), for a poll whose lease stays held
+    /// ([`Budget::hold_abandoned`]).
+    pub fn report_outcome(&self, task: Task, report: CallReport, probe_round: u64, card: &str) {
+        // A failure carries the successes added up before it, as a finish does.
+        let successes = if report == CallReport::Failed {
+            self.take_successes(task)
+        } else {
+            0
+        };
+        self.finish_carried_after(task, String::new(), report, probe_round, card, successes);
+    }
+
+    /// Keeps the poll's `slot` held for its call that the poll stopped waiting for, until
+    /// `answered` resolves (the Gateway is done with it) or `until`, whichever is first, then ends
+    /// the slot (no outcome: [`Budget::report_outcome`] counted it). The poll stays counted as
+    /// running meanwhile. Returns at once.
+    pub fn hold_abandoned<F>(&self, task: Task, slot: Slot, until: Instant, answered: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let counts = self.abandoned.clone();
+        let now = counts[index(task)].fetch_add(1, Ordering::AcqRel) + 1;
+        metrics::gauge!(m::BUDGET_ABANDONED_CALLS, "task" => task.label()).set(now as f64);
+        let budget = self.clone();
+        // Cancelled when the process stops: shutdown releases every lease it still holds.
+        self.shutdown.spawn(async move {
+            tokio::select! {
+                () = answered => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+            budget.run_ended(&slot.lease);
+            budget.finish_poll(task, slot, CallReport::NoCall, 0, "");
+            let now = counts[index(task)].fetch_sub(1, Ordering::AcqRel) - 1;
+            metrics::gauge!(m::BUDGET_ABANDONED_CALLS, "task" => task.label()).set(now as f64);
+        });
+    }
+
+    /// Tokens this process holds for calls its polls stopped waiting for, per task.
+    pub fn abandoned_calls(&self, task: Task) -> u64 {
+        u64::try_from(self.abandoned[index(task)].load(Ordering::Acquire)).unwrap_or(0)
+    }
+
+    /// `polling.handler_timeout_secs`: how long after it was sent a call still counts.
+    pub fn handler_timeout(&self) -> std::time::Duration {
+        self.handler_timeout
+    }
+}
