@@ -14,7 +14,9 @@
 //! that comes back empty gets its lease written back, [`Budget::reassert_running`], and the
 //! process admits no more polls than the total on its own), and
 //! `cardworker_budget_abandoned_calls{task}` counts it. Then the slot ends as a poll's slot does
-//! ([`Budget::finish_poll`], with no outcome of its own: the outcome was counted already).
+//! ([`Budget::finish_poll`], with no outcome of its own: the outcome was counted already). A
+//! graceful stop waits for these holds to end before it releases what the process holds
+//! (`Budget::release_held`): at most `handler_timeout_secs`, within the pod's termination grace.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -56,7 +58,8 @@ impl Budget {
         let now = counts[index(task)].fetch_add(1, Ordering::AcqRel) + 1;
         metrics::gauge!(m::BUDGET_ABANDONED_CALLS, "task" => task.label()).set(now as f64);
         let budget = self.clone();
-        // Cancelled when the process stops: shutdown releases every lease it still holds.
+        // Shutdown waits for it before its release (`abandoned_drained`); cancelled only when the
+        // process stops, after that release.
         self.shutdown.spawn(async move {
             tokio::select! {
                 () = answered => {}
@@ -66,7 +69,26 @@ impl Budget {
             budget.finish_poll(task, slot, CallReport::NoCall, 0, "");
             let now = counts[index(task)].fetch_sub(1, Ordering::AcqRel) - 1;
             metrics::gauge!(m::BUDGET_ABANDONED_CALLS, "task" => task.label()).set(now as f64);
+            budget.abandoned_ended.notify_waiters();
         });
+    }
+
+    /// Waits until no call this process stopped waiting for holds tokens any more, at most
+    /// `limit` (each hold ends by its own deadline, `handler_timeout_secs` after its call was sent;
+    /// shutdown waits for them before it releases what the process holds).
+    pub(super) async fn abandoned_drained(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let ended = self.abandoned_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if Task::ALL.iter().all(|t| self.abandoned_calls(*t) == 0) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Tokens this process holds for calls its polls stopped waiting for, per task.

@@ -324,6 +324,8 @@ pub struct Budget {
     handler_timeout: Duration,
     /// Leases held for calls the polls stopped waiting for, per task ([`abandoned`]).
     abandoned: Arc<abandoned::AbandonedCounts>,
+    /// Signalled when one of those ends.
+    abandoned_ended: Arc<tokio::sync::Notify>,
 }
 
 impl Budget {
@@ -359,6 +361,7 @@ impl Budget {
             reused: Arc::default(),
             handler_timeout: p.handler_timeout(),
             abandoned: Arc::default(),
+            abandoned_ended: Arc::default(),
         }
     }
 
@@ -751,7 +754,8 @@ impl Budget {
     }
 
     /// Releases every lease this process still holds, in one call (shutdown), after sending the
-    /// finishes still carried (so that their outcomes count in the circuits). From now on no
+    /// finishes still carried (so that their outcomes count in the circuits) and after the calls
+    /// its polls stopped waiting for are over ([`abandoned`], at most `handler_timeout_secs`). From now on no
     /// acquire is sent, and one answered later gives its lease back itself; the acquires under
     /// way are awaited first (at most [`ACQUIRES_DRAIN_FOR`]), and the lease of one still not
     /// answered then (or dropped unanswered) is released too: it was tracked before its call, and
@@ -777,6 +781,9 @@ impl Budget {
                 break;
             }
         }
+        // A call a poll stopped waiting for keeps its tokens until it is answered or
+        // `handler_timeout_secs` after it was sent: the release waits for those (within that).
+        self.abandoned_drained(self.handler_timeout).await;
         self.drain_pool();
         let carried = match self.flush_carried().await {
             Ok(sent) => sent as u64,

@@ -169,3 +169,62 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
         assert_eq!(dead, 0, "no {queue} job is dead");
     }
 }
+
+/// A graceful stop waits for the calls its polls stopped waiting for: their tokens go back when
+/// the Gateway answers them (or at their deadline), not with the rest of the process's leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_an_abandoned_call_s_tokens_until_the_gateway_answers_it() {
+    use cardworker::budget::{Acquired, Budget, Slot};
+    use std::time::Instant;
+
+    let redis = PrivateRedis::start_new(false);
+    let mut config = Config::default();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.polling.handler_timeout_secs = 20;
+    config.polling.lease_ttl_secs = 30;
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let budget = Budget::new(conn.clone(), &config).with_process_id("stopping");
+    let observer = Budget::new(conn, &config).with_process_id("observer");
+    let lease = budget.new_lease_id();
+    let granted = budget
+        .acquire(Task::Carddata, &lease)
+        .await
+        .expect("acquire");
+    assert_eq!(granted, Acquired::Acquired);
+    let (answer, answered) = oneshot::channel::<()>();
+    budget.run_started(Task::Carddata, &lease);
+    budget.hold_abandoned(
+        Task::Carddata,
+        Slot {
+            lease,
+            expires: Instant::now() + Duration::from_secs(30),
+        },
+        Instant::now() + Duration::from_secs(20),
+        async move {
+            let _ = answered.await;
+        },
+    );
+    assert_eq!(budget.abandoned_calls(Task::Carddata), 1);
+
+    let release = tokio::spawn({
+        let budget = budget.clone();
+        async move { budget.release_held().await }
+    });
+    // The stop waits: the call is still at the Gateway, so its token still counts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!release.is_finished(), "the release waits for the call");
+    assert_eq!(observer.show().await.expect("show").total.in_use, 1);
+
+    answer.send(()).expect("the hold waits for the answer");
+    let released = tokio::time::timeout(Duration::from_secs(5), release)
+        .await
+        .expect("the release ends once the call is answered")
+        .expect("joined");
+    assert!(released.is_ok(), "{released:?}");
+    wait_until(Duration::from_secs(5), "the token is back", || async {
+        observer.show().await.expect("show").total.in_use == 0
+    })
+    .await;
+    assert_eq!(budget.abandoned_calls(Task::Carddata), 0);
+}
