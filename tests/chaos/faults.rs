@@ -45,6 +45,14 @@ pub enum Fault {
     GwGarbage { secs: u64, rate: f64 },
     /// A slow Gateway keeps polls in flight, then Redis pauses past the response timeout.
     StallUnderLoad { pause_ms: u64 },
+    /// A share of the cards (`per_mille` of them) answered past the client's timeout, within the
+    /// handler's, for `secs`: the worker stops waiting for those calls while the Gateway still
+    /// works on them, and they must still count against the budget.
+    GwPastTimeout {
+        secs: u64,
+        per_mille: u32,
+        seed: u64,
+    },
     /// An operator runs `enqueue payment` twice on a pending or unknown payment.
     OpRepeatPayment,
     /// An operator runs `enqueue approval` twice on a pending or unknown approval.
@@ -88,6 +96,7 @@ impl Fault {
             Fault::GwLostAnswers { .. } => "gateway lost answers + operator repeat",
             Fault::GwGarbage { .. } => "gateway garbage bodies",
             Fault::StallUnderLoad { .. } => "redis stall while polls hold the budget",
+            Fault::GwPastTimeout { .. } => "gateway answers past the client's timeout",
             Fault::OpRepeatPayment => "operator enqueue payment x2",
             Fault::OpRepeatApproval => "operator enqueue approval x2",
             Fault::OpEnqueueCard { .. } => "operator enqueue card x2",
@@ -114,6 +123,7 @@ impl Fault {
             | Fault::OpCircuitOpen { secs, .. } => secs * 1000 + 5_000,
             Fault::GwLostAnswers { secs, .. } => secs * 1000 + 31_000,
             Fault::StallUnderLoad { pause_ms } => pause_ms + 20_000,
+            Fault::GwPastTimeout { secs, .. } => secs * 1000 + 30_000,
             _ => 2_000,
         }
     }
@@ -229,6 +239,21 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
             continue;
         }
         plan.push((rng.random_range(warm..=latest), fault));
+    }
+    // Answers past the client's timeout, drawn from a stream of their own so that the rest of
+    // every seed's schedule stays as it was: one per two minutes of the phase, at least one.
+    let mut past = StdRng::seed_from_u64(seed ^ 0x7061_7374_5f74_6f75);
+    for _ in 0..(phase_ms / 120_000).max(1) {
+        let fault = Fault::GwPastTimeout {
+            secs: past.random_range(10..30),
+            per_mille: past.random_range(100..400),
+            seed: past.random(),
+        };
+        let latest = phase_ms.saturating_sub(fault.duration_ms());
+        if latest <= warm {
+            continue;
+        }
+        plan.push((past.random_range(warm..=latest), fault));
     }
     plan.sort_by_key(|(at, _)| *at);
     plan
@@ -487,6 +512,28 @@ async fn inject(world: &World, fault: &Fault) {
             redis_pause(world, *pause_ms).await;
             tokio::time::sleep(Duration::from_millis(timeout_ms / 2)).await;
             restore(world, &slow);
+        }
+        Fault::GwPastTimeout {
+            secs,
+            per_mille,
+            seed,
+        } => {
+            // Past the client's timeout (20 s) and within the handler's (22 s), per card.
+            let mut rng = StdRng::seed_from_u64(*seed);
+            let slow: Vec<String> = world
+                .cards
+                .iter()
+                .filter(|_| rng.random_range(0..1000) < *per_mille)
+                .cloned()
+                .collect();
+            for card in &slow {
+                let late = timeout_ms + rng.random_range(500..1_800);
+                world.gw.sim.set_card_latency(card, Some(late));
+            }
+            tokio::time::sleep(Duration::from_secs(*secs)).await;
+            for card in &slow {
+                world.gw.sim.set_card_latency(card, None);
+            }
         }
         Fault::OpRepeatPayment => repeat_unsettled(world, "payment").await,
         Fault::OpRepeatApproval => repeat_unsettled(world, "approval").await,

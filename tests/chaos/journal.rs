@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 
 /// A request the harness itself sends to the simulator carries this header and is not journaled:
 /// only the workers' calls are evidence.
@@ -212,12 +212,28 @@ pub async fn record(State(journal): State<Journal>, req: Request, next: Next) ->
         end_ms: None,
         status: None,
     };
+    let card_read = call.path.starts_with("/v1/cards/");
     let idx = journal.begin(call);
     let mut guard = EndGuard {
         journal,
         idx,
         status: None,
     };
+    if card_read {
+        // A card read is at the Gateway from its arrival to its answer, whether or not its
+        // client still waits (invariant 1 counts what the Gateway carries): it runs to its end
+        // on a task of its own, and its end is recorded there.
+        let run = tokio::spawn(async move {
+            let mut guard = guard;
+            let resp = next.run(req).await;
+            guard.status = Some(resp.status().as_u16());
+            resp
+        });
+        return match run.await {
+            Ok(resp) => resp,
+            Err(_) => axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        };
+    }
     let resp = next.run(req).await;
     guard.status = Some(resp.status().as_u16());
     resp
