@@ -10,6 +10,10 @@
 //! bound (`gateway::GatewayClient::holding_reads_for`), so a lease is never held for a call that
 //! is over.
 //!
+//! A call sent late in its poll (after a slow database read, say) may count past the expiry its
+//! lease got at the acquire: the lease then gets a fresh TTL shortly before that expiry
+//! (`extend` in `budget.lua`), so that it never expires under a call the Gateway may still carry.
+//!
 //! While the lease is held this way, the poll still counts as running in this process (a Redis
 //! that comes back empty gets its lease written back, [`Budget::reassert_running`], and the
 //! process admits no more polls than the total on its own), and
@@ -24,6 +28,9 @@ use std::time::Instant;
 
 use super::{pool::Slot, Budget, CallReport, Task};
 use crate::telemetry::metrics as m;
+
+/// How long before its lease's expiry a hold that outlasts it extends the lease.
+const EXTEND_BEFORE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Abandoned calls held per task in this process (carddata, card_status).
 pub(super) type AbandonedCounts = [AtomicI64; 2];
@@ -61,9 +68,28 @@ impl Budget {
         // Shutdown waits for it before its release (`abandoned_drained`); cancelled only when the
         // process stops, after that release.
         self.shutdown.spawn(async move {
-            tokio::select! {
-                () = answered => {}
-                () = tokio::time::sleep_until(until.into()) => {}
+            tokio::pin!(answered);
+            // A call sent late in its poll (a slow database first) counts past the expiry its
+            // lease got at the acquire: the lease gets a fresh TTL shortly before each expiry.
+            let mut expires = slot.expires;
+            loop {
+                let extend_at = expires.checked_sub(EXTEND_BEFORE).unwrap_or(expires);
+                let next = until.min(extend_at);
+                tokio::select! {
+                    () = &mut answered => break,
+                    () = tokio::time::sleep_until(next.into()) => {}
+                }
+                if next >= until {
+                    break;
+                }
+                let sent = Instant::now();
+                match budget.extend(task, &slot.lease).await {
+                    Ok(_) => expires = sent + budget.lease_ttl,
+                    Err(e) => {
+                        tracing::warn!(%task, error = %format!("{e:#}"), "cannot extend the lease of a call still at the Gateway; trying again in a second");
+                        expires = Instant::now() + EXTEND_BEFORE + std::time::Duration::from_secs(1);
+                    }
+                }
             }
             budget.run_ended(&slot.lease);
             budget.finish_poll(task, slot, CallReport::NoCall, 0, "");
@@ -89,6 +115,22 @@ impl Budget {
                 return;
             }
         }
+    }
+
+    /// Gives `lease` (of `task`) a full TTL from now, if it still exists: the lease of a call that
+    /// counts past the expiry its acquire gave it. Returns whether it existed.
+    pub async fn extend(&self, task: Task, lease: &str) -> anyhow::Result<bool> {
+        use anyhow::Context as _;
+        let ttl_ms = u64::try_from(self.lease_ttl.as_millis()).unwrap_or(u64::MAX);
+        let existed: i64 = self
+            .invocation("extend")
+            .arg(ttl_ms)
+            .arg(Budget::task_index(task))
+            .arg(lease)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .with_context(|| format!("extending a {task} polling lease"))?;
+        Ok(existed == 1)
     }
 
     /// Tokens this process holds for calls its polls stopped waiting for, per task.

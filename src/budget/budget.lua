@@ -14,7 +14,8 @@
 -- KEYS[12] kept hash (process id -> "expiry ms|carddata slot ids|card_status slot ids", the
 --          ids space-separated: the idle slots the process kept at its last renewal)
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
--- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force
+-- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force | reassert |
+--          extend
 --
 -- acquire: ARGV[2] task index (2 = carddata, 3 = card_status, i.e. its KEYS index)
 --          ARGV[3] task label  ARGV[4] lease id  ARGV[5] total limit  ARGV[6] config task limit
@@ -74,6 +75,10 @@
 --   added again to the total and its task's set with a full TTL, where it is missing (ZADD NX),
 --   whatever the limits say: the poll is at the Gateway, so its tokens are in use. Returns how
 --   many were added.
+-- extend: ARGV[2] lease ttl ms, ARGV[3] task index, ARGV[4] lease id: a full TTL from now for a
+--   lease that still exists (ZADD XX, in the total and its task's set): the lease of a call its
+--   poll stopped waiting for, which counts until handler_timeout after it was sent, past the
+--   expiry its acquire gave it. Returns 1 when the lease still existed.
 local op = ARGV[1]
 
 -- A limit as `budget set` writes it: plain digits, 1..=ceiling. Anything else (garbage written
@@ -265,6 +270,13 @@ elseif op == 'release' then
     if a + b + c > 0 then existed = existed + 1 end
   end
   return existed
+elseif op == 'extend' then
+  local expiry = clock() + tonumber(ARGV[2])
+  local index, lease = tonumber(ARGV[3]), ARGV[4]
+  local a = redis.call('ZADD', KEYS[1], 'XX', 'CH', expiry, lease)
+  redis.call('ZADD', KEYS[index], 'XX', expiry, lease)
+  if a == 1 or redis.call('ZSCORE', KEYS[1], lease) then return 1 end
+  return 0
 elseif op == 'reassert' then
   local expiry = clock() + tonumber(ARGV[2])
   local added = 0

@@ -342,8 +342,8 @@ impl circuit::Lease for LeaseGuard {
 
     /// Ends a poll whose Gateway call it stopped waiting for: the outcome (the timeout, a
     /// failure) counts in the circuit now, and the tokens stay held until the call is over or
-    /// `polling.handler_timeout_secs` after it was sent (`budget::abandoned`), never past the
-    /// lease's own expiry.
+    /// `polling.handler_timeout_secs` after it was sent (`budget::abandoned`, which extends the
+    /// lease when that is past its expiry).
     fn finish_after(mut self: Box<Self>, reported: Reported, call: AtGateway) {
         if let Some(held) = self.held.take() {
             self.budget.report_outcome(
@@ -352,7 +352,7 @@ impl circuit::Lease for LeaseGuard {
                 held.probe_round,
                 &reported.card_ref,
             );
-            let until = (call.sent() + self.budget.handler_timeout()).min(held.slot.expires);
+            let until = call.sent() + self.budget.handler_timeout();
             tracing::debug!(
                 task = held.task.label(),
                 card_ref = %reported.card_ref,

@@ -228,3 +228,58 @@ async fn shutdown_keeps_an_abandoned_call_s_tokens_until_the_gateway_answers_it(
     .await;
     assert_eq!(budget.abandoned_calls(Task::Carddata), 0);
 }
+
+/// A call sent late in its poll counts past the expiry its lease got at the acquire: the lease is
+/// extended, so that it neither expires nor goes back before the call's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_call_that_outlasts_its_lease_keeps_its_tokens_until_its_deadline() {
+    use cardworker::budget::{Budget, Slot};
+    use std::time::Instant;
+
+    let redis = PrivateRedis::start_new(false);
+    let mut config = Config::default();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    // A short lease, so that the call's deadline comes after its expiry.
+    config.polling.lease_ttl_secs = 4;
+    config.polling.handler_timeout_secs = 8;
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let budget = Budget::new(conn.clone(), &config).with_process_id("late");
+    let observer = Budget::new(conn, &config).with_process_id("observer");
+    let lease = budget.new_lease_id();
+    let acquired_at = Instant::now();
+    budget
+        .acquire(Task::CardStatus, &lease)
+        .await
+        .expect("acquire");
+    budget.run_started(Task::CardStatus, &lease);
+    let deadline = acquired_at + Duration::from_secs(8);
+    budget.hold_abandoned(
+        Task::CardStatus,
+        Slot {
+            lease,
+            expires: acquired_at + Duration::from_secs(4),
+        },
+        deadline,
+        std::future::pending::<()>(),
+    );
+    // Past the lease's first expiry, before the call's deadline: still counted, never expired.
+    while Instant::now() < acquired_at + Duration::from_secs(6) {
+        let view = observer.show().await.expect("show");
+        assert_eq!(view.total.in_use, 1, "held until the deadline: {view:?}");
+        assert_eq!(view.total.leases_expired, 0, "{view:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_until(
+        Duration::from_secs(6),
+        "the token is back after the deadline",
+        || async { observer.show().await.expect("show").total.in_use == 0 },
+    )
+    .await;
+    assert!(Instant::now() >= deadline, "not before the deadline");
+    let view = observer.show().await.expect("show");
+    assert_eq!(
+        view.total.leases_expired, 0,
+        "released, not expired: {view:?}"
+    );
+}
