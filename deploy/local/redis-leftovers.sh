@@ -10,8 +10,9 @@ file=${2:?usage: redis-leftovers.sh before|after FILE}
 cli=(redis-cli -h 127.0.0.1 -p 6379 -n 0)
 
 snapshot() {
-  { "${cli[@]}" --scan | sed 's/^/key /'
-    "${cli[@]}" zrange core:apalis:queues:list 0 -1 | sed 's/^/queue /'
+  # redis-cli prints one empty line for an empty list: no entry.
+  { "${cli[@]}" --scan | sed '/^$/d; s/^/key /'
+    "${cli[@]}" zrange core:apalis:queues:list 0 -1 | sed '/^$/d; s/^/queue /'
   } | LC_ALL=C sort -u
 }
 
