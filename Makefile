@@ -84,8 +84,8 @@ clippy:
 ## the API docs (rustdoc warnings denied: every intra-doc link resolves) and the deployment lint.
 lint: fmt clippy lint-history doc lint-deploy
 
-## Fails on history in code comments: an issue number, "used to" or "as before" in src/ or jobs/
-## (deploy/lint-history.sh). History goes in commit messages and docs/.
+## Fails on history in code comments: an issue number, "used to" or "as before" in src/, jobs/,
+## wire/ or sim/ (deploy/lint-history.sh). History goes in commit messages and docs/.
 lint-history:
 	bash deploy/lint-history.sh
 

@@ -6,6 +6,10 @@
 //! it runs archive and retention only when operators switch them on.
 //!
 //! # Layout
+//! Two crates of the workspace sit below every module: `cardworker-wire` (the Gateway contract's
+//! wire types, re-exported from [`gateway`]) and `cardworker-sim` (the Gateway simulator behind
+//! `cardworker gateway-sim`, the tests and the benchmarks, re-exported as [`sim`]).
+//!
 //! Modules are listed bottom-up; a module imports only from modules above it in this list (the
 //! layering test in `tests/layering.rs` enforces it; docs/DESIGN.md explains the layers).
 //! - [`config`]: typed layered configuration, validated once.
@@ -15,7 +19,6 @@
 //! - [`storage`], [`gateway`], [`queue`], [`budget`]: PostgreSQL, the Gateway client, the bounded
 //!   intake, admission of a poll (the polling budget's leases and the Gateway circuit breaker).
 //! - [`cards`]: the card domain (applying an observed change), shared by polling and callbacks.
-//! - [`sim`]: the Gateway simulator (`cardworker gateway-sim`, tests, benchmarks).
 //! - [`context`]: [`context::AppContext`], what every job shares.
 //! - [`runner`]: how a job runs on apalis (the job trait, the one service, spawning, supervision).
 //! - [`settle`]: the one reliable path of every call that makes the Gateway act (payments,
@@ -45,7 +48,10 @@ pub mod queue;
 pub mod runner;
 pub mod settle;
 pub mod shutdown;
-pub mod sim;
 pub mod storage;
 pub mod telemetry;
 pub mod workers;
+
+/// The Gateway simulator, a crate of its own (`cardworker-sim`, over the wire types only),
+/// re-exported so that the tests and benchmarks reach it as `cardworker::sim`.
+pub use cardworker_sim as sim;

@@ -5,8 +5,8 @@
 //! for every card and the worker would record a burst of changes that never happened (active
 //! cards flipping back to inactive). `--seed-from-db` avoids that: before it listens, the
 //! simulator loads each card's data and status from the database the worker writes to, and
-//! carries on from there. The seeding lives here, not in `crate::sim`, because the simulator
-//! depends only on the Gateway's wire types, never on storage.
+//! carries on from there. The seeding lives here, not in the simulator's crate (`cardworker-sim`),
+//! because the simulator depends only on the Gateway's wire types, never on storage.
 
 use anyhow::Context as _;
 use sqlx::PgPool;
@@ -15,8 +15,8 @@ use super::args::SimArgs;
 use super::{shutdown_signal, CommandError};
 use crate::config::Config;
 use crate::gateway::{CardData, CardStatus};
-use crate::sim::{SimCardPatch, SimConfig, Simulator};
 use crate::storage::{self, cards::Card};
+use cardworker_sim::{SimCardPatch, SimConfig, Simulator};
 
 /// Cards read per query while seeding.
 const SEED_PAGE: i64 = 1000;

@@ -8,16 +8,17 @@
 //! `Accept: application/json`, and records `cardworker_gateway_request_duration_seconds{call}`
 //! (the name is [`crate::telemetry::metrics::GATEWAY_REQUEST_DURATION`]).
 //!
-//! The simulator that speaks the same contract lives in [`crate::sim`]; it depends only on the
-//! wire types re-exported here.
+//! The wire types are the `cardworker-wire` crate, re-exported here. The simulator that speaks
+//! the same contract is the `cardworker-sim` crate ([`crate::sim`]); it depends only on them.
 //!
 //! # Layout
 //! The client is split by the question each part answers, so that the rules the spec fixes can
 //! be read, and tested, apart from the HTTP plumbing:
 //! - `wire.rs` — *what is on the wire?* The header names, the request and response bodies
-//!   ([`CardData`], [`CardStatus`], [`PaymentRequest`], [`PaymentResult`], [`PaymentQuery`]),
-//!   [`CallKind`], and the hand-written decoders of response bodies (the module says why they
-//!   are not serde derive: serde errors quote values, which may be card numbers).
+//!   ([`CardData`], [`CardStatus`], [`PaymentRequest`], [`PaymentResult`], [`PaymentQuery`]) and
+//!   [`CallKind`], from `cardworker-wire`, and the hand-written decoders of response bodies (the
+//!   module says why they are not serde derive: serde errors quote values, which may be card
+//!   numbers, and why they stay here).
 //! - `classify.rs` — *what did the call mean?* The pure function per call kind from status,
 //!   body bytes or transport error to [`Outcome`] (`Valid` / `Failed` / `Unknown`) with a
 //!   [`Failure`] reason; [`CallResult`]. No I/O, unit-tested rule by rule.

@@ -2,9 +2,10 @@
 //! Gateway contract (spec sections 1 and 7: cards, payments, approvals) from an in-memory card set, for local runs, demos, load
 //! tests, the benches and the integration tests.
 //!
-//! It depends only on the Gateway's wire types ([`crate::gateway`]'s `CallKind`, `CardData`,
-//! `CardStatus`, `PaymentRequest`, `PaymentResult`, `PaymentStatus` and header names), never on
-//! the worker's polling, storage or queue code.
+//! A crate of its own (`cardworker-sim`): it depends only on the Gateway's wire types
+//! (`cardworker-wire`: `CallKind`, `CardData`, `CardStatus`, the payment and approval bodies and
+//! the header names), never on the worker, so it cannot reach its polling, storage or queue code.
+//! The worker re-exports it as `cardworker::sim`.
 //!
 //! Behaviour is steered at run time through Rust methods on [`Simulator`] or through the HTTP
 //! control API under `/sim/…`:
@@ -30,26 +31,32 @@
 //! 127.0.0.1:8089/sim/config`.
 //!
 //! # Layout
-//! - `approvals.rs`: `POST /v1/approvals` and `GET /v1/approvals/{id}`: `in_review` at
-//!   `approval_in_review_rate`, decided `approval_review_ms` later (declined at
-//!   `approval_decline_rate`), idempotent ([`ApprovalRecord`]).
+//! Bottom-up; a file imports only files above it in this list, so no two import each other.
 //! - `config.rs`: [`SimConfig`] and its patch ([`SimConfigPatch`], rates validated to 0..=1),
 //!   the per-card [`CardBehaviour`], the per-payment [`PaymentBehaviour`], [`GarbageKind`].
-//! - `state.rs`: the in-memory state (cards [`SimCard`], payments [`PaymentRecord`], the request
-//!   log [`RequestRecord`]) and its pure decisions: a card changing as it is read, a payment
-//!   submission counted, a payment decided once and answered the same ever after.
+//! - `approvals.rs`: the approval book ([`ApprovalRecord`]) and its pure decisions: `in_review`
+//!   at `approval_in_review_rate`, decided `approval_review_ms` later (declined at
+//!   `approval_decline_rate`), idempotent.
+//! - `state.rs`: the in-memory state (cards [`SimCard`], payments [`PaymentRecord`], the
+//!   approval book, the request log [`RequestRecord`]) and its pure decisions: a card changing as
+//!   it is read, a payment submission counted, a payment decided once and answered the same ever
+//!   after.
 //! - `answer.rs`: what one call answers, without HTTP: the latency / outage / bad-body dice and
 //!   the card and bad payment bodies.
 //! - `stats.rs`: in-flight accounting and peaks ([`SimStats`]).
 //! - `simulator.rs`: [`Simulator`], the shared state under its locks, and the control methods.
-//! - `routes.rs`: the axum router ([`Simulator::router`]) and its handlers, thin shells over
-//!   `state.rs` and `answer.rs`.
+//! - `reply.rs`: the HTTP responses the handlers share (an answer rendered, `409`, `400`).
+//! - `approval_routes.rs`: `POST /v1/approvals` and `GET /v1/approvals/{id}`, over the book.
+//! - `routes.rs`: the axum router ([`Simulator::router`]), the card, payment and `/sim`
+//!   handlers, thin shells over `state.rs` and `answer.rs`.
 //! - `server.rs`: [`Simulator::serve`], [`Simulator::spawn_on`] / [`Simulator::spawn_with`] and
 //!   the [`SimHandle`] that stops a spawned server.
 
 mod answer;
+mod approval_routes;
 mod approvals;
 mod config;
+mod reply;
 mod routes;
 mod server;
 mod simulator;

@@ -1,32 +1,22 @@
-//! The simulator's approvals (spec section 7): `POST /v1/approvals` and
-//! `GET /v1/approvals/{approval_id}`.
+//! The simulator's approval book (spec section 7): what it saw of each approval id, and the pure
+//! decisions on it.
 //!
 //! A new approval is answered `in_review` with probability `approval_in_review_rate`, else
 //! decided at once (`declined` with probability `approval_decline_rate`, else `approved`). One in
 //! review is decided `approval_review_ms` after its POST (declined with the same probability),
 //! which a later `GET` (the worker's recovery query) then answers: that is how `make run` shows an
 //! approval move from `in_review` to a decision. Answers are idempotent: an approval on record is
-//! answered as recorded, whatever the dice say now. Every POST is counted with its
-//! `Idempotency-Key`, before any simulated trouble (the Gateway did receive it); the global
-//! latency, error and garbage dice apply as to every call.
+//! answered as recorded, whatever the dice say now.
+//!
+//! Nothing here sleeps, locks or speaks HTTP (the routes are `approval_routes.rs`); randomness
+//! comes in as an `Rng`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use cardworker_wire::{ApprovalRequest, ApprovalResult, ApprovalStatus};
 use serde::Serialize;
-use serde_json::json;
 use uuid::Uuid;
-
-use super::answer::{Answer, Disturbance};
-use super::simulator::{header_value, Simulator};
-use crate::gateway::{
-    ApprovalRequest, ApprovalResult, ApprovalStatus, CallKind, IDEMPOTENCY_HEADER,
-};
 
 /// What the simulator saw of one approval id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -102,90 +92,6 @@ pub(crate) fn query(approvals: &mut Approvals, id: Uuid) -> Option<ApprovalResul
     let rec = approvals.get_mut(&id)?;
     rec.settle_due(Instant::now());
     rec.stored.clone()
-}
-
-pub(crate) async fn h_submit(
-    State(sim): State<Simulator>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let call = CallKind::ApprovalSubmit;
-    let _guard = sim.in_flight(call);
-    sim.record(call, "/v1/approvals".to_owned(), &headers);
-    let req: ApprovalRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({"error": format!("bad approval request: {e}")})),
-            )
-                .into_response()
-        }
-    };
-    let key = header_value(&headers, IDEMPOTENCY_HEADER);
-    // Counted before any simulated trouble or conflict: the Gateway did receive it.
-    sim.with_state(|st| {
-        st.approvals
-            .entry(req.approval_id)
-            .or_default()
-            .idempotency_keys
-            .push(key.clone().unwrap_or_default())
-    });
-    let Some(_post) = sim.begin_post(key.as_deref().unwrap_or_default()) else {
-        return super::routes::conflict();
-    };
-    let disturbance = sim.prelude().await;
-    if key.as_deref() != Some(req.approval_id.to_string().as_str()) {
-        return (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Json(json!({"error": "Idempotency-Key must equal approval_id"})),
-        )
-            .into_response();
-    }
-    sim.count_disturbance(call, disturbance);
-    match disturbance {
-        Some(Disturbance::Error) => return super::routes::render(Answer::Unavailable),
-        Some(Disturbance::Garbage(_)) => return super::routes::render(Answer::NotJson),
-        None => {}
-    }
-    let config = sim.config();
-    sim.sleep(config.post_act_delay_ms).await;
-    let dice = ApprovalDice {
-        in_review_rate: config.approval_in_review_rate,
-        decline_rate: config.approval_decline_rate,
-        review_ms: config.approval_review_ms,
-    };
-    let result = sim.with_state(|st| submit(&mut st.approvals, &req, dice, &mut rand::rng()));
-    sim.sleep(config.post_answer_delay_ms).await;
-    (StatusCode::OK, Json(result)).into_response()
-}
-
-pub(crate) async fn h_query(
-    State(sim): State<Simulator>,
-    Path(approval_id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let call = CallKind::ApprovalQuery;
-    let _guard = sim.in_flight(call);
-    sim.record(call, format!("/v1/approvals/{approval_id}"), &headers);
-    let disturbance = sim.prelude().await;
-    let Ok(id) = Uuid::parse_str(&approval_id) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    sim.count_disturbance(call, disturbance);
-    match disturbance {
-        Some(Disturbance::Error) => return super::routes::render(Answer::Unavailable),
-        Some(Disturbance::Garbage(_)) => return super::routes::render(Answer::NotJson),
-        None => {}
-    }
-    match sim.with_state(|st| query(&mut st.approvals, id)) {
-        Some(r) => (StatusCode::OK, Json(r)).into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error": "unknown approval"})),
-        )
-            .into_response(),
-    }
 }
 
 #[cfg(test)]

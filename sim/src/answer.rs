@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::config::{CardBehaviour, GarbageKind, SimConfig};
 use super::state::SimCard;
-use crate::gateway::{CallKind, CardData};
+use cardworker_wire::{CallKind, CardData};
 
 /// Trouble rolled for one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +152,7 @@ mod tests {
     use rand::SeedableRng as _;
 
     use super::*;
-    use crate::gateway::{CardStatus, PaymentResult};
+    use cardworker_wire::{CardStatus, PaymentResult};
 
     const ROLLS: usize = 2000;
 

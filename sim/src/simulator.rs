@@ -9,12 +9,13 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use super::answer::{self, Disturbance};
+use super::approvals::ApprovalRecord;
 use super::config::{
     clamp01, CardBehaviour, GarbageKind, PaymentBehaviour, SimConfig, SimConfigPatch,
 };
 use super::state::{PaymentRecord, RequestRecord, SimCard, SimCardPatch, SimState};
 use super::stats::{Counters, SimStats};
-use crate::gateway::{
+use cardworker_wire::{
     CallKind, CardData, CardStatus, PaymentResult, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
 
@@ -198,7 +199,7 @@ impl Simulator {
     }
 
     /// What the simulator saw of this approval.
-    pub fn approval_record(&self, approval_id: Uuid) -> Option<super::ApprovalRecord> {
+    pub fn approval_record(&self, approval_id: Uuid) -> Option<ApprovalRecord> {
         lock(&self.inner.state).approvals.get(&approval_id).cloned()
     }
 

@@ -27,7 +27,7 @@ impl SimHandle {
         self.addr
     }
 
-    /// `http://ADDR`, for [`crate::gateway::GatewayClient::new`].
+    /// `http://ADDR`, the base URL for the worker's Gateway client.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -122,8 +122,8 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::gateway::{PaymentStatus, IDEMPOTENCY_HEADER};
-    use crate::sim::PaymentBehaviour;
+    use crate::PaymentBehaviour;
+    use cardworker_wire::{PaymentStatus, IDEMPOTENCY_HEADER};
 
     #[tokio::test]
     async fn spawn_refuses_a_config_with_an_out_of_range_rate() {

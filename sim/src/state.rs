@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::config::{CardBehaviour, PaymentBehaviour, SimConfig};
-use crate::gateway::{
+use cardworker_wire::{
     CallKind, CardData, CardStatus, PaymentRequest, PaymentResult, PaymentStatus,
 };
 
@@ -270,7 +270,7 @@ mod tests {
     use rand::SeedableRng as _;
 
     use super::*;
-    use crate::sim::config::GarbageKind;
+    use crate::config::GarbageKind;
 
     const READS: usize = 1000;
 

@@ -3,7 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -11,12 +11,14 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::answer::{card_answer, card_disturbance, payment_garbage, Answer, Disturbance};
+use super::answer::{card_answer, card_disturbance, payment_garbage, Disturbance};
+use super::approval_routes;
 use super::config::{PaymentBehaviour, SimConfig, SimConfigPatch};
+use super::reply::{bad_request, conflict, render, unavailable};
 use super::simulator::{header_value, InFlight, Simulator};
 use super::state::{RequestRecord, SimCardPatch};
 use super::stats::SimStats;
-use crate::gateway::{CallKind, PaymentRequest, IDEMPOTENCY_HEADER};
+use cardworker_wire::{CallKind, PaymentRequest, IDEMPOTENCY_HEADER};
 
 impl Simulator {
     /// The axum app (Gateway routes, `/healthz` and the `/sim` control API).
@@ -27,11 +29,8 @@ impl Simulator {
             .route("/v1/cards/{card_ref}/status", get(h_card_status))
             .route("/v1/payments", post(h_payment_submit))
             .route("/v1/payments/{payment_id}", get(h_payment_query))
-            .route("/v1/approvals", post(super::approvals::h_submit))
-            .route(
-                "/v1/approvals/{approval_id}",
-                get(super::approvals::h_query),
-            )
+            .route("/v1/approvals", post(approval_routes::h_submit))
+            .route("/v1/approvals/{approval_id}", get(approval_routes::h_query))
             .route("/sim/stats", get(h_stats))
             .route("/sim/stats/reset-peaks", post(h_reset_peaks))
             .route("/sim/config", get(h_get_config).post(h_patch_config))
@@ -42,40 +41,6 @@ impl Simulator {
             )
             .route("/sim/requests", get(h_requests))
             .with_state(self.clone())
-    }
-}
-
-/// `409 Conflict`: a `POST` with the same `Idempotency-Key` is still being processed.
-pub(super) fn conflict() -> Response {
-    (
-        StatusCode::CONFLICT,
-        Json(json!({"error": "a request with this Idempotency-Key is still being processed"})),
-    )
-        .into_response()
-}
-
-fn unavailable() -> Response {
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({"error": "simulated outage"})),
-    )
-        .into_response()
-}
-
-fn not_json() -> Response {
-    let mut r = (StatusCode::OK, "<html><body>upstream hiccup</body></html>").into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    r
-}
-
-pub(crate) fn render(answer: Answer) -> Response {
-    match answer {
-        Answer::Unavailable => unavailable(),
-        Answer::NotJson => not_json(),
-        Answer::Json(body) => (StatusCode::OK, Json(body)).into_response(),
     }
 }
 
@@ -220,10 +185,6 @@ async fn h_get_config(State(sim): State<Simulator>) -> Json<SimConfig> {
     Json(sim.config())
 }
 
-fn bad_request(msg: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({ "error": msg }))).into_response()
-}
-
 async fn h_patch_config(State(sim): State<Simulator>, body: Bytes) -> Response {
     let patch: SimConfigPatch = match serde_json::from_slice(&body) {
         Ok(p) => p,
@@ -292,8 +253,8 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::gateway::{PaymentResult, PaymentStatus, CORRELATION_HEADER};
-    use crate::sim::SimHandle;
+    use crate::SimHandle;
+    use cardworker_wire::{PaymentResult, PaymentStatus, CORRELATION_HEADER};
 
     async fn start() -> (Simulator, SimHandle, Client) {
         let config = SimConfig {

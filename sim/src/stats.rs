@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::answer::Disturbance;
-use crate::gateway::CallKind;
+use cardworker_wire::CallKind;
 
 /// In-flight accounting (`GET /sim/stats`). Keys are call kinds (`carddata`, `card_status`,
 /// `payment_submit`, `payment_query`, `approval_submit`, `approval_query`); a kind appears once it
@@ -316,7 +316,7 @@ mod tests {
 
     #[test]
     fn injected_errors_and_garbage_answers_are_counted_apart_per_call_kind() {
-        use crate::sim::config::GarbageKind;
+        use crate::config::GarbageKind;
         let mut c = Counters::default();
         c.disturbed(CallKind::Carddata, Disturbance::Error);
         c.disturbed(CallKind::Carddata, Disturbance::Error);
