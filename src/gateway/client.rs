@@ -26,16 +26,12 @@ use super::classify::{
 };
 use super::mask::{redact_digits, truncate};
 use super::redact;
-use super::wire::{ApprovalQuery, ApprovalRequest, ApprovalResult, PaymentQuery};
+use super::wire::{
+    ApprovalQuery, ApprovalRequest, ApprovalResult, CallKind, CardData, CardStatus, PaymentQuery,
+    PaymentRequest, PaymentResult, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
+};
 use crate::config::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;
-
-// `sim.rs` imports these from here (`use super::client::{…}`); they live in `wire.rs`. Keep
-// this re-export until that import names `super::wire` or `crate::gateway`.
-pub use super::wire::{
-    CallKind, CardData, CardStatus, PaymentRequest, PaymentResult, PaymentStatus,
-    CORRELATION_HEADER, IDEMPOTENCY_HEADER,
-};
 
 /// The Gateway client. Cheap to clone (the connection pool is shared).
 #[derive(Debug, Clone)]
