@@ -1,6 +1,6 @@
 //! The Gateway simulator behind `cardworker gateway-sim`: a real axum server that speaks the
-//! Gateway contract (spec sections 1 and 7: cards, payments, approvals) from an in-memory card set, for local runs, demos, load
-//! tests, the benches and the integration tests.
+//! Gateway contract (spec sections 1 and 7: cards, payments, approvals) from an in-memory card
+//! set, for local runs, demos, load tests, the benches and the integration tests.
 //!
 //! A crate of its own (`cardworker-sim`): it depends only on the Gateway's wire types
 //! (`cardworker-wire`: `CallKind`, `CardData`, `CardStatus`, the payment and approval bodies and
@@ -51,6 +51,8 @@
 //!   handlers, thin shells over `state.rs` and `answer.rs`.
 //! - `server.rs`: [`Simulator::serve`], [`Simulator::spawn_on`] / [`Simulator::spawn_with`] and
 //!   the [`SimHandle`] that stops a spawned server.
+//!
+//! `tests/routes.rs` drives the routes over a real socket through this public API.
 
 mod answer;
 mod approval_routes;

@@ -1,5 +1,6 @@
 //! The simulator's HTTP routes: the Gateway contract (`/v1/…`), `/healthz` and the `/sim`
-//! control API, each handler a thin shell over the state's decisions and [`super::answer`].
+//! control API, each handler a thin shell over the state's decisions and [`super::answer`]
+//! (the approval handlers are `approval_routes.rs`). `tests/routes.rs` drives them over a socket.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
