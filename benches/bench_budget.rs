@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use cardworker::budget::Budget;
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::gateway::GatewayClient;
 use cardworker::polling::budget_layer::PollingBudgetLayer;
 use cardworker::polling::chain;
@@ -143,9 +143,9 @@ fn config(url: &str, prefix: &str, total: u32, task: u32) -> Config {
     let mut c = Config::default();
     c.redis.url = url.into();
     c.redis.key_prefix = prefix.to_owned();
-    c.polling.total_limit = total;
-    c.polling.carddata.limit = task;
-    c.polling.card_status.limit = task;
+    c.polling.total_limit = Limit::new(total).expect("a limit");
+    c.polling.carddata.limit = Limit::new(task).expect("a limit");
+    c.polling.card_status.limit = Limit::new(task).expect("a limit");
     c.polling.defer_delay_secs = 1;
     c.polling.defer_max_delay_secs = 2;
     c

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::context::AppContext;
 use cardworker::polling::chain::{self, Count};
 use cardworker::polling::reconcile;
@@ -145,9 +145,9 @@ fn config(db_url: &str, redis_url: &str, prefix: &str, gateway: &str) -> anyhow:
     c.redis.url = redis_url.to_owned().into();
     c.redis.key_prefix = prefix.to_owned();
     c.gateway.base_url = gateway.into();
-    c.polling.total_limit = 256;
-    c.polling.carddata.limit = 128;
-    c.polling.card_status.limit = 128;
+    c.polling.total_limit = Limit::new(256).expect("a limit");
+    c.polling.carddata.limit = Limit::new(128).expect("a limit");
+    c.polling.card_status.limit = Limit::new(128).expect("a limit");
     c.polling.carddata.interval_secs = 3600;
     c.polling.card_status.interval_secs = 3600;
     // Scheduled reconciles stay out of the way (the bench sweeps once itself).

@@ -74,7 +74,7 @@ pub use carry::TransitionHook;
 pub use circuit::{CallReport, CircuitState, CircuitView, Forced, Transition};
 pub use pool::Slot;
 
-use crate::config::{Config, Task, LIMIT_CEILING};
+use crate::config::{Config, Limit, Task, LIMIT_CEILING};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 
@@ -219,12 +219,12 @@ pub struct Finished {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TaskView {
     /// The effective limit: the valid override, else the config value, at most the total.
-    pub limit: u32,
+    pub limit: Limit,
     /// `polling.<task>.limit`.
-    pub config_limit: u32,
+    pub config_limit: Limit,
     /// The valid runtime override, if any.
     #[serde(rename = "override")]
-    pub override_limit: Option<u32>,
+    pub override_limit: Option<Limit>,
     /// An override in Redis that is not a valid limit (ignored; the config value applies).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid_override: Option<String>,
@@ -246,7 +246,7 @@ pub struct TaskView {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TotalView {
     /// `polling.total_limit`.
-    pub limit: u32,
+    pub limit: Limit,
     /// Tokens held by running polls, fleet-wide.
     pub in_use: u64,
     /// Tokens processes keep idle between their polls, fleet-wide.
@@ -273,9 +273,9 @@ pub struct BudgetView {
 pub struct Budget {
     conn: ConnectionManager,
     prefix: String,
-    total_limit: u32,
-    carddata_limit: u32,
-    card_status_limit: u32,
+    total_limit: Limit,
+    carddata_limit: Limit,
+    card_status_limit: Limit,
     lease_ttl: Duration,
     /// `[polling.circuit]`, packed as the script reads it.
     circuit: Arc<str>,
@@ -408,7 +408,7 @@ impl Budget {
     }
 
     /// The config limit of one task.
-    pub fn config_limit(&self, task: Task) -> u32 {
+    pub fn config_limit(&self, task: Task) -> Limit {
         match task {
             Task::Carddata => self.carddata_limit,
             Task::CardStatus => self.card_status_limit,
@@ -421,7 +421,7 @@ impl Budget {
     }
 
     /// `polling.total_limit`.
-    pub fn total_limit(&self) -> u32 {
+    pub fn total_limit(&self) -> Limit {
         self.total_limit
     }
 
@@ -513,8 +513,8 @@ impl Budget {
         inv.arg(Self::task_index(task))
             .arg(task.label())
             .arg(lease_id)
-            .arg(self.total_limit)
-            .arg(self.config_limit(task))
+            .arg(self.total_limit.get())
+            .arg(self.config_limit(task).get())
             .arg(LIMIT_CEILING)
             .arg(ttl_ms)
             .arg(&*self.circuit)
@@ -724,7 +724,7 @@ impl Budget {
             tracing::warn!(
                 task = task.label(),
                 stored = %raw,
-                config_limit = self.config_limit(task),
+                config_limit = self.config_limit(task).get(),
                 key = %overrides_key(&self.prefix),
                 "invalid budget override in Redis ignored; the config limit applies \
                  (fix it with `cardworker budget set` or `budget clear`)"
@@ -893,7 +893,7 @@ impl Budget {
         ] {
             let config_limit = self.config_limit(task);
             let raw = overrides.get(task.label());
-            let valid = raw.and_then(|r| crate::config::parse_limit(r).ok());
+            let valid = raw.and_then(|r| r.parse::<Limit>().ok());
             let invalid = match (raw, valid) {
                 (Some(r), None) => Some(r.clone()),
                 _ => None,
@@ -929,13 +929,13 @@ impl Budget {
         })
     }
 
-    /// Sets a runtime override of `task`'s limit. The caller validated it (see
+    /// Sets a runtime override of `task`'s limit (checked against the total by
     /// [`crate::commands::budget::validate_override`]).
-    pub async fn set_override(&self, task: Task, limit: u32) -> anyhow::Result<()> {
+    pub async fn set_override(&self, task: Task, limit: Limit) -> anyhow::Result<()> {
         let _: i64 = redis::cmd("HSET")
             .arg(overrides_key(&self.prefix))
             .arg(task.label())
-            .arg(limit)
+            .arg(limit.get())
             .query_async(&mut self.conn.clone())
             .await
             .with_context(|| format!("setting the {task} budget override"))?;

@@ -153,7 +153,7 @@ impl Budget {
         // whatever Redis says (right after Redis came back empty it has forgotten their leases
         // until the probe writes them back). Nor is one admitted during a hold after a Redis
         // failure (`Budget::hold_for`): another process's leases may not be back yet.
-        if self.running_polls() >= self.total_limit() as usize || self.is_held() {
+        if self.running_polls() >= usize::from(self.total_limit()) || self.is_held() {
             return Ok((
                 Acquired::Short {
                     reason: ShortReason::Total,
@@ -392,12 +392,12 @@ impl Budget {
         let mut inv = self.invocation("renew");
         inv.arg(&*self.owner)
             .arg(ttl_ms)
-            .arg(self.total_limit)
+            .arg(self.total_limit.get())
             .arg(LIMIT_CEILING)
             .arg(&*self.circuit);
         for (task, r) in &parts {
             inv.arg(task.label())
-                .arg(self.config_limit(*task))
+                .arg(self.config_limit(*task).get())
                 .arg(r.successes)
                 .arg(r.keep.len())
                 .arg(r.back.len())

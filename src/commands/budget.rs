@@ -11,23 +11,25 @@ use super::args::{BudgetCommand, CircuitCommand, Format};
 use super::operator::{self, Action as Recorded, Operator};
 use super::CommandError;
 use crate::budget::{Budget, BudgetView, CircuitState, CircuitView};
-use crate::config::{parse_limit, Config, Task};
+use crate::config::{Config, Limit, Task};
 
 /// A validated `budget` subcommand (with its `--reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Show(Format),
-    Set(Task, u32, Option<String>),
+    Set(Task, Limit, Option<String>),
     Clear(Task, Option<String>),
     Pause(Vec<Task>, Option<String>),
     Resume(Vec<Task>, Option<String>),
 }
 
-/// Validates a runtime override exactly like the config: an integer in 1..=256, at most
+/// Validates a runtime override exactly like the config: a [`Limit`], at most
 /// `polling.total_limit`.
-pub fn validate_override(config: &Config, task: Task, raw: &str) -> Result<u32, CommandError> {
+pub fn validate_override(config: &Config, task: Task, raw: &str) -> Result<Limit, CommandError> {
     let key = format!("polling.{}.limit (runtime override, --limit)", task.label());
-    let n = parse_limit(raw).map_err(|e| CommandError::Usage(format!("{key} = {raw:?}: {e}")))?;
+    let n: Limit = raw
+        .parse()
+        .map_err(|e| CommandError::Usage(format!("{key} = {raw:?}: {e}")))?;
     let total = config.polling.total_limit;
     if n > total {
         return Err(CommandError::Usage(format!(
@@ -67,7 +69,7 @@ fn task_ids(tasks: &[Task]) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BudgetChange {
     /// A runtime per-task limit override.
-    Set(Task, u32),
+    Set(Task, Limit),
     /// Clears the override.
     Clear(Task),
     /// The runtime brake on.
@@ -370,7 +372,9 @@ mod tests {
             "{e}"
         );
         assert_eq!(
-            validate_override(&config, Task::CardStatus, "8").ok(),
+            validate_override(&config, Task::CardStatus, "8")
+                .ok()
+                .map(Limit::get),
             Some(8)
         );
     }

@@ -39,7 +39,8 @@
 //! - `load`: the layering (defaults -> file -> `CARDWORKER__...` env), the merge that refuses
 //!   unknown keys and records the source of every key it sets, the check of every value against
 //!   its rule, and [`Config::validate`].
-//! - `rules`: what a value rule may say, [`parse_limit`], and how a refused value is shown.
+//! - `rules`: what a value rule may say and how a refused value is shown.
+//! - `limit`: [`Limit`], a polling limit, whose constructors are the one range check of limits.
 //! - `relations`: the checks between keys (limits, timeouts, delays), on the typed [`Config`].
 //! - `secret`: [`SecretUrl`] and URL redaction ([`Config::redacted`]).
 //! - `source`: [`Source`], where a value came from, and the per-key record the merge keeps.
@@ -51,6 +52,7 @@
 //! the env variable names in the sources; `docs/DESIGN.md` has the measurement.
 
 mod error;
+mod limit;
 mod load;
 mod relations;
 mod rules;
@@ -59,7 +61,7 @@ mod source;
 mod types;
 
 pub use error::{ConfigError, Problem, Related};
-pub use rules::parse_limit;
+pub use limit::{Limit, LimitError, LIMIT_CEILING};
 pub use secret::{SecretToken, SecretUrl};
 pub use source::Source;
 pub use types::{
@@ -67,9 +69,6 @@ pub use types::{
     LogFormat, MaintenanceConfig, PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig,
     TelemetryConfig, WorkerConfig,
 };
-
-/// Hard ceiling for every polling limit (`total_limit`, a task's `limit`, a runtime override).
-pub const LIMIT_CEILING: u32 = 256;
 
 /// Env var naming the config file when `--config` is not given.
 pub const CONFIG_PATH_ENV: &str = "CARDWORKER_CONFIG";

@@ -1,6 +1,6 @@
 //! The vocabulary of the value rules: what a key may hold ([`Rule`], written beside each field in
 //! `types`), checked on the merged TOML table so that a value of the wrong type is refused naming
-//! its key (serde would stop at the first one); [`parse_limit`]; and how a refused value is shown.
+//! its key (serde would stop at the first one); and how a refused value is shown.
 
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -8,35 +8,21 @@ use std::str::FromStr;
 use toml::{Table, Value};
 use url::Url;
 
+use super::limit::{Limit, LimitError};
 use super::secret::redact_url;
-use super::LIMIT_CEILING;
 
 /// What a limit may be, as said in error messages.
 pub(super) fn limit_allowed() -> String {
-    format!("must be an integer in 1..={LIMIT_CEILING}")
-}
-
-/// Parses a polling limit written as plain decimal digits, in `1..=LIMIT_CEILING`.
-///
-/// Used for the config keys, the runtime override command (`budget set --limit N`) and when
-/// reading overrides back from Redis. Refuses `0`, `-1`, `3.5`, `abc`, `inf`, `1e9`, `100000`
-/// and the empty string with what is allowed (the caller names the key and the value given).
-/// Surrounding whitespace is ignored.
-pub fn parse_limit(raw: &str) -> Result<u32, String> {
-    let refused = limit_allowed;
-    let digits = raw.trim();
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(refused());
-    }
-    match digits.parse::<u32>() {
-        Ok(n) if (1..=LIMIT_CEILING).contains(&n) => Ok(n),
-        _ => Err(refused()),
-    }
+    LimitError::Refused.to_string()
 }
 
 /// How one leaf key is checked on the merged table.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Rule {
+    /// A polling [`Limit`]; `note` adds the relations checked later.
+    Limit {
+        note: &'static str,
+    },
     /// An integer in `lo..=hi`; `note` adds the relations checked later.
     Int {
         lo: i64,
@@ -69,14 +55,11 @@ pub(super) const fn int_note(lo: i64, hi: i64, note: &'static str) -> Rule {
     Rule::Int { lo, hi, note }
 }
 
-// `as` is a lossless widening here (u32 -> i64); `From` is not const.
-/// The range of every polling limit.
-pub(super) const LIMIT_HI: i64 = LIMIT_CEILING as i64;
-
 impl Rule {
     /// What is allowed, for the error message.
     pub(super) fn allowed(self) -> String {
         match self {
+            Rule::Limit { note } => format!("{}{note}", limit_allowed()),
             Rule::Int { lo, hi, note } => format!("must be an integer in {lo}..={hi}{note}"),
             Rule::Bool => "must be true or false".to_owned(),
             Rule::Url(schemes) => format!("must be a URL with scheme {}", schemes.join(" or ")),
@@ -100,6 +83,7 @@ impl Rule {
     /// `Ok` when `v` satisfies the rule, else an optional detail for the message.
     pub(super) fn check(self, v: &Value) -> Result<(), Option<String>> {
         match (self, v) {
+            (Rule::Limit { .. }, Value::Integer(i)) if Limit::try_from(*i).is_ok() => Ok(()),
             (Rule::Int { lo, hi, .. }, Value::Integer(i)) if (lo..=hi).contains(i) => Ok(()),
             (Rule::Bool, Value::Boolean(_)) => Ok(()),
             (Rule::Url(schemes), Value::String(s)) => match Url::parse(s) {

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 use super::error::{ConfigError, Problem};
-use super::rules::{int, int_note, show_str, Rule, LIMIT_HI};
+use super::limit::Limit;
+use super::rules::{int, int_note, show_str, Rule};
 use super::secret::{SecretToken, SecretUrl};
 use super::source::Source;
 #[cfg(doc)]
@@ -227,7 +228,7 @@ section! {
     /// `[polling]`
     PollingConfig {
         /// Tokens for all polling tasks together, fleet-wide, 1..=[`LIMIT_CEILING`].
-        total_limit: u32 = 8, int(1, LIMIT_HI);
+        total_limit: Limit = DEFAULT_TOTAL_LIMIT, Rule::Limit { note: "" };
         /// Hard limit on one poll in seconds; greater than the gateway timeout + 1 s.
         handler_timeout_secs: u64 = 15,
             int_note(1, 3595, ", and greater than (gateway.timeout_ms + 1000 ms) in seconds")
@@ -258,6 +259,20 @@ section! {
     }
 }
 
+/// `n` as a [`Limit`], checked when the constant is evaluated (at compile time).
+const fn limit(n: u32) -> Limit {
+    match Limit::new(n) {
+        Ok(l) => l,
+        Err(_) => panic!("a default limit is out of range"),
+    }
+}
+
+/// The default of `polling.total_limit`.
+const DEFAULT_TOTAL_LIMIT: Limit = limit(8);
+
+/// The default of each task's `limit`.
+const DEFAULT_TASK_LIMIT: Limit = limit(4);
+
 impl PollingConfig {
     /// The section of one task.
     pub fn task(&self, t: Task) -> &TaskConfig {
@@ -273,7 +288,8 @@ section! {
     TaskConfig {
         /// Per-task token limit, 1..=[`LIMIT_CEILING`] and `<= total_limit`; `budget set`
         /// overrides it at run time.
-        limit: u32 = 4, int_note(1, LIMIT_HI, ", and at most polling.total_limit");
+        limit: Limit = DEFAULT_TASK_LIMIT,
+            Rule::Limit { note: ", and at most polling.total_limit" };
         /// Delay between two polls of one card, 1..=86400 s.
         interval_secs: u64 = 30, int(1, 86_400) => interval from_secs;
         /// Consecutive failed polls after which the chain is parked, 1..=1000.

@@ -8,7 +8,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use super::data::{Fleet, Money, ParkedView, PollChart, QueueCounts, QueueDead, OUTCOMES};
 use crate::budget::CircuitState;
 use crate::commands::investigate::{FactView, Investigation, TimelineEntry};
-use crate::config::Task;
+use crate::config::{Task, LIMIT_CEILING};
 use crate::maintenance::session::DAYS_PENDING_CAP;
 use crate::polling::unchanged::HOURS_KEPT;
 
@@ -230,7 +230,7 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
                                     (action_fields(viewer))
                                     input type="hidden" name="task" value=(name);
                                     @if t.paused { button name="op" value="resume" { "Resume" } } @else { button name="op" value="pause" { "Pause" } }
-                                    input type="number" name="limit" min="1" max="256" placeholder="limit" style="width:5em";
+                                    input type="number" name="limit" min="1" max=(LIMIT_CEILING) placeholder="limit" style="width:5em";
                                     button name="op" value="set" { "Set limit" }
                                     button name="op" value="clear" { "Clear override" }
                                 }

@@ -15,7 +15,8 @@ macro_rules! poll_run_job {
                 config
                     .polling
                     .task(<$job as $crate::polling::chain::PollJob>::TASK)
-                    .limit as usize
+                    .limit
+                    .into()
             }
 
             fn timeout(config: &$crate::config::Config) -> std::time::Duration {

@@ -346,7 +346,7 @@ mod tests {
             let _ = parse_entry(&raw);
             let _ = serde_json::from_slice::<cardworker_jobs::PollCardData>(&bytes);
             let _ = serde_json::from_str::<cardworker_jobs::PollCardStatus>(&raw);
-            let _ = crate::config::parse_limit(&raw);
+            let _ = raw.parse::<crate::config::Limit>();
         }
     }
 

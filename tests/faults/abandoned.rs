@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::polling::reconcile;
 use cardworker::sim::{SimStats, Simulator};
@@ -85,12 +85,12 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
     config.gateway.timeout_ms = 1_000;
     config.polling.handler_timeout_secs = 3;
     config.polling.lease_ttl_secs = 10;
-    config.polling.total_limit = 2;
+    config.polling.total_limit = Limit::new(2).expect("a limit");
     for task in [
         &mut config.polling.carddata,
         &mut config.polling.card_status,
     ] {
-        task.limit = 2;
+        task.limit = Limit::new(2).expect("a limit");
         task.interval_secs = 1;
         task.max_consecutive_failures = 1000;
     }

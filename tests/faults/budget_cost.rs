@@ -3,7 +3,7 @@
 //! the commands that run inside the script. Counted, never timed.
 
 use cardworker::budget::{Acquired, Budget, CallReport};
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::context;
 
 use crate::private::PrivateRedis;
@@ -15,9 +15,9 @@ async fn a_slot_that_turns_over_costs_one_call_of_nine_commands() {
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let mut c = Config::default();
     c.redis.key_prefix = "cost".to_owned();
-    c.polling.total_limit = 8;
-    c.polling.carddata.limit = 4;
-    c.polling.card_status.limit = 4;
+    c.polling.total_limit = Limit::new(8).expect("a limit");
+    c.polling.carddata.limit = Limit::new(4).expect("a limit");
+    c.polling.card_status.limit = Limit::new(4).expect("a limit");
     let b = Budget::new(conn.clone(), &c);
     // Steady state: a few slots busy, then each poll's end is carried by the next acquire of the
     // same task, which takes its slot over.
@@ -76,9 +76,9 @@ async fn polls_on_kept_slots_cost_the_budget_only_its_renewals() {
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let mut c = Config::default();
     c.redis.key_prefix = "cost".to_owned();
-    c.polling.total_limit = 8;
-    c.polling.carddata.limit = 4;
-    c.polling.card_status.limit = 4;
+    c.polling.total_limit = Limit::new(8).expect("a limit");
+    c.polling.carddata.limit = Limit::new(4).expect("a limit");
+    c.polling.card_status.limit = Limit::new(4).expect("a limit");
     let b = Budget::new(conn.clone(), &c);
     // Three polls at once, kept, then a renewal allows reuse.
     let mut held = Vec::new();

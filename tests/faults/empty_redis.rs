@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::polling::reconcile;
 use cardworker::sim::Simulator;
 
@@ -32,9 +32,9 @@ async fn polls_in_flight_when_redis_comes_back_empty_still_count_against_the_lim
     config.gateway.timeout_ms = 30_000;
     config.polling.handler_timeout_secs = 32;
     config.polling.lease_ttl_secs = 45;
-    config.polling.total_limit = 2;
-    config.polling.carddata.limit = 2;
-    config.polling.card_status.limit = 2;
+    config.polling.total_limit = Limit::new(2).expect("a limit");
+    config.polling.carddata.limit = Limit::new(2).expect("a limit");
+    config.polling.card_status.limit = Limit::new(2).expect("a limit");
     config.polling.carddata.interval_secs = 1;
     config.polling.card_status.interval_secs = 1;
     config.polling.defer_delay_secs = 1;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cardworker::budget::Budget;
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::polling::reconcile;
 use cardworker::sim::{SimHandle, SimStats, Simulator};
@@ -145,9 +145,9 @@ async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls
     config.gateway.timeout_ms = 25_000;
     config.polling.handler_timeout_secs = 27;
     config.polling.lease_ttl_secs = 40;
-    config.polling.total_limit = 2;
-    config.polling.carddata.limit = 2;
-    config.polling.card_status.limit = 2;
+    config.polling.total_limit = Limit::new(2).expect("a limit");
+    config.polling.carddata.limit = Limit::new(2).expect("a limit");
+    config.polling.card_status.limit = Limit::new(2).expect("a limit");
     config.polling.carddata.interval_secs = 1;
     config.polling.card_status.interval_secs = 1;
     config.polling.defer_delay_secs = 1;
@@ -337,9 +337,9 @@ async fn budget_on(redis: &PrivateRedis) -> (Budget, ConnectionManager) {
     let mut config = Config::default();
     config.redis.url = redis.url().into();
     config.redis.key_prefix = "cw".to_owned();
-    config.polling.total_limit = 2;
-    config.polling.carddata.limit = 2;
-    config.polling.card_status.limit = 2;
+    config.polling.total_limit = Limit::new(2).expect("a limit");
+    config.polling.carddata.limit = Limit::new(2).expect("a limit");
+    config.polling.card_status.limit = Limit::new(2).expect("a limit");
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let budget = Budget::new(conn.clone(), &config);
     // The script is loaded now: under a stall, an acquire is then one EVALSHA that Redis runs once
@@ -515,12 +515,12 @@ async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_
     config.gateway.timeout_ms = 6_000;
     config.polling.handler_timeout_secs = 8;
     config.polling.lease_ttl_secs = 15;
-    config.polling.total_limit = 16;
+    config.polling.total_limit = Limit::new(16).expect("a limit");
     for task in [
         &mut config.polling.carddata,
         &mut config.polling.card_status,
     ] {
-        task.limit = 8;
+        task.limit = Limit::new(8).expect("a limit");
         task.interval_secs = 1;
         task.max_consecutive_failures = 1;
         task.parked_retry_secs = 3;

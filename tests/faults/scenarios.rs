@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
 use cardworker::polling::{chain, reconcile};
@@ -92,9 +92,9 @@ fn config_on(db_url: &str, redis: &PrivateRedis, gateway: &str, grace: u64) -> C
     config.gateway.timeout_ms = 2_000;
     config.polling.handler_timeout_secs = 4;
     config.polling.lease_ttl_secs = 10;
-    config.polling.total_limit = 16;
-    config.polling.carddata.limit = 8;
-    config.polling.card_status.limit = 8;
+    config.polling.total_limit = Limit::new(16).expect("a limit");
+    config.polling.carddata.limit = Limit::new(8).expect("a limit");
+    config.polling.card_status.limit = Limit::new(8).expect("a limit");
     config.polling.carddata.interval_secs = 2;
     config.polling.card_status.interval_secs = 2;
     config.telemetry.listen = "127.0.0.1:0".to_owned();

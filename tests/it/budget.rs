@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use cardworker::budget::{self, Acquired, Budget, CallReport, ShortReason};
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use redis::aio::ConnectionManager;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
@@ -20,9 +20,9 @@ fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Con
     let mut c = Config::default();
     c.redis.url = redis_url().into();
     c.redis.key_prefix = redis.prefix.clone();
-    c.polling.total_limit = total;
-    c.polling.carddata.limit = carddata;
-    c.polling.card_status.limit = card_status;
+    c.polling.total_limit = Limit::new(total).expect("a limit");
+    c.polling.carddata.limit = Limit::new(carddata).expect("a limit");
+    c.polling.card_status.limit = Limit::new(card_status).expect("a limit");
     c
 }
 
@@ -313,7 +313,9 @@ async fn a_slot_taken_over_still_obeys_a_lowered_limit_a_pause_and_an_open_circu
         );
     }
     // Limit lowered to 1 while 2 run: the slot that turns over is not kept, it is given back.
-    b.set_override(Task::Carddata, 1).await.unwrap();
+    b.set_override(Task::Carddata, Limit::new(1).expect("a limit"))
+        .await
+        .unwrap();
     b.finish_carried(Task::Carddata, "a".to_owned(), CallReport::Ok, 0, "c");
     assert_eq!(
         b.acquire_slot(Task::Carddata, "c").await.unwrap(),
@@ -428,21 +430,29 @@ async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
         );
         let view = b.show().await.unwrap();
         let t = &view.tasks["carddata"];
-        assert_eq!((t.limit, t.override_limit), (2, None), "{garbage}");
+        assert_eq!(
+            (t.limit.get(), t.override_limit.map(Limit::get)),
+            (2, None),
+            "{garbage}"
+        );
         assert_eq!(t.invalid_override.as_deref(), Some(garbage));
         b.release(&["l1".to_owned(), "l2".to_owned()])
             .await
             .unwrap();
     }
     // A valid override applies atomically at the next acquire, clamped to the total.
-    b.set_override(Task::Carddata, 1).await.unwrap();
+    b.set_override(Task::Carddata, Limit::new(1).expect("a limit"))
+        .await
+        .unwrap();
     assert_eq!(
         b.acquire(Task::Carddata, "m1").await.unwrap(),
         Acquired::Acquired
     );
     assert_eq!(b.acquire(Task::Carddata, "m2").await.unwrap(), SHORT_TASK);
     let small_total = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
-    b.set_override(Task::CardStatus, 8).await.unwrap();
+    b.set_override(Task::CardStatus, Limit::new(8).expect("a limit"))
+        .await
+        .unwrap();
     assert_eq!(
         small_total.show().await.unwrap().tasks["card_status"].limit,
         2

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use cardworker::budget::{self, Acquired, Budget, CallReport, ShortReason};
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use redis::aio::ConnectionManager;
 
 use crate::harness::{redis_url, TestRedis};
@@ -15,9 +15,9 @@ fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Con
     let mut c = Config::default();
     c.redis.url = redis_url().into();
     c.redis.key_prefix = redis.prefix.clone();
-    c.polling.total_limit = total;
-    c.polling.carddata.limit = carddata;
-    c.polling.card_status.limit = card_status;
+    c.polling.total_limit = Limit::new(total).expect("a limit");
+    c.polling.carddata.limit = Limit::new(carddata).expect("a limit");
+    c.polling.card_status.limit = Limit::new(card_status).expect("a limit");
     c
 }
 
@@ -155,7 +155,9 @@ async fn a_lowered_limit_makes_a_process_give_back_the_slots_it_keeps_over_it() 
     keep_slots(&b, Task::Carddata, 3).await;
     b.renew().await.expect("renew");
     assert_eq!(b.idle_count(), 3);
-    b.set_override(Task::Carddata, 1).await.unwrap();
+    b.set_override(Task::Carddata, Limit::new(1).expect("a limit"))
+        .await
+        .unwrap();
     b.renew().await.expect("renew");
     assert_eq!(b.idle_count(), 0);
     b.flush_carried().await.unwrap();

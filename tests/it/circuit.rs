@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use cardworker::budget::{Acquired, Budget, CallReport, CircuitState, Transition};
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 
 use crate::harness::{redis_url, wait_until, TestDb, TestRedis};
 
@@ -13,9 +13,9 @@ fn config(redis: &TestRedis) -> Config {
     let mut c = Config::default();
     c.redis.url = redis_url().into();
     c.redis.key_prefix = redis.prefix.clone();
-    c.polling.total_limit = 256;
-    c.polling.carddata.limit = 256;
-    c.polling.card_status.limit = 256;
+    c.polling.total_limit = Limit::new(256).expect("a limit");
+    c.polling.carddata.limit = Limit::new(256).expect("a limit");
+    c.polling.card_status.limit = Limit::new(256).expect("a limit");
     c.polling.circuit.cooldown_secs = 1;
     c.polling.circuit.max_cooldown_secs = 4;
     c

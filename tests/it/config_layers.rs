@@ -238,7 +238,9 @@ fn bundled_local_file_is_valid() {
     assert_eq!(c.polling.card_status.interval_secs, 10);
     // The demo is busy on purpose: both tasks at their limit want more than the total, so
     // deferrals happen (README, "What you should see in the first two minutes").
-    assert!(c.polling.total_limit < c.polling.carddata.limit + c.polling.card_status.limit);
+    assert!(
+        c.polling.total_limit < c.polling.carddata.limit.get() + c.polling.card_status.limit.get()
+    );
     assert_eq!(c.telemetry.listen_addr().expect("addr").port(), 9464);
 }
 

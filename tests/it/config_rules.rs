@@ -2,7 +2,7 @@
 //! refused value names its key, the value given and its source, and for a relation the other
 //! key and its source too.
 
-use cardworker::config::{parse_limit, Config, Source, LIMIT_CEILING};
+use cardworker::config::{Config, Limit, Source, LIMIT_CEILING};
 
 use crate::config_support::{
     env_source, file_source, from_str, from_str_env, problem_for, problems,
@@ -162,9 +162,9 @@ fn the_console_admin_token_is_refused_from_a_file_and_accepted_from_the_env() {
 }
 
 #[test]
-fn parse_limit_accepts_only_plain_integers_in_range() {
+fn a_limit_parses_only_from_plain_integers_in_range() {
     for (raw, want) in [("1", 1), ("8", 8), ("256", 256), (" 4 ", 4), ("007", 7)] {
-        assert_eq!(parse_limit(raw), Ok(want), "{raw}");
+        assert_eq!(raw.parse::<Limit>().map(Limit::get), Ok(want), "{raw}");
     }
     for raw in [
         "0",
@@ -181,7 +181,7 @@ fn parse_limit_accepts_only_plain_integers_in_range() {
         "",
         " ",
     ] {
-        let err = parse_limit(raw).expect_err(raw);
+        let err = raw.parse::<Limit>().expect_err(raw).to_string();
         assert!(
             err.contains("must be an integer in 1..=256"),
             "{raw}: {err}"
@@ -224,7 +224,7 @@ fn a_nested_env_override_names_its_own_variable() {
 #[test]
 fn a_config_built_in_code_names_code_as_the_source() {
     let mut c = Config::default();
-    c.polling.total_limit = 0;
+    c.polling.defer_delay_secs = 0;
     c.polling.lease_ttl_secs = 16;
     let err = c.validate().expect_err("invalid");
     let sources: Vec<&Source> = err.problems().iter().map(|p| &p.source).collect();

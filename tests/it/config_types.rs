@@ -1,7 +1,7 @@
 //! The configuration's types: defaults, the task names, TOML rendering and the redaction of
 //! secrets.
 
-use cardworker::config::{Config, LogFormat, SecretUrl, Task, LIMIT_CEILING};
+use cardworker::config::{Config, Limit, LogFormat, SecretUrl, Task, LIMIT_CEILING};
 
 use crate::config_support::from_str;
 
@@ -21,7 +21,7 @@ fn defaults_are_valid_and_match_the_spec() {
 #[test]
 fn rendered_toml_loads_back_to_the_same_config() {
     let mut c = Config::default();
-    c.polling.carddata.limit = 2;
+    c.polling.carddata.limit = Limit::new(2).expect("a limit");
     let text = c.to_toml_string().expect("renders");
     assert_eq!(from_str(&text).expect("valid"), c);
 }

@@ -935,7 +935,7 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         .await
         .expect("start chain");
     }
-    let limit = app.ctx.config.polling.carddata.limit as u64;
+    let limit = u64::from(app.ctx.config.polling.carddata.limit);
     let (running, waiting) = reload_until(
         &browser,
         &format!("{base}/queues"),

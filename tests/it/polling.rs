@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cardworker::app;
 use cardworker::commands::polling as cli;
-use cardworker::config::{Config, Task};
+use cardworker::config::{Config, Limit, Task};
 use cardworker::context::AppContext;
 use cardworker::gateway::CardStatus;
 use cardworker::polling::{chain, reconcile};
@@ -673,9 +673,9 @@ async fn restart(config: Config) -> Restarted {
 async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stopping() {
     const CARDS: i64 = 20_000;
     let mut app = spawn_app_with(|cfg| {
-        cfg.polling.total_limit = 64;
-        cfg.polling.card_status.limit = 64;
-        cfg.polling.carddata.limit = 64;
+        cfg.polling.total_limit = Limit::new(64).expect("a limit");
+        cfg.polling.card_status.limit = Limit::new(64).expect("a limit");
+        cfg.polling.carddata.limit = Limit::new(64).expect("a limit");
         cfg.database.max_connections = 20;
     })
     .await;
