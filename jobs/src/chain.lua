@@ -29,8 +29,7 @@
 --         go on with `/delivery/ttl`: the calling delivery of the job ('' for one that never
 --         checked in, such as a deferral) and how long a run marker stands (ms), see The run
 --         marker below
--- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale / 2 another
---          delivery of the same job holds the run marker (nothing written); check: 1
+-- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: 1
 --          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted',
 --          or {'busy', ms} when a replaced chain's poll may still run (wait, then check again);
 --          finish: 1 / 0 stale;
@@ -62,9 +61,8 @@
 -- finish removes it, whether its chain is still live or not (a call that names no delivery at all
 -- counts as the owner of every marker). A schedule or finish of the same chain and turn by another
 -- delivery while the marker stands (a second delivery of the running job that the budget
--- deferred, or that ended before its check) writes nothing and leaves the marker, so that the
--- running poll keeps its card and writes its own successor; schedule answers 2 then, so that the
--- caller keeps its job until the running delivery is over (its turn ends, or the marker expires). A check, or such a write,
+-- deferred, or that ended before its check) is stale: it writes nothing and leaves the marker, so
+-- that the running poll keeps its card and writes its own successor. A check, or such a write,
 -- that finds the marker expired drops it. Readers that take the first five fields (feed.lua, the
 -- Rust parsers) never see it.
 --
@@ -337,9 +335,8 @@ local function run()
       release_marker(chain, turn())
       return 0
     end
-    -- Another delivery of this very job is at the Gateway: it writes the successor, not this one
-    -- (2: nothing written; the caller keeps its job until that delivery is over).
-    if running_elsewhere(chain, turn()) then return 2 end
+    -- Another delivery of this very job is at the Gateway: it writes the successor, not this one.
+    if running_elsewhere(chain, turn()) then return 0 end
     local tally = cur_tally or fresh()
     local mode = A7
     if mode == 'u' then

@@ -414,15 +414,10 @@ fn decode<J: PollJob>(
 }
 
 /// Re-enqueues the job with `deferrals + 1` through its chain, after `wait` (the rest of a
-/// circuit's cool-down) plus the deferral back-off. Nothing is written when the chain was replaced
-/// meanwhile (the stale job just ends) or when another delivery of the same job is at the Gateway
-/// (apalis handed it out a second time: the running one writes the successor, and this one is kept
-/// for apalis to bring back until that one is over).
-async fn reschedule<J: PollJob>(
-    shared: &Shared,
-    job: &J,
-    wait: Duration,
-) -> anyhow::Result<Rescheduled> {
+/// circuit's cool-down) plus the deferral back-off. `Ok(false)`: the chain was replaced
+/// meanwhile, or another delivery of the same job is at the Gateway (apalis handed it out a second
+/// time), so nothing was written (the stale job just ends; the running one writes the successor).
+async fn reschedule<J: PollJob>(shared: &Shared, job: &J, wait: Duration) -> anyhow::Result<bool> {
     let mut conn = shared.budget.conn();
     let prefix = shared.budget.prefix();
     let mut next = job.state().clone();
@@ -445,11 +440,11 @@ async fn reschedule<J: PollJob>(
         {
             Liveness::Adopted(id) => next.chain = id,
             Liveness::Live | Liveness::Busy(_) => {}
-            Liveness::Stale => return Ok(Rescheduled::Stale),
+            Liveness::Stale => return Ok(false),
         }
     }
     let delay = wait + shared.defer.delay(next.deferrals);
-    let written = match chain::schedule_by(
+    let written = chain::schedule_by(
         &mut conn,
         prefix,
         J::TASK,
@@ -458,12 +453,7 @@ async fn reschedule<J: PollJob>(
         delay,
         &unchecked,
     )
-    .await?
-    {
-        chain::Scheduled::Written => true,
-        chain::Scheduled::Stale => false,
-        chain::Scheduled::RunningElsewhere => return Ok(Rescheduled::RunningElsewhere),
-    };
+    .await?;
     tracing::debug!(
         card_ref = job.card_ref(),
         deferrals = next.deferrals,
@@ -471,22 +461,7 @@ async fn reschedule<J: PollJob>(
         written,
         "poll deferred"
     );
-    Ok(if written {
-        Rescheduled::Written
-    } else {
-        Rescheduled::Stale
-    })
-}
-
-/// What [`reschedule`] did with a deferred job.
-enum Rescheduled {
-    /// Its successor is in the intake.
-    Written,
-    /// The job is stale (its chain was replaced, or its turn is over): it just ends.
-    Stale,
-    /// Another delivery of the same job is at the Gateway (apalis handed it out twice): that one
-    /// writes the successor; this one is kept until it is over.
-    RunningElsewhere,
+    Ok(written)
 }
 
 /// Defers the job: re-enqueues it through its chain (after `wait` plus the deferral back-off)
@@ -502,24 +477,8 @@ async fn defer<J: PollJob, R: Default>(
     let (raw, ctx) = task.take();
     let job: J = decode(&raw, &ctx)?;
     match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(shared, &job, wait)).await {
-        Ok(Ok(Rescheduled::RunningElsewhere)) => {
-            // A second delivery of a job whose first is at the Gateway: it writes nothing to the
-            // chain and comes back (through apalis) until that poll is over; then it is stale
-            // (the turn moved on), or, if that delivery vanished, its run marker has expired.
-            tracing::debug!(
-                card_ref = job.card_ref(),
-                reason,
-                "deferred job is at the Gateway in another delivery; kept until that one is over"
-            );
-            tokio::time::sleep(shared.defer.delay(1)).await;
-            ctx.raw_status().store(Status::Failed);
-            Err(JobError::BudgetUnavailable(
-                "another delivery of this job is at the Gateway".to_owned(),
-            )
-            .into())
-        }
         Ok(Ok(written)) => {
-            if matches!(written, Rescheduled::Stale) {
+            if !written {
                 tracing::debug!(
                     card_ref = job.card_ref(),
                     reason,

@@ -397,20 +397,8 @@ pub async fn schedule<'a>(
     schedule_counted(via, prefix, task, card_ref, next, delay, &Count::Keep).await
 }
 
-/// What [`schedule_by`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheduled {
-    /// The successor is written.
-    Written,
-    /// The job is stale (its chain was replaced, or its turn is over): nothing written.
-    Stale,
-    /// Another delivery of the same job holds the card's run marker (it is at the Gateway, and
-    /// writes the successor): nothing written; keep the job until that delivery is over.
-    RunningElsewhere,
-}
-
-/// [`schedule`] by `delivery` of the job ([`Delivery`]): nothing is written while another delivery
-/// of the same chain and turn holds the card's run marker.
+/// [`schedule`] by `delivery` of the job ([`Delivery`]): stale (false, nothing written) while
+/// another delivery of the same chain and turn holds the card's run marker.
 pub async fn schedule_by<'a>(
     via: impl Into<Via<'a>>,
     prefix: &str,
@@ -419,8 +407,8 @@ pub async fn schedule_by<'a>(
     next: &ChainState,
     delay: Duration,
     delivery: &Delivery,
-) -> anyhow::Result<Scheduled> {
-    let done = schedule_raw(
+) -> anyhow::Result<bool> {
+    schedule_call(
         via,
         prefix,
         task,
@@ -430,12 +418,7 @@ pub async fn schedule_by<'a>(
         &Count::Keep,
         Some(delivery),
     )
-    .await?;
-    Ok(match done {
-        1 => Scheduled::Written,
-        2 => Scheduled::RunningElsewhere,
-        _ => Scheduled::Stale,
-    })
+    .await
 }
 
 /// [`schedule`], and in the same script call what the poll did to the chain's unchanged-poll
@@ -463,22 +446,6 @@ async fn schedule_call<'a>(
     count: &Count,
     delivery: Option<&Delivery>,
 ) -> anyhow::Result<bool> {
-    let done = schedule_raw(via, prefix, task, card_ref, next, delay, count, delivery).await?;
-    Ok(done == 1)
-}
-
-/// The chain script's answer to a `schedule` (1 written, 0 stale, 2 running elsewhere).
-#[allow(clippy::too_many_arguments)]
-async fn schedule_raw<'a>(
-    via: impl Into<Via<'a>>,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    next: &ChainState,
-    delay: Duration,
-    count: &Count,
-    delivery: Option<&Delivery>,
-) -> anyhow::Result<i64> {
     let tally = match count {
         Count::Keep => "k",
         Count::Reset => "r",
@@ -511,7 +478,7 @@ async fn schedule_raw<'a>(
         // seconds: one INCRBY per counter and flush, not one INCR per poll.
         unchanged::count_fleet(prefix, task, *at);
     }
-    Ok(done)
+    Ok(done == 1)
 }
 
 /// Keeps the due time of a poll deferred for the first time in its task's late set
