@@ -22,11 +22,8 @@ static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::c
 #[derive(Clone, Default)]
 pub struct RunningPolls {
     /// Task and card -> the chain state of the running poll and its delivery (the run marker's).
-    polls: Arc<Mutex<HashMap<(Task, String), RunningPoll>>>,
+    polls: Arc<Mutex<HashMap<(Task, String), (ChainState, String)>>>,
 }
-
-/// A running poll's chain state and the delivery of its job whose run marker it holds.
-type RunningPoll = (ChainState, String);
 
 /// A poll registered in [`RunningPolls`] for as long as it lives.
 pub struct Running {
@@ -75,7 +72,7 @@ impl RunningPolls {
         conn: &mut ConnectionManager,
         prefix: &str,
     ) -> anyhow::Result<u64> {
-        let polls: Vec<((Task, String), RunningPoll)> = match self.polls.lock() {
+        let polls: Vec<((Task, String), (ChainState, String))> = match self.polls.lock() {
             Ok(polls) => polls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             Err(_) => Vec::new(),
         };
