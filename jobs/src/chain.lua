@@ -24,11 +24,8 @@
 -- ARGV[7] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
 --         live past its due time (merge), or the tally (schedule): 'u' one more unchanged poll,
 --         'r' reset by a recorded change or failure, anything else keeps it
--- ARGV[8] the job's turn (check, schedule, finish, reassert): the due ms its job was fed for, ''
---         or absent when unknown (a payload of its own, an adopted card); see Turns below. It may
---         go on with `/delivery/ttl`: the calling delivery of the job ('' for one that never
---         checked in, such as a deferral) and how long a run marker stands (ms), see The run
---         marker below
+-- ARGV[8] the job's turn (check, schedule, finish): the due ms its job was fed for, '' or absent
+--         when unknown (a payload of its own, an adopted card); see Turns below
 -- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: 1
 --          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted',
 --          or {'busy', ms} when a replaced chain's poll may still run (wait, then check again);
@@ -51,20 +48,14 @@
 -- at FED + its turn: a second delivery of a job whose turn is over (apalis re-queueing a worker's
 -- jobs after its stream ended, while the job itself ran on) is stale, though its chain is live.
 --
--- The run marker: a live check appends `chain#turn/delivery@ms` to the entry as a sixth field
--- (`chain/delivery@ms` for a job of unknown turn; without `/delivery` when the checking call named
--- none): from then on the poll may be at the Gateway. While it stands (for the checker's lease
--- TTL, ARGV[5], at most: the poll is over by then), a second delivery of the same turn is stale,
--- and any other job of the card (a restarted chain's first, a later turn) is told to wait
--- ({'busy', ms to wait}) instead of polling the card a second time at once. A restart keeps the
--- marker. The marker belongs to the delivery that wrote it: only that delivery's own schedule or
--- finish removes it, whether its chain is still live or not (a call that names no delivery at all
--- counts as the owner of every marker). A schedule or finish of the same chain and turn by another
--- delivery while the marker stands (a second delivery of the running job that the budget
--- deferred, or that ended before its check) is stale: it writes nothing and leaves the marker, so
--- that the running poll keeps its card and writes its own successor. A check, or such a write,
--- that finds the marker expired drops it. Readers that take the first five fields (feed.lua, the
--- Rust parsers) never see it.
+-- The run marker: a live check appends `chain#turn@ms` to the entry as a sixth field (`chain@ms`
+-- for a job of unknown turn): from then on the poll may be at the Gateway. While it stands (for
+-- the checker's lease TTL, ARGV[5], at most: the poll is over by then), a second delivery of the
+-- same turn is stale, and any other job of the card (a restarted chain's first, a later turn) is
+-- told to wait ({'busy', ms to wait}) instead of polling the card a second time at once. A
+-- restart keeps the marker. The poll's own schedule or finish removes it, whether its chain is
+-- still live or not; a check that finds it expired drops it. Readers that take the first five
+-- fields (feed.lua, the Rust parsers) never see it.
 --
 -- Older entries still parse: `chain_id|due_ms` (without a tally) and `chain_id|u|l|s` (without the
 -- next job's state: their job carries its own payload). Those two are written only by an older
@@ -81,16 +72,6 @@
 local FED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
 -- One call's arguments (ARGV[1..8], or one group of a batch), set before each call.
 local op, card, chain, A4, A5, A6, A7, A8
--- ARGV[8] split (split_a8): the turn, the calling delivery (nil: the call names none) and how
--- long a run marker stands (nil: unknown).
-local TURN, DELIVERY, MARK_TTL
-local function split_a8()
-  TURN, DELIVERY, MARK_TTL = A8, nil, nil
-  if A8 and string.find(A8, '/', 1, true) then
-    local t, d, ttl = string.match(A8, '^(%d*)/([^/]*)/?(%d*)$')
-    TURN, DELIVERY, MARK_TTL = t or '', d or '', tonumber(ttl or '')
-  end
-end
 local now_s, now
 local function clock()
   if not now then
@@ -195,17 +176,8 @@ end
 
 -- The calling job's turn (ARGV[8]) as a string of digits, or nil when unknown.
 local function turn()
-  if TURN and string.find(TURN, '^%d+$') and TURN ~= '0' then return TURN end
+  if A8 and string.find(A8, '^%d+$') and A8 ~= '0' then return A8 end
   return nil
-end
-
--- The run marker this call writes for the job of chain `id` at turn `t`, standing from now:
--- `id#t/delivery@ms` (no `#t` for an unknown turn, no `/delivery` for a call that names none).
-local function new_marker(id, t)
-  local who = id
-  if t then who = id .. '#' .. t end
-  if DELIVERY and DELIVERY ~= '' then who = who .. '/' .. DELIVERY end
-  return who .. '@' .. clock()
 end
 
 -- Whether the calling job's turn is still the chain's: its entry in the due set is FED + the turn.
@@ -217,41 +189,23 @@ local function turn_current()
   return fed and s == FED + tonumber(t)
 end
 
--- The standing run marker read: (chain id, turn or nil, since ms, its delivery or nil), or nil
--- without one.
+-- The standing run marker read: (chain id, turn or nil, since ms), or nil without one.
 local function marker()
   if not cur_run then return nil end
   local who, since = string.match(cur_run, '^(.+)@(%d+)$')
   if not who then return nil end
-  local base, d = string.match(who, '^([^/]*)/(.*)$')
-  if base then who = base end
   local id, t = string.match(who, '^(.*)#(%d+)$')
-  if id then return id, t, tonumber(since), d end
-  return who, nil, tonumber(since), d
+  if id then return id, t, tonumber(since) end
+  return who, nil, tonumber(since)
 end
 
--- Whether the standing marker is the run of chain `id` at turn `t` (nil: unknown turn).
+-- Whether the standing marker is the run of chain `id` at turn `t` (nil: unknown turn): its
+-- text starts with `id#t@` (`id@` for an unknown turn).
 local function marker_is(id, t)
-  local mid, mt = marker()
-  return mid ~= nil and mid == id and mt == t
-end
-
--- Whether this call may clear the standing marker: it names no delivery at all, or the marker
--- names none, or the marker names this call's delivery.
-local function owns_marker()
-  if not DELIVERY then return true end
-  local _, _, _, d = marker()
-  return not d or d == '' or d == DELIVERY
-end
-
--- Whether the standing marker is another delivery's run of this very job (chain `id`, turn `t`)
--- and still stands: this call is then a second delivery's, and stale. An expired one is dropped.
-local function running_elsewhere(id, t)
-  if not marker_is(id, t) or owns_marker() then return false end
-  local _, _, since = marker()
-  -- Expired: its delivery is gone, and the write that goes on replaces the marker.
-  if MARK_TTL and since + MARK_TTL <= clock() then return false end
-  return true
+  if not cur_run then return false end
+  local want = id
+  if t then want = id .. '#' .. t end
+  return string.sub(cur_run, 1, #want + 1) == want .. '@'
 end
 
 -- The run marker a restart leaves for the new chain: the one standing (its poll may still run).
@@ -267,9 +221,9 @@ local function drop_marker()
   cur_run = nil
 end
 
--- The poll of chain `id` at turn `t` ends: its run marker goes (only its own delivery's).
+-- The poll of chain `id` at turn `t` ends: its run marker goes.
 local function release_marker(id, t)
-  if id ~= '' and marker_is(id, t) and owns_marker() then drop_marker() end
+  if id ~= '' and marker_is(id, t) then drop_marker() end
 end
 
 -- Lowers the intakes' due hint (`{prefix}:intakes:due`, keys::intake_due_hint) to an entry's due
@@ -335,8 +289,6 @@ local function run()
       release_marker(chain, turn())
       return 0
     end
-    -- Another delivery of this very job is at the Gateway: it writes the successor, not this one.
-    if running_elsewhere(chain, turn()) then return 0 end
     local tally = cur_tally or fresh()
     local mode = A7
     if mode == 'u' then
@@ -359,7 +311,9 @@ local function run()
       if id == '' then id = A4 end
       -- Fed at its turn, as far as it knows (so that its own successor passes the turn check),
       -- and at the Gateway from now on.
-      mark(id, fresh(), 0, 0, FED + (tonumber(t) or clock()), new_marker(id, t))
+      local who = id
+      if t then who = id .. '#' .. t end
+      mark(id, fresh(), 0, 0, FED + (tonumber(t) or clock()), who .. '@' .. clock())
       return {'adopted', id}
     elseif cur_id == chain then
       -- A second delivery of a job whose turn is over: the chain has moved on without it.
@@ -381,7 +335,9 @@ local function run()
       -- older format (fewer than five fields) gets none: appending to it would change how it
       -- parses.
       if cur_five then
-        redis.call('HSET', KEYS[1], card, cur_raw .. '|' .. new_marker(chain, t))
+        local who = chain
+        if t then who = chain .. '#' .. t end
+        redis.call('HSET', KEYS[1], card, cur_raw .. '|' .. who .. '@' .. clock())
       end
       -- The common answer is a bare 1: the caller knows its own chain id.
       return 1
@@ -402,14 +358,15 @@ local function run()
     -- that reconcile finds the chain live and another job of the card waits for the poll.
     if cur_id then return 0 end
     local t = turn()
-    mark(chain, fresh(), A5, 0, FED + (tonumber(t) or clock()), new_marker(chain, t))
+    local who = chain
+    if t then who = chain .. '#' .. t end
+    mark(chain, fresh(), A5, 0, FED + (tonumber(t) or clock()), who .. '@' .. clock())
     return 1
   elseif op == 'finish' then
     if (cur_id and cur_id ~= chain) or (cur_id and not turn_current()) then
       release_marker(chain, turn())
       return 0
     end
-    if running_elsewhere(chain, turn()) then return 0 end
     redis.call('HDEL', KEYS[1], card)
     redis.call('ZREM', KEYS[4], card)
     return 1
@@ -453,7 +410,6 @@ if ARGV[1] == 'batch' then
   for i = 2, #ARGV - 7, 8 do
     op, card, chain, A4, A5, A6, A7, A8 = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
       ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
-    split_a8()
     load()
     out[#out + 1] = run()
   end
@@ -462,7 +418,6 @@ if ARGV[1] == 'batch' then
 end
 op, card, chain, A4, A5, A6, A7, A8 =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-split_a8()
 load()
 local result = run()
 write_hint()

@@ -415,45 +415,24 @@ fn decode<J: PollJob>(
 
 /// Re-enqueues the job with `deferrals + 1` through its chain, after `wait` (the rest of a
 /// circuit's cool-down) plus the deferral back-off. `Ok(false)`: the chain was replaced
-/// meanwhile, or another delivery of the same job is at the Gateway (apalis handed it out a second
-/// time), so nothing was written (the stale job just ends; the running one writes the successor).
+/// meanwhile, so nothing was written (the stale job just ends).
 async fn reschedule<J: PollJob>(shared: &Shared, job: &J, wait: Duration) -> anyhow::Result<bool> {
     let mut conn = shared.budget.conn();
     let prefix = shared.budget.prefix();
     let mut next = job.state().clone();
     next.deferrals = next.deferrals.saturating_add(1);
-    // This delivery never checked in: if another delivery of the same job is at the Gateway (its
-    // run marker stands), the deferral is stale and the running poll keeps the card.
-    let unchecked = chain::Delivery::unchecked(shared.budget.lease_ttl());
     if next.chain.is_empty() {
         // A job from a producer that did not start a chain: adopt the card first (as the handler
         // would), else `schedule` would find no live chain and drop it.
-        match chain::check_by(
-            &mut conn,
-            prefix,
-            J::TASK,
-            job.card_ref(),
-            &next,
-            &unchecked,
-        )
-        .await?
-        {
+        let ttl = shared.budget.lease_ttl();
+        match chain::check(&mut conn, prefix, J::TASK, job.card_ref(), &next, ttl).await? {
             Liveness::Adopted(id) => next.chain = id,
             Liveness::Live | Liveness::Busy(_) => {}
             Liveness::Stale => return Ok(false),
         }
     }
     let delay = wait + shared.defer.delay(next.deferrals);
-    let written = chain::schedule_by(
-        &mut conn,
-        prefix,
-        J::TASK,
-        job.card_ref(),
-        &next,
-        delay,
-        &unchecked,
-    )
-    .await?;
+    let written = chain::schedule(&mut conn, prefix, J::TASK, job.card_ref(), &next, delay).await?;
     tracing::debug!(
         card_ref = job.card_ref(),
         deferrals = next.deferrals,

@@ -225,42 +225,12 @@ impl Link {
     }
 }
 
-/// A job's turn as the chain script's ARGV[8]: empty when unknown; with the calling delivery and
-/// how long a run marker stands when the call names one.
-fn turn_arg(turn: u64, delivery: Option<&Delivery>) -> String {
-    let turn = if turn == 0 {
+/// A job's turn as the chain script's ARGV[8]: empty when unknown.
+fn turn_arg(turn: u64) -> String {
+    if turn == 0 {
         String::new()
     } else {
         turn.to_string()
-    };
-    match delivery {
-        Some(d) => format!("{turn}/{}/{}", d.id, ms(d.marker_ttl)),
-        None => turn,
-    }
-}
-
-/// The delivery of a job that makes a chain call: apalis may hand one job out twice (its
-/// orphan recovery re-queues the jobs of a worker whose stream ended while they ran on), and the
-/// card's run marker belongs to the delivery whose check wrote it. Only that delivery's successor
-/// or finish clears it; the same write by another delivery of the job (a deferral of the second
-/// delivery, say) while the marker stands is stale and leaves the running poll its card.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivery {
-    /// The delivery's id (letters and digits), or empty for one that never checked in (a
-    /// deferral: it owns no marker).
-    pub id: String,
-    /// How long a run marker stands at most (`polling.lease_ttl_secs`): an older one's delivery
-    /// is gone, and the marker no longer keeps the card.
-    pub marker_ttl: Duration,
-}
-
-impl Delivery {
-    /// A delivery that never checked in (a deferral: the budget did not admit it).
-    pub fn unchecked(marker_ttl: Duration) -> Self {
-        Self {
-            id: String::new(),
-            marker_ttl,
-        }
     }
 }
 
@@ -397,30 +367,6 @@ pub async fn schedule<'a>(
     schedule_counted(via, prefix, task, card_ref, next, delay, &Count::Keep).await
 }
 
-/// [`schedule`] by `delivery` of the job ([`Delivery`]): stale (false, nothing written) while
-/// another delivery of the same chain and turn holds the card's run marker.
-pub async fn schedule_by<'a>(
-    via: impl Into<Via<'a>>,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    next: &ChainState,
-    delay: Duration,
-    delivery: &Delivery,
-) -> anyhow::Result<bool> {
-    schedule_call(
-        via,
-        prefix,
-        task,
-        card_ref,
-        next,
-        delay,
-        &Count::Keep,
-        Some(delivery),
-    )
-    .await
-}
-
 /// [`schedule`], and in the same script call what the poll did to the chain's unchanged-poll
 /// tally ([`Count`]): an unchanged poll costs no round trip of its own.
 pub async fn schedule_counted<'a>(
@@ -431,20 +377,6 @@ pub async fn schedule_counted<'a>(
     next: &ChainState,
     delay: Duration,
     count: &Count,
-) -> anyhow::Result<bool> {
-    schedule_call(via, prefix, task, card_ref, next, delay, count, None).await
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn schedule_call<'a>(
-    via: impl Into<Via<'a>>,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    next: &ChainState,
-    delay: Duration,
-    count: &Count,
-    delivery: Option<&Delivery>,
 ) -> anyhow::Result<bool> {
     let tally = match count {
         Count::Keep => "k",
@@ -459,7 +391,7 @@ async fn schedule_call<'a>(
         next.failures.to_string(),
         next.deferrals.to_string(),
         tally.to_owned(),
-        turn_arg(next.turn, delivery),
+        turn_arg(next.turn),
     ];
     let via = via.into();
     let first_deferral = match &via {
@@ -572,32 +504,6 @@ pub async fn check<'a>(
     state: &ChainState,
     lease_ttl: Duration,
 ) -> anyhow::Result<Liveness> {
-    check_call(via, prefix, task, card_ref, state, lease_ttl, None).await
-}
-
-/// [`check`] by `delivery` of the job: the run marker a live check writes names it, so that only
-/// this delivery's successor or finish clears it ([`Delivery`]).
-pub async fn check_by<'a>(
-    via: impl Into<Via<'a>>,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    state: &ChainState,
-    delivery: &Delivery,
-) -> anyhow::Result<Liveness> {
-    let ttl = delivery.marker_ttl;
-    check_call(via, prefix, task, card_ref, state, ttl, Some(delivery)).await
-}
-
-async fn check_call<'a>(
-    via: impl Into<Via<'a>>,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    state: &ChainState,
-    lease_ttl: Duration,
-    delivery: Option<&Delivery>,
-) -> anyhow::Result<Liveness> {
     let args = vec![
         "check".to_owned(),
         card_ref.to_owned(),
@@ -606,7 +512,7 @@ async fn check_call<'a>(
         ms(lease_ttl).to_string(),
         String::new(),
         String::new(),
-        turn_arg(state.turn, delivery),
+        turn_arg(state.turn),
     ];
     let answer: redis::Value = via
         .into()
@@ -637,36 +543,12 @@ pub async fn finish(
     card_ref: &str,
     state: &ChainState,
 ) -> anyhow::Result<bool> {
-    finish_call(conn, prefix, task, card_ref, state, None).await
-}
-
-/// [`finish`] by `delivery` of the job: stale (false, nothing removed) while another delivery of
-/// the same chain and turn holds the card's run marker ([`Delivery`]).
-pub async fn finish_by(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    state: &ChainState,
-    delivery: &Delivery,
-) -> anyhow::Result<bool> {
-    finish_call(conn, prefix, task, card_ref, state, Some(delivery)).await
-}
-
-async fn finish_call(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-    state: &ChainState,
-    delivery: Option<&Delivery>,
-) -> anyhow::Result<bool> {
     let done: i64 = invoke(prefix, task, "finish", card_ref, &state.chain)
         .arg("")
         .arg("")
         .arg("")
         .arg("")
-        .arg(turn_arg(state.turn, delivery))
+        .arg(turn_arg(state.turn))
         .invoke_async(conn)
         .await
         .with_context(|| format!("finishing the {task} chain of {card_ref}"))?;
@@ -720,13 +602,11 @@ pub async fn schedule_or_retry<'a>(
         next,
         delay,
         Count::Keep,
-        None,
     )
     .await
 }
 
-/// [`schedule_or_retry`] with the tally change of [`schedule_counted`] (retried with it), by
-/// `delivery` of the job when it names one ([`schedule_by`]).
+/// [`schedule_or_retry`] with the tally change of [`schedule_counted`] (retried with it).
 #[allow(clippy::too_many_arguments)]
 pub async fn schedule_counted_or_retry<'a>(
     via: impl Into<Via<'a>>,
@@ -737,20 +617,14 @@ pub async fn schedule_counted_or_retry<'a>(
     next: &ChainState,
     delay: Duration,
     count: Count,
-    delivery: Option<&Delivery>,
 ) -> bool {
     let via = via.into();
     let link = Link::of(&via);
-    match schedule_call(via, prefix, task, card_ref, next, delay, &count, delivery).await {
+    match schedule_counted(via, prefix, task, card_ref, next, delay, &count).await {
         Ok(written) => written,
         Err(e) => {
-            let (mut link, prefix, card_ref, next, delivery) = (
-                link,
-                prefix.to_owned(),
-                card_ref.to_owned(),
-                next.clone(),
-                delivery.cloned(),
-            );
+            let (mut link, prefix, card_ref, next) =
+                (link, prefix.to_owned(), card_ref.to_owned(), next.clone());
             tracing::warn!(%task, %card_ref, error = %format!("{e:#}"), "successor refused by Redis; retrying in the background");
             shutdown.spawn(async move {
                 let backoff = crate::backoff::Backoff::new(
@@ -763,7 +637,7 @@ pub async fn schedule_counted_or_retry<'a>(
                 loop {
                     attempt += 1;
                     tokio::time::sleep(backoff.delay(attempt)).await;
-                    match schedule_call(
+                    match schedule_counted(
                         link.via(),
                         &prefix,
                         task,
@@ -771,7 +645,6 @@ pub async fn schedule_counted_or_retry<'a>(
                         &next,
                         delay,
                         &count,
-                        delivery.as_ref(),
                     )
                     .await
                     {

@@ -21,8 +21,8 @@ static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::c
 /// cards starts beside them.
 #[derive(Clone, Default)]
 pub struct RunningPolls {
-    /// Task and card -> the chain state of the running poll and its delivery (the run marker's).
-    polls: Arc<Mutex<HashMap<(Task, String), (ChainState, String)>>>,
+    /// Task and card -> the chain state of the running poll.
+    polls: Arc<Mutex<HashMap<(Task, String), ChainState>>>,
 }
 
 /// A poll registered in [`RunningPolls`] for as long as it lives.
@@ -40,12 +40,11 @@ impl Drop for Running {
 }
 
 impl RunningPolls {
-    /// Registers the poll of `card_ref` for `task` under `state`, run by `delivery` of its job,
-    /// until the guard drops.
-    pub fn enter(&self, task: Task, card_ref: &str, state: &ChainState, delivery: &str) -> Running {
+    /// Registers the poll of `card_ref` for `task` under `state` until the guard drops.
+    pub fn enter(&self, task: Task, card_ref: &str, state: &ChainState) -> Running {
         let key = (task, card_ref.to_owned());
         if let Ok(mut polls) = self.polls.lock() {
-            polls.insert(key.clone(), (state.clone(), delivery.to_owned()));
+            polls.insert(key.clone(), state.clone());
         }
         Running {
             polls: self.clone(),
@@ -64,20 +63,19 @@ impl RunningPolls {
     }
 
     /// Writes each running poll's chain entry back where the card has none (Redis came back
-    /// empty): the entry of its chain, fed at its turn, with its run marker (naming the poll's
-    /// delivery). Returns how many
+    /// empty): the entry of its chain, fed at its turn, with its run marker. Returns how many
     /// were written.
     pub async fn reassert(
         &self,
         conn: &mut ConnectionManager,
         prefix: &str,
     ) -> anyhow::Result<u64> {
-        let polls: Vec<((Task, String), (ChainState, String))> = match self.polls.lock() {
+        let polls: Vec<((Task, String), ChainState)> = match self.polls.lock() {
             Ok(polls) => polls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             Err(_) => Vec::new(),
         };
         let mut written = 0;
-        for ((task, card_ref), (state, delivery)) in polls {
+        for ((task, card_ref), state) in polls {
             let queue = match task {
                 Task::Carddata => PollCardData::QUEUE,
                 Task::CardStatus => PollCardStatus::QUEUE,
@@ -87,8 +85,6 @@ impl RunningPolls {
             } else {
                 state.turn.to_string()
             };
-            // The marker written back names the running poll's delivery, which clears it.
-            let turn = format!("{turn}/{delivery}");
             // The chain script's keys and its `reassert` op (`jobs/src/chain.lua`).
             let done: i64 = CHAIN
                 .key(keys::chain(prefix, queue))

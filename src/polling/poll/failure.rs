@@ -156,18 +156,17 @@ const ABNORMAL_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
 ///   count unchanged, and nothing is recorded.
 ///
 /// A stale job leaves nothing (its chain was replaced, or its turn is over): the successor's write
-/// is fenced by the job's chain and turn, and by this delivery (a second delivery of a job whose
-/// first delivery is at the Gateway writes nothing: the first one writes the successor). A job
-/// of a known chain does not check again, since its own run marker would answer that its turn is
-/// at the Gateway already; a chain-less job checks to adopt the card.
+/// is fenced by the job's chain and turn. A job of a known chain does not check again, since its
+/// own run marker would answer that its turn is at the Gateway already; a chain-less job checks
+/// to adopt the card.
 pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error: JobError) {
     let task = J::TASK;
     let mut conn = ctx.redis.clone();
     let card_ref = job.card_ref().to_owned();
     let seen = job.state().clone();
+    let ttl = ctx.config.polling.lease_ttl();
     let chain_id = if seen.chain.is_empty() {
-        let delivery = this_delivery(&ctx);
-        match chain::check_by(&mut conn, ctx.prefix(), task, &card_ref, &seen, &delivery).await {
+        match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen, ttl).await {
             Ok(Liveness::Adopted(id)) => id,
             Ok(Liveness::Live | Liveness::Busy(_) | Liveness::Stale) | Err(_) => return,
         }

@@ -44,7 +44,7 @@ use redis::aio::ConnectionManager;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::chain::{self, Count, Delivery, Liveness, PollJob};
+use super::chain::{self, Count, Liveness, PollJob};
 use super::circuit;
 use crate::backoff::{self as backoff_rule, Backoff, Jitter};
 use crate::cards::apply::{Applied, ChangeSource};
@@ -164,8 +164,6 @@ struct Run<'a, J: PollTask> {
     card_ref: String,
     /// The chain after the check (adopted id if any), with the job's failure count and turn.
     state: ChainState,
-    /// This delivery of the job: only it clears the run marker its check wrote.
-    delivery: Delivery,
     /// No successor is due before this: the Gateway may still be working on this poll's call,
     /// which the poll stopped waiting for, and the card is never polled twice at once.
     not_before: Option<std::time::Instant>,
@@ -183,7 +181,6 @@ impl<'a, J: PollTask> Run<'a, J> {
         seen: &ChainState,
     ) -> Self {
         Self {
-            delivery: this_delivery(ctx),
             ctx,
             conn,
             card_ref,
@@ -255,7 +252,6 @@ impl<'a, J: PollTask> Run<'a, J> {
             &next,
             delay,
             count,
-            Some(&self.delivery),
         )
         .await)
     }
@@ -271,13 +267,12 @@ impl<'a, J: PollTask> Run<'a, J> {
 
     async fn finish(&mut self) -> anyhow::Result<()> {
         let prefix = self.prefix().to_owned();
-        chain::finish_by(
+        chain::finish(
             &mut self.conn,
             &prefix,
             J::TASK,
             &self.card_ref,
             &self.state,
-            &self.delivery,
         )
         .await
         .map(|_| ())
@@ -306,31 +301,15 @@ impl<'a, J: PollTask> Run<'a, J> {
     }
 }
 
-/// This delivery of the job being run ([`circuit::delivery`]), with how long its run marker
-/// stands (`polling.lease_ttl_secs`).
-fn this_delivery(ctx: &AppContext) -> Delivery {
-    Delivery {
-        id: circuit::delivery(),
-        marker_ttl: ctx.config.polling.lease_ttl(),
-    }
-}
-
 /// Runs one poll of job `job` (the body of both polling handlers).
 pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Result<PollOutcome> {
     let task = J::TASK;
     let conn = ctx.redis.clone();
     let card_ref = job.card_ref().to_owned();
     let seen = job.state().clone();
-    let delivery = this_delivery(&ctx);
-    let chain_id = match chain::check_by(
-        &ctx.chain_calls,
-        ctx.prefix(),
-        task,
-        &card_ref,
-        &seen,
-        &delivery,
-    )
-    .await?
+    let ttl = ctx.config.polling.lease_ttl();
+    let chain_id = match chain::check(&ctx.chain_calls, ctx.prefix(), task, &card_ref, &seen, ttl)
+        .await?
     {
         Liveness::Live => seen.chain.clone(),
         Liveness::Busy(left) => {
@@ -355,9 +334,7 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
     };
     let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, &seen);
     // Known as running until it returns: written back if Redis comes back empty meanwhile.
-    let _running = ctx
-        .running_polls
-        .enter(task, &run.card_ref, &run.state, &run.delivery.id);
+    let _running = ctx.running_polls.enter(task, &run.card_ref, &run.state);
 
     let card = match ctx.card_reads.load(&run.card_ref).await {
         Ok(Some(card)) => card,
