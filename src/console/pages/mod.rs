@@ -1,16 +1,25 @@
 //! The pages, as maud templates: compiled with the crate, and every `(expr)` is HTML-escaped, so a
 //! card_ref or a payload holding HTML shows as text. Nothing here is rendered with
 //! `PreEscaped` except the fixed style sheet and refresh script below.
+//!
+//! # Layout
+//! - this file: the layout every page shares, the small helpers, and the queues, parked, money,
+//!   login and message pages.
+//! - `fleet`: the fleet page and its chart of poll outcomes.
+//! - `card`: a card's page and its timeline.
+
+mod card;
+mod fleet;
+
+pub use card::{card, timeline_rows, TimelineRow};
+pub use fleet::{fleet, poll_chart};
 
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::data::{Fleet, Money, ParkedView, PollChart, QueueCounts, QueueDead, OUTCOMES};
-use crate::budget::CircuitState;
-use crate::commands::investigate::{FactView, Investigation, TimelineEntry};
-use crate::config::{Task, LIMIT_CEILING};
-use crate::maintenance::session::DAYS_PENDING_CAP;
-use crate::polling::unchanged::HOURS_KEPT;
+use super::data::{Money, ParkedView, QueueCounts, QueueDead};
+use crate::commands::investigate::FactView;
+use crate::config::Task;
 
 /// Seconds between refreshes.
 pub const REFRESH_SECS: u32 = 5;
@@ -182,121 +191,6 @@ fn yes_no(b: bool, yes: &'static str, no: &'static str) -> Markup {
     html! { @if b { span.bad { (yes) } } @else { span.ok { (no) } } }
 }
 
-/// `/`: the fleet.
-pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
-    let body = html! {
-        @for e in &f.errors { p.refused { (e) } }
-        h2 { "Polls per hour, last " (HOURS_KEPT) " h" }
-        @match &f.chart {
-            Some(c) => (poll_chart(c)),
-            None => p.bad { "Polls per hour unavailable (Redis)." },
-        }
-        h2 { "Stores" }
-        table {
-            tr { th { "PostgreSQL" } td { @if f.postgres_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
-            tr { th { "Redis" } td { @if f.redis_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
-        }
-        h2 { "Latest operator actions and circuit transitions" }
-        @match &f.facts {
-            Some(facts) => (facts_table("fleet-facts", facts, "No circuit transition or operator action on polling.")),
-            None => p.bad { "Unavailable (PostgreSQL)." },
-        }
-        h2 { "Polling budgets and circuits" }
-        @if let Some(b) = &f.budget {
-            table #budgets {
-                tr { th { "scope" } th title="tokens held by running polls" { "in use" } th title="tokens kept idle between polls (reserved for the next polls, given back under contention)" { "kept" } th { "limit" } th { "config" } th { "override" } th { "paused" } th { "circuit" } th { "parked" } @if viewer.can_act() { th { "act" } } }
-                tr { td { "total" } td.num { (b.total.in_use) } td.num { (b.total.kept) } td.num { (b.total.limit) } td.num { (b.total.limit) } td { "-" } td { "-" } td { "-" } td { "-" } @if viewer.can_act() { td {} } }
-                @for (name, t) in &b.tasks {
-                    tr data-task=(name) {
-                        td { (name) }
-                        td.num.in-use { (t.in_use) }
-                        td.num.kept { (t.kept) }
-                        td.num { (t.limit) }
-                        td.num { (t.config_limit) }
-                        td { @if let Some(o) = t.override_limit { (o) } @else if let Some(raw) = &t.invalid_override { span.bad { "invalid " (raw) " (ignored)" } } @else { "-" } }
-                        td.paused { (yes_no(t.paused, "paused", "running")) }
-                        td.circuit {
-                            @match t.circuit.state {
-                                CircuitState::Closed => span.ok { "closed" },
-                                s => span.bad { (s.label()) @if t.circuit.forced { " (forced)" } },
-                            }
-                            " · window " (t.circuit.window.calls) " calls, " (t.circuit.window.failures) " failed"
-                            @if let Some(since) = &t.circuit.since { " · since " (when(since)) }
-                        }
-                        td.num.parked { (f.parked.iter().find(|(n, _)| n == name).map(|(_, c)| *c).unwrap_or(0)) }
-                        @if viewer.can_act() {
-                            td {
-                                form.inline method="post" action="/actions/budget" {
-                                    (action_fields(viewer))
-                                    input type="hidden" name="task" value=(name);
-                                    @if t.paused { button name="op" value="resume" { "Resume" } } @else { button name="op" value="pause" { "Pause" } }
-                                    input type="number" name="limit" min="1" max=(LIMIT_CEILING) placeholder="limit" style="width:5em";
-                                    button name="op" value="set" { "Set limit" }
-                                    button name="op" value="clear" { "Clear override" }
-                                }
-                                form.inline method="post" action="/actions/circuit" {
-                                    (action_fields(viewer))
-                                    input type="hidden" name="task" value=(name);
-                                    button name="op" value="open" { "Force circuit open" }
-                                    button name="op" value="close" { "Force circuit closed" }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        } @else {
-            p.bad { "Budgets unavailable (Redis)." }
-        }
-        h2 { "Maintenance" }
-        table #maintenance {
-            tr { th { "maintenance.enabled" } td { @if f.maintenance.enabled { "on" } @else { "off" } } }
-            tr { th { "brake" } td.brake { @match f.maintenance.paused { Some(true) => span.bad { "paused" }, Some(false) => span.ok { "not paused" }, None => "unknown" } } }
-            tr { th { "last archived day" } td { (f.maintenance.last_archived_day.as_deref().unwrap_or("-")) } }
-            @for (job, backlog) in &f.maintenance.backlog {
-                tr data-job=(job) {
-                    th { (job) " days pending" }
-                    td.days-pending {
-                        @match backlog {
-                            Some(b) => {
-                                span.days { (b.days_pending) }
-                                @if b.days_pending >= DAYS_PENDING_CAP { " or more" }
-                                @if let Some(next) = &b.next_day { " · next day " (next.format("%Y-%m-%d")) }
-                                " · days before " (b.due_before.format("%Y-%m-%d")) " (Asia/Shanghai) are due"
-                            }
-                            None => span.bad { "could not be measured" },
-                        }
-                    }
-                }
-            }
-        }
-        @if !f.maintenance.enabled {
-            p.note { "Maintenance is off (maintenance.enabled = false): nothing is archived or deleted. The days pending are what the first runs would process once it is turned on (as `cardworker maintenance status` measures them)." }
-        }
-        @if viewer.can_act() {
-            form method="post" action="/actions/maintenance" {
-                (action_fields(viewer))
-                button name="op" value="pause" { "Pause maintenance" }
-                button name="op" value="resume" { "Resume maintenance" }
-            }
-        }
-        h2 { "Queues" }
-        (queue_table(&f.queues))
-        h2 { "Live workers (" (f.workers.len()) ")" }
-        table #workers {
-            tr { th { "worker (kind-pod-id)" } th { "queue" } th { "heartbeat age" } }
-            @if f.workers.is_empty() { (empty_row(3, "No live workers: no `cardworker run` process heartbeats on this deployment.")) }
-            @for w in &f.workers {
-                tr {
-                    td { code { (w.name) } } td { (w.queue) }
-                    td.num { @if w.heartbeat_age_secs > 60 { span.warn { (w.heartbeat_age_secs) " s" } } @else { (w.heartbeat_age_secs) " s" } }
-                }
-            }
-        }
-    };
-    layout("Fleet", viewer, true, body)
-}
-
 /// The queues' counts: waiting, scheduled, running, dead.
 fn queue_table(queues: &[QueueCounts]) -> Markup {
     html! {
@@ -462,271 +356,6 @@ pub fn money(m: &Money, viewer: &Viewer) -> Markup {
     layout("Money", viewer, true, body)
 }
 
-/// One event of a card's timeline: the integration log of a Gateway call and the audit events
-/// written with it (same correlation id: a change, or a failure and the parking it caused) are
-/// one row, not several.
-#[derive(Debug, Clone)]
-pub struct TimelineRow<'a> {
-    /// The integration log of the call, if the event has one.
-    pub log: Option<&'a TimelineEntry>,
-    /// The audit events of the event, newest first.
-    pub audits: Vec<&'a TimelineEntry>,
-}
-
-impl<'a> TimelineRow<'a> {
-    /// The row's first entry (the newest: `investigate` lists newest first).
-    fn first(&self) -> Option<&'a TimelineEntry> {
-        self.audits.first().copied().or(self.log)
-    }
-}
-
-/// Groups `entries` (newest first) by correlation id, keeping their order: each row holds at
-/// most one integration log and every audit event of its correlation id; an entry without a
-/// correlation id is a row of its own.
-pub fn timeline_rows(entries: &[TimelineEntry]) -> Vec<TimelineRow<'_>> {
-    let mut rows: Vec<TimelineRow<'_>> = Vec::new();
-    let mut by_correlation: std::collections::HashMap<uuid::Uuid, usize> = Default::default();
-    for e in entries {
-        let is_log = e.kind == "integration_log";
-        if let Some(&i) = e
-            .correlation_id
-            .as_ref()
-            .and_then(|c| by_correlation.get(c))
-        {
-            if !is_log {
-                rows[i].audits.push(e);
-                continue;
-            }
-            if rows[i].log.is_none() {
-                rows[i].log = Some(e);
-                continue;
-            }
-        }
-        if let Some(c) = e.correlation_id {
-            by_correlation.entry(c).or_insert(rows.len());
-        }
-        rows.push(TimelineRow {
-            log: is_log.then_some(e),
-            audits: if is_log { Vec::new() } else { vec![e] },
-        });
-    }
-    rows
-}
-
-/// `/cards/{card_ref}`: everything `investigate` shows.
-pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
-    let c = &inv.card;
-    let rows = timeline_rows(&inv.timeline);
-    let body = html! {
-        table #card {
-            tr { th { "card_ref" } td.card-ref { (c.card_ref) } }
-            tr { th { "data" } td { (c.data_state) @if let Some(l4) = &c.pan_last4 { " · last4 " (l4) } } }
-            tr { th { "status" } td { (c.status) } }
-            tr { th { "version" } td { (c.version) " · created " (when(&c.created_at)) " · updated " (when(&c.updated_at)) } }
-        }
-        h2 { "Chains" }
-        table #chains {
-            tr { th { "task" } th { "state" } th { "chain" } th { "next poll due" } th { "parked at" } @if viewer.can_act() { th { "act" } } }
-            @for ch in &inv.chains {
-                tr data-task=(ch.task) {
-                    td { (ch.task) }
-                    td.state { @if ch.state == "parked" { span.bad { (ch.state) } } @else { (ch.state) } }
-                    td { code { (ch.chain_id.as_deref().unwrap_or("-")) } }
-                    td.next-due {
-                        @match &ch.next_poll_due_at {
-                            Some(at) => { (when(at)) @if ch.next_poll_fed { " · handed to a worker" } }
-                            None => span.note { "none (no chain in Redis)" },
-                        }
-                    }
-                    td { (opt_when(&ch.parked_at)) }
-                    @if viewer.can_act() {
-                        td { @if ch.state == "parked" {
-                            form.inline method="post" action="/actions/unpark" {
-                                (action_fields(viewer))
-                                input type="hidden" name="task" value=(ch.task);
-                                button name="one" value=(c.card_ref) { "Unpark" }
-                            }
-                        } }
-                    }
-                }
-            }
-        }
-        h2 { "Timeline (changes and failures, newest first)" }
-        p.note { "One row per event: a change or failure's audit event and the integration log of its Gateway call share a correlation id." }
-        table #timeline {
-            tr { th { "at" } th { "event" } th { "state" } th { "details" } th { "records" } }
-            @if rows.is_empty() { (empty_row(5, "No changes or failures on record.")) }
-            @for r in &rows {
-                @if let Some(first) = r.first() {
-                    tr.event data-correlation=(first.correlation_id.map(|c| c.to_string()).unwrap_or_default()) {
-                        td { (when(&first.at)) @if first.archived { " [archived]" } }
-                        td {
-                            @for (i, a) in r.audits.iter().enumerate() { @if i > 0 { br; } (a.what) }
-                            @if let Some(l) = r.log { @if !r.audits.is_empty() { br; } span.note { (l.what) } }
-                        }
-                        td { (r.log.and_then(|l| l.state.as_deref()).unwrap_or("")) }
-                        td {
-                            @if let Some(l) = r.log {
-                                @if let Some(h) = l.http_status { "HTTP " (h) " · " }
-                                @if let Some(d) = l.duration_ms { (d) " ms · " }
-                                @if let Some(s) = &l.summary { code { (s) } }
-                                @if let Some(s) = &l.error { br; code.bad { (s) } }
-                                @if let Some(s) = &l.recovery { br; span.note { "next: " (s) } }
-                            }
-                            @for (i, a) in r.audits.iter().enumerate() { @if let Some(s) = &a.summary { @if r.log.is_some() || i > 0 { br; } (s) } }
-                            @if let Some(cid) = &first.correlation_id { br; span.note { "correlation " (cid) } }
-                        }
-                        td.note {
-                            @if let Some(l) = r.log { "log #" (l.id) }
-                            @for (i, a) in r.audits.iter().enumerate() { @if i > 0 || r.log.is_some() { br; } "audit #" (a.id) }
-                        }
-                    }
-                }
-            }
-        }
-        h2 { "Unchanged polls" }
-        p.note { (inv.note) }
-        @if let Some(at) = &inv.counts_since { p.note { "Redis has counted since " (when(at)) " (when it was last found empty: its data lost, or the first start)." } }
-        table {
-            tr { th { "task" } th { "this card" } th { "since" } th { "last unchanged poll" } th { "all cards, last 48 h" } }
-            @for u in &inv.unchanged_polls {
-                tr {
-                    td { (u.task) }
-                    td.num { @if let Some(n) = u.card_count { (n) } @else { "–" } }
-                    td { @if let Some(at) = &u.since { (when(at)) br; } span.note { (u.explanation) } }
-                    td { @if let Some(at) = &u.last_unchanged_at { (when(at)) } @else { "–" } }
-                    td.num { (u.all_cards_total) }
-                }
-            }
-        }
-        @for (title, id, facts, none) in [("Manual facts (operator actions on this card)", "manual-facts", &inv.manual_facts, "No operator action on this card."), ("Fleet facts (circuit transitions, operator actions on polling)", "fleet-facts", &inv.fleet_facts, "No circuit transition or operator action on polling.")] {
-            h2 { (title) }
-            (facts_table(id, facts, none))
-        }
-        h2 { "Payments" }
-        table #card-payments {
-            tr { th { "payment" } th { "amount" } th { "status" } th { "submissions" } th { "updated" } }
-            @if inv.payments.is_empty() { (empty_row(5, "No payments.")) }
-            @for p in &inv.payments {
-                tr { td { code { (p.payment_id) } } td.num { (p.amount_minor) " " (p.currency) } td { (p.status) } td.num { (p.submissions) } td { (when(&p.updated_at)) } }
-            }
-        }
-        h2 { "Approvals" }
-        table #card-approvals {
-            tr { th { "approval" } th { "kind" } th { "amount" } th { "status" } th { "channel ref" } th { "submissions" } th { "created" } th { "updated" } }
-            @if inv.approvals.is_empty() { (empty_row(8, "No approvals.")) }
-            @for a in &inv.approvals {
-                tr.approval data-approval=(a.approval_id) {
-                    td { code { (a.approval_id) } }
-                    td { (a.kind) }
-                    td.num { @if let Some(n) = a.amount_minor { (n) } @else { "-" } }
-                    td.status { (a.status) }
-                    td { (a.channel_ref.as_deref().unwrap_or("-")) }
-                    td.num { (a.submissions) }
-                    td { (when(&a.created_at)) }
-                    td { (when(&a.updated_at)) }
-                }
-                tr.approval-history data-approval=(a.approval_id) {
-                    td colspan="8" {
-                        @if a.history.is_empty() {
-                            span.note { "No events yet." }
-                        } @else {
-                            ol {
-                                @for h in &a.history {
-                                    li.approval-event { (when(&h.at)) " · " code { (h.event_type) } " · " (h.summary) (outcome_mark(h.outcome.as_deref())) }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        h2 { "Callbacks" }
-        table #card-callbacks {
-            tr { th { "channel / id" } th { "state" } th { "about" } th { "deliveries" } th { "last" } th { "reason" } }
-            @if inv.callbacks.is_empty() { (empty_row(6, "No callbacks.")) }
-            @for cb in &inv.callbacks {
-                tr { td { code { (cb.channel) " / " (cb.callback_id) } } td { (cb.state) } td { (cb.resource_type.as_deref().unwrap_or("-")) ":" (cb.resource_id.as_deref().unwrap_or("-")) } td.num { (cb.deliveries) } td { (when(&cb.last_received_at)) } td { (cb.reason.as_deref().unwrap_or("-")) } }
-            }
-        }
-    };
-    layout(&format!("Card {}", c.card_ref), viewer, true, body)
-}
-
-/// The colour of each outcome in the chart, in the order of [`OUTCOMES`].
-const OUTCOME_COLOURS: [&str; 3] = ["#9db4cf", "#2e7d32", "#c62828"];
-/// What the chart calls each outcome.
-const OUTCOME_NAMES: [&str; 3] = ["unchanged", "changed", "failed"];
-
-/// The polls per hour as an inline SVG of stacked bars, one per hour, drawn on the server from
-/// numbers only (maud escapes every text, as on the rest of the page). Each bar segment carries
-/// its count (`data-count`) and a tooltip.
-pub fn poll_chart(chart: &PollChart) -> Markup {
-    const W: f64 = 960.0;
-    const H: f64 = 200.0;
-    const LEFT: f64 = 56.0;
-    const TOP: f64 = 10.0;
-    const BOTTOM: f64 = 28.0;
-    let plot_w = W - LEFT - 8.0;
-    let plot_h = H - TOP - BOTTOM;
-    let peak = chart
-        .hours
-        .iter()
-        .map(|(_, n)| n.iter().sum::<u64>())
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let slot = plot_w / chart.hours.len().max(1) as f64;
-    let bar = (slot - 2.0).max(1.0);
-    let scale = plot_h / peak as f64;
-    let label = |hour: &str| -> String {
-        // `YYYYMMDDHH` -> `DD HH:00`.
-        match (hour.get(6..8), hour.get(8..10)) {
-            (Some(d), Some(h)) => format!("{d} {h}:00"),
-            _ => hour.to_owned(),
-        }
-    };
-    html! {
-        figure #poll-chart style="margin:0 0 10px" {
-            svg width=(W) height=(H) viewBox={ "0 0 " (W) " " (H) } role="img"
-                aria-label={ "Polls per UTC hour by outcome, last " (chart.hours.len()) " hours" }
-                style="background:#fafbfc;border:1px solid #ddd" {
-                line x1=(LEFT) y1=(TOP + plot_h) x2=(W - 8.0) y2=(TOP + plot_h) stroke="#888" {}
-                line x1=(LEFT) y1=(TOP) x2=(LEFT) y2=(TOP + plot_h) stroke="#888" {}
-                text x=(LEFT - 4.0) y=(TOP + 8.0) text-anchor="end" font-size="11" { (peak) }
-                text x=(LEFT - 4.0) y=(TOP + plot_h) text-anchor="end" font-size="11" { "0" }
-                @for (i, (hour, counts)) in chart.hours.iter().enumerate() {
-                    @let x = LEFT + 1.0 + i as f64 * slot;
-                    g.hour data-hour=(hour) {
-                        title { (label(hour)) " UTC: " (counts[0]) " unchanged, " (counts[1]) " changed, " (counts[2]) " failed" }
-                        @for (k, n) in counts.iter().enumerate() {
-                            @let below: u64 = counts[..k].iter().sum();
-                            @let y = TOP + plot_h - (below + n) as f64 * scale;
-                            rect x=(format!("{x:.1}")) y=(format!("{y:.1}")) width=(format!("{bar:.1}"))
-                                height=(format!("{:.1}", *n as f64 * scale)) fill=(OUTCOME_COLOURS[k])
-                                data-outcome=(OUTCOMES[k]) data-count=(n) {}
-                        }
-                    }
-                    @if i % 6 == 0 {
-                        text x=(format!("{x:.1}")) y=(H - 10.0) font-size="11" { (label(hour)) }
-                    }
-                }
-            }
-            figcaption.note {
-                "Polls per UTC hour, fleet-wide, both tasks. "
-                @for (k, name) in OUTCOME_NAMES.iter().enumerate() {
-                    span.legend data-outcome=(OUTCOMES[k]) {
-                        span style={ "display:inline-block;width:10px;height:10px;background:" (OUTCOME_COLOURS[k]) } {}
-                        " " (name) " (" code { (OUTCOMES[k]) } "): " span.total { (chart.total(k)) }
-                    }
-                    @if k + 1 < OUTCOME_NAMES.len() { " · " } @else { ". " }
-                }
-                "Unchanged polls are counted, not recorded; each worker writes its counts every 5 s."
-            }
-        }
-    }
-}
-
 /// A card that is not on record.
 pub fn unknown_card(card_ref: &str, viewer: &Viewer) -> Markup {
     layout(
@@ -771,7 +400,9 @@ pub fn error(viewer: &Viewer, title: &str, message: &str) -> Markup {
 
 #[cfg(test)]
 mod tests {
+    use super::super::data::{PollChart, OUTCOMES};
     use super::*;
+    use crate::commands::investigate::TimelineEntry;
 
     fn viewer() -> Viewer {
         Viewer {
