@@ -504,6 +504,33 @@ async fn callbacks(world: &World, report: &mut Report) {
     );
 }
 
+/// What Redis holds of `card`'s `task` chain: its entry and its due-set score (a score at or above
+/// 2^50 is a job fed at that turn), for a violation's line.
+async fn chain_state(world: &World, task: &str, card: &str) -> String {
+    let Some(task) = cardworker::config::Task::ALL
+        .into_iter()
+        .find(|t| t.label() == task)
+    else {
+        return format!("unknown task {task}");
+    };
+    let prefix = crate::world::PREFIX;
+    let read = async {
+        let mut conn = cardworker::context::connect_redis(&world.services.redis_url).await?;
+        let entry: Option<String> = redis::cmd("HGET")
+            .arg(cardworker::polling::chain::chain_key(prefix, task))
+            .arg(card)
+            .query_async(&mut conn)
+            .await?;
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(cardworker::polling::chain::due_key(prefix, task))
+            .arg(card)
+            .query_async(&mut conn)
+            .await?;
+        anyhow::Ok(format!("entry {entry:?}, due score {score:?}"))
+    };
+    read.await.unwrap_or_else(|e| format!("unreadable ({e:#})"))
+}
+
 /// Invariant 6: After the quiet period: every live chain polled within two intervals, no chain parked but
 /// the cards failed alone, no token in use once idle, no unsettled money row older than the
 /// recovery window, no panic in any log.
@@ -576,10 +603,11 @@ pub async fn check_quiet(world: &World, limits: Limits, report: &mut Report) {
             if now.saturating_sub(at) > window {
                 late += 1;
                 if late <= 20 {
+                    let state = chain_state(world, task, &card).await;
                     report.violation(
                         6,
                         format!(
-                            "{card} {task}: last polled {:.0}s ago (two intervals: {}s)",
+                            "{card} {task}: last polled {:.0}s ago (two intervals: {}s); in Redis: {state}",
                             now.saturating_sub(at) as f64 / 1000.0,
                             window / 1000
                         ),

@@ -15,6 +15,8 @@
 //! is printed first and last; it replays the same schedule with the same harness.
 //! `CHAOS_KEEP=1` keeps the run's directory (config, worker logs, events and calls; a failed run
 //! keeps it anyway).
+//! `CHAOS_WORKER_LOG` sets the workers' `RUST_LOG` (default
+//! `info,apalis=warn,apalis_core=warn,sqlx=warn`), e.g. to add `cardworker::polling=debug`.
 //! `CHAOS_PLAN_ONLY=1` prints the seed's schedule and stops before building the world.
 //! `CARDWORKER_BIN` runs another build of `cardworker` (an older main, to show what it finds).
 

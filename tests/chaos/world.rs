@@ -235,7 +235,11 @@ impl Supervisor {
                     "CARDWORKER__TELEMETRY__LISTEN",
                     format!("127.0.0.1:{}", self.ports[slot]),
                 )
-                .env("RUST_LOG", "info,apalis=warn,apalis_core=warn,sqlx=warn")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("CHAOS_WORKER_LOG")
+                        .unwrap_or_else(|_| "info,apalis=warn,apalis_core=warn,sqlx=warn".into()),
+                )
                 .env_remove("CARDWORKER_CONFIG")
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(log))
