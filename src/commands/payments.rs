@@ -94,7 +94,8 @@ pub(super) fn describe_asked(resource: &str, asked: &recover::Asked) -> String {
 
 /// Hands one channel callback to the callback job, as the ingress would: committed as `received`
 /// (with its body) in PostgreSQL first, then enqueued, so that a Redis loss cannot lose it (the
-/// sweep of `received` callbacks re-enqueues it). An applied callback is counted, not enqueued.
+/// sweep of `received` callbacks re-enqueues it). A final callback (applied, or failed as a
+/// contradiction of a final decision) is counted, not enqueued.
 pub async fn enqueue_callback(
     ctx: &AppContext,
     channel: &str,
@@ -114,6 +115,10 @@ pub async fn enqueue_callback(
     {
         callback::Received::AlreadyApplied => {
             println!("callback {channel}/{callback_id} was already applied; delivery counted, not applied again");
+            return Ok(());
+        }
+        callback::Received::AlreadyContradicted => {
+            println!("callback {channel}/{callback_id} already failed as a contradiction of a final decision; delivery counted, not processed again");
             return Ok(());
         }
         callback::Received::Recorded => {}

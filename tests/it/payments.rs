@@ -750,3 +750,170 @@ async fn a_contradicting_callback_delivered_twice_is_audited_as_one_conflict() {
     assert_eq!(deliveries, 2, "the second delivery is counted");
     assert_eq!(status(&pool, pid).await, "accepted");
 }
+
+/// The state and reason of one `visa` callback row.
+async fn callback_row(pool: &PgPool, callback_id: &str) -> (String, String, i32) {
+    sqlx::query_as(
+        "SELECT state, coalesce(reason, ''), deliveries FROM inbound_callbacks
+          WHERE channel = 'visa' AND callback_id = $1",
+    )
+    .bind(callback_id)
+    .fetch_one(pool)
+    .await
+    .expect("callback row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contradicting_callback_delivered_twice_through_enqueue_callback_stays_final_and_is_never_swept_again(
+) {
+    // Found by `make chaos` (seeds 401 and 402): the second delivery set the contradiction back to
+    // `received`, its job took it for a duplicate, and the sweep re-enqueued it forever.
+    let app = app().await;
+    let pool = app.db.pool.clone();
+    let pid = insert_payment(&pool, "c-9").await;
+    let body = |status: &str| {
+        format!(
+            r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
+        )
+    };
+    let decision = ProcessCallback {
+        channel: "visa".to_owned(),
+        callback_id: "cb-decision".to_owned(),
+        body: body("accepted"),
+        retries: 0,
+        recorded: false,
+    };
+    assert_eq!(
+        callback::process(&app.ctx, &decision)
+            .await
+            .expect("decision"),
+        Delivery::Applied { changed: true }
+    );
+    let file = std::env::temp_dir().join(format!("cw-cb-{}", Uuid::new_v4()));
+    std::fs::write(&file, body("rejected")).expect("body file");
+    let deliver = || async {
+        cardworker::commands::payments::enqueue_callback(&app.ctx, "visa", "cb-contra", &file)
+            .await
+            .expect("enqueue callback");
+    };
+
+    deliver().await;
+    wait_until(
+        Duration::from_secs(15),
+        "the first delivery is failed as a contradiction",
+        || async { callback_row(&pool, "cb-contra").await.0 == "failed" },
+    )
+    .await;
+    let (_, reason, _) = callback_row(&pool, "cb-contra").await;
+    assert!(reason.starts_with(callback::CONTRADICTION), "{reason}");
+
+    deliver().await;
+    let _ = std::fs::remove_file(&file);
+    let (state, reason_now, deliveries) = callback_row(&pool, "cb-contra").await;
+    assert_eq!(
+        (state.as_str(), reason_now.as_str(), deliveries),
+        ("failed", reason.as_str(), 2),
+        "the second delivery is counted and the contradiction kept as it was"
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "no callback job queued or running",
+        || async { app.queue_idle("callback").await },
+    )
+    .await;
+    let (state, reason_after, deliveries) = callback_row(&pool, "cb-contra").await;
+    assert_eq!(
+        (state.as_str(), reason_after.as_str(), deliveries),
+        ("failed", reason.as_str(), 2),
+        "the job leaves the contradiction final"
+    );
+    sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    assert_eq!(
+        callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
+            .await
+            .expect("sweep"),
+        0,
+        "a sweep re-enqueues nothing"
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(DISTINCT e.id) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
+              WHERE e.event_type = 'payment.conflict' AND r.resource_type = 'payment' AND r.resource_id = $1",
+            &pid.to_string()
+        )
+        .await,
+        1,
+        "the conflict is audited once"
+    );
+    assert_eq!(status(&pool, pid).await, "accepted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contradiction_a_redelivery_left_received_is_failed_again_by_its_next_job_and_swept_no_more(
+) {
+    // A contradiction that a redelivery recorded as `received` without its final state (as a
+    // release whose `enqueue callback` reset contradictions leaves it): the sweep's job makes it
+    // `failed` again.
+    let app = app().await;
+    let pool = app.db.pool.clone();
+    let pid = insert_payment(&pool, "c-9").await;
+    let job = |id: &str, status: &str| ProcessCallback {
+        channel: "visa".to_owned(),
+        callback_id: id.to_owned(),
+        body: format!(
+            r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
+        ),
+        retries: 0,
+        recorded: false,
+    };
+    assert_eq!(
+        callback::process(&app.ctx, &job("cb-decision", "accepted"))
+            .await
+            .expect("decision"),
+        Delivery::Applied { changed: true }
+    );
+    assert!(matches!(
+        callback::process(&app.ctx, &job("cb-contra", "rejected")).await.expect("contra"),
+        Delivery::Failed(r) if r.starts_with(callback::CONTRADICTION)
+    ));
+    let (_, reason, _) = callback_row(&pool, "cb-contra").await;
+    sqlx::query(
+        "UPDATE inbound_callbacks SET state = 'received', queued_at = now() - interval '1 hour'
+          WHERE callback_id = 'cb-contra'",
+    )
+    .execute(&pool)
+    .await
+    .expect("left received");
+
+    assert_eq!(
+        callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
+            .await
+            .expect("sweep"),
+        1
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "the swept job makes the contradiction failed again",
+        || async { callback_row(&pool, "cb-contra").await.0 == "failed" },
+    )
+    .await;
+    assert_eq!(
+        callback_row(&pool, "cb-contra").await,
+        ("failed".to_owned(), reason, 1),
+        "kept with its reason; the sweep counts no delivery"
+    );
+    sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    assert_eq!(
+        callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
+            .await
+            .expect("sweep"),
+        0
+    );
+}

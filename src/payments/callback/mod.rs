@@ -4,7 +4,8 @@
 //! 1. `INSERT … ON CONFLICT (channel, callback_id) DO UPDATE` on `inbound_callbacks` counts the
 //!    delivery and **locks the row**: concurrent deliveries of the same callback queue up here,
 //!    and each sees what the one before it committed.
-//! 2. Already `applied`: commit the delivery count, apply nothing.
+//! 2. Already final (`applied`, or failed as a contradiction): commit the delivery count, apply
+//!    nothing.
 //! 3. Otherwise apply the change (card status under the optimistic version check, reloading and
 //!    deciding again on a conflict; or the payment result), write its terminal integration log
 //!    (`succeeded`, scenario `callback`), audit event and link, and the outbox event, and mark the
@@ -13,7 +14,9 @@
 //! A callback that cannot be applied (unknown card or payment, malformed body, a result that
 //! contradicts a settled payment) is committed as `failed` with the reason, and the job is
 //! acknowledged: nothing is silently dropped, and a later delivery of the same (channel, id)
-//! is processed again. A database error retries the delivery through the intake with back-off.
+//! is processed again, except after a contradiction of a final decision ([`CONTRADICTION`]),
+//! which is final too: a later delivery is only counted, like one of an applied callback.
+//! A database error retries the delivery through the intake with back-off.
 //!
 //! Redis loss costs nothing: `cardworker enqueue callback` commits the delivery first
 //! ([`record_received`]: the row `received`, with its body) and only then enqueues the job (with
@@ -134,19 +137,28 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
     // A fresh row is inserted as `failed`/"processing" and always rewritten below before the
     // commit, so no other transaction ever sees that placeholder.
     // A delivery committed by whoever enqueued it (`recorded`) is not counted again.
+    // A contradiction (`$5`) found `received` is final: it is `failed` again, so the sweep leaves
+    // it alone. Only a release whose `record_received` reset contradictions leaves such a row;
+    // this CASE can go once `SELECT count(*) FROM inbound_callbacks WHERE state = 'received' AND
+    // reason LIKE 'contradicts%'` is 0 in every deployment.
     let (row_id, state, reason, inserted): (i64, String, String, bool) = sqlx::query_as(
         "INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)
          VALUES ($1, $2, $3, 'failed', 'processing')
          ON CONFLICT (channel, callback_id) DO UPDATE
             SET deliveries = inbound_callbacks.deliveries + $4,
                 last_received_at = CASE WHEN $4 = 0 THEN inbound_callbacks.last_received_at
-                                        ELSE now() END
+                                        ELSE now() END,
+                state = CASE WHEN inbound_callbacks.state = 'received'
+                               AND starts_with(coalesce(inbound_callbacks.reason, ''), $5)
+                             THEN 'failed'
+                             ELSE inbound_callbacks.state END
          RETURNING id, state, coalesce(reason, ''), (xmax = 0)",
     )
     .bind(&job.channel)
     .bind(&job.callback_id)
     .bind(known_fields(&job.body))
     .bind(i32::from(!job.recorded))
+    .bind(CONTRADICTION)
     .fetch_one(&mut *tx)
     .await
     .context("recording the callback delivery")?;
@@ -282,43 +294,54 @@ fn count_decision(body: &CallbackBody) {
 /// What [`record_received`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
-    /// Committed as `received` (new, or a redelivery of one not applied yet): enqueue it.
+    /// Committed as `received` (new, or a redelivery of one not final yet): enqueue it.
     Recorded,
     /// Already applied: the delivery is counted, nothing is enqueued.
     AlreadyApplied,
+    /// Already failed as a contradiction of a final decision ([`CONTRADICTION`]), which is final
+    /// too: the delivery is counted, the row kept as it is, nothing is enqueued.
+    AlreadyContradicted,
 }
 
 /// The first half of `enqueue callback`: commits the delivery as `received` with its body, before
-/// anything is in Redis. A redelivery of a callback that is not applied yet is `received` again
-/// (with the new body); an applied one only counts the delivery.
+/// anything is in Redis. A redelivery of a callback that is not final yet is `received` again
+/// (with the new body); a final one (applied, or failed as a contradiction) only counts the
+/// delivery, so the sweep of `received` rows never sees it again.
 pub async fn record_received(
     pool: &sqlx::PgPool,
     channel: &str,
     callback_id: &str,
     body: &str,
 ) -> sqlx::Result<Received> {
-    let state: String = sqlx::query_scalar(
+    // `$4`: the reason's prefix that makes a failed callback final (`CONTRADICTION`).
+    let (state, is_final): (String, bool) = sqlx::query_as(
         "INSERT INTO inbound_callbacks (channel, callback_id, body, state, queued_at)
          VALUES ($1, $2, $3, 'received', now())
          ON CONFLICT (channel, callback_id) DO UPDATE
             SET deliveries = inbound_callbacks.deliveries + 1,
                 last_received_at = now(),
-                body = CASE WHEN inbound_callbacks.state = 'applied' THEN inbound_callbacks.body
+                body = CASE WHEN inbound_callbacks.state = 'applied'
+                              OR starts_with(coalesce(inbound_callbacks.reason, ''), $4)
+                            THEN inbound_callbacks.body
                             ELSE EXCLUDED.body END,
                 state = CASE WHEN inbound_callbacks.state = 'applied' THEN 'applied'
+                             WHEN starts_with(coalesce(inbound_callbacks.reason, ''), $4)
+                             THEN 'failed'
                              ELSE 'received' END,
                 queued_at = now()
-         RETURNING state",
+         RETURNING state,
+                   state = 'applied' OR starts_with(coalesce(reason, ''), $4)",
     )
     .bind(channel)
     .bind(callback_id)
     .bind(known_fields(body))
+    .bind(CONTRADICTION)
     .fetch_one(pool)
     .await?;
-    Ok(if state == "applied" {
-        Received::AlreadyApplied
-    } else {
-        Received::Recorded
+    Ok(match (state.as_str(), is_final) {
+        ("applied", _) => Received::AlreadyApplied,
+        (_, true) => Received::AlreadyContradicted,
+        (_, false) => Received::Recorded,
     })
 }
 
