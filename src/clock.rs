@@ -4,7 +4,7 @@
 //!
 //! The money path never compares this clock with a time that PostgreSQL wrote: an attempt's
 //! deadline, a row's `updated_at` and an attempt log's `started_at` are written with the
-//! database's `now()` and compared with it, in SQL (`settle::table`, `storage::reliable`). A
+//! database's `now()` and compared with it, in SQL (`reliable::table`, `reliable::pending`). A
 //! worker or a CLI host whose clock runs ahead or behind therefore decides exactly as one whose
 //! clock is right.
 //!

@@ -21,8 +21,9 @@
 //! - [`cards`]: the card domain (applying an observed change), shared by polling and callbacks.
 //! - [`context`]: [`context::AppContext`], what every job shares.
 //! - [`runner`]: how a job runs on apalis (the job trait, the one service, spawning, supervision).
-//! - [`settle`]: the one reliable path of every call that makes the Gateway act (payments,
-//!   approvals): submit, finalise, recover and decide once, over the description of each kind.
+//! - [`reliable`]: the one reliable path of every call that makes the Gateway act (payments,
+//!   approvals): the pending record before the call, submit, finalise, recover and decide once,
+//!   over the description of each kind.
 //! - [`polling`], [`payments`], [`approvals`], [`maintenance`]: the jobs; none imports another.
 //! - [`workers`]: the one list of every worker and schedule.
 //! - [`app`]: `cardworker run`.
@@ -45,8 +46,8 @@ pub mod payments;
 pub mod pod;
 pub mod polling;
 pub mod queue;
+pub mod reliable;
 pub mod runner;
-pub mod settle;
 pub mod shutdown;
 pub mod storage;
 pub mod telemetry;

@@ -44,7 +44,7 @@ pub fn queue_names(prefix: &str) -> Vec<QueueName> {
 pub fn register_metrics(ctx: &AppContext) {
     crate::telemetry::register_series();
     crate::gateway::register_metrics();
-    crate::settle::approval::register_metrics();
+    crate::reliable::approval::register_metrics();
     crate::polling::register_metrics();
     crate::maintenance::register_metrics(crate::maintenance::switch::enabled(
         &ctx.config.maintenance,

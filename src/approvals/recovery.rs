@@ -1,5 +1,5 @@
 //! `RecoverApprovals` (cron `approvals.recovery_cron`, not gated by the maintenance switch): the
-//! shared recovery pass (`crate::settle::recover`) over approvals: `requested`, `pending` and
+//! shared recovery pass (`crate::reliable::recover`) over approvals: `requested`, `pending` and
 //! `unknown` rows untouched for `approvals.recovery_after_secs` (`approvals_unsettled_idx`), then
 //! `in_review` rows not queried for `approvals.review_query_secs` (`approvals_in_review_idx`),
 //! each asked with `GET /v1/approvals/{id}`. A 404 for an undecided row resubmits it with the
@@ -12,10 +12,10 @@ use cardworker_jobs::RecoverApprovals;
 
 use crate::config::Config;
 use crate::context::AppContext;
+use crate::reliable::approval::Approval;
+pub use crate::reliable::RecoveryReport;
+use crate::reliable::Thresholds;
 use crate::runner::{RunJob, Scheduled};
-use crate::settle::approval::Approval;
-pub use crate::settle::RecoveryReport;
-use crate::settle::Thresholds;
 
 /// Approvals examined per run (queries one after another, each bounded by the Gateway timeout).
 pub const RECOVERY_BATCH: i64 = 50;
@@ -63,5 +63,5 @@ pub async fn recover(
     thresholds: Thresholds,
     batch: i64,
 ) -> anyhow::Result<RecoveryReport> {
-    crate::settle::recover::recover::<Approval>(ctx, thresholds, batch).await
+    crate::reliable::recover::recover::<Approval>(ctx, thresholds, batch).await
 }

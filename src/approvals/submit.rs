@@ -1,5 +1,5 @@
 //! `SubmitApproval`: one approval row to `POST /v1/approvals` through the reliable path
-//! (`crate::settle::submit`): pending first, `Idempotency-Key = approval_id`, the answer
+//! (`crate::reliable::submit`): pending first, `Idempotency-Key = approval_id`, the answer
 //! finalised on the same log row and decided once.
 
 use std::sync::Arc;
@@ -9,9 +9,9 @@ use cardworker_jobs::SubmitApproval;
 
 use crate::config::Config;
 use crate::context::AppContext;
+use crate::reliable::approval::Approval;
+pub use crate::reliable::Submitted;
 use crate::runner::RunJob;
-use crate::settle::approval::Approval;
-pub use crate::settle::submit::Submitted;
 
 impl RunJob for SubmitApproval {
     const KIND: &'static str = "approval";
@@ -23,16 +23,16 @@ impl RunJob for SubmitApproval {
     /// The Gateway timeout bounds the call; the rest is two short transactions. Recovery
     /// leaves a `pending` row alone until this limit has passed since its pending commit.
     fn timeout(config: &Config) -> Duration {
-        crate::settle::submit::attempt_limit(config)
+        crate::reliable::attempt::attempt_limit(config)
     }
 
     #[tracing::instrument(name = "job.submit_approval", skip_all, fields(approval_id = %self.approval_id, retries = self.retries))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
-        crate::settle::submit::run_job::<Approval>(&ctx, self.approval_id, self.retries).await
+        crate::reliable::submit::run_job::<Approval>(&ctx, self.approval_id, self.retries).await
     }
 }
 
 /// One submission of `job`'s approval.
 pub async fn submit(ctx: &AppContext, job: &SubmitApproval) -> anyhow::Result<Submitted> {
-    crate::settle::submit::submit::<Approval>(ctx, job.approval_id, job.retries).await
+    crate::reliable::submit::submit::<Approval>(ctx, job.approval_id, job.retries).await
 }

@@ -7,9 +7,9 @@ use serde_json::json;
 use super::operator::{self, Action, Operator};
 use super::CommandError;
 use crate::context::AppContext;
-use crate::settle::approval::Approval;
-use crate::settle::recover;
-use crate::settle::{table, Kind as _};
+use crate::reliable::approval::Approval;
+use crate::reliable::recover;
+use crate::reliable::{table, Kind as _};
 
 /// Submits one approval row through the reliable path.
 ///

@@ -8,14 +8,14 @@ use cardworker_jobs::{ProcessCallback, SubmitPayment};
 use super::CommandError;
 use crate::context::AppContext;
 use crate::payments::{callback, store};
-use crate::settle::payment::PaymentCall;
-use crate::settle::recover;
+use crate::reliable::payment::PaymentCall;
+use crate::reliable::recover;
 
 /// Submits one payment row through the reliable path. An unknown payment is an error (exit 1);
 /// a settled one is reported and not submitted again.
 ///
 /// Only a `requested` payment is enqueued for submission. One that is `pending` or `unknown` is
-/// never POSTed again before a query: it is queried now ([`crate::settle::recover::query_now`]:
+/// never POSTed again before a query: it is queried now ([`crate::reliable::recover::query_now`]:
 /// settled from the Gateway's record, or resubmitted with the same key if the Gateway never saw
 /// it), or, while its attempt may still be in flight, left to recovery, which asks once the
 /// attempt's deadline has passed. Either way it says which, and exits 0.

@@ -1,7 +1,7 @@
 //! Payments and channel callbacks: the reliable paths.
 //!
 //! Unlike polling, these paths keep every record and keep it in PostgreSQL: a payment is
-//! recorded `pending` before its call (`storage::reliable`), and a callback is applied once
+//! recorded `pending` before its call (`reliable::pending`), and a callback is applied once
 //! however often it is delivered (`inbound_callbacks`). The polling budget does not apply to
 //! them; their queues use the bounded intake like every other queue.
 //!

@@ -3,7 +3,7 @@
 //! `SubmitPayment` job never came (lost with Redis); then sweeps channel callbacks left
 //! `received` the same way (`callback::sweep_received`).
 //!
-//! The pass itself is `crate::settle::recover`'s, shared with approvals: work is found in the
+//! The pass itself is `crate::reliable::recover`'s, shared with approvals: work is found in the
 //! `payments` table (`payments_unsettled_idx`: status `requested`, `pending` or `unknown`, oldest
 //! `updated_at` first, untouched for `payments.recovery_after_secs`), never by scanning
 //! `integration_logs` or Redis; a run takes a bounded batch and the cron
@@ -17,11 +17,11 @@ use cardworker_jobs::RecoverPayments;
 
 use crate::config::Config;
 use crate::context::AppContext;
+use crate::reliable::payment::PaymentCall;
+pub use crate::reliable::RecoveryReport;
+use crate::reliable::Thresholds;
 use crate::runner::RunJob;
 use crate::runner::Scheduled;
-use crate::settle::payment::PaymentCall;
-pub use crate::settle::RecoveryReport;
-use crate::settle::Thresholds;
 
 /// Payments examined per run. Queries run one after another, so a run is bounded by
 /// `RECOVERY_BATCH × gateway.timeout_ms`.
@@ -78,5 +78,5 @@ pub async fn recover(
         undecided: older_than,
         waiting: older_than,
     };
-    crate::settle::recover::recover::<PaymentCall>(ctx, thresholds, batch).await
+    crate::reliable::recover::recover::<PaymentCall>(ctx, thresholds, batch).await
 }

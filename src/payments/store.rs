@@ -1,12 +1,12 @@
 //! The `payments` table: the row type and the reads the commands need. Every statement on it is
-//! `crate::settle::table`'s (shared with `approvals`), over [`PaymentCall`].
+//! `crate::reliable::table`'s (shared with `approvals`), over [`PaymentCall`].
 
 use sqlx::PgExecutor;
 use uuid::Uuid;
 
-pub use crate::settle::payment::Payment;
-use crate::settle::payment::PaymentCall;
-use crate::settle::table;
+pub use crate::reliable::payment::Payment;
+use crate::reliable::payment::PaymentCall;
+use crate::reliable::table;
 
 /// Loads one payment (`None` when unknown).
 pub async fn load<'e>(

@@ -9,15 +9,15 @@
 //! - [`fault`]: transient or deterministic database errors, and free text fit to be stored (no
 //!   NUL, no card number).
 //! - [`ident`]: identifiers, stored exactly as received, and what an identifier may not be.
-//! - [`reliable`]: the reliable path for money-moving calls (pending before the call, finalised
-//!   with the domain change and an outbox event).
+//!
+//! The pending record of a money-moving call (written before the call, finalised with the
+//! domain change and an outbox event) is part of the reliable path, `crate::reliable::pending`.
 
 pub mod card_reads;
 pub mod cards;
 pub mod fault;
 pub mod ident;
 pub mod records;
-pub mod reliable;
 
 use std::time::Duration;
 

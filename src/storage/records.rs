@@ -4,7 +4,7 @@
 //! Two paths write integration logs, on purpose kept apart:
 //! - the **terminal** path ([`insert_terminal_log`]): one finished row, written only when a poll
 //!   found a change, a failure or an unknown answer. Polling never writes a `pending` row.
-//! - the **reliable** path (`storage::reliable`, for money-moving calls): a `pending` row
+//! - the **reliable** path (`crate::reliable::pending`, for money-moving calls): a `pending` row
 //!   committed before the call, finalised after it.
 //!
 //! Every text and JSON value goes through `fault::clean` first: PostgreSQL refuses NUL, and a
@@ -142,19 +142,19 @@ pub async fn insert_audit(
 }
 
 /// The columns of one audit event and its resource link, borrowed.
-pub(super) struct AuditRow<'a> {
-    pub event_type: &'a str,
-    pub correlation_id: Option<Uuid>,
-    pub integration_log_id: Option<i64>,
-    pub summary: &'a str,
-    pub details: &'a Value,
-    pub resource_type: &'a str,
-    pub resource_id: &'a str,
+pub(crate) struct AuditRow<'a> {
+    pub(crate) event_type: &'a str,
+    pub(crate) correlation_id: Option<Uuid>,
+    pub(crate) integration_log_id: Option<i64>,
+    pub(crate) summary: &'a str,
+    pub(crate) details: &'a Value,
+    pub(crate) resource_type: &'a str,
+    pub(crate) resource_id: &'a str,
 }
 
 /// Writes one audit event and its resource link (the body of [`insert_audit`], shared with the
-/// reliable path, whose rebuilt handles own their resource type).
-pub(super) async fn insert_audit_row(
+/// reliable path's `pending` record, whose rebuilt handles own their resource type).
+pub(crate) async fn insert_audit_row(
     conn: &mut PgConnection,
     row: AuditRow<'_>,
 ) -> sqlx::Result<i64> {

@@ -9,7 +9,7 @@ use cardworker::approvals::recovery;
 use cardworker::approvals::submit::{self, Submitted};
 use cardworker::context::AppContext;
 use cardworker::payments::callback::{self, Delivery};
-use cardworker::settle::{RecoveryReport, Thresholds};
+use cardworker::reliable::{RecoveryReport, Thresholds};
 use cardworker_jobs::{ProcessCallback, SubmitApproval};
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -16,7 +16,7 @@ use cardworker::gateway::CallKind;
 use cardworker::payments::recovery as payment_recovery;
 use cardworker::payments::submit as payment_submit;
 use cardworker::queue::QueueName;
-use cardworker::settle::Thresholds;
+use cardworker::reliable::Thresholds;
 use cardworker::sim::SimConfigPatch;
 use cardworker_jobs::{SubmitApproval, SubmitPayment};
 use sqlx::PgPool;

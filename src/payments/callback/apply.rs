@@ -1,6 +1,6 @@
 //! Applying a parsed callback inside the delivery's transaction: a card status through the same
 //! status-change function as polling, a payment or approval decision through the decide-once path
-//! of `crate::settle`, each with its terminal integration log and audit event.
+//! of `crate::reliable`, each with its terminal integration log and audit event.
 
 use std::str::FromStr as _;
 
@@ -11,17 +11,24 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::body::CallbackBody;
-use super::{CONTRADICTION, MAX_VERSION_CONFLICTS};
 use crate::cards::{apply_status, Applied, ChangeSource};
 use crate::gateway::CardStatus;
-use crate::settle::approval::Approval;
-use crate::settle::decide::{close_open_attempt, decide};
-use crate::settle::payment::PaymentCall;
-use crate::settle::{table, Arrival, Decided, Kind, Row as _};
+use crate::reliable::approval::Approval;
+use crate::reliable::decide::{close_open_attempt, decide};
+use crate::reliable::payment::PaymentCall;
+use crate::reliable::pending::FinalState;
+use crate::reliable::{table, Arrival, Decided, Kind, Row as _};
 use crate::storage::cards;
 use crate::storage::records::LogState;
 use crate::storage::records::{insert_audit, insert_terminal_log, AuditRecord, LogRecord};
-use crate::storage::reliable::FinalState;
+
+/// How the reason of a callback that contradicts a final decision begins. Such a callback is
+/// final too (a final decision never changes): a later delivery is counted, not processed again,
+/// so its conflict is audited once.
+pub const CONTRADICTION: &str = "contradicts the recorded result";
+
+/// Version conflicts tolerated in one delivery before it is failed (and retried).
+const MAX_VERSION_CONFLICTS: u32 = 10;
 
 /// Applies a parsed callback. `Ok(Err(reason))` is a callback that cannot be applied.
 pub(super) async fn apply(
@@ -30,89 +37,9 @@ pub(super) async fn apply(
     row_id: i64,
     body: &CallbackBody,
 ) -> anyhow::Result<Result<(&'static str, String, bool), String>> {
-    let source = format!("callback {}/{}", job.channel, job.callback_id);
-    let started_at = Utc::now();
     match body {
         CallbackBody::CardStatus { card_ref, status } => {
-            let Ok(new_status) = CardStatus::from_str(status) else {
-                return Ok(Err(format!("malformed body: card status {status:?}")));
-            };
-            let change_source = ChangeSource {
-                kind: "callback",
-                integration_log_id: None,
-                detail: Some(format!(
-                    "channel={} callback_id={}",
-                    job.channel, job.callback_id
-                )),
-            };
-            let mut conflicts = 0;
-            loop {
-                let Some(card) = cards::load(&mut *conn, card_ref).await? else {
-                    return Ok(Err(format!("unknown card {card_ref}")));
-                };
-                let correlation_id = Uuid::new_v4();
-                // The same status-change function as polling: one optimistic update, one audit
-                // event, one outbox event, whoever observed the change.
-                match apply_status(conn, &card, new_status, correlation_id, &change_source).await? {
-                    Applied::Changed {
-                        version,
-                        audit_event_id,
-                        ..
-                    } => {
-                        let summary = format!(
-                            "status {} -> {status} (version {} -> {version}) by {source}",
-                            card.status, card.version
-                        );
-                        let log_id = insert_callback_log(
-                            conn,
-                            job,
-                            row_id,
-                            "card",
-                            card_ref,
-                            started_at,
-                            correlation_id,
-                            summary,
-                        )
-                        .await?;
-                        sqlx::query(
-                            "UPDATE audit_events SET integration_log_id = $2 WHERE id = $1",
-                        )
-                        .bind(audit_event_id)
-                        .bind(log_id)
-                        .execute(&mut *conn)
-                        .await?;
-                        return Ok(Ok(("card", card_ref.clone(), true)));
-                    }
-                    Applied::Unchanged => {
-                        record(
-                            conn,
-                            job,
-                            row_id,
-                            "card",
-                            card_ref,
-                            started_at,
-                            format!(
-                                "status already {status} (version {}): nothing changed",
-                                card.version
-                            ),
-                            "callback.applied",
-                            false,
-                        )
-                        .await?;
-                        return Ok(Ok(("card", card_ref.clone(), false)));
-                    }
-                    Applied::Conflict => {
-                        // Another writer (a poll, another callback) changed the card since we
-                        // read it: reload and decide again on the current state.
-                        conflicts += 1;
-                        if conflicts >= MAX_VERSION_CONFLICTS {
-                            anyhow::bail!(
-                                "card {card_ref}: {conflicts} version conflicts in a row"
-                            );
-                        }
-                    }
-                }
-            }
+            apply_card_status(conn, job, row_id, card_ref, status).await
         }
         CallbackBody::PaymentResult {
             payment_id,
@@ -129,8 +56,107 @@ pub(super) async fn apply(
     }
 }
 
+/// A `card.status` callback through the same status-change function as polling, under the
+/// optimistic version check: on a conflict the card is reloaded and decided again.
+async fn apply_card_status(
+    conn: &mut PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    card_ref: &str,
+    status: &str,
+) -> anyhow::Result<Result<(&'static str, String, bool), String>> {
+    let source = format!("callback {}/{}", job.channel, job.callback_id);
+    let started_at = Utc::now();
+    let Ok(new_status) = CardStatus::from_str(status) else {
+        return Ok(Err(format!("malformed body: card status {status:?}")));
+    };
+    let change_source = change_source(job);
+    let mut conflicts = 0;
+    loop {
+        let Some(card) = cards::load(&mut *conn, card_ref).await? else {
+            return Ok(Err(format!("unknown card {card_ref}")));
+        };
+        let correlation_id = Uuid::new_v4();
+        // The same status-change function as polling: one optimistic update, one audit
+        // event, one outbox event, whoever observed the change.
+        match apply_status(conn, &card, new_status, correlation_id, &change_source).await? {
+            Applied::Changed {
+                version,
+                audit_event_id,
+                ..
+            } => {
+                let summary = format!(
+                    "status {} -> {status} (version {} -> {version}) by {source}",
+                    card.status, card.version
+                );
+                let log_id = insert_callback_log(
+                    conn,
+                    job,
+                    row_id,
+                    "card",
+                    card_ref,
+                    started_at,
+                    correlation_id,
+                    summary,
+                )
+                .await?;
+                link_audit(conn, audit_event_id, log_id).await?;
+                return Ok(Ok(("card", card_ref.to_owned(), true)));
+            }
+            Applied::Unchanged => {
+                record(
+                    conn,
+                    job,
+                    row_id,
+                    "card",
+                    card_ref,
+                    started_at,
+                    format!(
+                        "status already {status} (version {}): nothing changed",
+                        card.version
+                    ),
+                    "callback.applied",
+                    false,
+                )
+                .await?;
+                return Ok(Ok(("card", card_ref.to_owned(), false)));
+            }
+            Applied::Conflict => {
+                // Another writer (a poll, another callback) changed the card since we
+                // read it: reload and decide again on the current state.
+                conflicts += 1;
+                if conflicts >= MAX_VERSION_CONFLICTS {
+                    anyhow::bail!("card {card_ref}: {conflicts} version conflicts in a row");
+                }
+            }
+        }
+    }
+}
+
+/// Where a callback's card change came from, as its audit event says.
+fn change_source(job: &ProcessCallback) -> ChangeSource {
+    ChangeSource {
+        kind: "callback",
+        integration_log_id: None,
+        detail: Some(format!(
+            "channel={} callback_id={}",
+            job.channel, job.callback_id
+        )),
+    }
+}
+
+/// Links a change's audit event (written by `crate::cards`) to the callback's log row.
+async fn link_audit(conn: &mut PgConnection, audit_event_id: i64, log_id: i64) -> sqlx::Result<()> {
+    sqlx::query("UPDATE audit_events SET integration_log_id = $2 WHERE id = $1")
+        .bind(audit_event_id)
+        .bind(log_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// A decision callback (`payment.result`, `approval.result`) through the one decide-once path
-/// of `crate::settle`: the first final decision wins; the same one again changes nothing; a
+/// of `crate::reliable`: the first final decision wins; the same one again changes nothing; a
 /// different one after a final one is a conflict, on record (a payment's callback is then
 /// failed with the reason, an approval's is processed with its conflict kept).
 async fn apply_decision<K: Kind>(

@@ -38,6 +38,7 @@
 mod apply;
 pub mod body;
 
+pub use apply::CONTRADICTION;
 pub use body::{check_key, known_fields, parse, CallbackBody};
 
 use std::sync::Arc;
@@ -50,19 +51,16 @@ use serde_json::json;
 
 use super::submit::backoff;
 use crate::context::AppContext;
+use crate::reliable::approval::Approval;
+use crate::reliable::payment::PaymentCall;
+use crate::reliable::{Arrival, Kind};
 use crate::runner::RunJob;
-use crate::settle::approval::Approval;
-use crate::settle::payment::PaymentCall;
-use crate::settle::{Arrival, Kind};
 use crate::storage::fault::clean;
 use crate::storage::ident::{self, IdentError};
 use crate::storage::records::{insert_audit, AuditRecord};
 
 /// Redeliveries through the intake after database errors before the job gives up (dead, logged).
 pub const MAX_RETRIES: u32 = 8;
-
-/// Version conflicts tolerated in one delivery before it is failed (and retried).
-const MAX_VERSION_CONFLICTS: u32 = 10;
 
 impl RunJob for ProcessCallback {
     const KIND: &'static str = "callback";
@@ -119,11 +117,6 @@ pub enum Delivery {
     Failed(String),
 }
 
-/// How the reason of a callback that contradicts a final decision begins. Such a callback is
-/// final too (a final decision never changes): a later delivery is counted, not processed again,
-/// so its conflict is audited once.
-pub const CONTRADICTION: &str = "contradicts the recorded result";
-
 /// The whole delivery, in one transaction (module docs).
 pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<Delivery> {
     if let Err(refused) = check_key(&job.channel, &job.callback_id) {
@@ -134,35 +127,7 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
         .begin()
         .await
         .context("beginning the callback transaction")?;
-    // A fresh row is inserted as `failed`/"processing" and always rewritten below before the
-    // commit, so no other transaction ever sees that placeholder.
-    // A delivery committed by whoever enqueued it (`recorded`) is not counted again.
-    // A contradiction (`$5`) found `received` is final: it is `failed` again, so the sweep leaves
-    // it alone. Only a release whose `record_received` reset contradictions leaves such a row;
-    // this CASE can go once `SELECT count(*) FROM inbound_callbacks WHERE state = 'received' AND
-    // reason LIKE 'contradicts%'` is 0 in every deployment.
-    let (row_id, state, reason, inserted): (i64, String, String, bool) = sqlx::query_as(
-        "INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)
-         VALUES ($1, $2, $3, 'failed', 'processing')
-         ON CONFLICT (channel, callback_id) DO UPDATE
-            SET deliveries = inbound_callbacks.deliveries + $4,
-                last_received_at = CASE WHEN $4 = 0 THEN inbound_callbacks.last_received_at
-                                        ELSE now() END,
-                state = CASE WHEN inbound_callbacks.state = 'received'
-                               AND starts_with(coalesce(inbound_callbacks.reason, ''), $5)
-                             THEN 'failed'
-                             ELSE inbound_callbacks.state END
-         RETURNING id, state, coalesce(reason, ''), (xmax = 0)",
-    )
-    .bind(&job.channel)
-    .bind(&job.callback_id)
-    .bind(known_fields(&job.body))
-    .bind(i32::from(!job.recorded))
-    .bind(CONTRADICTION)
-    .fetch_one(&mut *tx)
-    .await
-    .context("recording the callback delivery")?;
-
+    let (row_id, state, reason, inserted) = count_delivery(&mut tx, job).await?;
     if !inserted && (state == "applied" || reason.starts_with(CONTRADICTION)) {
         tx.commit()
             .await
@@ -192,39 +157,7 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
             Delivery::Applied { changed }
         }
         Err(reason) => {
-            let resource = body::loose_resource(&job.body);
-            sqlx::query(
-                "UPDATE inbound_callbacks
-                    SET state = 'failed', reason = $2, body = $3, resource_type = $4,
-                        resource_id = $5
-                  WHERE id = $1",
-            )
-            .bind(row_id)
-            .bind(clean(&reason))
-            .bind(known_fields(&job.body))
-            .bind(resource.as_ref().map(|r| r.0))
-            .bind(resource.as_ref().map(|r| r.1.as_str()))
-            .execute(&mut *tx)
-            .await?;
-            insert_audit(
-                &mut tx,
-                &AuditRecord {
-                    event_type: "callback.failed",
-                    correlation_id: None,
-                    summary: format!(
-                        "callback {}/{} not applied: {reason}; a later delivery is processed again",
-                        job.channel, job.callback_id
-                    ),
-                    details: json!({ "channel": job.channel, "callback_id": job.callback_id, "reason": reason }),
-                    resource_type: resource.as_ref().map_or("callback", |r| r.0),
-                    resource_id: resource
-                        .as_ref()
-                        .map_or_else(|| format!("{}/{}", job.channel, job.callback_id), |r| r.1.clone()),
-                },
-                None,
-            )
-            .await?;
-            tracing::warn!(%reason, "callback recorded as failed");
+            record_failed(&mut tx, job, row_id, &reason).await?;
             Delivery::Failed(reason)
         }
     };
@@ -233,6 +166,87 @@ pub async fn process(ctx: &AppContext, job: &ProcessCallback) -> anyhow::Result<
         count_decision(body);
     }
     Ok(delivery)
+}
+
+/// Counts the delivery on its `inbound_callbacks` row (inserted when new) and locks the row for
+/// the delivery's transaction. Returns its id, state, reason and whether it is new.
+async fn count_delivery(
+    conn: &mut sqlx::PgConnection,
+    job: &ProcessCallback,
+) -> anyhow::Result<(i64, String, String, bool)> {
+    // A fresh row is inserted as `failed`/"processing" and always rewritten below before the
+    // commit, so no other transaction ever sees that placeholder.
+    // A delivery committed by whoever enqueued it (`recorded`) is not counted again.
+    // A contradiction (`$5`) found `received` is final: it is `failed` again, so the sweep leaves
+    // it alone. Only a release whose `record_received` reset contradictions leaves such a row;
+    // this CASE can go once `SELECT count(*) FROM inbound_callbacks WHERE state = 'received' AND
+    // reason LIKE 'contradicts%'` is 0 in every deployment.
+    let row: (i64, String, String, bool) = sqlx::query_as(
+        "INSERT INTO inbound_callbacks (channel, callback_id, body, state, reason)
+         VALUES ($1, $2, $3, 'failed', 'processing')
+         ON CONFLICT (channel, callback_id) DO UPDATE
+            SET deliveries = inbound_callbacks.deliveries + $4,
+                last_received_at = CASE WHEN $4 = 0 THEN inbound_callbacks.last_received_at
+                                        ELSE now() END,
+                state = CASE WHEN inbound_callbacks.state = 'received'
+                               AND starts_with(coalesce(inbound_callbacks.reason, ''), $5)
+                             THEN 'failed'
+                             ELSE inbound_callbacks.state END
+         RETURNING id, state, coalesce(reason, ''), (xmax = 0)",
+    )
+    .bind(&job.channel)
+    .bind(&job.callback_id)
+    .bind(known_fields(&job.body))
+    .bind(i32::from(!job.recorded))
+    .bind(CONTRADICTION)
+    .fetch_one(conn)
+    .await
+    .context("recording the callback delivery")?;
+    Ok(row)
+}
+
+/// A callback that cannot be applied: the row `failed` with the reason, and one
+/// `callback.failed` audit event.
+async fn record_failed(
+    conn: &mut sqlx::PgConnection,
+    job: &ProcessCallback,
+    row_id: i64,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let resource = body::loose_resource(&job.body);
+    sqlx::query(
+        "UPDATE inbound_callbacks
+            SET state = 'failed', reason = $2, body = $3, resource_type = $4,
+                resource_id = $5
+          WHERE id = $1",
+    )
+    .bind(row_id)
+    .bind(clean(reason))
+    .bind(known_fields(&job.body))
+    .bind(resource.as_ref().map(|r| r.0))
+    .bind(resource.as_ref().map(|r| r.1.as_str()))
+    .execute(&mut *conn)
+    .await?;
+    insert_audit(
+        conn,
+        &AuditRecord {
+            event_type: "callback.failed",
+            correlation_id: None,
+            summary: format!(
+                "callback {}/{} not applied: {reason}; a later delivery is processed again",
+                job.channel, job.callback_id
+            ),
+            details: json!({ "channel": job.channel, "callback_id": job.callback_id, "reason": reason }),
+            resource_type: resource.as_ref().map_or("callback", |r| r.0),
+            resource_id: resource
+                .as_ref()
+                .map_or_else(|| format!("{}/{}", job.channel, job.callback_id), |r| r.1.clone()),
+        },
+        None,
+    )
+    .await?;
+    tracing::warn!(%reason, "callback recorded as failed");
+    Ok(())
 }
 
 /// A delivery whose key the contract forbids: recorded once as a `callback.refused` audit event

@@ -8,10 +8,10 @@ use serde_json::json;
 use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
-use super::{Answer, Arrival, Kind, Names, Tracking};
+use super::kind::{impl_row, Answer, Arrival, Kind, Names, Tracking};
+use super::pending::OutboxEvent;
 use crate::context::AppContext;
 use crate::gateway::{ApprovalQuery, ApprovalRequest, ApprovalResult, CallResult, APPROVAL_KINDS};
-use crate::storage::reliable::OutboxEvent;
 use crate::telemetry::metrics::APPROVAL_DECISIONS;
 use cardworker_jobs::SubmitApproval;
 
@@ -61,7 +61,7 @@ impl ApprovalRow {
     }
 }
 
-super::impl_row!(ApprovalRow, approval_id);
+impl_row!(ApprovalRow, approval_id);
 
 /// The approval kind of reliable call.
 #[derive(Debug, Clone, Copy)]

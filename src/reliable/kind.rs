@@ -1,31 +1,7 @@
-//! One reliable path for every call that makes the Gateway act: payments and approvals.
-//!
-//! A payment and an approval are the same problem: a row in PostgreSQL that must reach the
-//! Gateway exactly once in effect (pending before the call, one `Idempotency-Key` per row ever),
-//! whose answer may be lost with the process that asked, and whose decision can arrive three ways
-//! (the POST's answer, a recovery query, a channel callback), in any order and from any pod. So
-//! the machinery is written once, here, over a [`Kind`]: the *description* of one kind of
-//! reliable call (its table, its body, its statuses, which of them are final, how a refused
-//! request reads, its records' names). `crate::payments` and `crate::approvals` are only the jobs
-//! that run it for their kind.
-//!
-//! # Layout
-//! - [`table`]: the SQL on the kind's table (`payments`, `approvals`); one statement per
-//!   operation for every kind, the table's name and columns taken from the [`Kind`].
-//! - [`decide`]: applying a decision **once**: the first final decision wins and is written with
-//!   its outbox event (and counted); a repeated identical one is a no-op; a different one after a
-//!   final one becomes one `<kind>.conflict` audit event naming both, logged at warn level.
-//! - [`submit`]: the submission job's steps (pending first, the call, the answer finalised on
-//!   the same log row), for any kind.
-//! - [`recover`]: the recovery pass (query the Gateway for rows left undecided; resubmit only
-//!   what it never saw), for any kind.
-//! - [`payment`], [`approval`]: the two descriptions.
-//!
-//! # Layering
-//! Layer 5, beside `crate::runner`: it needs the [`AppContext`] (Gateway client, pool, producer)
-//! and is used by the jobs of layer 6, which may not import each other. The channel callback
-//! (`crate::payments::callback`) applies approval results through [`decide`] and
-//! [`approval::Approval`] for that reason.
+//! What the reliable path knows of a kind of call: the [`Kind`] trait (its table, body,
+//! statuses, records' names and Gateway calls), the [`Row`] it reads, the reliable-path columns
+//! every kind's table has ([`Tracking`]), how a decision arrives ([`Arrival`]) and recovery's
+//! [`Thresholds`]. The two kinds are `super::payment` and `super::approval`.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -36,20 +12,9 @@ use sqlx::postgres::PgRow;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::pending::OutboxEvent;
 use crate::context::AppContext;
 use crate::gateway::CallResult;
-use crate::storage::reliable::OutboxEvent;
-
-pub mod approval;
-pub mod decide;
-pub mod payment;
-pub mod recover;
-pub mod submit;
-pub mod table;
-
-pub use decide::{Arrival, Decided};
-pub use recover::RecoveryReport;
-pub use submit::Submitted;
 
 /// The names a kind's records carry (integration-log scenarios, audit event types).
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +67,7 @@ pub struct Tracking {
     /// Last changed, or last queried while waiting (recovery's order and thresholds).
     pub updated_at: DateTime<Utc>,
     /// Whether the latest attempt may still be in flight (`pending` and before its deadline),
-    /// decided by PostgreSQL on its own clock when the row was read ([`table::ON_DB_CLOCK`]):
+    /// decided by PostgreSQL on its own clock when the row was read ([`super::table::ON_DB_CLOCK`]):
     /// the deadline was written with the database's `now()`, so it is compared with that clock,
     /// never with this host's.
     #[serde(skip)]
@@ -148,14 +113,14 @@ pub trait Row: for<'r> sqlx::FromRow<'r, PgRow> + Send + Sync + Unpin + Clone + 
 /// `impl Row for $row` whose id is the field `$id` (and `card_ref`, `tracking`).
 macro_rules! impl_row {
     ($row:ty, $id:ident) => {
-        impl $crate::settle::Row for $row {
+        impl $crate::reliable::kind::Row for $row {
             fn id(&self) -> uuid::Uuid {
                 self.$id
             }
             fn card_ref(&self) -> &str {
                 &self.card_ref
             }
-            fn tracking(&self) -> &$crate::settle::Tracking {
+            fn tracking(&self) -> &$crate::reliable::kind::Tracking {
                 &self.tracking
             }
         }
@@ -170,6 +135,33 @@ pub struct Answer {
     pub status: &'static str,
     /// The channel's reference.
     pub channel_ref: String,
+}
+
+/// How a decision arrived: by the POST's answer, a recovery query or a callback (the `via` label
+/// of `cardworker_approval_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// The POST's own answer.
+    Response,
+    /// Recovery's `GET` of the Gateway's record.
+    Query,
+    /// A channel callback.
+    Callback,
+    /// The worker refused to submit the row (bad input, unknown card): never counted in
+    /// `cardworker_approval_decisions_total`, whose `via` values are the three above.
+    Refused,
+}
+
+impl Arrival {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arrival::Response => "response",
+            Arrival::Query => "query",
+            Arrival::Callback => "callback",
+            Arrival::Refused => "refused",
+        }
+    }
 }
 
 /// The description of one kind of reliable call. Everything else is shared.

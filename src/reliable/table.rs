@@ -11,9 +11,9 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
-use super::{Kind, Row as _, Thresholds};
+use super::kind::{Kind, Row as _, Thresholds};
 
-/// The columns of [`super::Tracking`] that are about time, computed by PostgreSQL with the row,
+/// The columns of [`super::kind::Tracking`] that are about time, computed by PostgreSQL with the row,
 /// on the database's clock: the clock that wrote `attempt_deadline` and `updated_at` (`now()`).
 /// A host whose clock is ahead or behind (a CLI host, a worker) then decides as one whose clock
 /// is right; this host's clock is never compared with a stored time.
@@ -100,7 +100,7 @@ pub async fn mark_refused<K: Kind>(
 }
 
 /// Writes the Gateway's answer (a final decision, or the waiting status) unless the row is final
-/// already. Returns whether it changed the row. Only [`super::decide`] calls it.
+/// already. Returns whether it changed the row. Only [`super::decide::decide`] calls it.
 pub(super) async fn write_answer<K: Kind>(
     conn: &mut PgConnection,
     id: Uuid,

@@ -16,36 +16,10 @@ use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{table, Kind, Row as _};
+use super::kind::{Arrival, Kind, Row as _};
+use super::pending::{FinalState, Finish, Pending, ReliableError};
+use super::table;
 use crate::storage::records::{insert_audit, AuditRecord};
-use crate::storage::reliable::{FinalState, Finish, Pending, ReliableError};
-
-/// How a decision arrived: by the POST's answer, a recovery query or a callback (the `via` label
-/// of `cardworker_approval_decisions_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arrival {
-    /// The POST's own answer.
-    Response,
-    /// Recovery's `GET` of the Gateway's record.
-    Query,
-    /// A channel callback.
-    Callback,
-    /// The worker refused to submit the row (bad input, unknown card): never counted in
-    /// `cardworker_approval_decisions_total`, whose `via` values are the three above.
-    Refused,
-}
-
-impl Arrival {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Arrival::Response => "response",
-            Arrival::Query => "query",
-            Arrival::Callback => "callback",
-            Arrival::Refused => "refused",
-        }
-    }
-}
 
 /// What [`decide`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

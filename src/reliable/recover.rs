@@ -30,17 +30,21 @@
 use anyhow::Context as _;
 use chrono::Utc;
 use serde_json::json;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::decide::{close_open_attempt, decide, Arrival, Decided};
-use super::{table, Kind, Row as _, Thresholds};
+use super::attempt::MAX_RETRIES;
+use super::decide::{close_open_attempt, decide, Decided};
+use super::kind::{Arrival, Kind, Row as _, Thresholds};
+use super::pending::FinalState;
+use super::submit::refuse_in;
+use super::table;
 use crate::context::AppContext;
 use crate::gateway::{CallResult, Outcome};
 use crate::storage::fault::DbFault;
 use crate::storage::records::{
     insert_audit, insert_terminal_log, AuditRecord, LogRecord, LogState,
 };
-use crate::storage::reliable::FinalState;
 
 /// What one recovery run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -145,11 +149,7 @@ async fn settle_rows<K: Kind>(
             Step::Resubmit { submitted_before } => {
                 // After the commit: if this enqueue is lost, the row is still undecided and the
                 // next run asks again.
-                let retries = if submitted_before {
-                    super::submit::MAX_RETRIES
-                } else {
-                    0
-                };
+                let retries = if submitted_before { MAX_RETRIES } else { 0 };
                 ctx.producer
                     .enqueue(&K::job(id, retries))
                     .await
@@ -163,6 +163,7 @@ async fn settle_rows<K: Kind>(
     Ok(report)
 }
 
+/// What recovery's step does with one row.
 enum Step {
     Settled,
     Refused,
@@ -171,6 +172,26 @@ enum Step {
     Skipped,
 }
 
+/// What the step found: how the query's log row ends, what it says happens next, and the step.
+struct Judged {
+    state: LogState,
+    summary: String,
+    step: Step,
+}
+
+/// What carrying out a step wrote besides the query's log.
+#[derive(Default)]
+struct Carried {
+    /// The dead attempt's `pending` log it closed.
+    closed: Option<i64>,
+    /// Whether the decision moved the row (so it need not be touched).
+    moved: bool,
+    /// The final status applied now (counted after the commit).
+    applied: Option<&'static str>,
+}
+
+/// The recovery step for one row, in one transaction: judge the answer, refuse what cannot be
+/// submitted, write the query's log, carry the step out, audit it, commit, then count.
 async fn settle_one<K: Kind>(
     ctx: &AppContext,
     id: Uuid,
@@ -183,148 +204,217 @@ async fn settle_one<K: Kind>(
     let Some(row) = table::lock::<K>(&mut tx, id).await? else {
         return Ok(Step::Skipped);
     };
-    let status_before = row.status().to_owned();
-    let waiting = K::WAITING == Some(status_before.as_str());
-
-    let (state, mut recovery_summary, mut step) = if sent_before
-        .is_some_and(|sent| sent != row.submissions())
-    {
-        (
-            log_state(&result.outcome),
-            format!(
-                "{} submitted again while the query was on the wire (now {status_before}); its                  answer is about the earlier attempt, and recovery did nothing",
-                K::RESOURCE
-            ),
-            Step::Skipped,
-        )
-    } else if !table::still_due::<K>(&row, thresholds) {
-        (
-            log_state(&result.outcome),
-            format!(
-                "{} changed meanwhile (now {status_before}); recovery did nothing",
-                K::RESOURCE
-            ),
-            Step::Skipped,
-        )
-    } else {
-        match &result.outcome {
-            Outcome::Valid(Some(r)) => {
-                let answer = K::answer(r);
-                if K::is_final(answer.status) {
-                    (
-                        LogState::Succeeded,
-                        format!(
-                            "the Gateway's record says {}: {} settled by recovery",
-                            answer.status,
-                            K::RESOURCE
-                        ),
-                        Step::Settled,
-                    )
-                } else {
-                    (
-                        LogState::Succeeded,
-                        format!(
-                            "the Gateway's record says {}: waiting for the decision; asked again \
-                             later",
-                            answer.status
-                        ),
-                        Step::Left,
-                    )
-                }
-            }
-            Outcome::Valid(None) if waiting => (
-                LogState::Succeeded,
-                format!(
-                    "the Gateway answered 404 for a {} that was {status_before}: a 404 is never \
-                     read as a decision; left {status_before}, asked again later",
-                    K::RESOURCE
-                ),
-                Step::Left,
-            ),
-            Outcome::Valid(None) => (
-                LogState::Succeeded,
-                format!(
-                    "the Gateway never saw this {} (404): resubmitted through the reliable path \
-                     with Idempotency-Key = {id}",
-                    K::RESOURCE
-                ),
-                Step::Resubmit {
-                    submitted_before: row.submissions() > 0,
-                },
-            ),
-            Outcome::Failed(_) | Outcome::Unknown(_) => (
-                log_state(&result.outcome),
-                format!(
-                    "the Gateway could not answer: {} left {status_before}; the next recovery run \
-                     asks again",
-                    K::RESOURCE
-                ),
-                Step::Left,
-            ),
-        }
-    };
-
+    let mut judged = judge::<K>(&row, thresholds, sent_before, result);
     // What the submission job would refuse is refused here, in this transaction, and never
     // resubmitted: a final row is never asked about again.
-    let refusal = match step {
+    let refusal = match judged.step {
         Step::Resubmit { .. } => K::refuse(&mut tx, &row).await?,
         _ => None,
     };
     if let Some(reason) = &refusal {
-        step = Step::Refused;
-        recovery_summary = format!(
+        judged.step = Step::Refused;
+        judged.summary = format!(
             "the Gateway never saw this {} (404), and it cannot be submitted: {reason}; made \
              final, never sent",
             K::RESOURCE
         );
     }
+    let query_log = insert_query_log::<K>(&mut tx, id, correlation_id, result, &judged).await?;
+    let carried = carry_out::<K>(
+        &mut tx,
+        &row,
+        &judged.step,
+        result,
+        (correlation_id, query_log),
+        refusal.as_deref(),
+    )
+    .await?;
+    if matches!(judged.step, Step::Left) && !carried.moved {
+        table::touch::<K>(&mut tx, id).await?;
+    }
+    audit_step::<K>(
+        &mut tx,
+        &row,
+        &judged,
+        result,
+        (correlation_id, query_log),
+        carried.closed,
+    )
+    .await?;
+    tx.commit().await?;
+    // Counted after the commit, so that a rolled-back settlement never counts.
+    if let Some(status) = carried.applied {
+        K::count_decision(status, Arrival::Query);
+    }
+    Ok(judged.step)
+}
 
+/// What the query's answer means for the locked `row`: nothing when the row changed meanwhile
+/// (submitted again while the query was on the wire, or no longer due), otherwise
+/// [`judge_answer`].
+fn judge<K: Kind>(
+    row: &K::Row,
+    thresholds: Thresholds,
+    sent_before: Option<i32>,
+    result: &CallResult<Option<K::Response>>,
+) -> Judged {
+    let status_before = row.status();
+    if sent_before.is_some_and(|sent| sent != row.submissions()) {
+        Judged {
+            state: log_state(&result.outcome),
+            summary: format!(
+                "{} submitted again while the query was on the wire (now {status_before}); its                  answer is about the earlier attempt, and recovery did nothing",
+                K::RESOURCE
+            ),
+            step: Step::Skipped,
+        }
+    } else if !table::still_due::<K>(row, thresholds) {
+        Judged {
+            state: log_state(&result.outcome),
+            summary: format!(
+                "{} changed meanwhile (now {status_before}); recovery did nothing",
+                K::RESOURCE
+            ),
+            step: Step::Skipped,
+        }
+    } else {
+        judge_answer::<K>(row, result)
+    }
+}
+
+/// What the Gateway's record says about a row still due: settled, still waiting, never seen (a
+/// resubmission, except for a waiting row: a 404 is never a decision), or no answer.
+fn judge_answer<K: Kind>(row: &K::Row, result: &CallResult<Option<K::Response>>) -> Judged {
+    let status_before = row.status();
+    let waiting = K::WAITING == Some(status_before);
+    let (state, summary, step) = match &result.outcome {
+        Outcome::Valid(Some(r)) => {
+            let answer = K::answer(r);
+            if K::is_final(answer.status) {
+                (
+                    LogState::Succeeded,
+                    format!(
+                        "the Gateway's record says {}: {} settled by recovery",
+                        answer.status,
+                        K::RESOURCE
+                    ),
+                    Step::Settled,
+                )
+            } else {
+                (
+                    LogState::Succeeded,
+                    format!(
+                        "the Gateway's record says {}: waiting for the decision; asked again \
+                         later",
+                        answer.status
+                    ),
+                    Step::Left,
+                )
+            }
+        }
+        Outcome::Valid(None) if waiting => (
+            LogState::Succeeded,
+            format!(
+                "the Gateway answered 404 for a {} that was {status_before}: a 404 is never \
+                 read as a decision; left {status_before}, asked again later",
+                K::RESOURCE
+            ),
+            Step::Left,
+        ),
+        Outcome::Valid(None) => (
+            LogState::Succeeded,
+            format!(
+                "the Gateway never saw this {} (404): resubmitted through the reliable path \
+                 with Idempotency-Key = {}",
+                K::RESOURCE,
+                row.id()
+            ),
+            Step::Resubmit {
+                submitted_before: row.submissions() > 0,
+            },
+        ),
+        Outcome::Failed(_) | Outcome::Unknown(_) => (
+            log_state(&result.outcome),
+            format!(
+                "the Gateway could not answer: {} left {status_before}; the next recovery run \
+                 asks again",
+                K::RESOURCE
+            ),
+            Step::Left,
+        ),
+    };
+    Judged {
+        state,
+        summary,
+        step,
+    }
+}
+
+/// The query's own terminal log row, with what the step does next. Returns its id.
+async fn insert_query_log<K: Kind>(
+    conn: &mut PgConnection,
+    id: Uuid,
+    correlation_id: Uuid,
+    result: &CallResult<Option<K::Response>>,
+    judged: &Judged,
+) -> sqlx::Result<i64> {
     // The query's own times, taken around the call on this host's clock (compared with nothing
     // stored).
     let finished_at = crate::clock::now();
     let started_at = finished_at
         - chrono::Duration::from_std(result.elapsed).unwrap_or_else(|_| chrono::Duration::zero());
-    let query_log = insert_terminal_log(
-        &mut tx,
+    insert_terminal_log(
+        conn,
         &LogRecord {
             correlation_id,
             resource_type: K::RESOURCE,
             resource_id: id.to_string(),
             scenario: K::NAMES.query_scenario,
-            state,
+            state: judged.state,
             request_summary: result.request_summary.clone(),
             response_summary: result.response_summary.clone(),
             http_status: result.http_status,
             error: result.outcome.failure().map(|f| f.reason.clone()),
-            recovery_summary: Some(recovery_summary.clone()),
+            recovery_summary: Some(judged.summary.clone()),
             started_at,
             finished_at,
         },
     )
-    .await?;
+    .await
+}
 
-    let mut closed = None;
-    let mut moved = false;
-    let mut applied = None;
-    match (&step, &result.outcome) {
+/// Carries the step out on the locked `row`: an answer decided (and the dead attempt's log
+/// closed), a 404's row reopened for its resubmission, or a refused row made final.
+/// `query` is the query's correlation id and log row.
+async fn carry_out<K: Kind>(
+    conn: &mut PgConnection,
+    row: &K::Row,
+    step: &Step,
+    result: &CallResult<Option<K::Response>>,
+    query: (Uuid, i64),
+    refusal: Option<&str>,
+) -> anyhow::Result<Carried> {
+    let (correlation_id, query_log) = query;
+    let mut carried = Carried::default();
+    match (step, &result.outcome) {
         (Step::Settled | Step::Left, Outcome::Valid(Some(r))) => {
             let answer = K::answer(r);
             let decided = decide::<K>(
-                &mut tx,
-                &row,
+                conn,
+                row,
                 answer.status,
                 Some(&answer.channel_ref),
                 Arrival::Query,
                 (Some(correlation_id), Some(query_log)),
             )
             .await?;
-            moved = matches!(decided, Decided::Applied | Decided::Waiting);
+            carried.moved = matches!(decided, Decided::Applied | Decided::Waiting);
             if matches!(decided, Decided::Applied) {
-                applied = Some(answer.status);
+                carried.applied = Some(answer.status);
             }
-            closed = close_open_attempt::<K>(
-                &mut tx,
-                &row,
+            carried.closed = close_open_attempt::<K>(
+                conn,
+                row,
                 FinalState::Succeeded,
                 format!(
                     "(from recovery query log #{query_log}) {}",
@@ -338,36 +428,46 @@ async fn settle_one<K: Kind>(
             .await?;
         }
         (Step::Resubmit { .. }, _) => {
-            closed = close_open_attempt::<K>(
-                &mut tx,
-                &row,
+            carried.closed = close_open_attempt::<K>(
+                conn,
+                row,
                 FinalState::Failed,
                 format!("(from recovery query log #{query_log}) the Gateway never saw it (404)"),
                 "resubmitted by recovery with the same Idempotency-Key".to_owned(),
             )
             .await?;
-            table::reopen_for_resubmission::<K>(&mut tx, id).await?;
+            table::reopen_for_resubmission::<K>(conn, row.id()).await?;
         }
         (Step::Refused, _) => {
-            closed = close_open_attempt::<K>(
-                &mut tx,
-                &row,
+            carried.closed = close_open_attempt::<K>(
+                conn,
+                row,
                 FinalState::Failed,
                 format!("(from recovery query log #{query_log}) the Gateway never saw it (404)"),
                 "refused by recovery: it cannot be submitted".to_owned(),
             )
             .await?;
-            if let Some(reason) = &refusal {
-                super::submit::refuse_in::<K>(&mut tx, &row, reason, "recovery").await?;
+            if let Some(reason) = refusal {
+                refuse_in::<K>(conn, row, reason, "recovery").await?;
             }
         }
         _ => {}
     }
-    if matches!(step, Step::Left) && !moved {
-        table::touch::<K>(&mut tx, id).await?;
-    }
+    Ok(carried)
+}
 
-    let event_type = match step {
+/// The step's audit event, linked to the query's log row.
+async fn audit_step<K: Kind>(
+    conn: &mut PgConnection,
+    row: &K::Row,
+    judged: &Judged,
+    result: &CallResult<Option<K::Response>>,
+    query: (Uuid, i64),
+    closed: Option<i64>,
+) -> sqlx::Result<()> {
+    let (correlation_id, query_log) = query;
+    let id = row.id();
+    let event_type = match judged.step {
         Step::Settled | Step::Refused => K::NAMES.recovered,
         Step::Resubmit { .. } => K::NAMES.resubmitted,
         Step::Left if result.outcome.is_valid() => K::NAMES.recovery_skipped,
@@ -375,14 +475,14 @@ async fn settle_one<K: Kind>(
         Step::Skipped => K::NAMES.recovery_skipped,
     };
     insert_audit(
-        &mut tx,
+        conn,
         &AuditRecord {
             event_type,
             correlation_id: Some(correlation_id),
-            summary: format!("{} {id} recovery: {recovery_summary}", K::RESOURCE),
+            summary: format!("{} {id} recovery: {}", K::RESOURCE, judged.summary),
             details: json!({
                 K::ID: id,
-                "status_before": status_before,
+                "status_before": row.status(),
                 "query_outcome": result.outcome.kind(),
                 "closed_attempt_log": closed,
             }),
@@ -392,12 +492,7 @@ async fn settle_one<K: Kind>(
         Some(query_log),
     )
     .await?;
-    tx.commit().await?;
-    // Counted after the commit, so that a rolled-back settlement never counts.
-    if let Some(status) = applied {
-        K::count_decision(status, Arrival::Query);
-    }
-    Ok(step)
+    Ok(())
 }
 
 fn log_state<T>(outcome: &Outcome<T>) -> LogState {

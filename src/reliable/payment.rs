@@ -7,10 +7,10 @@ use serde_json::json;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::{Answer, Arrival, Kind, Names, Tracking};
+use super::kind::{impl_row, Answer, Arrival, Kind, Names, Tracking};
+use super::pending::OutboxEvent;
 use crate::context::AppContext;
 use crate::gateway::{CallResult, PaymentQuery, PaymentRequest, PaymentResult};
-use crate::storage::reliable::OutboxEvent;
 use cardworker_jobs::SubmitPayment;
 
 /// One payment, as stored.
@@ -38,7 +38,7 @@ impl Payment {
     }
 }
 
-super::impl_row!(Payment, payment_id);
+impl_row!(Payment, payment_id);
 
 /// The payment kind of reliable call.
 #[derive(Debug, Clone, Copy)]

@@ -1,4 +1,4 @@
-//! The reliable external-call path: pending **before** the call, finalised **with** the change.
+//! The pending record before the call: pending **before** the call, finalised **with** the change.
 //!
 //! For every external call whose loss would lose money or a customer's state (payment
 //! submission today, approval flows and any future money-moving call tomorrow):
@@ -28,8 +28,8 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::fault::{clean, clean_opt};
-use super::records::{
+use crate::storage::fault::{clean, clean_opt};
+use crate::storage::records::{
     insert_audit, insert_audit_row, insert_outbox, AuditRecord, AuditRow, LogState,
 };
 
