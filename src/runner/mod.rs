@@ -14,8 +14,14 @@
 //!   the cross-pod tick claim.
 //! - [`supervisor`]: [`Supervisor`], which restarts workers through a Redis outage and fails the
 //!   process when one stops for any other reason or the outage outlasts the grace.
+//! - [`grace`]: [`grace::Grace`], the supervisor's decision after one failure of a worker
+//!   (start it again at once, after a back-off, or stop the process), per Redis outage.
+//! - [`ending`]: [`ending::Ending`], how a worker's run ended as read from its error (a
+//!   connection-level Redis error, state lost with Redis's data, or anything else).
 //! - [`redis_watch`]: the Redis probe (up or down, data lost or not).
 
+pub mod ending;
+pub mod grace;
 pub mod job;
 pub mod redis_watch;
 pub mod service;
