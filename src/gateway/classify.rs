@@ -2,9 +2,12 @@
 //! status and body bytes, a status and a lost body, no answer at all, or a request never sent —
 //! to the typed [`Outcome`] of that call kind: `Valid`, `Failed` or `Unknown`.
 //!
-//! This is the pure core of the client: no I/O, no clock, no `reqwest` types. The client
-//! reduces a transport error to a [`TransportError`] (its kind and an already PAN-safe reason)
-//! and hands the rest over as bytes, so every rule below is unit-tested without a socket.
+//! This is the pure core of the client: no I/O, no clock, no `reqwest` types. The transport
+//! ([`super::transport`]) reduces a transport error to a [`TransportError`] (its kind and an
+//! already PAN-safe reason) and hands the rest over as bytes, so every rule below is unit-tested
+//! without a socket.
+//!
+//! [`TransportError`]: super::transport::TransportError
 //!
 //! The rules, per call kind:
 //! - card calls and payment queries are reads, safe to repeat: a request not sent, any
@@ -19,168 +22,20 @@
 //! Reasons and response summaries come from [`super::wire::BodyError`] and [`super::redact`]
 //! only, so no body text that could hold a card number reaches them.
 //!
-//! One file on purpose: about 330 lines of classification, then its table of tests (one row per
-//! status and body shape, for every call kind, approvals included); the table is the spec of
-//! this file and reads best beside it.
+//! The table of tests below is the spec of this file: one row per status and body shape, for
+//! every call kind, approvals included.
 
-use std::fmt;
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::mask::truncate;
+use super::outcome::{Failure, Outcome};
 use super::redact::{body_summary, json_summary, Summarize, SUMMARY_MAX_BYTES};
+use super::transport::{HttpOutcome, TransportErrorKind, MAX_BODY_BYTES};
 use super::wire::{
     self, ApprovalQuery, ApprovalResult, BodyError, CardData, CardStatus, PaymentQuery,
     PaymentResult,
 };
-
-/// Why a call was not a valid observation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    pub reason: String,
-}
-
-impl Failure {
-    pub fn new(reason: impl Into<String>) -> Self {
-        Self {
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.reason)
-    }
-}
-
-/// The classification of one call (spec section 1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome<T> {
-    /// A valid observation.
-    Valid(T),
-    /// The call certainly did not happen or did not answer usefully; safe to repeat.
-    Failed(Failure),
-    /// The Gateway may have acted, or answered something we cannot read.
-    Unknown(Failure),
-}
-
-impl<T> Outcome<T> {
-    /// `"valid"`, `"failed"` or `"unknown"`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Outcome::Valid(_) => "valid",
-            Outcome::Failed(_) => "failed",
-            Outcome::Unknown(_) => "unknown",
-        }
-    }
-
-    pub fn is_valid(&self) -> bool {
-        matches!(self, Outcome::Valid(_))
-    }
-
-    pub fn is_failed(&self) -> bool {
-        matches!(self, Outcome::Failed(_))
-    }
-
-    pub fn is_unknown(&self) -> bool {
-        matches!(self, Outcome::Unknown(_))
-    }
-
-    /// The observation, when valid.
-    pub fn valid(&self) -> Option<&T> {
-        match self {
-            Outcome::Valid(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// The failure, when failed or unknown.
-    pub fn failure(&self) -> Option<&Failure> {
-        match self {
-            Outcome::Valid(_) => None,
-            Outcome::Failed(f) | Outcome::Unknown(f) => Some(f),
-        }
-    }
-}
-
-/// One classified call with what is needed for an integration log row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallResult<T> {
-    pub outcome: Outcome<T>,
-    /// Wall time from sending the request to having read (or given up on) the answer.
-    pub elapsed: Duration,
-    /// The HTTP status, when one was received.
-    pub http_status: Option<u16>,
-    /// `METHOD path` plus the non-sensitive request fields.
-    pub request_summary: String,
-    /// Whitelisted response fields or, for a body that is not JSON, a truncated, redacted excerpt.
-    pub response_summary: String,
-}
-
-impl<T> CallResult<T> {
-    /// The same call with its valid answer mapped (e.g. a query's `Found`/`NotFound` to an
-    /// `Option`).
-    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> CallResult<U> {
-        CallResult {
-            outcome: match self.outcome {
-                Outcome::Valid(v) => Outcome::Valid(f(v)),
-                Outcome::Failed(e) => Outcome::Failed(e),
-                Outcome::Unknown(e) => Outcome::Unknown(e),
-            },
-            elapsed: self.elapsed,
-            http_status: self.http_status,
-            request_summary: self.request_summary,
-            response_summary: self.response_summary,
-        }
-    }
-}
-
-/// How a transport error happened, as far as classification cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TransportErrorKind {
-    /// The connection could not be opened: the request never left.
-    Connect,
-    /// The call (or its connect) ran out of time; the request may have left.
-    Timeout,
-    /// Anything else, e.g. the connection dropped after the request was sent.
-    Other,
-}
-
-/// A transport error reduced to what classification needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TransportError {
-    pub kind: TransportErrorKind,
-    /// Short and PAN-safe, e.g. `connection refused` or `timeout after 5000 ms`.
-    pub reason: String,
-}
-
-/// What the transport produced for one call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum HttpOutcome {
-    /// The request could not even be built (e.g. a URL that takes no path); nothing was sent.
-    NotSent(String),
-    /// No status at all.
-    NoAnswer(TransportError),
-    /// A status, but reading the body failed.
-    BodyLost { status: u16, error: TransportError },
-    /// A status and a fully read body.
-    Answer { status: u16, body: Vec<u8> },
-    /// A status and a body longer than [`MAX_BODY_BYTES`]: its first that many
-    /// bytes (the rest was not read). A 2xx is unknown; any other status is classified on the cut
-    /// body.
-    Oversized { status: u16, body: Vec<u8> },
-}
-
-/// The most bytes of a response body the client reads (256 KiB; every answer of the contract is
-/// well under 1 KiB). A longer 2xx body is unknown; a longer error body is cut to this. A Gateway
-/// that streams without end is cut off here, not only by the timeout, and never fills memory. It
-/// lives with the classification, which decides what an oversized answer means; the client reads
-/// up to it.
-pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// An oversized 2xx is unknown (what the Gateway said cannot be read whole); an oversized error
 /// is classified like any other answer, on its cut body.
@@ -389,6 +244,7 @@ fn decode_2xx<T: Summarize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::transport::TransportError;
     use serde_json::json;
 
     const PAN: &str = "4111111111111111";

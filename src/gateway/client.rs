@@ -3,15 +3,15 @@
 //!
 //! This module is the HTTP half only: `reqwest`, the URL, the headers (`Accept`,
 //! `X-Correlation-Id`, `Idempotency-Key`), the timeout, the request-duration histogram and one
-//! log line per call. What the answer *means* is decided by `classify.rs`, from the status
-//! and body bytes this module read, or from a transport error reduced to its kind and a short
-//! reason; what may be written about it comes from `redact.rs`.
+//! log line per call. `transport.rs` sends a request and reads its answer into plain values (the
+//! status and body bytes, or a transport error reduced to its kind and a short reason); what the
+//! answer *means* is decided by `classify.rs`; what may be written about it comes from
+//! `redact.rs`.
 //!
 //! The client never returns `Err` for something the Gateway did or did not do: transport errors,
 //! HTTP statuses and bad bodies are all classified into [`Outcome::Failed`] or
 //! [`Outcome::Unknown`] with a human-readable [`Failure::reason`](super::Failure).
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -20,12 +20,11 @@ use reqwest::header::{HeaderMap, HeaderValue, ACCEPT};
 use url::Url;
 use uuid::Uuid;
 
-use super::classify::MAX_BODY_BYTES;
-use super::classify::{
-    self, CallResult, Classified, HttpOutcome, Outcome, TransportError, TransportErrorKind,
-};
-use super::mask::{redact_digits, truncate};
+use super::classify::{self, Classified};
+use super::mask::truncate;
+use super::outcome::{CallResult, Outcome};
 use super::redact;
+use super::transport::{self, HttpOutcome, TransportError, TransportErrorKind};
 use super::wire::{
     ApprovalQuery, ApprovalRequest, ApprovalResult, CallKind, CardData, CardStatus, PaymentQuery,
     PaymentRequest, PaymentResult, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
@@ -192,9 +191,9 @@ impl GatewayClient {
         });
         let (done, ended) = tokio::sync::watch::channel(false);
         let started = Instant::now();
-        let client = self.clone();
+        let timeout = self.timeout;
         let exchange = tokio::spawn(async move {
-            let outcome = client.exchange(req).await;
+            let outcome = transport::exchange(req, timeout).await;
             done.send_replace(true);
             outcome
         });
@@ -309,17 +308,6 @@ impl GatewayClient {
         Ok(url)
     }
 
-    /// Sends one request and reads the whole body.
-    async fn exchange(&self, req: Result<reqwest::RequestBuilder, String>) -> HttpOutcome {
-        match req {
-            Err(reason) => HttpOutcome::NotSent(reason),
-            Ok(builder) => match builder.send().await {
-                Err(error) => HttpOutcome::NoAnswer(self.transport_error(&error)),
-                Ok(resp) => self.read_body(resp).await,
-            },
-        }
-    }
-
     /// Sends one request, reads the whole body, and records the call's duration.
     async fn send(
         &self,
@@ -327,51 +315,11 @@ impl GatewayClient {
         req: Result<reqwest::RequestBuilder, String>,
     ) -> (HttpOutcome, Duration) {
         let started = Instant::now();
-        let outcome = self.exchange(req).await;
+        let outcome = transport::exchange(req, self.timeout).await;
         let elapsed = started.elapsed();
         metrics::histogram!(GATEWAY_REQUEST_DURATION, "call" => kind.as_str())
             .record(elapsed.as_secs_f64());
         (outcome, elapsed)
-    }
-
-    /// Reads the body, at most [`MAX_BODY_BYTES`] of it (chunk by chunk: the rest is never read).
-    async fn read_body(&self, mut resp: reqwest::Response) -> HttpOutcome {
-        let status = resp.status().as_u16();
-        let mut body = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    let room = MAX_BODY_BYTES - body.len();
-                    if chunk.len() > room {
-                        body.extend_from_slice(&chunk[..room]);
-                        return HttpOutcome::Oversized { status, body };
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(None) => return HttpOutcome::Answer { status, body },
-                Err(error) => {
-                    return HttpOutcome::BodyLost {
-                        status,
-                        error: self.transport_error(&error),
-                    }
-                }
-            }
-        }
-    }
-
-    fn transport_error(&self, e: &reqwest::Error) -> TransportError {
-        // A connect that timed out may have raced a request out: it counts as a timeout.
-        let kind = if e.is_timeout() {
-            TransportErrorKind::Timeout
-        } else if e.is_connect() {
-            TransportErrorKind::Connect
-        } else {
-            TransportErrorKind::Other
-        };
-        TransportError {
-            kind,
-            reason: transport_reason(e, self.timeout),
-        }
     }
 }
 
@@ -445,42 +393,10 @@ fn finish<T: fmt::Debug>(
     }
 }
 
-/// A short reason for a transport error, e.g. `connection refused` or `timeout after 5000 ms`.
-/// Whatever `reqwest` or the OS said is digit-redacted and cut to 256 bytes.
-fn transport_reason(e: &reqwest::Error, timeout: Duration) -> String {
-    if e.is_timeout() {
-        return format!("timeout after {} ms", timeout.as_millis());
-    }
-    let mut source: Option<&(dyn StdError + 'static)> = e.source();
-    let mut deepest = None;
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => return "connection refused".to_owned(),
-                std::io::ErrorKind::ConnectionReset => return "connection reset".to_owned(),
-                std::io::ErrorKind::TimedOut => {
-                    return format!("timeout after {} ms", timeout.as_millis())
-                }
-                _ => {}
-            }
-        }
-        deepest = Some(s.to_string());
-        source = s.source();
-    }
-    let detail = deepest.unwrap_or_else(|| e.to_string());
-    let prefix = if e.is_connect() {
-        "connect error"
-    } else if e.is_body() || e.is_decode() {
-        "error reading body"
-    } else {
-        "request error"
-    };
-    truncate(format!("{prefix}: {}", redact_digits(&detail)), 256)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::transport::MAX_BODY_BYTES;
 
     /// A one-shot HTTP server that answers every request with `status` and `body`.
     async fn answering(status: u16, body: Vec<u8>) -> anyhow::Result<String> {
@@ -577,25 +493,5 @@ mod tests {
         assert!(GatewayClient::new("not a url", Duration::from_secs(1)).is_err());
         assert!(GatewayClient::new("mailto:x@example.com", Duration::from_secs(1)).is_err());
         assert!(GatewayClient::new("http://127.0.0.1:1", Duration::ZERO).is_err());
-    }
-
-    #[tokio::test]
-    async fn a_refused_connection_is_classified_from_its_kind() -> anyhow::Result<()> {
-        // Bind, learn the port, close: nothing listens there any more.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let c = GatewayClient::new(&format!("http://127.0.0.1:{port}"), Duration::from_secs(2))?;
-        let Err(e) = c.http.get(c.base.clone()).send().await else {
-            anyhow::bail!("expected a connect error");
-        };
-        assert_eq!(
-            c.transport_error(&e),
-            TransportError {
-                kind: TransportErrorKind::Connect,
-                reason: "connection refused".to_owned()
-            }
-        );
-        Ok(())
     }
 }

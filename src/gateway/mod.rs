@@ -19,28 +19,36 @@
 //!   [`CallKind`], from `cardworker-wire`, and the hand-written decoders of response bodies (the
 //!   module says why they are not serde derive: serde errors quote values, which may be card
 //!   numbers, and why they stay here).
-//! - `classify.rs` — *what did the call mean?* The pure function per call kind from status,
-//!   body bytes or transport error to [`Outcome`] (`Valid` / `Failed` / `Unknown`) with a
-//!   [`Failure`] reason; [`CallResult`]. No I/O, unit-tested rule by rule.
+//! - `outcome.rs` — *what did the call come to?* [`Outcome`] (`Valid` / `Failed` / `Unknown`)
+//!   with a [`Failure`] reason, and [`CallResult`], the outcome with what an integration log row
+//!   needs.
+//! - `transport.rs` — *what came back?* What the transport produced for one call (a status and
+//!   body bytes, a lost body, no answer, a request never sent) and how it is read off `reqwest`:
+//!   the body up to its cap, a transport error reduced to its kind and a PAN-safe reason.
+//! - `classify.rs` — *what did the call mean?* The pure function per call kind from what the
+//!   transport produced to an [`Outcome`]. No I/O, unit-tested rule by rule.
 //! - `mask.rs` — the masking primitives (digit runs that could be a card number, truncation,
 //!   `Redacted` values for reasons), below both the decoders and the summaries.
 //! - `redact.rs` — *what may be written down?* The request and response summaries of
 //!   integration logs and log lines, and digit redaction: no PAN or CVV ever reaches a summary
 //!   or a reason.
 //! - `client.rs` — *how is it sent?* [`GatewayClient`]: `reqwest`, URLs, headers, the timeout,
-//!   the duration histogram, one log line per call.
+//!   the duration histogram, one log line per call; a card read sent on a task of its own
+//!   ([`SentRead`], [`AtGateway`]).
 //!
 //! Every public name is re-exported here; use `crate::gateway::X`, not the module paths.
 
 mod classify;
 pub mod client;
 mod mask;
+mod outcome;
 mod redact;
+mod transport;
 mod wire;
 
-pub use classify::{CallResult, Failure, Outcome};
 pub use client::{AtGateway, GatewayClient, SentRead};
 pub use mask::redact_digits;
+pub use outcome::{CallResult, Failure, Outcome};
 pub use redact::SUMMARY_MAX_BYTES;
 pub use wire::{
     ApprovalQuery, ApprovalRequest, ApprovalResult, ApprovalStatus, CallKind, CardData, CardStatus,
