@@ -148,20 +148,20 @@ pub const COVERAGE: &[Statement] = &[
     s("src/maintenance/retention.rs", "delete expired events", Sql::Contains(&["WITH batch AS ( SELECT id FROM audit_events_archive"])),
     s("src/maintenance/retention.rs", "delete expired logs", Sql::Contains(&["WITH batch AS ( SELECT id FROM integration_logs_archive"])),
     // commands
-    s("src/commands/investigate/mod.rs", "a card's integration logs", Sql::Contains(&["FROM integration_logs WHERE resource_type = 'card' AND resource_id = $1", "FROM integration_logs_archive WHERE"])),
-    s("src/commands/investigate/mod.rs", "a card's audit events", Sql::Contains(&["FROM audit_resources r JOIN audit_events e", "FROM audit_resources_archive r JOIN audit_events_archive e"])),
+    s("src/commands/investigate/timeline.rs", "a card's integration logs", Sql::Contains(&["FROM integration_logs WHERE resource_type = 'card' AND resource_id = $1", "FROM integration_logs_archive WHERE"])),
+    s("src/commands/investigate/timeline.rs", "a card's audit events", Sql::Contains(&["FROM audit_resources r JOIN audit_events e", "FROM audit_resources_archive r JOIN audit_events_archive e"])),
     s("src/console/data.rs", "the console's PostgreSQL check", Sql::Exact("SELECT true")),
     s("src/console/data.rs", "the console's parked count", Sql::Exact("SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL")),
     s("src/console/data.rs", "the console's parked list", Sql::Contains(&["FROM cards c LEFT JOIN LATERAL"])),
     s("src/console/data.rs", "the console's stuck payments", Sql::Contains(&["FROM payments WHERE status = 'unknown' OR"])),
     s("src/console/data.rs", "the console's stuck approvals", Sql::Contains(&["FROM approvals WHERE (status IN ('requested', 'pending', 'unknown') AND updated_at < now() - $1 * interval '1 second')"])),
     s("src/console/data.rs", "the console's failed callbacks", Sql::Contains(&["FROM inbound_callbacks cb LEFT JOIN payments p ON p.payment_id = CASE"])),
-    s("src/commands/investigate/mod.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
-    s("src/commands/investigate/mod.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
-    s("src/commands/investigate/mod.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
-    s("src/commands/investigate/mod.rs", "a card's approvals", Sql::Contains(&["FROM approvals WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
-    s("src/commands/investigate/mod.rs", "the history of a card's approvals", Sql::Contains(&["WHERE r.resource_type = 'approval' AND r.resource_id = ids.id"])),
-    s("src/commands/investigate/mod.rs", "a card's callbacks", Sql::Contains(&["FROM inbound_callbacks", "resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1))"])),
+    s("src/commands/investigate/facts.rs", "a card's manual facts", Sql::Contains(&["WHERE r.resource_type = 'card' AND r.resource_id = $1 AND e.event_type LIKE 'operator.%'"])),
+    s("src/commands/investigate/facts.rs", "the fleet's polling facts", Sql::Contains(&["UNION ALL", "WHERE r.resource_type = 'task' AND r.resource_id = 'carddata'"])),
+    s("src/commands/investigate/payments.rs", "a card's payments", Sql::Contains(&["FROM payments WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate/payments.rs", "a card's approvals", Sql::Contains(&["FROM approvals WHERE card_ref = $1 ORDER BY created_at DESC LIMIT $2"])),
+    s("src/commands/investigate/payments.rs", "the history of a card's approvals", Sql::Contains(&["WHERE r.resource_type = 'approval' AND r.resource_id = ids.id"])),
+    s("src/commands/investigate/callbacks.rs", "a card's callbacks", Sql::Contains(&["FROM inbound_callbacks", "resource_id = ANY (ARRAY(SELECT payment_id::text FROM payments WHERE card_ref = $1))"])),
 ];
 
 /// The volumes the drive runs against.

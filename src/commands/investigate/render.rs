@@ -2,13 +2,27 @@
 
 use std::fmt::Write as _;
 
-use super::{Investigation, LIMIT};
+use super::facts::outcome_note;
+use super::investigation::{Investigation, LIMIT};
 use crate::config::Task;
 use crate::polling::unchanged::HOURS_KEPT;
 
 /// The text rendering for people.
 pub fn render_text(inv: &Investigation) -> String {
     let mut s = String::new();
+    card(&mut s, inv);
+    chains(&mut s, inv);
+    timeline(&mut s, inv);
+    unchanged(&mut s, inv);
+    facts(&mut s, inv);
+    payments(&mut s, inv);
+    approvals(&mut s, inv);
+    callbacks(&mut s, inv);
+    s
+}
+
+/// The card as stored: its data, status and version.
+fn card(s: &mut String, inv: &Investigation) {
     let c = &inv.card;
     let _ = writeln!(s, "card {}", c.card_ref);
     let _ = writeln!(
@@ -29,6 +43,10 @@ pub fn render_text(inv: &Investigation) -> String {
         "  version {}, created {}, updated {}",
         c.version, c.created_at, c.updated_at
     );
+}
+
+/// Each task's chain, and how to restart a parked one.
+fn chains(s: &mut String, inv: &Investigation) {
     let _ = writeln!(s, "\nchains");
     for ch in &inv.chains {
         let _ = writeln!(
@@ -51,11 +69,15 @@ pub fn render_text(inv: &Investigation) -> String {
                 .map(|p| format!(
                     " since {p}; retried automatically, or restart now with `cardworker unpark --task {} --card-ref {}`",
                     ch.task.parse().map(Task::cli_name).unwrap_or(ch.task),
-                    c.card_ref
+                    inv.card.card_ref
                 ))
                 .unwrap_or_default()
         );
     }
+}
+
+/// Changes and failures, newest first.
+fn timeline(s: &mut String, inv: &Investigation) {
     let _ = writeln!(
         s,
         "\ntimeline (changes and failures, newest first, at most {LIMIT})"
@@ -105,6 +127,10 @@ pub fn render_text(inv: &Investigation) -> String {
             }
         }
     }
+}
+
+/// Unchanged polls: how they are kept, this card's tally and the fleet's hours.
+fn unchanged(s: &mut String, inv: &Investigation) {
     let _ = writeln!(s, "\nunchanged polls");
     let _ = writeln!(s, "  {}", inv.note);
     if let Some(at) = inv.counts_since {
@@ -124,6 +150,10 @@ pub fn render_text(inv: &Investigation) -> String {
             let _ = writeln!(s, "      hour {hour} UTC: {n}");
         }
     }
+}
+
+/// The card's manual facts and the fleet's latest polling facts.
+fn facts(s: &mut String, inv: &Investigation) {
     for (title, facts) in [
         (
             "manual facts (operator actions on this card)",
@@ -139,7 +169,7 @@ pub fn render_text(inv: &Investigation) -> String {
             let _ = writeln!(s, "  (none)");
         }
         for f in facts {
-            let note = super::outcome_note(f.outcome.as_deref());
+            let note = outcome_note(f.outcome.as_deref());
             let _ = writeln!(
                 s,
                 "  {} audit #{} {} by {} on {}:{}: {}{}",
@@ -158,6 +188,10 @@ pub fn render_text(inv: &Investigation) -> String {
             );
         }
     }
+}
+
+/// The card's payments.
+fn payments(s: &mut String, inv: &Investigation) {
     let _ = writeln!(s, "\npayments");
     if inv.payments.is_empty() {
         let _ = writeln!(s, "  (none)");
@@ -176,6 +210,10 @@ pub fn render_text(inv: &Investigation) -> String {
             p.updated_at
         );
     }
+}
+
+/// The card's approvals, each with its history.
+fn approvals(s: &mut String, inv: &Investigation) {
     let _ = writeln!(s, "\napprovals");
     if inv.approvals.is_empty() {
         let _ = writeln!(s, "  (none)");
@@ -195,7 +233,7 @@ pub fn render_text(inv: &Investigation) -> String {
             a.updated_at
         );
         for e in &a.history {
-            let note = super::outcome_note(e.outcome.as_deref());
+            let note = outcome_note(e.outcome.as_deref());
             let _ = writeln!(
                 s,
                 "    {} {}: {}{}",
@@ -210,6 +248,10 @@ pub fn render_text(inv: &Investigation) -> String {
             );
         }
     }
+}
+
+/// The callbacks about the card, its payments and its approvals.
+fn callbacks(s: &mut String, inv: &Investigation) {
     let _ = writeln!(s, "\ncallbacks");
     if inv.callbacks.is_empty() {
         let _ = writeln!(s, "  (none)");
@@ -231,5 +273,4 @@ pub fn render_text(inv: &Investigation) -> String {
                 .unwrap_or_default()
         );
     }
-    s
 }
