@@ -58,15 +58,36 @@ pub fn timeline_rows(entries: &[TimelineEntry]) -> Vec<TimelineRow<'_>> {
 
 /// `/cards/{card_ref}`: everything `investigate` shows.
 pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
-    let c = &inv.card;
-    let rows = timeline_rows(&inv.timeline);
     let body = html! {
+        (summary(inv))
+        (chains_table(inv, viewer))
+        (timeline_table(inv))
+        (unchanged_table(inv))
+        (facts_tables(inv))
+        (payments_table(inv))
+        (approvals_table(inv))
+        (callbacks_table(inv))
+    };
+    layout(&format!("Card {}", inv.card.card_ref), viewer, true, body)
+}
+
+/// The card as stored.
+fn summary(inv: &Investigation) -> Markup {
+    let c = &inv.card;
+    html! {
         table #card {
             tr { th { "card_ref" } td.card-ref { (c.card_ref) } }
             tr { th { "data" } td { (c.data_state) @if let Some(l4) = &c.pan_last4 { " · last4 " (l4) } } }
             tr { th { "status" } td { (c.status) } }
             tr { th { "version" } td { (c.version) " · created " (when(&c.created_at)) " · updated " (when(&c.updated_at)) } }
         }
+    }
+}
+
+/// Each task's chain, with its unpark button when parked.
+fn chains_table(inv: &Investigation, viewer: &Viewer) -> Markup {
+    let c = &inv.card;
+    html! {
         h2 { "Chains" }
         table #chains {
             tr { th { "task" } th { "state" } th { "chain" } th { "next poll due" } th { "parked at" } @if viewer.can_act() { th { "act" } } }
@@ -94,6 +115,13 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// The timeline, one row per event ([`timeline_rows`]).
+fn timeline_table(inv: &Investigation) -> Markup {
+    let rows = timeline_rows(&inv.timeline);
+    html! {
         h2 { "Timeline (changes and failures, newest first)" }
         p.note { "One row per event: a change or failure's audit event and the integration log of its Gateway call share a correlation id." }
         table #timeline {
@@ -127,6 +155,12 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// Unchanged polls: how they are kept, this card's tally and the fleet's last 48 h.
+fn unchanged_table(inv: &Investigation) -> Markup {
+    html! {
         h2 { "Unchanged polls" }
         p.note { (inv.note) }
         @if let Some(at) = &inv.counts_since { p.note { "Redis has counted since " (when(at)) " (when it was last found empty: its data lost, or the first start)." } }
@@ -142,10 +176,22 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// The card's manual facts and the fleet's latest polling facts.
+fn facts_tables(inv: &Investigation) -> Markup {
+    html! {
         @for (title, id, facts, none) in [("Manual facts (operator actions on this card)", "manual-facts", &inv.manual_facts, "No operator action on this card."), ("Fleet facts (circuit transitions, operator actions on polling)", "fleet-facts", &inv.fleet_facts, "No circuit transition or operator action on polling.")] {
             h2 { (title) }
             (facts_table(id, facts, none))
         }
+    }
+}
+
+/// The card's payments.
+fn payments_table(inv: &Investigation) -> Markup {
+    html! {
         h2 { "Payments" }
         table #card-payments {
             tr { th { "payment" } th { "amount" } th { "status" } th { "submissions" } th { "updated" } }
@@ -154,6 +200,12 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 tr { td { code { (p.payment_id) } } td.num { (p.amount_minor) " " (p.currency) } td { (p.status) } td.num { (p.submissions) } td { (when(&p.updated_at)) } }
             }
         }
+    }
+}
+
+/// The card's approvals, each with its history.
+fn approvals_table(inv: &Investigation) -> Markup {
+    html! {
         h2 { "Approvals" }
         table #card-approvals {
             tr { th { "approval" } th { "kind" } th { "amount" } th { "status" } th { "channel ref" } th { "submissions" } th { "created" } th { "updated" } }
@@ -184,6 +236,12 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// The callbacks about the card, its payments and its approvals.
+fn callbacks_table(inv: &Investigation) -> Markup {
+    html! {
         h2 { "Callbacks" }
         table #card-callbacks {
             tr { th { "channel / id" } th { "state" } th { "about" } th { "deliveries" } th { "last" } th { "reason" } }
@@ -192,6 +250,5 @@ pub fn card(inv: &Investigation, viewer: &Viewer) -> Markup {
                 tr { td { code { (cb.channel) " / " (cb.callback_id) } } td { (cb.state) } td { (cb.resource_type.as_deref().unwrap_or("-")) ":" (cb.resource_id.as_deref().unwrap_or("-")) } td.num { (cb.deliveries) } td { (when(&cb.last_received_at)) } td { (cb.reason.as_deref().unwrap_or("-")) } }
             }
         }
-    };
-    layout(&format!("Card {}", c.card_ref), viewer, true, body)
+    }
 }

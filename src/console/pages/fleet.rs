@@ -19,16 +19,42 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
             Some(c) => (poll_chart(c)),
             None => p.bad { "Polls per hour unavailable (Redis)." },
         }
+        (stores_table(f))
+        (latest_facts(f))
+        (budgets_table(f, viewer))
+        (maintenance_table(f, viewer))
+        h2 { "Queues" }
+        (queue_table(&f.queues))
+        (workers_table(f))
+    };
+    layout("Fleet", viewer, true, body)
+}
+
+/// Whether each store answers.
+fn stores_table(f: &Fleet) -> Markup {
+    html! {
         h2 { "Stores" }
         table {
             tr { th { "PostgreSQL" } td { @if f.postgres_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
             tr { th { "Redis" } td { @if f.redis_ok { span.ok { "answers" } } @else { span.bad { "does not answer" } } } }
         }
+    }
+}
+
+/// The latest operator actions and circuit transitions.
+fn latest_facts(f: &Fleet) -> Markup {
+    html! {
         h2 { "Latest operator actions and circuit transitions" }
         @match &f.facts {
             Some(facts) => (facts_table("fleet-facts", facts, "No circuit transition or operator action on polling.")),
             None => p.bad { "Unavailable (PostgreSQL)." },
         }
+    }
+}
+
+/// Each task's budget and circuit, with the operator's forms.
+fn budgets_table(f: &Fleet, viewer: &Viewer) -> Markup {
+    html! {
         h2 { "Polling budgets and circuits" }
         @if let Some(b) = &f.budget {
             table #budgets {
@@ -76,6 +102,12 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
         } @else {
             p.bad { "Budgets unavailable (Redis)." }
         }
+    }
+}
+
+/// The maintenance switch, brake and backlog, with the operator's forms.
+fn maintenance_table(f: &Fleet, viewer: &Viewer) -> Markup {
+    html! {
         h2 { "Maintenance" }
         table #maintenance {
             tr { th { "maintenance.enabled" } td { @if f.maintenance.enabled { "on" } @else { "off" } } }
@@ -108,8 +140,12 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
                 button name="op" value="resume" { "Resume maintenance" }
             }
         }
-        h2 { "Queues" }
-        (queue_table(&f.queues))
+    }
+}
+
+/// The live workers and their heartbeats.
+fn workers_table(f: &Fleet) -> Markup {
+    html! {
         h2 { "Live workers (" (f.workers.len()) ")" }
         table #workers {
             tr { th { "worker (kind-pod-id)" } th { "queue" } th { "heartbeat age" } }
@@ -121,8 +157,7 @@ pub fn fleet(f: &Fleet, viewer: &Viewer) -> Markup {
                 }
             }
         }
-    };
-    layout("Fleet", viewer, true, body)
+    }
 }
 
 /// The colour of each outcome in the chart, in the order of [`OUTCOMES`].
