@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::config::Config;
 use crate::context::AppContext;
@@ -45,11 +46,40 @@ pub struct Running {
 pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     let metrics = telemetry::metrics_handle()?;
     workers::register_metrics(&ctx);
-    let queues = workers::queue_names(ctx.prefix());
+    let addr = serve_endpoint(&ctx, metrics).await?;
+    start_feeder(&ctx)?;
+    // This process's unchanged polls, added up in memory, go to the fleet's hourly counters every
+    // few seconds (the last ones in `workers::on_shutdown`, after the drain).
+    ctx.shutdown.spawn(crate::polling::unchanged::flush_every(
+        ctx.redis.clone(),
+        ctx.prefix().to_owned(),
+        ctx.shutdown.stopping(),
+    ));
+    watch_redis(&ctx);
+    let mut supervisor = Supervisor::new(
+        ctx.health.clone(),
+        ctx.shutdown.clone(),
+        ctx.redis_status.clone(),
+        ctx.config.worker.redis_outage_grace(),
+    );
+    workers::spawn_workers(&ctx, &mut supervisor)?;
+    Ok(Running {
+        ctx,
+        addr,
+        supervisor,
+    })
+}
 
+/// Starts the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) with the fleet-wide gauges, and
+/// returns where it listens.
+async fn serve_endpoint(
+    ctx: &Arc<AppContext>,
+    metrics: PrometheusHandle,
+) -> anyhow::Result<std::net::SocketAddr> {
     // The fleet-wide gauges are read in the background: a scrape waits on Redis or PostgreSQL
-    // only when it wakes a paused refresh, and at most `fleet::FRESH_WAIT`. One round before the endpoint serves, so that the first scrape has them; the
-    // loop runs until the process stops, so they stay fresh while it drains.
+    // only when it wakes a paused refresh, and at most `fleet::FRESH_WAIT`. One round before the
+    // endpoint serves, so that the first scrape has them; the loop runs until the process stops,
+    // so they stay fresh while it drains.
     let fleet = telemetry::fleet::FleetGauges::new(ctx.config.telemetry.fleet_gauges_idle());
     let round = Arc::new(tokio::sync::Mutex::new(workers::FleetRound::new(
         ctx.clone(),
@@ -76,7 +106,11 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
         http::serve(&ctx.config.telemetry.listen, state, ctx.shutdown.stopping()).await?;
     tracing::info!(%addr, "metrics at http://{addr}/metrics, health at /healthz and /readyz");
     ctx.shutdown.spawn(endpoint);
+    Ok(addr)
+}
 
+/// Starts the intake feeder, woken by the intake announcements.
+fn start_feeder(ctx: &Arc<AppContext>) -> anyhow::Result<()> {
     // The feeder sleeps while nothing is due and is told of earlier entries on this channel.
     let announcements = crate::queue::announce::Announcements::default();
     let client = redis::Client::open(ctx.config.redis.url.expose())
@@ -88,45 +122,29 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     ));
     let feeder = intake::Feeder {
         conn: ctx.redis.clone(),
-        queues,
+        queues: workers::queue_names(ctx.prefix()),
         interval: Duration::from_millis(200),
         trim_every: Duration::from_secs(5),
         redis: ctx.redis_status.clone(),
         announcements: Some(announcements),
     };
     ctx.shutdown.spawn(feeder.run(ctx.shutdown.stopping()));
-    // This process's unchanged polls, added up in memory, go to the fleet's hourly counters every
-    // few seconds (the last ones in `workers::on_shutdown`, after the drain).
-    ctx.shutdown.spawn(crate::polling::unchanged::flush_every(
-        ctx.redis.clone(),
-        ctx.prefix().to_owned(),
-        ctx.shutdown.stopping(),
-    ));
+    Ok(())
+}
 
+/// Starts the Redis probe: up or down, data lost or not, and what this process does about it.
+fn watch_redis(ctx: &Arc<AppContext>) {
     let watch = RedisWatch {
         conn: ctx.redis.clone(),
         prefix: ctx.prefix().to_owned(),
         status: ctx.redis_status.clone(),
-        on_data_lost: workers::on_redis_data_lost(&ctx),
-        on_data_lost_here: workers::on_redis_data_lost_here(&ctx),
+        on_data_lost: workers::on_redis_data_lost(ctx),
+        on_data_lost_here: workers::on_redis_data_lost_here(ctx),
         budget: Some(ctx.budget.clone()),
         epoch: None,
         answered_before: false,
     };
     ctx.shutdown.spawn(watch.run(ctx.shutdown.stopping()));
-
-    let mut supervisor = Supervisor::new(
-        ctx.health.clone(),
-        ctx.shutdown.clone(),
-        ctx.redis_status.clone(),
-        ctx.config.worker.redis_outage_grace(),
-    );
-    workers::spawn_workers(&ctx, &mut supervisor)?;
-    Ok(Running {
-        ctx,
-        addr,
-        supervisor,
-    })
 }
 
 impl Running {
