@@ -5,7 +5,7 @@
 //! changes polling is recorded as an `operator.<action>` audit event (see [`super::operator`]).
 
 use anyhow::Context as _;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::args::{BudgetCommand, CircuitCommand, Format};
 use super::operator::{self, Action as Recorded, Operator};
@@ -117,83 +117,82 @@ pub async fn change_budget(
     reason: Option<String>,
     by: &Operator,
 ) -> anyhow::Result<String> {
-    let db = &config.database;
-    let done = match change {
+    let recorded = recorded(budget, &change, reason);
+    let done = operator::carry_out_to(&config.database, &recorded, by, apply(budget, change)).await;
+    Ok(done?)
+}
+
+/// The audit event of `change` (`operator.budget_set|clear|pause|resume`).
+fn recorded(budget: &Budget, change: &BudgetChange, reason: Option<String>) -> Recorded {
+    match change {
+        BudgetChange::Set(task, limit) => Recorded::new(
+            "budget_set",
+            "task",
+            task_ids(&[*task]),
+            format!("{task} budget limit overridden to {limit}"),
+            reason,
+        )
+        .with_details(json!({"task": task.label(), "limit": limit, "config_limit": budget.config_limit(*task)})),
+        BudgetChange::Clear(task) => Recorded::new(
+            "budget_clear",
+            "task",
+            task_ids(&[*task]),
+            format!("{task} budget override cleared"),
+            reason,
+        )
+        .with_details(json!({"task": task.label()})),
+        BudgetChange::Pause(tasks) => Recorded::new(
+            "budget_pause",
+            "task",
+            task_ids(tasks),
+            format!("polling paused: {}", labels(tasks)),
+            reason,
+        )
+        .with_details(json!({"tasks": task_ids(tasks)})),
+        BudgetChange::Resume(tasks) => Recorded::new(
+            "budget_resume",
+            "task",
+            task_ids(tasks),
+            format!("polling resumed: {}", labels(tasks)),
+            reason,
+        )
+        .with_details(json!({"tasks": task_ids(tasks)})),
+    }
+}
+
+/// Carries `change` out: what it did, for people, and the details of its outcome.
+async fn apply(budget: &Budget, change: BudgetChange) -> anyhow::Result<(String, Value)> {
+    match change {
         BudgetChange::Set(task, limit) => {
-            let recorded = Recorded::new(
-                "budget_set",
-                "task",
-                task_ids(&[task]),
-                format!("{task} budget limit overridden to {limit}"),
-                reason,
-            )
-            .with_details(json!({"task": task.label(), "limit": limit, "config_limit": budget.config_limit(task)}));
-            operator::carry_out_to(db, &recorded, by, async {
-                budget.set_override(task, limit).await?;
-                let said = format!(
-                    "{task} limit overridden: {limit} (config {}); every worker applies it at its next acquire",
-                    budget.config_limit(task)
-                );
-                Ok((said, json!({})))
-            })
-            .await
+            budget.set_override(task, limit).await?;
+            let said = format!(
+                "{task} limit overridden: {limit} (config {}); every worker applies it at its next acquire",
+                budget.config_limit(task)
+            );
+            Ok((said, json!({})))
         }
         BudgetChange::Clear(task) => {
-            let recorded = Recorded::new(
-                "budget_clear",
-                "task",
-                task_ids(&[task]),
-                format!("{task} budget override cleared"),
-                reason,
-            )
-            .with_details(json!({"task": task.label()}));
-            operator::carry_out_to(db, &recorded, by, async {
-                let had = budget.clear_override(task).await?;
-                let said = format!(
-                    "{task} override {}; the config limit {} applies",
-                    if had { "cleared" } else { "was not set" },
-                    budget.config_limit(task)
-                );
-                Ok((said, json!({"had_override": had})))
-            })
-            .await
+            let had = budget.clear_override(task).await?;
+            let said = format!(
+                "{task} override {}; the config limit {} applies",
+                if had { "cleared" } else { "was not set" },
+                budget.config_limit(task)
+            );
+            Ok((said, json!({"had_override": had})))
         }
         BudgetChange::Pause(tasks) => {
-            let recorded = Recorded::new(
-                "budget_pause",
-                "task",
-                task_ids(&tasks),
-                format!("polling paused: {}", labels(&tasks)),
-                reason,
-            )
-            .with_details(json!({"tasks": task_ids(&tasks)}));
-            operator::carry_out_to(db, &recorded, by, async {
-                budget.pause(&tasks).await?;
-                let said = format!(
-                    "paused: {}; their jobs are deferred (running polls finish) until `cardworker budget resume`",
-                    labels(&tasks)
-                );
-                Ok((said, json!({})))
-            })
-            .await
+            budget.pause(&tasks).await?;
+            let said = format!(
+                "paused: {}; their jobs are deferred (running polls finish) until `cardworker budget resume`",
+                labels(&tasks)
+            );
+            Ok((said, json!({})))
         }
         BudgetChange::Resume(tasks) => {
-            let recorded = Recorded::new(
-                "budget_resume",
-                "task",
-                task_ids(&tasks),
-                format!("polling resumed: {}", labels(&tasks)),
-                reason,
-            )
-            .with_details(json!({"tasks": task_ids(&tasks)}));
-            operator::carry_out_to(db, &recorded, by, async {
-                budget.resume(&tasks).await?;
-                Ok((format!("resumed: {}", labels(&tasks)), json!({})))
-            })
-            .await
+            budget.resume(&tasks).await?;
+            Ok((format!("resumed: {}", labels(&tasks)), json!({})))
         }
-    };
-    Ok(done?)
+    }
 }
 
 /// `cardworker circuit open|close --task T [--reason TEXT]`: forces the task's Gateway circuit,
