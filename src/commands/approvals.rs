@@ -7,7 +7,7 @@ use serde_json::json;
 use super::operator::{self, Action, Operator};
 use super::CommandError;
 use crate::context::AppContext;
-use crate::reliable::approval::Approval;
+use crate::reliable::approval::{Approval, ApprovalRow};
 use crate::reliable::recover;
 use crate::reliable::{table, Kind as _};
 
@@ -36,32 +36,10 @@ pub async fn enqueue_approval(
             anyhow::anyhow!("unknown approval {approval_id}: there is no such row in approvals; nothing enqueued")
         })?;
     if approval.is_decided() {
-        println!(
-            "approval {approval_id} is already {} (channel_ref {}{}); not submitted again",
-            approval.tracking.status,
-            approval.tracking.channel_ref.as_deref().unwrap_or("-"),
-            approval
-                .failure_reason
-                .as_deref()
-                .map(|r| format!(", reason: {r}"))
-                .unwrap_or_default()
-        );
+        report_decided(&approval);
         return Ok(());
     }
-    let mut conn = ctx
-        .pool
-        .acquire()
-        .await
-        .context("connecting to PostgreSQL")?;
-    if let Some(why) = Approval::refuse(&mut conn, &approval)
-        .await
-        .context("checking the approval")?
-    {
-        return Err(
-            anyhow::anyhow!("approval {approval_id} refused: {why}; nothing enqueued").into(),
-        );
-    }
-    drop(conn);
+    refuse_if_invalid(ctx, &approval).await?;
     let status = table::touch_requested::<Approval>(&ctx.pool, approval_id)
         .await
         .context("recording the approval's submission request")?
@@ -84,6 +62,52 @@ pub async fn enqueue_approval(
         );
         return Ok(());
     }
+    enqueue(ctx, &approval, &status, reason).await
+}
+
+/// Says that the approval is decided: it is not submitted again.
+fn report_decided(approval: &ApprovalRow) {
+    println!(
+        "approval {} is already {} (channel_ref {}{}); not submitted again",
+        approval.approval_id,
+        approval.tracking.status,
+        approval.tracking.channel_ref.as_deref().unwrap_or("-"),
+        approval
+            .failure_reason
+            .as_deref()
+            .map(|r| format!(", reason: {r}"))
+            .unwrap_or_default()
+    );
+}
+
+/// Refuses (exit 1, nothing queued) an approval the submission job would refuse, with its reason.
+async fn refuse_if_invalid(ctx: &AppContext, approval: &ApprovalRow) -> Result<(), CommandError> {
+    let mut conn = ctx
+        .pool
+        .acquire()
+        .await
+        .context("connecting to PostgreSQL")?;
+    if let Some(why) = Approval::refuse(&mut conn, approval)
+        .await
+        .context("checking the approval")?
+    {
+        let approval_id = approval.approval_id;
+        return Err(
+            anyhow::anyhow!("approval {approval_id} refused: {why}; nothing enqueued").into(),
+        );
+    }
+    Ok(())
+}
+
+/// Enqueues the `requested` approval's submission, with its `operator.enqueue_approval` audit
+/// event (not enqueued when the event cannot be written).
+async fn enqueue(
+    ctx: &AppContext,
+    approval: &ApprovalRow,
+    status: &str,
+    reason: Option<String>,
+) -> Result<(), CommandError> {
+    let approval_id = approval.approval_id;
     let recorded = Action::new(
         "enqueue_approval",
         "approval",
