@@ -5,10 +5,8 @@
 //! (the operator actions on the card: `operator.*` events with who and why) and the latest
 //! fleet-wide polling facts (circuit openings and closings, budget and maintenance actions).
 //!
-//! Unchanged polls are counted, not recorded: what Redis keeps of them is a tally in the card's
-//! chain entry (how many since the last change or failure, and when the last one was) and
-//! fleet-wide hourly counters (`crate::polling::unchanged`). After Redis lost its data, both
-//! restart from zero, and the view says so ([`UnchangedView::explanation`]).
+//! Unchanged polls are counted, not recorded; what Redis keeps of them, and what the view says
+//! after Redis lost its data, is in `unchanged` ([`UnchangedView`]).
 //!
 //! # Layout
 //! The read model is one view type and one query per section of the output; every query is
