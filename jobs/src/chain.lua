@@ -11,24 +11,29 @@
 --         job exists elsewhere (fed into apalis, running, or waiting in KEYS[2] with a payload of
 --         its own). The feeder reads only scores below FED, so it never feeds a chain whose job may
 --         still be alive; reconcile reads both ranges past the grace.
--- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | check | finish | merge | reassert,
+-- ARGV[1] op: start | start_if_dead | drop_if_dead | schedule | defer | check | finish | merge |
+--         reassert,
 --         or `batch`:
 --         then ARGV[2..] are groups of exactly 8 values, each the ARGV[1..8] of one call (unused
 --         ones ''), and the script returns the list of their results, in order (one process's
 --         concurrent checks and successors cost one script call per task, not one each)
 -- ARGV[2] card_ref  ARGV[3] chain id (job's; the new one for start*/merge)
--- ARGV[4] delay ms (start*/schedule/merge), or a fresh id (check)
--- ARGV[5] failures, ARGV[6] deferrals of the job to schedule (start*/schedule/merge): kept in the
---         chain entry, from which the feeder builds the job's payload; for check: the checker's
---         lease TTL ms (how long a run marker can stand, see Generations below)
+-- ARGV[4] delay ms (start*/schedule/defer/merge), or a fresh id (check)
+-- ARGV[5] failures, ARGV[6] deferrals of the job to schedule (start*/schedule/defer/merge): kept in
+--         the chain entry, from which the feeder builds the job's payload; for check: the checker's
+--         lease TTL ms (how long a run marker can stand, see The run marker below)
 -- ARGV[7] grace ms (start_if_dead, drop_if_dead), or how long a chain without a waiting entry counts as
 --         live past its due time (merge), or the tally (schedule): 'u' one more unchanged poll,
---         'r' reset by a recorded change or failure, anything else keeps it
--- ARGV[8] the job's turn (check, schedule, finish): the due ms its job was fed for, '' or absent
+--         'r' reset by a recorded change or failure, anything else keeps it; for defer: how long
+--         a run marker stands (ms, the lease TTL)
+-- ARGV[8] the job's turn (check, schedule, defer, finish): the due ms its job was fed for, '' or absent
 --         when unknown (a payload of its own, an adopted card); see Turns below
--- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; check: 1
---          when the job's chain is live, else {state, chain id} with state 'stale' | 'adopted',
---          or {'busy', ms} when a replaced chain's poll may still run (wait, then check again);
+-- Returns: start*, drop_if_dead: 1 done / 0 left alone (live); schedule: 1 / 0 stale; defer: 1 /
+--          0 stale / {'running', ms} when another delivery of the same job runs its poll (nothing
+--          written; write again once it has had that long); check: 1 when the job's chain is
+--          live, else {state, chain id} with state 'stale' | 'adopted', or {'busy', ms} when a
+--          replaced chain's poll may still run (wait, then check again), or {'running', ms} when
+--          another delivery of the same job runs its poll (as for defer);
 --          finish: 1 / 0 stale;
 --          merge: {'merged' | 'started', chain id}.
 --
@@ -50,12 +55,20 @@
 --
 -- The run marker: a live check appends `chain#turn@ms` to the entry as a sixth field (`chain@ms`
 -- for a job of unknown turn): from then on the poll may be at the Gateway. While it stands (for
--- the checker's lease TTL, ARGV[5], at most: the poll is over by then), a second delivery of the
--- same turn is stale, and any other job of the card (a restarted chain's first, a later turn) is
--- told to wait ({'busy', ms to wait}) instead of polling the card a second time at once. A
--- restart keeps the marker. The poll's own schedule or finish removes it, whether its chain is
--- still live or not; a check that finds it expired drops it. Readers that take the first five
--- fields (feed.lua, the Rust parsers) never see it.
+-- the checker's lease TTL, ARGV[5], at most: the poll is over by then), any other job of the card
+-- (a restarted chain's first, a later turn) is told to wait ({'busy', ms to wait}) instead of
+-- polling the card a second time at once. A restart keeps the marker. The poll's own schedule or
+-- finish removes it, whether its chain is still live or not; a check that finds it expired drops
+-- it. Readers that take the first five fields (feed.lua, the Rust parsers) never see it.
+--
+-- Second deliveries: apalis may hand a job out again while its first delivery runs (a worker's
+-- stream ended, a peer's orphan recovery). Such a delivery never polls and never writes the
+-- successor while the first one's marker stands: its check, and `defer` (the budget's deferral,
+-- which runs before any check and so never holds a marker), answer {'running', ms left}, and its
+-- caller writes the deferral again once the marker has had that long. By then the first delivery
+-- has written its successor (the write is stale by turn) or is gone with its process (the marker
+-- expired: the write goes on, so a delivery that died after its check never leaves the chain
+-- without a job).
 --
 -- Older entries still parse: `chain_id|due_ms` (without a tally) and `chain_id|u|l|s` (without the
 -- next job's state: their job carries its own payload). Those two are written only by an older
@@ -302,6 +315,19 @@ local function run()
     if marker_is(chain, turn()) then run = nil end
     put(chain, A4, tally, run)
     return 1
+  elseif op == 'defer' then
+    -- The budget deferred the job before its check: the same write as schedule's, tally kept,
+    -- except while another delivery of this very job holds the run marker (see Second deliveries).
+    if (cur_id and cur_id ~= chain) or (cur_id and not turn_current()) then return 0 end
+    if marker_is(chain, turn()) then
+      local _, _, since = marker()
+      local left = since + (tonumber(A7) or 0) - clock()
+      if left > 0 then return {'running', tostring(left)} end
+      -- Expired: the delivery that wrote it is gone, and this write takes the turn over.
+      drop_marker()
+    end
+    put(chain, A4, cur_tally or fresh(), cur_run)
+    return 1
   elseif op == 'check' then
     if not cur_id then
       -- The chain state was lost (Redis flushed, or a legacy producer enqueued without a chain):
@@ -323,8 +349,9 @@ local function run()
       if mid then
         local left = since + (tonumber(A5) or 0) - clock()
         if left > 0 then
-          -- This very turn is at the Gateway already (a second delivery of the running job).
-          if mid == chain and mt == t then return {'stale', cur_id} end
+          -- This very turn may be at the Gateway already (a second delivery of the running job):
+          -- no poll, and no successor, until the first delivery's marker has stood its time.
+          if mid == chain and mt == t then return {'running', tostring(left)} end
           -- Another poll of the card may still run (a replaced chain's, an earlier turn's):
           -- wait for it, at most the checker's lease TTL.
           return {'busy', tostring(left)}

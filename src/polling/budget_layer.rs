@@ -414,9 +414,16 @@ fn decode<J: PollJob>(
 }
 
 /// Re-enqueues the job with `deferrals + 1` through its chain, after `wait` (the rest of a
-/// circuit's cool-down) plus the deferral back-off. `Ok(false)`: the chain was replaced
-/// meanwhile, so nothing was written (the stale job just ends).
-async fn reschedule<J: PollJob>(shared: &Shared, job: &J, wait: Duration) -> anyhow::Result<bool> {
+/// circuit's cool-down) plus the deferral back-off. [`chain::Deferred::Stale`]: the chain was
+/// replaced meanwhile, so nothing was written (the stale job just ends);
+/// [`chain::Deferred::Running`]: this is a second delivery of a job whose first delivery runs
+/// its poll, and the deferral is written once that delivery's turn is over
+/// ([`chain::defer_when_free`]), never over it.
+async fn reschedule<J: PollJob>(
+    shared: &Shared,
+    job: &J,
+    wait: Duration,
+) -> anyhow::Result<chain::Deferred> {
     let mut conn = shared.budget.conn();
     let prefix = shared.budget.prefix();
     let mut next = job.state().clone();
@@ -427,20 +434,44 @@ async fn reschedule<J: PollJob>(shared: &Shared, job: &J, wait: Duration) -> any
         let ttl = shared.budget.lease_ttl();
         match chain::check(&mut conn, prefix, J::TASK, job.card_ref(), &next, ttl).await? {
             Liveness::Adopted(id) => next.chain = id,
-            Liveness::Live | Liveness::Busy(_) => {}
-            Liveness::Stale => return Ok(false),
+            Liveness::Live | Liveness::Busy(_) | Liveness::Running(_) => {}
+            Liveness::Stale => return Ok(chain::Deferred::Stale),
         }
     }
     let delay = wait + shared.defer.delay(next.deferrals);
-    let written = chain::schedule(&mut conn, prefix, J::TASK, job.card_ref(), &next, delay).await?;
+    let ttl = shared.budget.lease_ttl();
+    let deferred = chain::defer(
+        &mut conn,
+        prefix,
+        J::TASK,
+        job.card_ref(),
+        &next,
+        delay,
+        ttl,
+    )
+    .await?;
+    if let chain::Deferred::Running(left) = deferred {
+        let shutdown = shared.records.as_ref().map(|(_, shutdown)| shutdown);
+        chain::defer_when_free(
+            conn,
+            shutdown,
+            prefix,
+            J::TASK,
+            job.card_ref(),
+            &next,
+            delay,
+            ttl,
+            left,
+        );
+    }
     tracing::debug!(
         card_ref = job.card_ref(),
         deferrals = next.deferrals,
         delay_ms = delay.as_millis() as u64,
-        written,
+        ?deferred,
         "poll deferred"
     );
-    Ok(written)
+    Ok(deferred)
 }
 
 /// Defers the job: re-enqueues it through its chain (after `wait` plus the deferral back-off)
@@ -456,8 +487,8 @@ async fn defer<J: PollJob, R: Default>(
     let (raw, ctx) = task.take();
     let job: J = decode(&raw, &ctx)?;
     match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(shared, &job, wait)).await {
-        Ok(Ok(written)) => {
-            if !written {
+        Ok(Ok(deferred)) => {
+            if deferred == chain::Deferred::Stale {
                 tracing::debug!(
                     card_ref = job.card_ref(),
                     reason,

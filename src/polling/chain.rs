@@ -124,6 +124,11 @@ pub enum Liveness {
     /// `enqueue`, `unpark`, reconcile or a producer while that poll was at the Gateway): wait this
     /// long at most, then check again, so that the card is never polled twice at once.
     Busy(Duration),
+    /// This very job is running on another delivery (apalis handed it out again while its first
+    /// delivery was under way) whose run marker stands this much longer: this delivery must not
+    /// poll, and hands the chain to [`defer_when_free`], which writes the deferral once the
+    /// marker has stood its time (stale by then if the first delivery wrote its successor).
+    Running(Duration),
 }
 
 fn invoke<'a>(
@@ -413,6 +418,131 @@ pub async fn schedule_counted<'a>(
     Ok(done == 1)
 }
 
+/// What a deferral's write did ([`defer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deferred {
+    /// The deferred poll is the chain's next, after the delay.
+    Written,
+    /// The chain was replaced or its turn is over: nothing written, the job just ends.
+    Stale,
+    /// Another delivery of this very job runs its poll, and its run marker stands this much
+    /// longer: nothing written ([`defer_when_free`] writes it once the marker has stood its time).
+    Running(Duration),
+}
+
+/// Writes a deferred job back into its chain, after `delay`, with `next`'s failures and
+/// deferrals and the chain's tally kept: [`schedule`]'s write, except that a deferral never takes
+/// the turn from another delivery of the same job that checked in and may be at the Gateway
+/// ([`Deferred::Running`]; `marker_ttl`, the lease TTL, is how long such a delivery's run marker
+/// stands).
+pub async fn defer<'a>(
+    via: impl Into<Via<'a>>,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    next: &ChainState,
+    delay: Duration,
+    marker_ttl: Duration,
+) -> anyhow::Result<Deferred> {
+    let args = vec![
+        "defer".to_owned(),
+        card_ref.to_owned(),
+        next.chain.clone(),
+        ms(delay).to_string(),
+        next.failures.to_string(),
+        next.deferrals.to_string(),
+        ms(marker_ttl).to_string(),
+        turn_arg(next.turn),
+    ];
+    let via = via.into();
+    let first_deferral = match &via {
+        Via::Direct(conn) if next.deferrals == 1 => Some((**conn).clone()),
+        _ => None,
+    };
+    let answer: redis::Value = via
+        .call(prefix, task, args)
+        .await
+        .with_context(|| format!("deferring the {task} poll of {card_ref}"))?;
+    let deferred = match answer {
+        redis::Value::Int(1) => Deferred::Written,
+        redis::Value::Int(_) => Deferred::Stale,
+        other => {
+            let (_, left): (String, String) =
+                redis::from_redis_value(other).with_context(|| {
+                    format!("reading the deferral of the {task} poll of {card_ref}")
+                })?;
+            Deferred::Running(Duration::from_millis(left.parse().unwrap_or(1000)))
+        }
+    };
+    if let (Deferred::Written, Some(mut conn)) = (deferred, first_deferral) {
+        note_deferred(&mut conn, prefix, task, card_ref, next.turn).await;
+    }
+    Ok(deferred)
+}
+
+/// Hands a job that another delivery of it is running ([`Deferred::Running`],
+/// [`Liveness::Running`]) to a background task: once the running delivery's marker has stood
+/// `left`, it writes the job's deferral ([`defer`], `delay` after then). The running delivery has
+/// written its successor by then if it lived (the write is stale), and if it died after its
+/// check the chain goes on from this write instead of waiting for reconcile. A Redis error is
+/// retried with back-off for up to [`RETRY_SUCCESSOR_FOR`], as a successor is. The task is
+/// tracked by `shutdown` when given (a stop ends it: reconcile restores the chain if the
+/// running delivery died too).
+#[allow(clippy::too_many_arguments)]
+pub fn defer_when_free(
+    mut conn: ConnectionManager,
+    shutdown: Option<&crate::shutdown::Shutdown>,
+    prefix: &str,
+    task: Task,
+    card_ref: &str,
+    next: &ChainState,
+    delay: Duration,
+    marker_ttl: Duration,
+    left: Duration,
+) {
+    let (prefix, card_ref, next) = (prefix.to_owned(), card_ref.to_owned(), next.clone());
+    let watch = async move {
+        let backoff = crate::backoff::Backoff::new(
+            Duration::from_millis(500),
+            Duration::from_secs(10),
+            crate::backoff::Jitter::Proportional(0.2),
+        );
+        let started = std::time::Instant::now();
+        // A little past the marker's end, so that the write finds it over.
+        let mut wait = left + Duration::from_millis(100);
+        let mut failed = 0;
+        loop {
+            tokio::time::sleep(wait).await;
+            match defer(
+                &mut conn, &prefix, task, &card_ref, &next, delay, marker_ttl,
+            )
+            .await
+            {
+                Ok(Deferred::Running(more)) => wait = more + Duration::from_millis(100),
+                Ok(done) => {
+                    tracing::debug!(%task, %card_ref, ?done, "a second delivery's deferral written once the first delivery's turn was over");
+                    return;
+                }
+                Err(e) if started.elapsed() < RETRY_SUCCESSOR_FOR => {
+                    failed += 1;
+                    wait = backoff.delay(failed);
+                    tracing::debug!(%task, %card_ref, error = %format!("{e:#}"), "a second delivery's deferral refused by Redis; retrying");
+                }
+                Err(e) => {
+                    tracing::error!(%task, %card_ref, error = %format!("{e:#}"), "a second delivery's deferral given up; reconcile restores the chain");
+                    return;
+                }
+            }
+        }
+    };
+    match shutdown {
+        Some(shutdown) => shutdown.spawn(watch),
+        None => {
+            tokio::spawn(watch);
+        }
+    }
+}
+
 /// Keeps the due time of a poll deferred for the first time in its task's late set
 /// ([`late_key`]): `turn` is the deferred job's own turn, the due time it was fed for (the local
 /// clock when unknown). One command, on a deferral only; a failure costs only the accuracy of
@@ -530,6 +660,7 @@ pub async fn check<'a>(
     Ok(match verdict.as_str() {
         "adopted" => Liveness::Adopted(id),
         "busy" => Liveness::Busy(Duration::from_millis(id.parse().unwrap_or(1000))),
+        "running" => Liveness::Running(Duration::from_millis(id.parse().unwrap_or(1000))),
         _ => Liveness::Stale,
     })
 }

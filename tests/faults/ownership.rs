@@ -41,18 +41,31 @@ async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
 /// A worker run in the test's process.
 struct InProcess {
     ctx: Arc<AppContext>,
+    addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl InProcess {
     async fn start(config: Config) -> Self {
-        let (ctx, _addr, stop, join) = start_in_process(config).await;
+        let (ctx, addr, stop, join) = start_in_process(config).await;
         Self {
             ctx,
+            addr,
             stop: Some(stop),
             join: Some(join),
         }
+    }
+
+    /// One sample of its `/metrics` (summed over the series matching `labels`).
+    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let text = reqwest::get(format!("http://{}/metrics", self.addr))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics text");
+        crate::harness::metric_value(&text, name, labels)
     }
 
     fn exited(&self) -> bool {
@@ -690,6 +703,137 @@ async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_
         assert_eq!(
             waiting, 0,
             "the worker took the second delivery of {active}"
+        );
+    }
+    assert!(!worker.exited());
+}
+
+/// The ids of the running polls' jobs, put back on their queues' active lists by hand (apalis's
+/// orphan recovery, without waiting out its window); answers the active lists written.
+async fn hand_out_again(admin: &mut ConnectionManager) -> Vec<String> {
+    let mut handed_out = Vec::new();
+    for queue in ["carddata", "card_status"] {
+        let q = cardworker_jobs::keys::queue("cw", queue);
+        let sets: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{q}:inflight:*"))
+            .query_async(admin)
+            .await
+            .expect("keys");
+        for set in sets {
+            let ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(&set)
+                .query_async(admin)
+                .await
+                .expect("smembers");
+            for id in ids {
+                redis_cmd(admin, &["RPUSH", &format!("{q}:active"), &id]).await;
+                handed_out.push(format!("{q}:active"));
+            }
+        }
+    }
+    handed_out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_delivery_deferred_while_its_first_is_at_the_gateway_leaves_the_running_poll_its_card(
+) {
+    // As above, but the budget defers the second delivery (its task is paused): the deferral must
+    // not write a successor of the running poll's turn nor clear its run marker, else the
+    // successor reaches the Gateway while the first call is still there, and the first poll's own
+    // outcome is refused as stale.
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(12_000, 0);
+    let mut config = Config::default();
+    config.database.url = db.url.clone().into();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.gateway.base_url = sim_handle.base_url().into();
+    config.gateway.timeout_ms = 14_000;
+    config.polling.handler_timeout_secs = 16;
+    config.polling.lease_ttl_secs = 25;
+    config.polling.defer_delay_secs = 1;
+    config.polling.defer_max_delay_secs = 1;
+    // The chain's own next poll is far beyond the test, so any second call comes from the
+    // re-delivery.
+    config.polling.carddata.interval_secs = 600;
+    config.polling.card_status.interval_secs = 600;
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
+    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    insert_cards(&db.pool, 1).await;
+    let worker = InProcess::start(config).await;
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+    // Both chains due now, so that both polls of the card are at the Gateway together.
+    for task in Task::ALL {
+        cardworker::polling::chain::start(&mut admin, "cw", task, "c-000", Duration::ZERO)
+            .await
+            .expect("start chain");
+    }
+    wait_until(
+        Duration::from_secs(90),
+        "both polls of the card at the Gateway",
+        || async { sim.stats().in_flight_polls == 2 },
+    )
+    .await;
+    let started = Instant::now();
+    worker.ctx.budget.pause(&Task::ALL).await.expect("pause");
+    let handed_out = hand_out_again(&mut admin).await;
+    assert_eq!(
+        handed_out.len(),
+        2,
+        "both running polls' jobs are in flight"
+    );
+    wait_until(
+        Duration::from_secs(8),
+        "both second deliveries deferred",
+        || async {
+            worker
+                .metric("cardworker_poll_deferred_total", &[("reason", "paused")])
+                .await
+                >= 2.0
+        },
+    )
+    .await;
+    worker.ctx.budget.resume(&Task::ALL).await.expect("resume");
+
+    // Until the first calls are answered, and a few seconds after: no second call of the card.
+    let mut answered_at = None;
+    while answered_at.is_none_or(|at: Instant| at.elapsed() < Duration::from_secs(4)) {
+        let stats = sim.stats();
+        for kind in ["carddata", "card_status"] {
+            let calls = stats.calls_total.get(kind).copied().unwrap_or(0);
+            assert!(
+                calls <= 1,
+                "the card's {kind} was polled {calls} times within {:?} of the deferred second \
+                 delivery, with a 600 s interval: {stats:?}",
+                started.elapsed()
+            );
+        }
+        assert!(stats.peak_same_card <= 1, "{stats:?}");
+        if answered_at.is_none() && stats.in_flight_polls == 0 {
+            answered_at = Some(Instant::now());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the first calls are answered within their 12 s: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The running polls' own successors were written (their outcome was not refused as stale):
+    // each chain waits for its next poll, a regular interval away.
+    for task in Task::ALL {
+        let due = cardworker::polling::chain::next_due(&mut admin, "cw", task, "c-000")
+            .await
+            .expect("next due");
+        let (at, fed) = due.expect("the chain lives");
+        assert!(!fed, "{task}: the next poll waits to be fed");
+        assert!(
+            at > chrono::Utc::now() + chrono::Duration::seconds(500),
+            "{task}: the next poll is the running poll's successor, a 600 s interval away, not \
+             the deferral's (due {at})"
         );
     }
     assert!(!worker.exited());

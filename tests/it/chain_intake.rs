@@ -553,7 +553,8 @@ async fn a_second_delivery_of_a_job_whose_turn_is_over_is_stale_and_writes_nothi
 }
 
 #[tokio::test]
-async fn a_second_delivery_of_a_running_job_is_stale_and_a_restarted_chain_waits_for_the_poll() {
+async fn a_second_delivery_of_a_running_job_does_not_poll_and_a_restarted_chain_waits_for_the_poll()
+{
     let redis = TestRedis::new().await;
     let mut conn = redis.conn.clone();
     let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
@@ -573,7 +574,13 @@ async fn a_second_delivery_of_a_running_job_is_stale_and_a_restarted_chain_waits
     };
     assert_eq!(check(running.state.clone()).await, chain::Liveness::Live);
     // The same job delivered again while its poll is at the Gateway.
-    assert_eq!(check(running.state.clone()).await, chain::Liveness::Stale);
+    assert!(
+        matches!(
+            check(running.state.clone()).await,
+            chain::Liveness::Running(left) if left <= ttl
+        ),
+        "the second delivery must not poll"
+    );
     // An operator restarts the chain meanwhile: its first job waits for the running poll.
     chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
         .await
@@ -597,4 +604,130 @@ async fn a_second_delivery_of_a_running_job_is_stale_and_a_restarted_chain_waits
     .await
     .expect("old successor"));
     assert_eq!(check(first.state.clone()).await, chain::Liveness::Live);
+}
+
+#[tokio::test]
+async fn a_second_delivery_whose_first_died_after_its_check_takes_the_turn_over_once_the_marker_is_over(
+) {
+    // The first delivery checked in (its run marker stands) and its process died before it
+    // wrote a successor; apalis hands the job out again within the marker's time.
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
+    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
+        .await
+        .expect("start");
+    let job = fed_job(&redis, "c-1").await;
+    let ttl = Duration::from_secs(2);
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
+            .await
+            .expect("first check"),
+        chain::Liveness::Live
+    );
+    let fed = score(&redis, task, "c-1").await;
+    let left = match chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
+        .await
+        .expect("second check")
+    {
+        chain::Liveness::Running(left) => left,
+        other => panic!("the second delivery must not poll while the marker stands: {other:?}"),
+    };
+    assert!(left <= ttl, "{left:?}");
+    chain::defer_when_free(
+        conn.clone(),
+        None,
+        prefix,
+        task,
+        "c-1",
+        &job.state,
+        Duration::ZERO,
+        ttl,
+        left,
+    );
+    assert_eq!(
+        score(&redis, task, "c-1").await,
+        fed,
+        "while the marker stands, the chain waits on its first delivery"
+    );
+    wait_until(
+        ttl + Duration::from_secs(5),
+        "the chain's next poll waits to be fed once the marker is over",
+        || async { score(&redis, task, "c-1").await.is_some_and(|s| s < FED) },
+    )
+    .await;
+    let next = fed_job(&redis, "c-1").await;
+    assert!(next.state.turn > job.state.turn, "{next:?} after {job:?}");
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &next.state, ttl)
+            .await
+            .expect("check of the new turn"),
+        chain::Liveness::Live,
+        "the new turn polls"
+    );
+}
+
+#[tokio::test]
+async fn a_deferred_second_delivery_writes_nothing_while_the_first_runs_and_is_stale_once_it_wrote_its_successor(
+) {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
+    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
+        .await
+        .expect("start");
+    let job = fed_job(&redis, "c-1").await;
+    let ttl = Duration::from_secs(60);
+    assert_eq!(
+        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
+            .await
+            .expect("check"),
+        chain::Liveness::Live
+    );
+    let fed = score(&redis, task, "c-1").await;
+    let mut deferred = job.state.clone();
+    deferred.deferrals += 1;
+    let answer = chain::defer(
+        &mut conn,
+        prefix,
+        task,
+        "c-1",
+        &deferred,
+        Duration::ZERO,
+        ttl,
+    )
+    .await
+    .expect("defer");
+    assert!(
+        matches!(answer, chain::Deferred::Running(left) if left <= ttl),
+        "{answer:?}"
+    );
+    assert_eq!(score(&redis, task, "c-1").await, fed, "nothing written");
+    // The running poll's own successor is written, and the deferral is stale from then on.
+    assert!(chain::schedule(
+        &mut conn,
+        prefix,
+        task,
+        "c-1",
+        &job.state,
+        Duration::from_secs(600)
+    )
+    .await
+    .expect("successor"));
+    let successor = score(&redis, task, "c-1").await;
+    assert_eq!(
+        chain::defer(
+            &mut conn,
+            prefix,
+            task,
+            "c-1",
+            &deferred,
+            Duration::ZERO,
+            ttl
+        )
+        .await
+        .expect("defer again"),
+        chain::Deferred::Stale
+    );
+    assert_eq!(score(&redis, task, "c-1").await, successor);
 }

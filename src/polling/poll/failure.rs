@@ -168,7 +168,8 @@ pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error
     let chain_id = if seen.chain.is_empty() {
         match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen, ttl).await {
             Ok(Liveness::Adopted(id)) => id,
-            Ok(Liveness::Live | Liveness::Busy(_) | Liveness::Stale) | Err(_) => return,
+            Ok(Liveness::Live | Liveness::Busy(_) | Liveness::Running(_) | Liveness::Stale)
+            | Err(_) => return,
         }
     } else {
         seen.chain.clone()

@@ -327,6 +327,24 @@ pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Resu
             tracing::info!(%task, %card_ref, chain = %id, "card had no live chain; job adopted it");
             id
         }
+        Liveness::Running(left) => {
+            // A second delivery of this very job while its first may be at the Gateway: no call.
+            // The chain goes on from the first delivery's successor, or, if that delivery died
+            // after its check, from this deferral once its marker is over.
+            tracing::debug!(%task, %card_ref, chain = %seen.chain, left_ms = left.as_millis() as u64, "second delivery of a running poll acknowledged without a Gateway call");
+            chain::defer_when_free(
+                conn,
+                Some(&ctx.shutdown),
+                ctx.prefix(),
+                task,
+                &card_ref,
+                &seen,
+                Duration::ZERO,
+                ttl,
+                left,
+            );
+            return Ok(PollOutcome::Stale);
+        }
         Liveness::Stale => {
             tracing::debug!(%task, %card_ref, chain = %seen.chain, "stale poll acknowledged without a Gateway call");
             return Ok(PollOutcome::Stale);
