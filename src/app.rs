@@ -45,6 +45,9 @@ pub struct Running {
 /// Starts the endpoint, the feeder and every worker.
 pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     let metrics = telemetry::metrics_handle()?;
+    // Before any poll is admitted: whether the deployment ran before decides whether Redis
+    // without the budget's fence hash lost its data (`budget::Budget::record_start`).
+    ctx.budget.record_start(&ctx.pool).await?;
     workers::register_metrics(&ctx);
     let addr = serve_endpoint(&ctx, metrics).await?;
     start_feeder(&ctx)?;

@@ -13,6 +13,8 @@
 --          cardworker_budget_leases_expired_total{scope})
 -- KEYS[12] kept hash (process id -> "expiry ms|carddata slot ids|card_status slot ids", the
 --          ids space-separated: the idle slots the process kept at its last renewal)
+-- KEYS[13] fence hash: 'run_id' (the redis-server that holds the budget's data) and 'until' (unix
+--          ms on the Redis clock: no poll is admitted before it). See "The fence" below.
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
 -- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force | reassert |
 --          extend
@@ -27,6 +29,8 @@
 --          before it (circuit_successes). They run first, in the same call, so a slot that turns
 --          over costs one round trip, not two. A finish with an empty lease id only counts its
 --          outcome: its poll's lease stays held while its call may still be at the Gateway.
+--          After them: the fence length in ms, then the first-start mark ('' when none; see
+--          "The fence").
 --   Taking over (ARGV[10] = '1'): the poll admitted by this call gets the lease id of one carried
 --   finish (one of its own task if any, else the first), and that member is re-scored in place
 --   (one ZADD per set) instead of removed and added again. The slot never looks free in
@@ -35,9 +39,10 @@
 --   A refusal for want of a token (total or task) also writes the process into the waiters set
 --   for WAITER_MS: while another process waits, renew stops every process from keeping idle slots
 --   (budget/pool.rs), so a busy pod cannot keep the budget to itself.
---   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused'|'circuit_open', effective task
+--   returns {granted 1|0, reason 'ok'|'total'|'task'|'paused'|'circuit_open'|'fenced', effective task
 --            limit, invalid override as stored ('' when none or valid), probe round (0: not a
---            probe), circuit transition ('' | 'half_open'), ms until the cool-down ends,
+--            probe), circuit transition ('' | 'half_open'), ms until the cool-down or the fence
+--            ends,
 --            {the carried finishes' answers, each as finish returns it}, the lease id granted
 --            ('' when none: ARGV[4], or the carried lease taken over)}
 -- release: ARGV[2..] lease ids; removes each from every set. Returns how many leases existed.
@@ -52,12 +57,12 @@
 --   ARGV[3] lease ttl ms  ARGV[4] total limit  ARGV[5] limit ceiling  ARGV[6] circuit cfg, then
 --   for each task in KEYS order (carddata, card_status): its label, config limit, successes to
 --   count (circuit_successes), how many idle slots it keeps, how many it gives back, then those
---   slot ids (kept first). Gives back the latter, refreshes the expiry of the kept ones that still
+--   slot ids (kept first), then the fence length in ms. Gives back the latter, refreshes the expiry of the kept ones that still
 --   exist (ZADD XX: a slot lost with a Redis flush is never re-created past the limits) and
 --   decides per task whether the process may go on starting polls on kept slots without asking:
 --   only while the task is not paused, its circuit is closed (or disabled) and not forced open,
---   neither set holds more than its limit (an override lowered meanwhile), and no OTHER process
---   was refused a token in the last WAITER_MS. Records the kept slots that still exist in
+--   neither set holds more than its limit (an override lowered meanwhile), no OTHER process
+--   was refused a token in the last WAITER_MS, and no fence is on. Records the kept slots that still exist in
 --   KEYS[12] under the process id (removes its entry when it keeps none), so that show can tell
 --   idle kept slots from running polls. Returns per task {reuse 1|0, effective limit, invalid
 --   override as stored ('' when none or valid), {kept ids that no longer exist}}.
@@ -79,7 +84,41 @@
 --   lease that still exists (ZADD XX, in the total and its task's set): the lease of a call its
 --   poll stopped waiting for, which counts until handler_timeout after it was sent, past the
 --   expiry its acquire gave it. Returns 1 when the lease still existed.
+--
+-- The fence. Redis can lose the leases of polls that are still at the Gateway: a FLUSHALL, a
+-- restart without its data, a restart from an append-only file that missed its last writes, a
+-- failover to a replica that lagged. Every acquire and renew first compares the run_id of the
+-- redis-server that answers (INFO server: a new one at every start) with the one stored in the
+-- fence hash. When they differ, or the hash is missing, data may have been lost: the script sets
+-- 'until' to TIME + the fence length (the caller's `Budget::fence_length`: long enough for every
+-- poll admitted before to have left the Gateway) and stores the run_id, and until then no acquire
+-- admits and no renew lets a process reuse its kept slots. The decision is Redis's, on Redis's
+-- clock: no process has to notice the loss, write anything back or keep a timer. The one missing
+-- hash that is not fenced is a deployment's first start: the acquire carries a first-start mark
+-- ('0', or the PostgreSQL time of the deployment's first start in ms, which must be less than
+-- half a fence length ago) only in the first call of the process that recorded that start.
 local op = ARGV[1]
+
+-- Checks the fence, and sets it when the data may have been lost (above). `length`: the fence
+-- length in ms; `first`: the first-start mark or nil. Returns the ms until the fence ends (0:
+-- none is on).
+local function fence(length, first)
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '?'
+  local seen = redis.call('HMGET', KEYS[13], 'run_id', 'until')
+  local now = clock()
+  local till = tonumber(seen[2]) or 0
+  if seen[1] ~= run_id then
+    local first_start = false
+    if not seen[1] and first and first ~= '' then
+      local at = tonumber(first)
+      first_start = at ~= nil and (at == 0 or now - at < length / 2)
+    end
+    if not first_start then till = math.max(till, now + length) end
+    redis.call('HSET', KEYS[13], 'run_id', run_id, 'until', till)
+  end
+  if now < till then return till - now end
+  return 0
+end
 
 -- A limit as `budget set` writes it: plain digits, 1..=ceiling. Anything else (garbage written
 -- by hand, '0', '-3', '1e9', '2.5') is invalid and falls back to the config value.
@@ -210,6 +249,11 @@ if op == 'acquire' then
   -- A task never gets more than the total, whatever the override says.
   if task_limit > total_limit then task_limit = total_limit end
 
+  local tail = 13 + count * 6
+  local fenced = fence(tonumber(ARGV[tail]) or 0, ARGV[tail + 1])
+  if fenced > 0 then
+    return refuse('fenced', task_limit, invalid, '', fenced)
+  end
   if redis.call('SISMEMBER', KEYS[5], task) == 1 then
     return refuse('paused', task_limit, invalid, '', 0)
   end
@@ -312,6 +356,7 @@ elseif op == 'renew' then
     at = at + 5 + nkeep + nback
     tasks[#tasks + 1] = t
   end
+  local fenced = fence(tonumber(ARGV[at]) or 0, nil) > 0
   local now = clock()
   local others_wait = false
   for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. now, '+inf')) do
@@ -334,7 +379,7 @@ elseif op == 'renew' then
       if n then limit = n else invalid = raw end
     end
     if limit > total_limit then limit = total_limit end
-    local reuse = total_fits and not others_wait and not paused[t.label]
+    local reuse = total_fits and not others_wait and not paused[t.label] and not fenced
     if reuse then
       local st = circuit_read(KEYS[t.index + 4])
       reuse = st.forced ~= '1' and (not st.state or st.state == 'closed' or not cfg.enabled)

@@ -124,6 +124,17 @@ pub fn kept_key(prefix: &str) -> String {
     format!("{prefix}:{{budget}}:kept")
 }
 
+/// The fence after a Redis data loss: the run_id of the redis-server that holds the budget's data
+/// and the moment (unix ms, Redis clock) before which no poll is admitted ([`Budget::fence_length`]).
+pub fn fence_key(prefix: &str) -> String {
+    format!("{prefix}:{{budget}}:fence")
+}
+
+/// What a fence adds to the longest a poll admitted before a Redis data loss may still be at the
+/// Gateway (`2 × handler_timeout_secs` + [`pool::VERDICT_FOR`]): the scheduling slack of the
+/// handler's and the call's timers, and a small step of the Redis host's clock.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(3);
+
 /// How long shutdown waits for the acquires under way before it releases what the process holds
 /// (the polling layer gives up on an acquire after 2 s).
 pub const ACQUIRES_DRAIN_FOR: Duration = Duration::from_secs(3);
@@ -156,11 +167,19 @@ pub enum ShortReason {
     Task,
     /// The task is paused (`budget pause`).
     Paused,
+    /// Redis may have lost the leases of polls still at the Gateway: no poll is admitted until
+    /// they are over (the fence, in `budget.lua`).
+    Fenced,
 }
 
 impl ShortReason {
     /// Every reason.
-    pub const ALL: [ShortReason; 3] = [ShortReason::Total, ShortReason::Task, ShortReason::Paused];
+    pub const ALL: [ShortReason; 4] = [
+        ShortReason::Total,
+        ShortReason::Task,
+        ShortReason::Paused,
+        ShortReason::Fenced,
+    ];
 
     /// The metric label.
     pub const fn label(self) -> &'static str {
@@ -168,6 +187,7 @@ impl ShortReason {
             ShortReason::Total => "total",
             ShortReason::Task => "task",
             ShortReason::Paused => "paused",
+            ShortReason::Fenced => "fenced",
         }
     }
 }
@@ -326,6 +346,22 @@ pub struct Budget {
     abandoned: Arc<abandoned::AbandonedCounts>,
     /// Signalled when one of those ends.
     abandoned_ended: Arc<tokio::sync::Notify>,
+    /// The first-start mark this process's next acquire carries (`None`: none). It is sent
+    /// once: see [`Budget::record_start`].
+    first_start: Arc<Mutex<Option<String>>>,
+}
+
+/// The deployment's first worker start, recorded once in PostgreSQL: `None` when it was recorded
+/// before this call, else its moment (PostgreSQL's clock, unix ms).
+async fn record_deployment_start(pool: &sqlx::PgPool) -> anyhow::Result<Option<i64>> {
+    let first: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO budget_deployment (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING \
+         RETURNING (extract(epoch FROM started_at) * 1000)::bigint",
+    )
+    .fetch_optional(pool)
+    .await
+    .context("recording the deployment's first worker start")?;
+    Ok(first)
 }
 
 impl Budget {
@@ -362,7 +398,44 @@ impl Budget {
             handler_timeout: p.handler_timeout(),
             abandoned: Arc::default(),
             abandoned_ended: Arc::default(),
+            first_start: Arc::new(Mutex::new(Some("0".to_owned()))),
         }
+    }
+
+    /// Tells the budget whether its deployment ran before, from the durable record in
+    /// PostgreSQL: the first worker start ever writes it (once), before any poll of the
+    /// deployment can be admitted. A missing fence hash in Redis is then a data loss (fenced),
+    /// except for the first acquire of the process that wrote the record, within half a fence
+    /// length of writing it (`budget.lua`, "The fence"). A budget that is never told (a test,
+    /// a benchmark) counts as its deployment's first start, for its first acquire only.
+    pub async fn record_start(&self, pool: &sqlx::PgPool) -> anyhow::Result<()> {
+        let first = record_deployment_start(pool).await?;
+        if let Ok(mut mark) = self.first_start.lock() {
+            *mark = first.map(|ms| ms.max(1).to_string());
+        }
+        Ok(())
+    }
+
+    /// This budget as one of a deployment that ran before: a missing fence hash is always a
+    /// data loss (for tests that play a pod started after one).
+    pub fn ran_before(self) -> Self {
+        if let Ok(mut mark) = self.first_start.lock() {
+            *mark = None;
+        }
+        self
+    }
+
+    /// How long no poll is admitted after Redis may have lost leases (the fence, decided by the
+    /// script on Redis's clock): a poll admitted before the loss sends its call within
+    /// `handler_timeout_secs` of its admission and the call counts at most `handler_timeout_secs`
+    /// after it was sent; a poll may start on a kept slot up to [`pool::VERDICT_FOR`] after the
+    /// renewal that allowed it; plus [`FENCE_MARGIN`].
+    pub fn fence_length(&self) -> Duration {
+        self.handler_timeout * 2 + pool::VERDICT_FOR + FENCE_MARGIN
+    }
+
+    fn fence_ms(&self) -> u64 {
+        u64::try_from(self.fence_length().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// This budget with its background releases tracked by the process's `shutdown`, so the
@@ -445,6 +518,7 @@ impl Budget {
             .key(waiters_key(&self.prefix))
             .key(expired_key(&self.prefix))
             .key(kept_key(&self.prefix))
+            .key(fence_key(&self.prefix))
             .arg(op);
         inv
     }
@@ -521,6 +595,9 @@ impl Budget {
             .arg(if take_over { "1" } else { "0" })
             .arg(&*self.owner);
         carried.push_args(&mut inv);
+        // The first-start mark goes with one call only, answered or not.
+        let first = self.first_start.lock().ok().and_then(|mut m| m.take());
+        inv.arg(self.fence_ms()).arg(first.unwrap_or_default());
         let answer: redis::RedisResult<Raw> = inv.invoke_async(&mut self.conn.clone()).await;
         let (granted, reason, _limit, invalid, round, transition, wait_ms, answers, slot) =
             match answer {
@@ -574,6 +651,10 @@ impl Budget {
             "total" => ShortReason::Total,
             "task" => ShortReason::Task,
             "paused" => ShortReason::Paused,
+            "fenced" => {
+                tracing::debug!(%task, fence_ms = wait_ms, "the budget is fenced after a Redis data loss");
+                ShortReason::Fenced
+            }
             "circuit_open" => {
                 return Ok((
                     Acquired::CircuitOpen {

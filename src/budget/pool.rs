@@ -199,7 +199,7 @@ impl Budget {
         let (answer, lease) = self.acquire_slot(task, lease_id).await?;
         match answer {
             Acquired::Short {
-                reason: ShortReason::Paused,
+                reason: ShortReason::Paused | ShortReason::Fenced,
             }
             | Acquired::CircuitOpen { .. } => self.stop_reuse(task),
             Acquired::Short {
@@ -404,6 +404,7 @@ impl Budget {
                 .arg(&r.keep)
                 .arg(&r.back);
         }
+        inv.arg(self.fence_ms());
         let answers: Vec<RenewAnswer> = match inv.invoke_async(&mut self.conn.clone()).await {
             Ok(answers) => answers,
             Err(e) => {

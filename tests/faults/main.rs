@@ -15,6 +15,7 @@ mod alerts;
 mod budget_cost;
 mod chain_cost;
 mod empty_redis;
+mod fence;
 #[path = "../it/harness.rs"]
 mod harness;
 mod outage_string;

@@ -204,6 +204,11 @@ pub const INVENTORY: &[KeyPattern] = &[
         Deployment,
     ),
     k(
+        "<prefix>:{budget}:fence",
+        "budget: the run_id of the server holding the budget and the end of the fence after a data loss",
+        Deployment,
+    ),
+    k(
         "<prefix>:{budget}:waiters",
         "budget: processes refused a token lately (the others stop keeping idle slots)",
         Ttl(2),
