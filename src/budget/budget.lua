@@ -94,9 +94,10 @@
 -- poll admitted before to have left the Gateway) and stores the run_id, and until then no acquire
 -- admits and no renew lets a process reuse its kept slots. The decision is Redis's, on Redis's
 -- clock: no process has to notice the loss, write anything back or keep a timer. The one missing
--- hash that is not fenced is a deployment's first start: the acquire carries a first-start mark
--- ('0', or the PostgreSQL time of the deployment's first start in ms, which must be less than
--- half a fence length ago) only in the first call of the process that recorded that start.
+-- hash that is not fenced is a deployment's first start: each process's first acquire carries a
+-- first-start mark ('0' for a budget that was never told, or the PostgreSQL time of the
+-- deployment's first start in ms, which must be less than half a fence length ago), so pods
+-- started with a new deployment are not fenced, whichever of them acquires first.
 local op = ARGV[1]
 
 -- Checks the fence, and sets it when the data may have been lost (above). `length`: the fence

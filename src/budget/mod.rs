@@ -181,13 +181,15 @@ impl ShortReason {
         ShortReason::Fenced,
     ];
 
-    /// The metric label.
+    /// The metric label. A fence counts as the budget being unavailable: the spec's label set
+    /// (`cardworker_poll_deferred_total{reason}`) has no value of its own for it, and Redis
+    /// having lost the budget's data is that.
     pub const fn label(self) -> &'static str {
         match self {
             ShortReason::Total => "total",
             ShortReason::Task => "task",
             ShortReason::Paused => "paused",
-            ShortReason::Fenced => "fenced",
+            ShortReason::Fenced => "budget_unavailable",
         }
     }
 }
@@ -351,14 +353,19 @@ pub struct Budget {
     first_start: Arc<Mutex<Option<String>>>,
 }
 
-/// The deployment's first worker start, recorded once in PostgreSQL: `None` when it was recorded
-/// before this call, else its moment (PostgreSQL's clock, unix ms).
-async fn record_deployment_start(pool: &sqlx::PgPool) -> anyhow::Result<Option<i64>> {
-    let first: Option<i64> = sqlx::query_scalar(
-        "INSERT INTO budget_deployment (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING \
-         RETURNING (extract(epoch FROM started_at) * 1000)::bigint",
+/// The deployment's first worker start, recorded once in PostgreSQL (by this call if it is the
+/// first): its moment, PostgreSQL's clock, unix ms.
+async fn record_deployment_start(pool: &sqlx::PgPool) -> anyhow::Result<i64> {
+    // The statement's snapshot does not see its own insert: the new row comes from RETURNING,
+    // an earlier one from the table.
+    let first: i64 = sqlx::query_scalar(
+        "WITH ins AS (INSERT INTO budget_deployment (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING \
+         RETURNING started_at) \
+         SELECT (extract(epoch FROM started_at) * 1000)::bigint FROM \
+         (SELECT started_at FROM ins UNION ALL SELECT started_at FROM budget_deployment) s \
+         LIMIT 1",
     )
-    .fetch_optional(pool)
+    .fetch_one(pool)
     .await
     .context("recording the deployment's first worker start")?;
     Ok(first)
@@ -402,16 +409,17 @@ impl Budget {
         }
     }
 
-    /// Tells the budget whether its deployment ran before, from the durable record in
+    /// Tells the budget when its deployment first started, from the durable record in
     /// PostgreSQL: the first worker start ever writes it (once), before any poll of the
     /// deployment can be admitted. A missing fence hash in Redis is then a data loss (fenced),
-    /// except for the first acquire of the process that wrote the record, within half a fence
-    /// length of writing it (`budget.lua`, "The fence"). A budget that is never told (a test,
-    /// a benchmark) counts as its deployment's first start, for its first acquire only.
+    /// except in the first acquire of a process while the deployment is less than half a fence
+    /// length old (`budget.lua`, "The fence"): pods that start together with a new deployment
+    /// find no hash and are not fenced, whichever acquires first. A budget that is never told
+    /// (a test, a benchmark) counts as its deployment's first start, for its first acquire only.
     pub async fn record_start(&self, pool: &sqlx::PgPool) -> anyhow::Result<()> {
         let first = record_deployment_start(pool).await?;
         if let Ok(mut mark) = self.first_start.lock() {
-            *mark = first.map(|ms| ms.max(1).to_string());
+            *mark = Some(first.max(1).to_string());
         }
         Ok(())
     }

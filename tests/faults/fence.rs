@@ -94,6 +94,37 @@ async fn insert_cards(db: &TestDb) {
         .expect("insert cards");
 }
 
+/// What a deployment that ran before holds on an intact Redis: its first start recorded long ago
+/// in PostgreSQL, and the fence hash naming the redis-server that holds the budget's data. A pod
+/// of it that starts now is not fenced, and a data loss from here on is.
+async fn ran_before(db: &TestDb, redis_url: &str) {
+    sqlx::query("INSERT INTO budget_deployment (started_at) VALUES (now() - interval '1 day')")
+        .execute(&db.pool)
+        .await
+        .expect("the deployment's first start");
+    let mut conn = context::connect_redis(redis_url).await.expect("redis");
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    let run_id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .expect("run_id")
+        .trim()
+        .to_owned();
+    let _: () = redis::cmd("HSET")
+        .arg(cardworker::budget::fence_key("cw"))
+        .arg("run_id")
+        .arg(run_id)
+        .arg("until")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .expect("the fence hash");
+}
+
 async fn sweep(ctx: &Arc<AppContext>) {
     for task in Task::ALL {
         reconcile::sweep(ctx, task).await.expect("start chains");
@@ -193,6 +224,7 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());
     insert_cards(&db).await;
+    ran_before(&db, &redis.url()).await;
     let worker = start(config.clone()).await;
     sweep(&worker.ctx).await;
     wait_until(
@@ -252,6 +284,7 @@ async fn a_pod_started_during_the_fence_admits_nothing_until_it_ends() {
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());
     insert_cards(&db).await;
+    ran_before(&db, &redis.url()).await;
     let worker = start(config.clone()).await;
     sweep(&worker.ctx).await;
     wait_until(
@@ -386,6 +419,7 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());
     insert_cards(&db).await;
+    ran_before(&db, &redis.url()).await;
     let worker = start(config.clone()).await;
     let fence = worker.ctx.budget.fence_length();
     let admin = context::connect_redis(&redis.url()).await.expect("redis");
