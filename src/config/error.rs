@@ -1,12 +1,43 @@
 //! How a refused configuration is reported: [`ConfigError`], one [`Problem`] per refused key,
-//! and how a refused value is shown (TOML notation, one line, secrets redacted).
+//! each naming the [`Source`] of its value.
 
 use std::fmt;
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
-use super::source::Source;
+/// The layer a value came from, as a [`Problem`] names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The built-in defaults: shown as `default`.
+    Default,
+    /// The config file, its path as given (`--config FILE` or env `CARDWORKER_CONFIG`): shown as
+    /// that path, e.g. `config/local.toml`.
+    File(PathBuf),
+    /// An env override, by its name: shown as `env CARDWORKER__POLLING__TOTAL_LIMIT`.
+    Env(String),
+    /// A [`Config`](super::Config) built in code and checked with
+    /// [`Config::validate`](super::Config::validate), which has no layers: shown as `code`.
+    Code,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::File(path) => write!(f, "{}", path.display()),
+            Source::Env(name) => write!(f, "env {name}"),
+            Source::Code => f.write_str("code"),
+        }
+    }
+}
+
+/// Serialized as its display text, as in the message (`"env CARDWORKER__…"`).
+impl Serialize for Source {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
 
 /// One thing wrong with the configuration, shown on one line as
 /// `polling.total_limit = "abc" (from env CARDWORKER__POLLING__TOTAL_LIMIT): must be an integer
@@ -21,8 +52,8 @@ pub struct Problem {
     pub source: Source,
     /// What is allowed, e.g. `must be an integer in 1..=256`.
     pub allowed: String,
-    /// For a relation between keys, the other keys it was checked against, each with its value
-    /// and source: either side may be the one to change.
+    /// For a relation between keys, the other keys it was checked against: either side may be
+    /// the one to change.
     pub related: Vec<Related>,
 }
 
@@ -45,37 +76,25 @@ impl Problem {
         source: Source,
         allowed: impl Into<String>,
     ) -> Self {
+        let (key, value, allowed) = (key.into(), value.into(), allowed.into());
+        let related = Vec::new();
         Self {
-            key: key.into(),
-            value: value.into(),
+            key,
+            value,
             source,
-            allowed: allowed.into(),
-            related: Vec::new(),
+            allowed,
+            related,
         }
-    }
-
-    /// Adds a key the relation was checked against.
-    pub(super) fn checked_against(
-        mut self,
-        key: impl Into<String>,
-        value: impl fmt::Display,
-        source: Source,
-    ) -> Self {
-        self.related.push(Related {
-            key: key.into(),
-            value: value.to_string(),
-            source,
-        });
-        self
     }
 }
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = self;
         write!(
             f,
             "{} = {} (from {}): {}",
-            self.key, self.value, self.source, self.allowed
+            p.key, p.value, p.source, p.allowed
         )?;
         for (i, r) in self.related.iter().enumerate() {
             let sep = if i == 0 { "; checked against" } else { "," };
@@ -107,7 +126,8 @@ pub enum ConfigError {
         source: Box<toml::de::Error>,
     },
     /// One or more keys are unknown, mistyped or out of range: a heading, then one problem per
-    /// line, each starting with `  - `.
+    /// line, each starting with `  - ` (so that each stands out, and can be grepped, under the
+    /// `error: ...` line the binary prints first).
     #[error("{}", display_problems(.0))]
     Invalid(Vec<Problem>),
     /// The configuration could not be rendered as TOML (not expected to happen).
@@ -130,20 +150,11 @@ impl ConfigError {
     }
 }
 
-/// What starts every problem line of [`ConfigError::Invalid`], so that each one stands out (and
-/// can be grepped) under the `error: ...` line the binary prints first.
-pub(super) const PROBLEM_PREFIX: &str = "  - ";
-
 fn display_problems(problems: &[Problem]) -> String {
-    let count = match problems.len() {
-        1 => "1 problem".to_owned(),
-        n => format!("{n} problems"),
-    };
-    let mut out = format!("invalid configuration ({count}):");
+    let s = if problems.len() == 1 { "" } else { "s" };
+    let mut out = format!("invalid configuration ({} problem{s}):", problems.len());
     for p in problems {
-        out.push('\n');
-        out.push_str(PROBLEM_PREFIX);
-        out.push_str(&p.to_string());
+        out.push_str(&format!("\n  - {p}"));
     }
     out
 }

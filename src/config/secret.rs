@@ -1,21 +1,17 @@
-//! Secrets in the configuration: [`SecretUrl`] holds a URL that may carry a password, and
-//! [`Config::redacted`] is the copy that is safe to print.
-//!
-//! The redaction is in `Debug` and `Display` rather than left to each caller, because a
-//! `Config` ends up in `{:?}` (a log line, a panic message, a test failure) without anyone
-//! deciding to print a password.
+//! Secrets in the configuration: [`SecretUrl`] and [`SecretToken`] redact themselves in `Debug`
+//! and `Display`, because a `Config` ends up in `{:?}` (a log line, a panic message, a test
+//! failure) without anyone deciding to print a password. Serde is transparent for both, so
+//! serializing writes the real value: what is shown goes through [`Config::redacted`] first.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use url::Url;
 
-/// A URL that may carry credentials (user info, a `password` query parameter).
-///
-/// `Debug` and `Display` show it with the password replaced by `***`; [`SecretUrl::expose`]
-/// gives the real text to the one place that connects with it. Serde is transparent: TOML and
-/// JSON read and write the plain string, so serializing writes the real password, and what is
-/// shown to people goes through [`crate::config::Config::redacted`] first.
+use super::Config;
+
+/// A URL that may carry credentials (user info, a `password` query parameter), shown with the
+/// password replaced by `***`; [`SecretUrl::expose`] gives the real text to what connects.
 #[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SecretUrl(String);
@@ -37,16 +33,9 @@ impl SecretUrl {
     }
 }
 
-impl fmt::Debug for SecretUrl {
-    /// Like the `Debug` of a `String` (quoted), but redacted.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.redacted(), f)
-    }
-}
-
-impl fmt::Display for SecretUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
+impl From<&str> for SecretUrl {
+    fn from(url: &str) -> Self {
+        Self::new(url)
     }
 }
 
@@ -56,14 +45,7 @@ impl From<String> for SecretUrl {
     }
 }
 
-impl From<&str> for SecretUrl {
-    fn from(url: &str) -> Self {
-        Self(url.to_owned())
-    }
-}
-
-/// A token (the console's `admin_token`): `Debug` and `Display` show `***` (or `""` when unset),
-/// and [`crate::config::Config::redacted`] blanks it, so it is never printed. Serde is transparent.
+/// A token (the console's `admin_token`), shown as `***` (or empty when unset).
 #[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SecretToken(String);
@@ -80,9 +62,9 @@ impl SecretToken {
     }
 }
 
-impl fmt::Debug for SecretToken {
+impl fmt::Display for SecretUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+        f.write_str(&self.redacted())
     }
 }
 
@@ -92,28 +74,58 @@ impl fmt::Display for SecretToken {
     }
 }
 
-/// Replaces the password of a URL by `***`. A URL that does not parse is replaced entirely.
+/// Like the `Debug` of a `String` (quoted), but of what `Display` shows.
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
+/// Like the `Debug` of a `String` (quoted), but of what `Display` shows.
+impl fmt::Debug for SecretToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
+impl Config {
+    /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` and the
+    /// console's token replaced by `***`, for showing (`check-config` renders this copy).
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        for url in [
+            &mut c.database.url,
+            &mut c.redis.url,
+            &mut c.gateway.base_url,
+        ] {
+            *url = SecretUrl::new(url.redacted());
+        }
+        if c.console.admin_token.expose().is_some() {
+            c.console.admin_token = SecretToken::new("***");
+        }
+        c
+    }
+}
+
+/// Replaces the password of a URL (user info, a `password` query parameter) by `***`. A URL
+/// that does not parse is replaced entirely.
 pub(super) fn redact_url(raw: &str) -> String {
     let Ok(mut url) = Url::parse(raw) else {
-        return if raw.is_empty() {
-            String::new()
-        } else {
-            "***".to_owned()
-        };
+        return if raw.is_empty() { "" } else { "***" }.to_owned();
     };
-    let mut changed = false;
-    if url.password().is_some() {
-        if url.set_password(Some("***")).is_err() {
-            return "***".to_owned();
-        }
-        changed = true;
+    let secret = |k: &str| k.eq_ignore_ascii_case("password");
+    let in_query = url.query_pairs().any(|(k, _)| secret(&k));
+    if url.password().is_none() && !in_query {
+        return raw.to_owned();
     }
-    let secret_param = |k: &str| k.eq_ignore_ascii_case("password");
-    if url.query_pairs().any(|(k, _)| secret_param(&k)) {
+    if url.password().is_some() && url.set_password(Some("***")).is_err() {
+        return "***".to_owned();
+    }
+    if in_query {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if secret_param(&k) {
+                let v = if secret(&k) {
                     "***".to_owned()
                 } else {
                     v.into_owned()
@@ -122,11 +134,6 @@ pub(super) fn redact_url(raw: &str) -> String {
             })
             .collect();
         url.query_pairs_mut().clear().extend_pairs(pairs);
-        changed = true;
     }
-    if changed {
-        url.to_string()
-    } else {
-        raw.to_owned()
-    }
+    url.to_string()
 }

@@ -241,7 +241,7 @@ fn bundled_local_file_is_valid() {
     assert!(
         c.polling.total_limit < c.polling.carddata.limit.get() + c.polling.card_status.limit.get()
     );
-    assert_eq!(c.telemetry.listen_addr().expect("addr").port(), 9464);
+    assert_eq!(c.telemetry.listen, "127.0.0.1:9464");
 }
 
 #[test]

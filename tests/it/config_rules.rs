@@ -5,7 +5,7 @@
 use cardworker::config::{Config, Limit, Source, LIMIT_CEILING};
 
 use crate::config_support::{
-    env_source, file_source, from_str, from_str_env, problem_for, problems,
+    bundled, env_source, file_source, from_str, from_str_env, problem_for, problems,
 };
 
 #[test]
@@ -163,7 +163,14 @@ fn the_console_admin_token_is_refused_from_a_file_and_accepted_from_the_env() {
 
 #[test]
 fn a_limit_parses_only_from_plain_integers_in_range() {
-    for (raw, want) in [("1", 1), ("8", 8), ("256", 256), (" 4 ", 4), ("007", 7)] {
+    for (raw, want) in [
+        ("1", 1),
+        ("8", 8),
+        ("256", 256),
+        (" 4 ", 4),
+        ("\t3\n", 3),
+        ("007", 7),
+    ] {
         assert_eq!(raw.parse::<Limit>().map(Limit::get), Ok(want), "{raw}");
     }
     for raw in [
@@ -230,8 +237,10 @@ fn a_config_built_in_code_names_code_as_the_source() {
     let sources: Vec<&Source> = err.problems().iter().map(|p| &p.source).collect();
     assert_eq!(sources, [&Source::Code, &Source::Code], "{err}");
     assert!(err.to_string().contains("(from code)"), "{err}");
+    let mut c = Config::default();
     c.telemetry.listen = "nowhere".to_owned();
-    let err = c.telemetry.listen_addr().expect_err("invalid");
+    let err = c.validate().expect_err("invalid");
+    assert_eq!(err.problems()[0].key, "telemetry.listen");
     assert_eq!(err.problems()[0].source, Source::Code);
 }
 
@@ -449,5 +458,75 @@ polling.carddata.limit = 2",
         assert_eq!(p.source, Source::Default, "{p}");
         assert_eq!(p.related[0].key, other, "{p}");
         assert_eq!(p.related[0].source, file_source(), "{p}");
+    }
+}
+
+/// Every key of `config/default.toml`, dotted, with its value and its comment there (the comment
+/// lines under it included).
+fn documented_keys() -> Vec<(String, toml::Value, String)> {
+    let text = std::fs::read_to_string(bundled("default.toml")).expect("default.toml");
+    let values: toml::Table = toml::from_str(&text).expect("TOML");
+    let (mut section, mut out) = (String::new(), Vec::<(String, toml::Value, String)>::new());
+    for line in text.lines() {
+        let (code, comment) = line.split_once('#').unwrap_or((line, ""));
+        if let Some(name) = code.trim().strip_prefix('[') {
+            section = name.trim_end_matches(']').to_owned();
+        } else if let Some((key, _)) = code.split_once(" = ") {
+            let key = format!("{section}.{}", key.trim());
+            let value = section
+                .split('.')
+                .try_fold(&values, |t, s| t.get(s)?.as_table())
+                .and_then(|t| t.get(key.rsplit('.').next()?))
+                .expect("a value")
+                .clone();
+            out.push((key, value, comment.to_owned()));
+        } else if let Some(last) = out.last_mut().filter(|_| code.trim().is_empty()) {
+            last.2.push_str(comment);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_key_refuses_a_wrong_value_naming_itself_and_its_source_and_default_toml_names_its_range() {
+    let keys = documented_keys();
+    let mut leaves = Vec::new();
+    fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<String>) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v.as_table() {
+                Some(t) => flatten(&key, t, out),
+                None => out.push(key),
+            }
+        }
+    }
+    flatten(
+        "",
+        &toml::Table::try_from(Config::default()).expect("renders"),
+        &mut leaves,
+    );
+    let mut documented: Vec<String> = keys.iter().map(|(k, ..)| k.clone()).collect();
+    documented.sort();
+    leaves.sort();
+    assert_eq!(documented, leaves, "every key is in config/default.toml");
+    for (key, value, comment) in keys {
+        let (section, leaf) = key.rsplit_once('.').expect("in a section");
+        let wrong = if value.is_str() { "[1]" } else { "\"x\"" };
+        let p = problem_for(from_str(&format!("[{section}]\n{leaf} = {wrong}")), &key);
+        assert_eq!(p.source, file_source(), "{p}");
+        let var = format!("CARDWORKER__{}", key.to_uppercase().replace('.', "__"));
+        let p = problem_for(from_str_env("", &[(var.as_str(), "[1]")]), &key);
+        assert_eq!(p.source, env_source(&var), "{p}");
+        if let Some(range) = p.allowed.strip_prefix("must be an integer in ") {
+            let range = range.split(',').next().expect("a range");
+            assert!(
+                comment.contains(range),
+                "default.toml names {key}'s range {range}: {comment}"
+            );
+        }
     }
 }

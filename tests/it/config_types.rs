@@ -1,7 +1,7 @@
 //! The configuration's types: defaults, the task names, TOML rendering and the redaction of
 //! secrets.
 
-use cardworker::config::{Config, Limit, LogFormat, SecretUrl, Task, LIMIT_CEILING};
+use cardworker::config::{Config, Limit, LimitError, LogFormat, SecretUrl, Task, LIMIT_CEILING};
 
 use crate::config_support::from_str;
 
@@ -14,7 +14,7 @@ fn defaults_are_valid_and_match_the_spec() {
     assert_eq!(c.polling.card_status.interval_secs, 300);
     assert_eq!(c.polling.task(Task::CardStatus).limit, 4);
     assert_eq!(c.telemetry.log_format, LogFormat::Json);
-    assert!(LIMIT_CEILING >= c.polling.total_limit);
+    assert!(c.polling.total_limit <= LIMIT_CEILING);
     assert_eq!(Config::load_from(None, vec![]).expect("loads"), c);
 }
 
@@ -155,4 +155,28 @@ fn a_secret_url_reads_and_writes_as_a_plain_string() {
     assert_eq!(back, url);
     assert_eq!(SecretUrl::default().expose(), "");
     assert_eq!(format!("{:?}", SecretUrl::default()), "\"\"");
+}
+
+#[test]
+fn a_limit_is_built_only_in_range_and_compares_and_serialises_as_its_number() {
+    assert_eq!(Limit::new(1).map(Limit::get), Ok(1));
+    assert_eq!(Limit::new(LIMIT_CEILING).map(Limit::get), Ok(256));
+    for n in [0, 257, 100_000, u32::MAX] {
+        assert_eq!(Limit::new(n), Err(LimitError::Refused), "{n}");
+    }
+    for n in [0_i64, -1, 257, 100_000, i64::MIN, i64::MAX] {
+        assert_eq!(Limit::try_from(n), Err(LimitError::Refused), "{n}");
+    }
+    assert_eq!(Limit::try_from(4_i64).map(Limit::get), Ok(4));
+    let l = Limit::new(8).expect("in range");
+    assert!(l == 8 && l < 9 && l > 7);
+    assert_eq!(l.to_string(), "8");
+    assert_eq!(serde_json::to_string(&l).expect("serialise"), "8");
+    assert_eq!(
+        serde_json::from_str::<Limit>("4").map(Limit::get).ok(),
+        Some(4)
+    );
+    for bad in ["0", "257", "-1", "3.5", "\"4\""] {
+        assert!(serde_json::from_str::<Limit>(bad).is_err(), "{bad}");
+    }
 }
