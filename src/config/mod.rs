@@ -23,13 +23,8 @@
 //!   - polling.lease_ttl_secs = 60 (from default): must be at least polling.handler_timeout_secs + 5 (58 + 5 = 63) and at most 3600; checked against polling.handler_timeout_secs = 58 (from /etc/cardworker/config.toml)
 //! ```
 //!
-//! Every [`ConfigError`] maps to exit status 2. The URLs that may carry credentials are held in
-//! a [`SecretUrl`], whose `Debug` and `Display` redact the password.
-//!
-//! Files: `types` (the sections: each key's type, default and rule), `load` (layering, sources,
-//! the check of every value), `rules` (what a rule may say, the relations between keys, how a
-//! value is shown), `limit` ([`Limit`]), `secret`, `error` ([`ConfigError`], [`Problem`],
-//! [`Source`]). `docs/DESIGN.md` says why the layering is ours rather than figment's.
+//! Every [`ConfigError`] maps to exit status 2. `docs/DESIGN.md` describes the files and why the
+//! layering is ours rather than figment's.
 
 mod error;
 mod limit;

@@ -38,26 +38,33 @@ pub const MIN_TOKEN_CHARS: usize = 16;
 impl Rule {
     /// What is allowed, for the error message.
     pub(super) fn allowed(self) -> String {
-        match self {
-            Rule::Limit => LimitError::Refused.to_string(),
-            Rule::Int(lo, hi) => format!("must be an integer in {lo}..={hi}"),
-            Rule::Bool => "must be true or false".to_owned(),
-            Rule::Url(schemes) => format!("must be a URL with scheme {}", schemes.join(" or ")),
-            Rule::Cron => "must be a cron expression with six or seven fields, seconds first \
+        let text = match self {
+            Rule::Limit => return LimitError::Refused.to_string(),
+            Rule::Int(lo, hi) => return format!("must be an integer in {lo}..={hi}"),
+            Rule::Url(schemes) => {
+                return format!("must be a URL with scheme {}", schemes.join(" or "))
+            }
+            Rule::EnvOnlyToken => {
+                return format!(
+                    "must be empty (read-only) or at least {MIN_TOKEN_CHARS} characters without \
+                     whitespace, and must come from env CARDWORKER__CONSOLE__ADMIN_TOKEN (or a \
+                     Secret mounted through it), never from a config file"
+                )
+            }
+            Rule::Bool => "must be true or false",
+            Rule::Cron => {
+                "must be a cron expression with six or seven fields, seconds first \
                            (e.g. \"0 */10 * * * *\")"
-                .to_owned(),
-            Rule::KeyPrefix => "must be non-empty and use only A-Z a-z 0-9 _ . - \
+            }
+            Rule::KeyPrefix => {
+                "must be non-empty and use only A-Z a-z 0-9 _ . - \
                                 (no braces, colons or spaces)"
-                .to_owned(),
-            Rule::SocketAddr => "must be a socket address such as \"0.0.0.0:9464\"".to_owned(),
-            Rule::LogFormat => "must be \"json\" or \"pretty\"".to_owned(),
-            Rule::EnvOnlyToken => format!(
-                "must be empty (read-only) or at least {MIN_TOKEN_CHARS} characters without \
-                 whitespace, and must come from env CARDWORKER__CONSOLE__ADMIN_TOKEN (or a \
-                 Secret mounted through it), never from a config file"
-            ),
-            Rule::Section(_) => "must be a section".to_owned(),
-        }
+            }
+            Rule::SocketAddr => "must be a socket address such as \"0.0.0.0:9464\"",
+            Rule::LogFormat => "must be \"json\" or \"pretty\"",
+            Rule::Section(_) => "must be a section",
+        };
+        text.to_owned()
     }
 
     /// `Ok` when `v` satisfies the rule, else an optional detail for the message.

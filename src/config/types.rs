@@ -16,27 +16,13 @@ use super::limit::Limit;
 use super::rules::Rule;
 use super::secret::{SecretToken, SecretUrl};
 
-/// A polling task: each has its own budget section, metric label and job chain.
-///
-/// One spelling for users: `carddata` and `card_status`, in config sections, metric labels,
-/// `budget show`, `investigate`, every message and the command line's help ([`Task::label`]).
-/// The command line also accepts `card-status` (spec section 2 names it), as an alias only: no
-/// output ever prints it. `ValueEnum` lets clap parse `--task` into a `Task` directly; its names
-/// must stay those of `label` (tested).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
+/// A polling task: each has its own budget section, metric label and job chain. One spelling
+/// for users, [`Task::label`], in config sections, metric labels and every output; the command
+/// line (clap's `ValueEnum`, its names tested to be those of `label`) also accepts
+/// `card-status`, as an alias only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(clap::ValueEnum)]
 pub enum Task {
     /// Polls `GET /v1/cards/{card_ref}/data` until the card data is ready.
     #[value(name = "carddata")]
@@ -51,8 +37,7 @@ impl Task {
     /// Every polling task, in a fixed order.
     pub const ALL: [Task; 2] = [Task::Carddata, Task::CardStatus];
 
-    /// The one name users see: `carddata` or `card_status` (config sections, metric labels,
-    /// every output).
+    /// The one name users see: `carddata` or `card_status`.
     pub const fn label(self) -> &'static str {
         match self {
             Task::Carddata => "carddata",
@@ -60,9 +45,7 @@ impl Task {
         }
     }
 
-    /// The name a message shows for a command-line argument (`cardworker enqueue card_status`):
-    /// the same as [`Task::label`], one spelling for users. `card-status` is still accepted
-    /// when parsing, never shown.
+    /// The name a message shows for a command-line argument: [`Task::label`].
     pub const fn cli_name(self) -> &'static str {
         self.label()
     }
@@ -101,9 +84,8 @@ pub enum LogFormat {
 }
 
 /// Declares a section: the struct (every field defaulted, unknown fields refused), its `Default`
-/// from the value written beside each field (`Default::default()` when none is), its [`Rule`]
-/// (`RULE`, with the rule of each field) and a `Duration` getter for each field that names one
-/// (`=> getter from_secs`).
+/// (the value written beside each field, else `Default::default()`), its [`Rule`] and a
+/// `Duration` getter for each field that names one (`=> getter from_secs`).
 macro_rules! section {
     (
         $(#[$meta:meta])*
