@@ -26,6 +26,14 @@ pub enum Fault {
     RedisPause { ms: u64 },
     /// Redis stopped for `down_ms`, back with its data (`keep`) or empty.
     RedisRestart { keep: bool, down_ms: u64 },
+    /// `FLUSHALL`: every key gone, while Redis keeps answering (no call fails).
+    RedisFlushAll,
+    /// redis-server killed with SIGKILL and started again from its append-only file after
+    /// `down_ms`: the data comes back, under a new server (`run_id`).
+    RedisKillAof { down_ms: u64 },
+    /// `FLUSHALL`, then one worker stopped (SIGTERM) and started again by its supervisor: a pod
+    /// that starts while the budget's fence is on.
+    PodStartedInFence { slot: usize },
     /// The string of short Redis outages: `(gap before, empty restart or pause, length)`.
     RedisString { outages: Vec<(u64, bool, u64)> },
     /// PostgreSQL restarted (fast shutdown).
@@ -89,6 +97,9 @@ impl Fault {
             Fault::RedisRestart { keep: true, .. } => "redis restart (data kept)",
             Fault::RedisRestart { keep: false, .. } => "redis restart (empty)",
             Fault::RedisString { .. } => "redis string of 6 short outages",
+            Fault::RedisFlushAll => "redis FLUSHALL",
+            Fault::RedisKillAof { .. } => "redis kill -9 and restart from its AOF",
+            Fault::PodStartedInFence { .. } => "redis FLUSHALL, then a worker started",
             Fault::PgRestart => "postgres fast restart",
             Fault::PgStop { .. } => "postgres stopped",
             Fault::GwOutage { .. } => "gateway outage (503)",
@@ -111,7 +122,10 @@ impl Fault {
     fn duration_ms(&self) -> u64 {
         match self {
             Fault::RedisPause { ms } => *ms,
-            Fault::RedisRestart { down_ms, .. } => down_ms + 5_000,
+            Fault::RedisRestart { down_ms, .. } | Fault::RedisKillAof { down_ms } => {
+                down_ms + 5_000
+            }
+            Fault::RedisFlushAll | Fault::PodStartedInFence { .. } => 5_000,
             Fault::RedisString { outages } => outages.iter().map(|(g, _, l)| g + l + 3_000).sum(),
             Fault::PgRestart => 10_000,
             Fault::PgStop { secs }
@@ -255,6 +269,31 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
         }
         plan.push((past.random_range(warm..=latest), fault));
     }
+    // The losses of Redis data that fail no call (FLUSHALL, a restart from the append-only
+    // file, a pod started during the fence that follows), drawn from a stream of their own so
+    // that the rest of every seed's schedule stays as it was: in runs of five minutes or more,
+    // one of each per five minutes of the phase. (The two-minute run of `make test` keeps its
+    // schedule: each such loss holds every poll for two handler timeouts.)
+    if phase_ms >= 240_000 {
+        let mut lost = StdRng::seed_from_u64(seed ^ 0x6c6f_7374_5f64_6174);
+        for _ in 0..(phase_ms / 300_000).max(1) {
+            for fault in [
+                Fault::RedisFlushAll,
+                Fault::RedisKillAof {
+                    down_ms: lost.random_range(500..3_000),
+                },
+                Fault::PodStartedInFence {
+                    slot: lost.random_range(0..workers),
+                },
+            ] {
+                let latest = phase_ms.saturating_sub(fault.duration_ms());
+                if latest <= warm {
+                    continue;
+                }
+                plan.push((lost.random_range(warm..=latest), fault));
+            }
+        }
+    }
     plan.sort_by_key(|(at, _)| *at);
     plan
 }
@@ -296,6 +335,34 @@ async fn redis_pause(world: &World, ms: u64) {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+/// Kills redis-server with SIGKILL (its pid from `INFO server`), and after `down_ms` starts it
+/// again on its append-only file.
+async fn redis_kill_aof(world: &World, down_ms: u64) {
+    let mut redis = world.services.redis.lock().await;
+    let pid = async {
+        let client = redis::Client::open(world.services.redis_url.as_str())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await?;
+        anyhow::Ok(
+            info.lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .map(|p| p.trim().to_owned()),
+        )
+    };
+    if let Ok(Ok(Some(pid))) = tokio::time::timeout(Duration::from_secs(5), pid).await {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status();
+    }
+    // Reaps the killed server (or stops it, when its pid could not be read).
+    tokio::task::block_in_place(|| redis.stop());
+    tokio::time::sleep(Duration::from_millis(down_ms)).await;
+    tokio::task::block_in_place(|| redis.start());
 }
 
 /// Stops Redis for `down_ms` and starts it again, with its data or empty.
@@ -412,6 +479,14 @@ async fn inject(world: &World, fault: &Fault) {
             .await;
         }
         Fault::RedisPause { ms } => redis_pause(world, *ms).await,
+        Fault::RedisFlushAll => {
+            let _ = redis_command(&world.services.redis_url, &mut redis::cmd("FLUSHALL")).await;
+        }
+        Fault::RedisKillAof { down_ms } => redis_kill_aof(world, *down_ms).await,
+        Fault::PodStartedInFence { slot } => {
+            let _ = redis_command(&world.services.redis_url, &mut redis::cmd("FLUSHALL")).await;
+            world.sup.signal(*slot, Kill::Term);
+        }
         Fault::RedisRestart { keep, down_ms } => redis_restart(world, *keep, *down_ms).await,
         Fault::RedisString { outages } => {
             for (gap, empty, len) in outages {
