@@ -29,19 +29,19 @@ use crate::storage::records::{self, OperatorEvent};
 
 /// Where an operator acted from (`details.via` of the audit event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Via {
+pub enum Surface {
     /// The command line.
     Cli,
     /// The console (`cardworker console`).
     Console,
 }
 
-impl Via {
+impl Surface {
     /// The recorded value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Via::Cli => "cli",
-            Via::Console => "console",
+            Surface::Cli => "cli",
+            Surface::Console => "console",
         }
     }
 }
@@ -53,7 +53,7 @@ pub struct Operator {
     /// user.
     pub name: String,
     /// Where from.
-    pub via: Via,
+    pub via: Surface,
 }
 
 impl Operator {
@@ -68,7 +68,7 @@ impl Operator {
             .unwrap_or_else(|| "unknown".to_owned());
         Self {
             name,
-            via: Via::Cli,
+            via: Surface::Cli,
         }
     }
 
@@ -76,7 +76,7 @@ impl Operator {
     pub fn console(name: &str) -> Self {
         Self {
             name: name.trim().to_owned(),
-            via: Via::Console,
+            via: Surface::Console,
         }
     }
 
