@@ -56,9 +56,6 @@ struct RunSlot {
     lease: Mutex<Option<Box<dyn Lease>>>,
     /// The poll's Gateway call once it is sent ([`at_gateway`]).
     call: Mutex<Option<AtGateway>>,
-    /// This delivery of the job: the run marker its chain check writes names it, so that only
-    /// this delivery clears it ([`delivery`]).
-    delivery: String,
 }
 
 impl RunSlot {
@@ -68,7 +65,6 @@ impl RunSlot {
             report: Mutex::new(None),
             lease: Mutex::new(Some(lease)),
             call: Mutex::new(None),
-            delivery: cardworker_jobs::chain::fresh_chain_id(),
         }
     }
 
@@ -177,14 +173,6 @@ pub fn at_gateway(call: AtGateway) {
             *c = Some(call);
         }
     });
-}
-
-/// This delivery's id, for its run marker (`chain::check`): only the delivery that wrote the
-/// marker clears it. Empty outside [`scoped`] (a poll run directly, as in a test): the marker
-/// then names no delivery.
-pub fn delivery() -> String {
-    RUN.try_with(|slot| slot.delivery.clone())
-        .unwrap_or_default()
 }
 
 /// Logs a transition at warn level and, for an opening or a closing, writes its one audit event
