@@ -356,14 +356,14 @@ pub struct Budget {
 /// The deployment's first worker start, recorded once in PostgreSQL (by this call if it is the
 /// first): its moment, PostgreSQL's clock, unix ms.
 async fn record_deployment_start(pool: &sqlx::PgPool) -> anyhow::Result<i64> {
-    // The statement's snapshot does not see its own insert: the new row comes from RETURNING,
-    // an earlier one from the table.
+    // One statement that always returns the row: a pod that starts while another inserts it
+    // waits for that insert and then reads its row (ON CONFLICT DO UPDATE locks and returns the
+    // existing row; DO NOTHING would return nothing, and a read in the same statement would not
+    // see the other pod's row). The update rewrites no field.
     let first: i64 = sqlx::query_scalar(
-        "WITH ins AS (INSERT INTO budget_deployment (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING \
-         RETURNING started_at) \
-         SELECT (extract(epoch FROM started_at) * 1000)::bigint FROM \
-         (SELECT started_at FROM ins UNION ALL SELECT started_at FROM budget_deployment) s \
-         LIMIT 1",
+        "INSERT INTO budget_deployment (id) VALUES (TRUE) \
+         ON CONFLICT (id) DO UPDATE SET id = budget_deployment.id \
+         RETURNING (extract(epoch FROM started_at) * 1000)::bigint",
     )
     .fetch_one(pool)
     .await

@@ -1061,3 +1061,45 @@ interval_secs = 3600
         let _ = &fleet.db;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_that_starts_while_another_records_the_deployment_s_first_start_reads_that_start()
+{
+    // Two pods of a new deployment start together: the second one's record waits on the first
+    // one's uncommitted row, and must then read it, not fail for having raced it.
+    let db = TestDb::new().await;
+    let r = TestRedis::new().await;
+    let mut first = db.pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO budget_deployment (id) VALUES (TRUE)")
+        .execute(&mut *first)
+        .await
+        .expect("the first pod's record");
+    let budget = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move { budget.record_start(&pool).await });
+    crate::harness::wait_until(
+        Duration::from_secs(10),
+        "the second pod's record waits on the first one's row",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .expect("pg_stat_activity")
+                > 0
+        },
+    )
+    .await;
+    first.commit().await.expect("commit");
+    second
+        .await
+        .expect("joined")
+        .expect("the second pod reads the deployment's first start");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM budget_deployment")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 1);
+}

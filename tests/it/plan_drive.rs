@@ -98,7 +98,7 @@ pub const COVERAGE: &[Statement] = &[
     // telemetry
     s("src/telemetry/http.rs", "readiness probe", Sql::Exact("SELECT 1")),
     // budget: the deployment's first start (every worker start, before its first poll)
-    s("src/budget/mod.rs", "record the deployment's first start", Sql::Contains(&["INSERT INTO budget_deployment (id) VALUES (TRUE) ON CONFLICT (id) DO NOTHING"])),
+    s("src/budget/mod.rs", "record the deployment's first start", Sql::Contains(&["INSERT INTO budget_deployment (id) VALUES (TRUE) ON CONFLICT (id) DO UPDATE"])),
     // polling
     s("src/polling/reconcile.rs", "reconcile carddata", Sql::Contains(&["FROM cards WHERE data_state = 'pending' AND carddata_parked_at IS NULL AND id > $1"])),
     s("src/polling/reconcile.rs", "reconcile card_status", Sql::Contains(&["FROM cards WHERE status NOT IN ('cancelled', 'expired') AND card_status_parked_at IS NULL AND id > $1"])),
