@@ -85,7 +85,7 @@ clippy:
 lint: fmt clippy lint-history doc lint-deploy
 
 ## Fails on history in code comments: an issue number, "used to" or "as before" in src/, jobs/,
-## wire/ or sim/ (deploy/lint-history.sh). History goes in commit messages and docs/.
+## wire/, sim/ or test-kit/ (deploy/lint-history.sh). History goes in commit messages and docs/.
 lint-history:
 	bash deploy/lint-history.sh
 

@@ -25,7 +25,7 @@ use cardworker::sim::{SimConfigPatch, Simulator};
 use cardworker_jobs::SubmitApproval;
 use uuid::Uuid;
 
-mod support;
+use cardworker_test_kit::bench as support;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())

@@ -30,8 +30,7 @@ use redis::aio::ConnectionManager;
 use support::private_redis;
 use tokio::sync::watch;
 
-#[path = "support.rs"]
-mod support;
+use cardworker_test_kit::bench as support;
 
 /// What the bench handler shares.
 struct State {
@@ -428,17 +427,20 @@ async fn main() -> anyhow::Result<()> {
     // steady state, as in a pod that has run for more than a second: its budget ran a warm-up
     // batch and renewed the slots it kept once (every 1 s), so the measured polls start on kept
     // slots (`budget::pool`) wherever the budget allows it.
-    let budget = Budget::new(conn.clone(), &config(&redis.url, "bench-budget", 256, 256));
-    let _ = throughput(&redis.url, &conn, None, 200).await?;
-    let _ = throughput(&redis.url, &conn, Some(&budget), 200).await?;
+    let budget = Budget::new(
+        conn.clone(),
+        &config(&redis.url(), "bench-budget", 256, 256),
+    );
+    let _ = throughput(&redis.url(), &conn, None, 200).await?;
+    let _ = throughput(&redis.url(), &conn, Some(&budget), 200).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // Each run lasts a fraction of a second, so one pair is noisy on a shared machine: the runs
     // alternate, PAIRS times, and the ratio printed is the median pair's (the range beside it).
     const PAIRS: usize = 7;
     let mut pairs = Vec::with_capacity(PAIRS);
     for _ in 0..PAIRS {
-        let plain = throughput(&redis.url, &conn, None, N).await?;
-        let layered = throughput(&redis.url, &conn, Some(&budget), N).await?;
+        let plain = throughput(&redis.url(), &conn, None, N).await?;
+        let layered = throughput(&redis.url(), &conn, Some(&budget), N).await?;
         pairs.push((plain, layered));
     }
     pairs.sort_by(|a, b| {
@@ -449,7 +451,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|(p, l)| p.jobs_per_sec / l.jobs_per_sec)
         .collect();
     let (plain, layered) = pairs.swap_remove(PAIRS / 2);
-    let util = utilisation(&redis.url, &conn, 300).await?;
+    let util = utilisation(&redis.url(), &conn, 300).await?;
 
     println!("| measurement | value |");
     println!("| --- | --- |");

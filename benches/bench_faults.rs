@@ -149,12 +149,8 @@ impl Stage {
     }
 }
 
-#[path = "../tests/it/process.rs"]
-mod process;
-#[path = "support.rs"]
-mod support;
-
-use process::Worker;
+use cardworker_test_kit::bench as support;
+use cardworker_test_kit::process::Worker;
 
 /// The sum of the samples of `name` whose labels contain `label`, or `None` when there is none
 /// (an older build may not export it).
@@ -428,7 +424,7 @@ async fn scrape() -> anyhow::Result<()> {
     stage.sim.set_latency(5, 5);
     let (redis, _conn) = support::private_redis().await?;
     let path = stage.config_on(
-        &redis.url,
+        &redis.url(),
         "\n[worker]\nredis_outage_grace_secs = 3600\n\n[polling.carddata]\ninterval_secs = 2\n\n\
          [polling.card_status]\ninterval_secs = 2\n",
     )?;

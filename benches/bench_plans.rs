@@ -1,13 +1,13 @@
 //! `make bench-plans`: every product statement's plan at production volumes, custom and generic.
 //!
-//! 1. A private PostgreSQL cluster (`tests/it/pg_cluster.rs`) with `auto_explain` preloaded.
+//! 1. A private PostgreSQL cluster (the test kit's `private::PrivatePg`) with `auto_explain` preloaded.
 //! 2. A real worker on it (`harness::spawn_app_on`) and the production volumes of issue 18,
 //!    seeded with `generate_series` (secondary indexes dropped during the load and rebuilt,
 //!    foreign-key triggers skipped, then `VACUUM (ANALYZE)`): 1M cards, 3M integration logs,
 //!    3M audit events and 3M resource links over 90 days, 1M outbox rows, 500k payments,
 //!    1M inbound callbacks; and an archive of 3M rows per archive table over the 90 days before.
 //! 3. `auto_explain` on (`log_analyze`, `log_buffers`), `plan_cache_mode = force_custom_plan`,
-//!    and the plan guard's drive (`tests/it/plan_drive.rs`): every statement path of `src/`,
+//!    and the plan guard's drive (the test kit's `plan_drive`): every statement path of `src/`,
 //!    through the product's own code. Then the same with `force_generic_plan` (what sqlx's cached
 //!    prepared statements settle on). Both modes are set server-wide and reloaded, so they reach
 //!    the product's pooled sessions.
@@ -22,23 +22,14 @@
 //!
 //! The report is also written to `$CARGO_TARGET_DIR/bench-plans.md` (docs/BENCHMARKS.md keeps
 //! the recorded run). The cluster, the harness, the drive and the plan checker are the plan
-//! guard's own modules (`tests/it/`), included by path, so that the test and the bench judge the
-//! same statements by the same rules.
+//! guard's own (the test kit's), so that the test and the bench judge the same statements by the
+//! same rules.
 //!
 //! Env: `BENCH_PLANS_SCALE` (default 1; 0.01 for a quick trial of the machinery),
 //! `CARDWORKER_BENCH_PLANS_LOG=FILE` keeps the plan log, `CARDWORKER_TEST_PG_BIN` and
 //! `CARDWORKER_TEST_REDIS` as for the tests.
 
-#[path = "../tests/it/harness.rs"]
-mod harness;
-#[path = "../tests/it/pg_cluster.rs"]
-mod pg_cluster;
-#[path = "../tests/it/plan_drive.rs"]
-mod plan_drive;
-#[path = "../tests/it/plan_guard.rs"]
-mod plan_guard;
-#[path = "../tests/it/process.rs"]
-mod process;
+use cardworker_test_kit::{harness, plan_drive, plan_guard};
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -48,7 +39,7 @@ use cardworker::commands::investigate::CALLBACKS_SQL;
 use serde_json::Value;
 use sqlx::{Connection as _, PgConnection};
 
-use pg_cluster::PrivateCluster;
+use cardworker_test_kit::private::PrivatePg;
 use plan_drive::{Scale, COVERAGE};
 use plan_guard::{LoggedPlan, OLD_CALLBACKS_SQL};
 
@@ -376,7 +367,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut cluster = PrivateCluster::start(SETTINGS)?;
+    let mut cluster = PrivatePg::start_with(SETTINGS)?;
     eprintln!("private cluster on port {}", cluster.port());
     let mut app = harness::spawn_app_on(&cluster.admin_url(), |c| {
         plan_drive::configure(c, Scale::Production)
@@ -442,7 +433,7 @@ async fn run() -> anyhow::Result<()> {
     conn.close().await?;
     let db = app.db.name.clone();
     drop(app);
-    cluster.stop()?;
+    cluster.try_stop()?;
     let log = cluster.read_logs(".json")?;
     if let Some(path) = std::env::var_os("CARDWORKER_BENCH_PLANS_LOG") {
         std::fs::write(path, &log).context("keeping the plan log")?;

@@ -17,7 +17,7 @@ use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::polling::{chain, reconcile};
 
-mod support;
+use cardworker_test_kit::bench as support;
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())

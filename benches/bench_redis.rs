@@ -43,12 +43,8 @@ use cardworker_jobs::{Job, PollCardData};
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
-#[path = "../tests/it/process.rs"]
-mod process;
-#[path = "support.rs"]
-mod support;
-
-use process::Worker;
+use cardworker_test_kit::bench as support;
+use cardworker_test_kit::process::Worker;
 use support::{env_or, private_redis};
 
 fn binary() -> String {
@@ -505,7 +501,7 @@ async fn main() -> anyhow::Result<()> {
         admin_url,
         db,
         db_url,
-        redis_url: redis.url.clone(),
+        redis_url: redis.url(),
         prefix: format!("cwbench-{id}"),
         dir: tempfile::tempdir()?,
         sim_url: sim_handle.base_url(),

@@ -20,8 +20,7 @@
 //! Env: `BENCH_CARDS`, `BENCH_HOUR_SAMPLE`, `CARDWORKER_BENCH_PG_ADMIN` (default
 //! `postgres://root@127.0.0.1:5432/postgres`). Prints markdown (docs/BENCHMARKS.md).
 
-#[path = "support.rs"]
-mod support;
+use cardworker_test_kit::bench as support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -243,7 +242,7 @@ async fn run(
     let prefix = "cwmem";
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
     sim.set_latency(0, 0);
-    let config = config(db_url, &redis.url, prefix, &sim_handle.base_url())?;
+    let config = config(db_url, &redis.url(), prefix, &sim_handle.base_url())?;
     let ctx: Arc<AppContext> = AppContext::connect(config).await?;
     cardworker::storage::migrate(&ctx.pool).await?;
     let cards: Vec<String> = (1..=n).map(|i| format!("m-{i:07}")).collect();

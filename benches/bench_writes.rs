@@ -25,8 +25,7 @@ use futures::StreamExt as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
-#[path = "support.rs"]
-mod support;
+use cardworker_test_kit::bench as support;
 
 const TABLES: &[&str] = &[
     "cards",

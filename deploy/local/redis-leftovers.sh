@@ -2,7 +2,7 @@
 # What the test suite leaves in the shared Redis (127.0.0.1:6379, db 0, the one the integration
 # tests use): `before FILE` records the keys and the members of apalis-redis's global queue list
 # as they are; `after FILE` lists what is there now and was not before, and fails if anything is.
-# Every test cleans its own key prefix up (tests/it/harness.rs); this checks that, for the whole
+# Every test cleans its own key prefix up (test-kit/src/harness.rs); this checks that, for the whole
 # run, from the outside. Keys that were there before (a local `make run`'s, say) are left alone.
 set -euo pipefail
 mode=${1:?usage: redis-leftovers.sh before|after FILE}

@@ -2,7 +2,7 @@
 //!
 //! Each operation is one statement for every kind: the table, id column, columns and final
 //! statuses come from the [`Kind`]'s constants (never from input), so the two tables are kept by
-//! the same rules, and each statement's plan is checked for both (`tests/it/plan_drive.rs`).
+//! the same rules, and each statement's plan is checked for both (`test-kit/src/plan_drive.rs`).
 //! Every writer of a row (the submission attempt, recovery, a callback) locks the row first and
 //! the integration log second, so that they serialise without deadlocks.
 

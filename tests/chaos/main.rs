@@ -23,11 +23,11 @@
 mod checker;
 mod faults;
 mod journal;
-#[allow(dead_code)]
-#[path = "../faults/private.rs"]
-mod private;
 mod workload;
 mod world;
+
+// The private services of the test kit (test-kit/), as `crate::private`.
+use cardworker_test_kit::private;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -3,49 +3,20 @@
 //! `polling.handler_timeout_secs` after it was sent. The simulator counts a call in flight from
 //! its arrival to its answer, whether or not the worker still waits for it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use cardworker::config::{Config, Limit, Task};
-use cardworker::context::{self, AppContext};
-use cardworker::polling::reconcile;
+use cardworker::context;
 use cardworker::sim::{SimStats, Simulator};
-use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::harness::{start_in_process, wait_until, TestDb};
+use crate::faults::{self, config_on, insert_cards, InProcess, NEVER};
+use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 
 /// How long the simulator takes to answer every card read: past the client's timeout (1 s),
 /// within the handler's (3 s).
 const ANSWER_AFTER_MS: u64 = 2_500;
-
-/// A worker run in the test's process, stopped when dropped.
-struct InProcess {
-    ctx: Arc<AppContext>,
-    stop: Option<oneshot::Sender<()>>,
-    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(join) = self.join.take() {
-            join.abort();
-        }
-    }
-}
-
-async fn insert_cards(pool: &PgPool, n: usize) {
-    let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&cards)
-        .execute(pool)
-        .await
-        .expect("insert cards");
-}
 
 fn calls(stats: &SimStats) -> u64 {
     ["carddata", "card_status"]
@@ -77,11 +48,7 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
     sim.set_latency(ANSWER_AFTER_MS, 0);
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = sim_handle.base_url().into();
+    let mut config = config_on(&db.url, &redis.url(), &sim_handle.base_url());
     config.gateway.timeout_ms = 1_000;
     config.polling.handler_timeout_secs = 3;
     config.polling.lease_ttl_secs = 10;
@@ -99,23 +66,11 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
     // The circuit counts every timeout but never opens here, so that polls keep coming.
     config.polling.circuit.window_calls = 10_000;
     config.polling.circuit.min_calls = 10_000;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
     config.worker.shutdown_grace_secs = 5;
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    config.approvals.recovery_cron = NEVER.to_owned();
     insert_cards(&db.pool, 8).await;
-    let (ctx, _addr, stop, join) = start_in_process(config).await;
-    let worker = InProcess {
-        ctx,
-        stop: Some(stop),
-        join: Some(join),
-    };
-    for task in Task::ALL {
-        reconcile::sweep(&worker.ctx, task)
-            .await
-            .expect("start chains");
-    }
+    let worker = InProcess::start(config).await;
+    faults::start_chains(&worker.ctx).await;
 
     // Every call outlives the client's timeout: each poll records a timeout and ends after 1 s,
     // while the Gateway works on its call for 2.5 s. The budget must count the call, not the wait.

@@ -6,11 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use cardworker::config::{Config, Limit, Task};
-use cardworker::polling::reconcile;
 use cardworker::sim::Simulator;
 
-use crate::harness::{start_in_process, wait_until, TestDb};
+use crate::faults::{self, insert_cards, two_token_config, InProcess};
+use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 
 /// Longer than Redis's down time and the worker's recovery of its chains, so that the polls in
@@ -24,37 +23,13 @@ async fn polls_in_flight_when_redis_comes_back_empty_still_count_against_the_lim
     let mut redis = PrivateRedis::start_new(false);
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     sim.set_latency(SLOW_MS, 0);
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = sim_handle.base_url().into();
+    let mut config = two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
     config.gateway.timeout_ms = 30_000;
     config.polling.handler_timeout_secs = 32;
     config.polling.lease_ttl_secs = 45;
-    config.polling.total_limit = Limit::new(2).expect("a limit");
-    config.polling.carddata.limit = Limit::new(2).expect("a limit");
-    config.polling.card_status.limit = Limit::new(2).expect("a limit");
-    config.polling.carddata.interval_secs = 1;
-    config.polling.card_status.interval_secs = 1;
-    config.polling.defer_delay_secs = 1;
-    config.polling.defer_max_delay_secs = 2;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
-    config.worker.shutdown_grace_secs = 5;
-    config.worker.redis_outage_grace_secs = 120;
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
-    let cards: Vec<String> = (0..6).map(|i| format!("c-{i:03}")).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&cards)
-        .execute(&db.pool)
-        .await
-        .expect("insert cards");
-    let (ctx, _addr, stop, join) = start_in_process(config).await;
-    for task in Task::ALL {
-        reconcile::sweep(&ctx, task).await.expect("start chains");
-    }
+    insert_cards(&db.pool, 6).await;
+    let worker = InProcess::start(config).await;
+    faults::start_chains(&worker.ctx).await;
     wait_until(
         Duration::from_secs(60),
         "two polls at the Gateway",
@@ -81,7 +56,6 @@ async fn polls_in_flight_when_redis_comes_back_empty_still_count_against_the_lim
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(!join.is_finished(), "the worker rides out the restart");
-    let _ = stop.send(());
-    let _ = join.await;
+    assert!(!worker.exited(), "the worker rides out the restart");
+    let _ = worker.stop().await;
 }

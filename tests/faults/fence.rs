@@ -5,20 +5,18 @@
 //! answer; its peak must never pass the total limit.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cardworker::budget::{Acquired, Budget, CallReport};
-use cardworker::config::{Config, Limit, Task};
-use cardworker::context::{self, AppContext};
+use cardworker::config::{Config, Task};
+use cardworker::context;
 use cardworker::polling::reconcile;
 use cardworker::sim::{SimStats, Simulator};
-use tokio::sync::oneshot;
 
-use crate::harness::{start_in_process, wait_until, TestDb};
-use crate::private::{free_port, PrivateRedis};
+use crate::faults::{insert_cards, simulator, start_chains, two_token_config, InProcess};
+use crate::harness::{wait_until, TestDb};
+use crate::private::PrivateRedis;
 
 /// How long the simulator takes to answer a card read: within the client's timeout and the
 /// handler's, and longer than an outage hold, so that the polls admitted before a loss are still
@@ -26,72 +24,18 @@ use crate::private::{free_port, PrivateRedis};
 const ANSWER_AFTER_MS: u64 = 6_000;
 const CARDS: usize = 6;
 
-/// A worker run in the test's process, stopped when dropped.
-struct InProcess {
-    ctx: Arc<AppContext>,
-    stop: Option<oneshot::Sender<()>>,
-    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(join) = self.join.take() {
-            join.abort();
-        }
-    }
-}
-
-async fn start(config: Config) -> InProcess {
-    let (ctx, _addr, stop, join) = start_in_process(config).await;
-    InProcess {
-        ctx,
-        stop: Some(stop),
-        join: Some(join),
-    }
-}
-
+/// Two tokens in all and two per task, every card due each second, on a Gateway whose client
+/// gives up after 7 s (a poll after 9 s, its lease after 20 s).
 fn config(db: &TestDb, redis_url: &str, gateway: &str) -> Config {
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis_url.to_owned().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = gateway.to_owned().into();
+    let mut config = two_token_config(&db.url, redis_url, gateway);
     config.gateway.timeout_ms = 7_000;
     config.polling.handler_timeout_secs = 9;
     config.polling.lease_ttl_secs = 20;
-    config.polling.total_limit = Limit::new(2).expect("a limit");
-    for task in [
-        &mut config.polling.carddata,
-        &mut config.polling.card_status,
-    ] {
-        task.limit = Limit::new(2).expect("a limit");
-        task.interval_secs = 1;
-    }
-    config.polling.defer_delay_secs = 1;
-    config.polling.defer_max_delay_secs = 2;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
-    config.worker.shutdown_grace_secs = 5;
-    config.worker.redis_outage_grace_secs = 120;
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     config
 }
 
 fn card(i: usize) -> String {
     format!("c-{i:03}")
-}
-
-async fn insert_cards(db: &TestDb) {
-    let cards: Vec<String> = (0..CARDS).map(card).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&cards)
-        .execute(&db.pool)
-        .await
-        .expect("insert cards");
 }
 
 /// What a deployment that ran before holds on an intact Redis: its first start recorded long ago
@@ -123,12 +67,6 @@ async fn ran_before(db: &TestDb, redis_url: &str) {
         .query_async(&mut conn)
         .await
         .expect("the fence hash");
-}
-
-async fn sweep(ctx: &Arc<AppContext>) {
-    for task in Task::ALL {
-        reconcile::sweep(ctx, task).await.expect("start chains");
-    }
 }
 
 fn assert_within_limits(stats: &SimStats, when: &str) {
@@ -218,15 +156,15 @@ fn pod(
 async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until_they_are_over() {
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    let (sim, sim_handle) = simulator().await;
     sim.set_latency(ANSWER_AFTER_MS, 0);
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());
-    insert_cards(&db).await;
+    insert_cards(&db.pool, CARDS).await;
     ran_before(&db, &redis.url()).await;
-    let worker = start(config.clone()).await;
-    sweep(&worker.ctx).await;
+    let worker = InProcess::start(config.clone()).await;
+    start_chains(&worker.ctx).await;
     wait_until(
         Duration::from_secs(60),
         "two polls at the Gateway",
@@ -249,7 +187,7 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
     let fence = other.fence_length();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let other_pod = pod(other, sim_handle.base_url(), stop.clone());
-    sweep(&worker.ctx).await;
+    start_chains(&worker.ctx).await;
 
     // Nothing is admitted beside the two calls, by either pod, until they are over; then every
     // card is polled again.
@@ -267,10 +205,7 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
         fence + Duration::from_secs(60),
     )
     .await;
-    assert!(
-        !worker.join.as_ref().is_some_and(|j| j.is_finished()),
-        "the worker rides out the loss"
-    );
+    assert!(!worker.exited(), "the worker rides out the loss");
     eprintln!("the other pod was admitted {admitted} times");
 }
 
@@ -278,15 +213,15 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
 async fn a_pod_started_during_the_fence_admits_nothing_until_it_ends() {
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    let (sim, sim_handle) = simulator().await;
     sim.set_latency(ANSWER_AFTER_MS, 0);
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());
-    insert_cards(&db).await;
+    insert_cards(&db.pool, CARDS).await;
     ran_before(&db, &redis.url()).await;
-    let worker = start(config.clone()).await;
-    sweep(&worker.ctx).await;
+    let worker = InProcess::start(config.clone()).await;
+    start_chains(&worker.ctx).await;
     wait_until(
         Duration::from_secs(60),
         "two polls at the Gateway",
@@ -302,8 +237,8 @@ async fn a_pod_started_during_the_fence_admits_nothing_until_it_ends() {
 
     // A second worker process starts while the calls are still at the Gateway, and the chains
     // are restored at once (its own reconcile, or any other).
-    let second = start(config.clone()).await;
-    sweep(&second.ctx).await;
+    let second = InProcess::start(config.clone()).await;
+    start_chains(&second.ctx).await;
     let fence = second.ctx.budget.fence_length();
     while flushed.elapsed() < Duration::from_millis(ANSWER_AFTER_MS + 2_000) {
         assert_within_limits(&sim.stats(), "with a pod started after the FLUSHALL");
@@ -321,106 +256,19 @@ async fn a_pod_started_during_the_fence_admits_nothing_until_it_ends() {
     drop(worker);
 }
 
-/// A redis-server of the test's own with an append-only file synced every second, killed with
-/// SIGKILL and started again from that file.
-struct AofRedis {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl AofRedis {
-    fn start_new() -> Self {
-        let mut redis = Self {
-            port: free_port(),
-            dir: tempfile::tempdir().expect("tempdir"),
-            child: None,
-        };
-        redis.start();
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn start(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        self.child = Some(child);
-        let started = Instant::now();
-        while !Command::new("redis-cli")
-            .args(["-p", &self.port.to_string(), "PING"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The append-only file the server writes to now (the incremental part of Redis 7's
-    /// multi-part AOF, or the single file of older versions).
-    fn aof(&self) -> PathBuf {
-        let multi = self.dir.path().join("appendonlydir");
-        if let Ok(entries) = std::fs::read_dir(&multi) {
-            let mut incr: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.to_string_lossy().ends_with(".incr.aof"))
-                .collect();
-            incr.sort();
-            if let Some(last) = incr.pop() {
-                return last;
-            }
-        }
-        self.dir.path().join("appendonly.aof")
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for AofRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_no_poll_beside_those_at_the_gateway(
 ) {
     let db = TestDb::new().await;
-    let mut redis = AofRedis::start_new();
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    let mut redis = PrivateRedis::start_synced_each_second();
+    let (sim, sim_handle) = simulator().await;
     sim.set_latency(ANSWER_AFTER_MS, 0);
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());
-    insert_cards(&db).await;
+    insert_cards(&db.pool, CARDS).await;
     ran_before(&db, &redis.url()).await;
-    let worker = start(config.clone()).await;
+    let worker = InProcess::start(config.clone()).await;
     let fence = worker.ctx.budget.fence_length();
     let admin = context::connect_redis(&redis.url()).await.expect("redis");
     let epoch = cardworker::runner::redis_watch::epoch_key("cw");
@@ -440,7 +288,7 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
     // The file as it stands before any poll is admitted: what survives the crash below.
     let aof = redis.aof();
     let kept = std::fs::metadata(&aof).expect("the append-only file").len();
-    sweep(&worker.ctx).await;
+    start_chains(&worker.ctx).await;
     wait_until(
         Duration::from_secs(60),
         "two polls at the Gateway",
@@ -486,8 +334,5 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
         fence + Duration::from_secs(60),
     )
     .await;
-    assert!(
-        !worker.join.as_ref().is_some_and(|j| j.is_finished()),
-        "the worker rides out the restart"
-    );
+    assert!(!worker.exited(), "the worker rides out the restart");
 }

@@ -1,6 +1,6 @@
 //! The fault-injection suite (`make test-faults`; `make test` runs it too). Every fault is
-//! injected into a service of the test's own ([`private`]: a redis-server or a PostgreSQL
-//! cluster on a free port, removed afterwards) or into the Gateway (a blackhole, or the
+//! injected into a service of the test's own ([`private`], from the test kit: a redis-server or
+//! a PostgreSQL cluster on a free port, removed afterwards) or into the Gateway (a blackhole, or the
 //! simulator), never into the shared services. Each test asserts what the issue promises for its
 //! fault: no process exit (where the grace allows), no lost chain, no duplicate record, no double
 //! submission. [`redis_cost`] counts what an idle pod sends (its feeder, a whole `cardworker run`,
@@ -16,14 +16,10 @@ mod budget_cost;
 mod chain_cost;
 mod empty_redis;
 mod fence;
-#[path = "../it/harness.rs"]
-mod harness;
 mod outage_string;
 mod ownership;
-mod private;
-#[path = "../it/process.rs"]
-mod process;
 mod redis_cost;
 mod scenarios;
-#[path = "../it/scripted_gateway.rs"]
-mod scripted_gateway;
+
+// The shared machinery (test-kit/), under the names the tests use: `crate::harness`, ….
+use cardworker_test_kit::{faults, harness, private, process, scripted_gateway};

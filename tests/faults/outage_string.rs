@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
-use cardworker::polling::reconcile;
 use sqlx::PgPool;
 
+use crate::faults;
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 use crate::scenarios::{
@@ -106,18 +106,13 @@ impl Drop for Pod {
 }
 
 fn config_file(dir: &Path, db: &str, redis: &str, gateway: &str) -> PathBuf {
-    let file = dir.join("cardworker.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"[database]
-url = "{db}"
-[redis]
-url = "{redis}"
-key_prefix = "cw"
-[gateway]
-base_url = "{gateway}"
-timeout_ms = 2000
+    faults::config_file(
+        dir,
+        db,
+        redis,
+        gateway,
+        &format!(
+            r#"timeout_ms = 2000
 [worker]
 shutdown_grace_secs = 5
 redis_outage_grace_secs = {GRACE_SECS}
@@ -140,8 +135,6 @@ listen = "127.0.0.1:0"
 "#
         ),
     )
-    .expect("config");
-    file
 }
 
 /// What the load generator handed over while the outages ran.
@@ -219,9 +212,7 @@ async fn six_short_redis_outages_in_two_minutes_stop_no_process_lose_no_job_and_
         config.telemetry.listen = "127.0.0.1:0".to_owned();
         AppContext::connect(config).await.expect("connect")
     };
-    for task in Task::ALL {
-        reconcile::sweep(&ctx, task).await.expect("start chains");
-    }
+    faults::start_chains(&ctx).await;
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     wait_until(Duration::from_secs(60), "every card polled", || {
         let mut conn = conn.clone();

@@ -3,86 +3,23 @@
 //! in flight than the limits; and a process stopped while an acquire is under way leaves no token
 //! behind. The simulator counts the calls it serves in flight, per task and per card, with peaks.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cardworker::budget::Budget;
 use cardworker::config::{Config, Limit, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::polling::reconcile;
-use cardworker::sim::{SimHandle, SimStats, Simulator};
+use cardworker::sim::{SimStats, Simulator};
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
-use tokio::sync::oneshot;
 
-use crate::harness::{start_in_process, wait_until, TestDb};
+use crate::faults::{insert_cards, simulator, Child, InProcess};
+use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 
 /// How long the simulator takes to answer a card read in the stall scenario: longer than the
 /// Redis client's response timeout (10 s), so that polls outlive their worker's stream.
 const SLOW_MS: u64 = 20_000;
-
-async fn simulator() -> (Simulator, SimHandle) {
-    let (_, sim, handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(0, 0);
-    (sim, handle)
-}
-
-async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
-    let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&cards)
-        .execute(pool)
-        .await
-        .expect("insert cards");
-    cards
-}
-
-/// A worker run in the test's process.
-struct InProcess {
-    ctx: Arc<AppContext>,
-    addr: std::net::SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl InProcess {
-    async fn start(config: Config) -> Self {
-        let (ctx, addr, stop, join) = start_in_process(config).await;
-        Self {
-            ctx,
-            addr,
-            stop: Some(stop),
-            join: Some(join),
-        }
-    }
-
-    /// One sample of its `/metrics` (summed over the series matching `labels`).
-    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let text = reqwest::get(format!("http://{}/metrics", self.addr))
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("metrics text");
-        crate::harness::metric_value(&text, name, labels)
-    }
-
-    fn exited(&self) -> bool {
-        self.join.as_ref().is_none_or(|j| j.is_finished())
-    }
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(join) = self.join.take() {
-            join.abort();
-        }
-    }
-}
 
 async fn redis_cmd(conn: &mut ConnectionManager, args: &[&str]) {
     let mut cmd = redis::cmd(args[0]);
@@ -207,16 +144,6 @@ async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls
     );
     assert!(!worker.exited(), "no process exit");
     eprintln!("peaks: {stats:?}");
-}
-
-/// `cardworker run` as a child process, stopped with SIGTERM.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,88 +7,21 @@ use std::time::{Duration, Instant};
 use cardworker::config::{Config, Limit, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
-use cardworker::polling::{chain, reconcile};
-use cardworker::sim::{PaymentBehaviour, SimHandle, Simulator};
+use cardworker::polling::chain;
+use cardworker::sim::PaymentBehaviour;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands as _;
 use sqlx::PgPool;
-use tokio::sync::oneshot;
 
-use crate::harness::{metric_value, start_in_process, wait_until, TestDb};
+use crate::faults::{self, Child, InProcess};
+use crate::harness::{wait_until, TestDb};
 use crate::private::{PrivatePg, PrivateRedis};
 
-/// A worker process run in the test's process, on whatever services its config names.
-struct Worker {
-    ctx: Arc<AppContext>,
-    addr: std::net::SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    join: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Worker {
-    async fn start(config: Config) -> Self {
-        let (ctx, addr, stop, join) = start_in_process(config).await;
-        Self {
-            ctx,
-            addr,
-            stop: Some(stop),
-            join: Some(join),
-        }
-    }
-
-    /// Whether `run` has returned on its own.
-    fn exited(&self) -> bool {
-        self.join.as_ref().is_none_or(|j| j.is_finished())
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        let resp = reqwest::Client::new()
-            .get(format!("http://{}{path}", self.addr))
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .expect("endpoint answers");
-        let status = resp.status().as_u16();
-        (status, resp.text().await.unwrap_or_default())
-    }
-
-    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let (_, text) = self.get("/metrics").await;
-        metric_value(&text, name, labels)
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.join.take().expect("running").await.expect("joined")
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(join) = self.join.take() {
-            join.abort();
-        }
-    }
-}
-
-pub(crate) async fn simulator() -> (Simulator, SimHandle) {
-    let (_, sim, handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(0, 0);
-    (sim, handle)
-}
+pub(crate) use crate::faults::{count, insert_cards, insert_payment, payment_status, simulator};
 
 /// The test config on `db`, the private Redis `redis` (prefix "cw") and the Gateway `gateway`.
 fn config_on(db_url: &str, redis: &PrivateRedis, gateway: &str, grace: u64) -> Config {
-    let mut config = Config::default();
-    config.database.url = db_url.to_owned().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = gateway.to_owned().into();
+    let mut config = faults::config_on(db_url, &redis.url(), gateway);
     config.gateway.timeout_ms = 2_000;
     config.polling.handler_timeout_secs = 4;
     config.polling.lease_ttl_secs = 10;
@@ -97,47 +30,9 @@ fn config_on(db_url: &str, redis: &PrivateRedis, gateway: &str, grace: u64) -> C
     config.polling.card_status.limit = Limit::new(8).expect("a limit");
     config.polling.carddata.interval_secs = 2;
     config.polling.card_status.interval_secs = 2;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
     config.worker.shutdown_grace_secs = 10;
     config.worker.redis_outage_grace_secs = grace;
-    // Never during a test: recovery and reconcile are called or asserted explicitly.
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     config
-}
-
-pub(crate) async fn insert_cards(pool: &PgPool, n: usize) -> Vec<String> {
-    let cards: Vec<String> = (0..n).map(|i| format!("c-{i:03}")).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&cards)
-        .execute(pool)
-        .await
-        .expect("insert cards");
-    cards
-}
-
-pub(crate) async fn insert_payment(pool: &PgPool) -> uuid::Uuid {
-    let payment = uuid::Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-000', 100, 'CNY')",
-    )
-    .bind(payment)
-    .execute(pool)
-    .await
-    .expect("payment");
-    payment
-}
-
-pub(crate) async fn payment_status(pool: &PgPool, payment: uuid::Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
-        .bind(payment)
-        .fetch_one(pool)
-        .await
-        .expect("status")
-}
-
-pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
 
 /// The unchanged polls per card (those with at least one), as the tally in each card's chain
@@ -207,13 +102,9 @@ async fn redis_outage(persistent: bool, outage: Duration) {
     let (sim, sim_handle) = simulator().await;
     let config = config_on(&db.url, &redis, &sim_handle.base_url(), 60);
     let cards = insert_cards(&db.pool, 100).await;
-    let worker = Worker::start(config).await;
+    let worker = InProcess::start(config).await;
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
-    for task in Task::ALL {
-        reconcile::sweep(&worker.ctx, task)
-            .await
-            .expect("start chains");
-    }
+    faults::start_chains(&worker.ctx).await;
     wait_until(Duration::from_secs(60), "every card polled", || {
         let mut conn = conn.clone();
         async move { polls_per_card(&mut conn, Task::CardStatus).await.len() == 100 }
@@ -325,13 +216,12 @@ async fn a_redis_outage_longer_than_the_grace_still_stops_the_process_non_zero()
     let db = TestDb::new().await;
     let mut redis = PrivateRedis::start_new(false);
     let (_sim, sim_handle) = simulator().await;
-    let mut worker = Worker::start(config_on(&db.url, &redis, &sim_handle.base_url(), 2)).await;
+    let mut worker = InProcess::start(config_on(&db.url, &redis, &sim_handle.base_url(), 2)).await;
     redis.stop();
-    let join = worker.join.take().expect("running");
-    let ended = tokio::time::timeout(Duration::from_secs(30), join)
+    let ended = worker
+        .exited_within(Duration::from_secs(30))
         .await
-        .expect("the process stops once the grace is over")
-        .expect("joined");
+        .expect("the process stops once the grace is over");
     let err = ended.expect_err("non-zero");
     assert!(
         format!("{err:#}").contains("redis_outage_grace_secs"),
@@ -359,12 +249,8 @@ async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change
     for card in &cards {
         sim.set_card_ready(card, "tok_x", "4242", 12, 2030);
     }
-    let worker = Worker::start(config).await;
-    for task in Task::ALL {
-        reconcile::sweep(&worker.ctx, task)
-            .await
-            .expect("start chains");
-    }
+    let worker = InProcess::start(config).await;
+    faults::start_chains(&worker.ctx).await;
     wait_until(Duration::from_secs(60), "card data recorded", || async {
         count(
             &pool,
@@ -482,12 +368,8 @@ async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_e
     // A leaked token would stay for the whole test.
     config.polling.lease_ttl_secs = 300;
     let cards = insert_cards(&db.pool, 4).await;
-    let worker = Worker::start(config).await;
-    for task in Task::ALL {
-        reconcile::sweep(&worker.ctx, task)
-            .await
-            .expect("start chains");
-    }
+    let worker = InProcess::start(config).await;
+    faults::start_chains(&worker.ctx).await;
     let payment = insert_payment(&db.pool).await;
     cardworker::commands::payments::enqueue_payment(&worker.ctx, payment)
         .await
@@ -540,35 +422,18 @@ async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_e
     worker.stop().await.expect("clean stop");
 }
 
-/// A `cardworker run` child process.
-struct Child {
-    child: std::process::Child,
-}
-
-impl Child {
-    fn run(config_file: &std::path::Path, pod: &str) -> Self {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
-            .args(["run", "--config"])
-            .arg(config_file)
-            .env("CARDWORKER_POD_NAME", pod)
-            .env_remove("CARDWORKER_CONFIG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start cardworker run");
-        Self { child }
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().ok().flatten().is_none()
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `cardworker run --config CONFIG_FILE` as pod `pod`, killed when dropped.
+fn run_child(config_file: &std::path::Path, pod: &str) -> Child {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
+        .args(["run", "--config"])
+        .arg(config_file)
+        .env("CARDWORKER_POD_NAME", pod)
+        .env_remove("CARDWORKER_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start cardworker run");
+    Child(child)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -579,18 +444,12 @@ async fn a_worker_killed_with_sigkill_mid_payment_leaves_one_submission_settled_
     let payment = insert_payment(&db.pool).await;
     sim.set_payment_behaviour(payment, PaymentBehaviour::Hang);
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("cardworker.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"[database]
-url = "{db}"
-[redis]
-url = "{redis}"
-key_prefix = "cw"
-[gateway]
-base_url = "{gw}"
-timeout_ms = 20000
+    let file = faults::config_file(
+        dir.path(),
+        &db.url,
+        &redis.url(),
+        &sim_handle.base_url(),
+        r#"timeout_ms = 20000
 [worker]
 shutdown_grace_secs = 5
 [polling]
@@ -603,13 +462,8 @@ recovery_cron = "* * * * * *"
 [telemetry]
 listen = "127.0.0.1:0"
 "#,
-            db = db.url,
-            redis = redis.url(),
-            gw = sim_handle.base_url()
-        ),
-    )
-    .expect("config");
-    let mut first = Child::run(&file, "pod-a");
+    );
+    let mut first = run_child(&file, "pod-a");
     let ctx = {
         let mut config = Config::load(Some(&file)).expect("config");
         config.telemetry.listen = "127.0.0.1:0".to_owned();
@@ -632,11 +486,11 @@ listen = "127.0.0.1:0"
     assert_eq!(jobs.len(), 1, "one payment job: {jobs:?}");
     let job = jobs[0].clone();
     let _ = std::process::Command::new("kill")
-        .args(["-KILL", &first.child.id().to_string()])
+        .args(["-KILL", &first.0.id().to_string()])
         .status();
-    let _ = first.child.wait();
+    let _ = first.0.wait();
 
-    let mut second = Child::run(&file, "pod-b");
+    let mut second = run_child(&file, "pod-b");
     wait_until(
         Duration::from_secs(60),
         "recovery settled the payment",
@@ -689,7 +543,7 @@ async fn poison_intake_entries_go_to_the_dead_set_with_a_reason_and_no_worker_st
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
     let (_sim, sim_handle) = simulator().await;
-    let worker = Worker::start(config_on(&db.url, &redis, &sim_handle.base_url(), 60)).await;
+    let worker = InProcess::start(config_on(&db.url, &redis, &sim_handle.base_url(), 60)).await;
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
     let poison: [(&str, &[u8]); 6] = [
         ("carddata", b"{\"card_ref\":\"c-\xff\"}"),
@@ -858,7 +712,7 @@ async fn an_approval_enqueued_before_redis_is_flushed_is_submitted_exactly_once_
         .expect("flush the private redis");
     drop(ctx);
 
-    let worker = Worker::start(config).await;
+    let worker = InProcess::start(config).await;
     wait_until(
         Duration::from_secs(60),
         "recovery submitted the approval and the sim approved it",
@@ -897,18 +751,12 @@ fn kill_config(
     gateway: &str,
 ) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("cardworker.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"[database]
-url = "{db}"
-[redis]
-url = "{redis}"
-key_prefix = "cw"
-[gateway]
-base_url = "{gateway}"
-timeout_ms = 20000
+    let file = faults::config_file(
+        dir.path(),
+        &db.url,
+        &redis.url(),
+        gateway,
+        r#"timeout_ms = 20000
 [worker]
 shutdown_grace_secs = 5
 [polling]
@@ -921,11 +769,7 @@ recovery_cron = "* * * * * *"
 [telemetry]
 listen = "127.0.0.1:0"
 "#,
-            db = db.url,
-            redis = redis.url(),
-        ),
-    )
-    .expect("config");
+    );
     (dir, file)
 }
 
@@ -968,7 +812,7 @@ async fn approval_killed_mid_post(acted: bool) {
         },
     );
     let (_dir, file) = kill_config(&db, &redis, &gw.url);
-    let mut first = Child::run(&file, "pod-a");
+    let mut first = run_child(&file, "pod-a");
     let ctx = {
         let mut config = Config::load(Some(&file)).expect("config");
         config.telemetry.listen = "127.0.0.1:0".to_owned();
@@ -984,9 +828,9 @@ async fn approval_killed_mid_post(acted: bool) {
     )
     .await;
     let _ = std::process::Command::new("kill")
-        .args(["-KILL", &first.child.id().to_string()])
+        .args(["-KILL", &first.0.id().to_string()])
         .status();
-    let _ = first.child.wait();
+    let _ = first.0.wait();
     assert_eq!(
         approval_status(&db.pool, id).await,
         "pending",
@@ -997,7 +841,7 @@ async fn approval_killed_mid_post(acted: bool) {
     // the resubmission is approved).
     gw.script(id, Script::Answer("approved"));
     let expected = if acted { "declined" } else { "approved" };
-    let mut second = Child::run(&file, "pod-b");
+    let mut second = run_child(&file, "pod-b");
     wait_until(
         Duration::from_secs(60),
         "recovery settled the approval",

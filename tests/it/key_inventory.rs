@@ -1,5 +1,5 @@
-//! The key inventory's own tests (the table is `key_inventory_table.rs`, included by the harness,
-//! whose every `TestRedis` guard checks its prefix against it when it drops).
+//! The key inventory's own tests (the table is the test kit's `inventory`, which the harness's
+//! every `TestRedis` guard checks its prefix against when it drops).
 
 use std::time::Duration;
 

@@ -1,17 +1,15 @@
-//! Integration tests: one binary, shared harness. Real PostgreSQL and Redis; each test gets its
-//! own database and key prefix. Only the Gateway is simulated (by cardworker's own simulator).
+//! Integration tests: one binary, shared harness (the `cardworker-test-kit` crate). Real
+//! PostgreSQL and Redis; each test gets its own database and key prefix. Only the Gateway is
+//! simulated (by cardworker's own simulator).
 
 // Test code: an unwrap() that fails is the test failing, at its line (the workspace's
 // `clippy::unwrap_used` is for product code).
 #![allow(clippy::unwrap_used)]
 
+// The shared machinery (test-kit/), under the names the tests use: `crate::harness`, ….
+use cardworker_test_kit::{harness, plan_drive, plan_guard, scripted_gateway, webdriver};
+
 mod config_support;
-mod harness;
-mod pg_cluster;
-mod plan_drive;
-mod plan_guard;
-mod process;
-mod scripted_gateway;
 
 mod approvals;
 mod budget;
@@ -47,4 +45,3 @@ mod self_healing;
 mod sim_seed;
 mod slow;
 mod unchanged;
-mod webdriver;

@@ -14,9 +14,9 @@ use cardworker::commands::investigate::CALLBACKS_SQL;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::harness::{spawn_app_on, HARNESS_APPLICATION_NAME};
-use crate::pg_cluster::PrivateCluster;
 use crate::plan_drive::{self, Scale, COVERAGE};
 use crate::plan_guard::{self, LoggedPlan, OLD_CALLBACKS_SQL};
+use cardworker_test_kit::private::PrivatePg;
 
 /// The server settings of the guard's cluster.
 const GUARD_SETTINGS: &[(&str, &str)] = &[
@@ -69,7 +69,7 @@ async fn run_canary(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_statement_path_of_src_runs_without_reading_a_big_table_whole() {
-    let mut cluster = PrivateCluster::start(GUARD_SETTINGS).expect("private cluster");
+    let mut cluster = PrivatePg::start_with(GUARD_SETTINGS).expect("private cluster");
     let mut app = spawn_app_on(&cluster.admin_url(), |c| {
         plan_drive::configure(c, Scale::Small)
     })
@@ -80,7 +80,7 @@ async fn every_statement_path_of_src_runs_without_reading_a_big_table_whole() {
     let db = app.db.name.clone();
     app.stop().await.expect("stop the worker");
     drop(app);
-    cluster.stop().expect("stop the cluster");
+    cluster.try_stop().expect("stop the cluster");
     let log = cluster.read_logs(".json").expect("read the plan log");
     if let Some(path) = std::env::var_os("CARDWORKER_PLAN_GUARD_LOG") {
         std::fs::write(path, &log).expect("keep the plan log");

@@ -2,8 +2,6 @@
 //! its log, its warnings and errors kept. Used by the integration tests (`harness`) and, by path,
 //! by `benches/bench_faults.rs`, so it depends on nothing of the test crate.
 
-#![allow(dead_code)]
-
 use std::io::BufRead as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};

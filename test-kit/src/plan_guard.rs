@@ -21,8 +21,6 @@
 //! Extending it: a new big table goes into [`GUARDED_TABLES`]; a new column with a handful of
 //! values that leads an index goes into [`LOW_CARDINALITY_COLUMNS`].
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -60,12 +58,12 @@ pub const LOW_CARDINALITY_COLUMNS: &[&str] = &[
 pub const WHOLE_READ_ALLOWED: &[(&str, &str)] = &[
     (
         "cards_carddata_parked_idx",
-        "cardworker_parked_chains counts the partial index of parked cards (issue 10): it holds \
+        "cardworker_parked_chains counts the partial index of parked cards: it holds \
          only parked chains, which the circuit breaker keeps few",
     ),
     (
         "cards_card_status_parked_idx",
-        "cardworker_parked_chains counts the partial index of parked cards (issue 10)",
+        "cardworker_parked_chains counts the partial index of parked cards",
     ),
     (
         "payments_unsettled_idx",
@@ -407,7 +405,7 @@ pub fn shape(node: &Value) -> String {
     }
 }
 
-/// The old `investigate` callbacks read (before issue 18): the payment half,
+/// The form of the `investigate` callbacks read the product no longer runs: the payment half,
 /// `resource_id IN (SELECT …)`, cannot use the index. Kept to prove that the guard catches it.
 pub const OLD_CALLBACKS_SQL: &str =
     "SELECT channel, callback_id, state, reason, resource_type, resource_id, deliveries,
@@ -513,7 +511,7 @@ mod tests {
     }
 
     #[test]
-    fn the_callbacks_read_of_issue_18_passes() {
+    fn the_callbacks_read_through_an_array_of_payment_ids_passes() {
         let plan = fixture("resource_id = ANY (ARRAY(SELECT payment_id::text");
         assert_eq!(check(&plan, &indexes()), Vec::<Violation>::new());
         assert!(

@@ -7,13 +7,13 @@
 //! its own without it, the test says it is skipped and why). Chromedriver and the browser end, and the profile directory is
 //! removed, when the [`Browser`] drops (also when the test fails).
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use crate::free_port;
 
 /// The element key of the W3C protocol.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -42,13 +42,6 @@ pub struct Browser {
     session: String,
     http: reqwest::Client,
     _profile: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Browser {
@@ -274,7 +267,7 @@ impl Browser {
     /// (`make console-screenshots`), else a temporary directory.
     pub fn screenshot_dir(tmp: &tempfile::TempDir) -> PathBuf {
         if std::env::var("CARDWORKER_CONSOLE_SCREENSHOTS").as_deref() == Ok("1") {
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/console");
+            let dir = crate::repo_root().join("docs/console");
             std::fs::create_dir_all(&dir).expect("docs/console");
             dir
         } else {

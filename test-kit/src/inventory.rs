@@ -1,9 +1,10 @@
 //! The inventory of every Redis key pattern cardworker writes, with its owner and its lifetime
-//! (issue 19: no key grows with time; a key of a card goes with the card's chain, a key of an hour
-//! or a day has a TTL).
+//! (no key grows with time; a key of a card goes with the card's chain, a key of an hour or a day
+//! has a TTL).
 //!
-//! Included by the harness (`harness::inventory`, so every binary that uses the harness checks its
-//! prefixes); the tests of the inventory itself are in `key_inventory.rs`.
+//! The harness checks every prefix it cleans up against it (`harness::inventory`, so every test
+//! binary that uses the harness does); the tests of the inventory itself are in
+//! `tests/it/key_inventory.rs`.
 //!
 //! It is enforced on the whole integration suite: every test's prefix is scanned when its
 //! [`crate::harness::TestRedis`] guard drops (before the keys are deleted), and a key that matches
@@ -108,7 +109,7 @@ pub const INVENTORY: &[KeyPattern] = &[
     ),
     k(
         "<prefix>:intakes:due",
-        "intake feeder (issue 16): the earliest waiting entry of each queue (intake or chain due set)",
+        "intake feeder: the earliest waiting entry of each queue (intake or chain due set)",
         Deployment,
     ),
     k(
@@ -273,7 +274,7 @@ pub async fn violations(
     let mut out = Vec::new();
     for key in keys {
         match classify(prefix, key) {
-            None => out.push(format!("{key}: written under the prefix but not in the key inventory (tests/it/key_inventory.rs)")),
+            None => out.push(format!("{key}: written under the prefix but not in the key inventory (test-kit/src/inventory.rs)")),
             Some(KeyPattern { pattern, owner, lifetime: Ttl(max) }) => {
                 let ttl: i64 = conn.ttl(key).await.unwrap_or(-2);
                 // -2: gone meanwhile (expired or deleted), which is fine.

@@ -1,9 +1,10 @@
-//! What several benches share (included by path: each bench is its own crate).
-
-#![allow(dead_code)]
+//! What several benches share (each bench is a crate of its own): their database and prefix on
+//! the shared servers, removed after the run, and a private redis-server.
 
 use anyhow::Context as _;
 use sqlx::{Connection as _, PgConnection};
+
+pub use crate::private::PrivateRedis;
 
 /// Env var `name`, else `default`.
 pub fn env_or(name: &str, default: &str) -> String {
@@ -61,51 +62,12 @@ pub async fn delete_prefix(conn: &mut redis::aio::ConnectionManager, prefix: &st
     }
 }
 
-/// A `redis-server` of the bench's own, on a free port (so that `INFO` counts only the bench);
-/// killed when dropped.
-pub struct PrivateRedis {
-    /// The server process.
-    child: std::process::Child,
-    /// Its URL.
-    pub url: String,
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts a [`PrivateRedis`] (no persistence) and connects to it.
+/// Starts a [`PrivateRedis`] of the bench's own (no persistence, on a free port, so that `INFO`
+/// counts only the bench) and connects to it.
 pub async fn private_redis() -> anyhow::Result<(PrivateRedis, redis::aio::ConnectionManager)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .context("starting redis-server (needed for clean INFO figures)")?;
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let redis = PrivateRedis {
-        child,
-        url: url.clone(),
-    };
-    for _ in 0..100 {
-        if let Ok(conn) = cardworker::context::connect_redis(&url).await {
-            return Ok((redis, conn));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("redis-server did not come up on {url}")
+    let redis = PrivateRedis::start_new(false);
+    let conn = cardworker::context::connect_redis(&redis.url())
+        .await
+        .with_context(|| format!("connecting to the private redis-server at {}", redis.url()))?;
+    Ok((redis, conn))
 }

@@ -2,8 +2,6 @@
 //! `GET /v1/approvals/{id}`, answering each approval as the test scripted it, and counting every
 //! POST with its `Idempotency-Key`. The only thing the approval tests fake is the Gateway.
 
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -8,8 +8,6 @@
 //! Everything a test creates is removed when its guard drops (database dropped with FORCE, every
 //! Redis key under the test prefix deleted), also when the test panics.
 
-#![allow(dead_code)]
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,16 +21,15 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::sync::oneshot;
 
 /// Every Redis key pattern the product writes (checked on every prefix this harness cleans up).
-#[path = "key_inventory_table.rs"]
-pub mod inventory;
+pub use crate::inventory;
 
-/// Admin URL used to create and drop test databases.
+/// The admin URL that creates and drops the test databases (`CARDWORKER_TEST_PG_ADMIN`).
 pub fn admin_url() -> String {
     std::env::var("CARDWORKER_TEST_PG_ADMIN")
         .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/postgres".to_owned())
 }
 
-/// Redis URL of the tests.
+/// The Redis URL of the tests (`CARDWORKER_TEST_REDIS`).
 pub fn redis_url() -> String {
     std::env::var("CARDWORKER_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
 }
@@ -394,7 +391,7 @@ impl Drop for TestRedis {
         let found = found.lock().map(|f| f.clone()).unwrap_or_default();
         if !found.is_empty() && !std::thread::panicking() {
             panic!(
-                "Redis keys outside the key inventory (tests/it/key_inventory.rs) under {}:\n{}",
+                "Redis keys outside the key inventory (test-kit/src/inventory.rs) under {}:\n{}",
                 self.prefix,
                 found.join("\n")
             );
@@ -446,7 +443,7 @@ pub async fn spawn_app_with(tweak: impl FnOnce(&mut Config)) -> TestApp {
 }
 
 /// [`spawn_app_with`] with the database on the server of `admin` (for example a private
-/// cluster, `pg_cluster::PrivateCluster::admin_url`).
+/// cluster, [`crate::private::PrivatePg::admin_url`]).
 pub async fn spawn_app_on(admin: &str, tweak: impl FnOnce(&mut Config)) -> TestApp {
     let db = TestDb::new_on(admin).await;
     let redis = TestRedis::new().await;
@@ -638,10 +635,11 @@ pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 pub use crate::process::Worker;
 
-/// Starts this build's `cardworker run --config CONFIG` as a child process and waits until it
-/// logs its metrics address.
+/// Starts this build's `cardworker run --config CONFIG` ([`crate::cardworker_bin`]) as a child
+/// process and waits until it logs its metrics address.
 pub fn spawn_worker(config: &std::path::Path) -> Worker {
-    Worker::spawn(env!("CARGO_BIN_EXE_cardworker"), config).expect("spawn cardworker run")
+    let bin = crate::cardworker_bin();
+    Worker::spawn(&bin.to_string_lossy(), config).expect("spawn cardworker run")
 }
 
 /// Writes a worker's config file into `dir`: the test database (a pool of `connections`) and

@@ -11,8 +11,6 @@
 //! `cargo nextest run --test it -E 'test(/plan/)'`: it passes when the statement ran and its plan
 //! reads no guarded table whole.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
