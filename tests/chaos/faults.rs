@@ -337,30 +337,10 @@ async fn redis_pause(world: &World, ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-/// Kills redis-server with SIGKILL (its pid from `INFO server`), and after `down_ms` starts it
-/// again on its append-only file.
+/// Kills redis-server with SIGKILL, and after `down_ms` starts it again on its append-only file.
 async fn redis_kill_aof(world: &World, down_ms: u64) {
     let mut redis = world.services.redis.lock().await;
-    let pid = async {
-        let client = redis::Client::open(world.services.redis_url.as_str())?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut conn)
-            .await?;
-        anyhow::Ok(
-            info.lines()
-                .find_map(|l| l.strip_prefix("process_id:"))
-                .map(|p| p.trim().to_owned()),
-        )
-    };
-    if let Ok(Ok(Some(pid))) = tokio::time::timeout(Duration::from_secs(5), pid).await {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &pid])
-            .status();
-    }
-    // Reaps the killed server (or stops it, when its pid could not be read).
-    tokio::task::block_in_place(|| redis.stop());
+    tokio::task::block_in_place(|| redis.kill());
     tokio::time::sleep(Duration::from_millis(down_ms)).await;
     tokio::task::block_in_place(|| redis.start());
 }
