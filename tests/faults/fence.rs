@@ -21,12 +21,12 @@ use crate::private::PrivateRedis;
 /// How long the simulator takes to answer a card read: within the client's timeout and the
 /// handler's, and longer than an outage hold, so that the polls admitted before a loss are still
 /// at the Gateway when new ones could be admitted.
-const ANSWER_AFTER_MS: u64 = 6_000;
-const CARDS: usize = 6;
+pub(crate) const ANSWER_AFTER_MS: u64 = 6_000;
+pub(crate) const CARDS: usize = 6;
 
 /// Two tokens in all and two per task, every card due each second, on a Gateway whose client
 /// gives up after 7 s (a poll after 9 s, its lease after 20 s).
-fn config(db: &TestDb, redis_url: &str, gateway: &str) -> Config {
+pub(crate) fn config(db: &TestDb, redis_url: &str, gateway: &str) -> Config {
     let mut config = two_token_config(&db.url, redis_url, gateway);
     config.gateway.timeout_ms = 7_000;
     config.polling.handler_timeout_secs = 9;
@@ -41,7 +41,7 @@ fn card(i: usize) -> String {
 /// What a deployment that ran before holds on an intact Redis: its first start recorded long ago
 /// in PostgreSQL, and the fence hash naming the redis-server that holds the budget's data. A pod
 /// of it that starts now is not fenced, and a data loss from here on is.
-async fn ran_before(db: &TestDb, redis_url: &str) {
+pub(crate) async fn ran_before(db: &TestDb, redis_url: &str) {
     sqlx::query("INSERT INTO budget_deployment (started_at) VALUES (now() - interval '1 day')")
         .execute(&db.pool)
         .await
@@ -69,7 +69,7 @@ async fn ran_before(db: &TestDb, redis_url: &str) {
         .expect("the fence hash");
 }
 
-fn assert_within_limits(stats: &SimStats, when: &str) {
+pub(crate) fn assert_within_limits(stats: &SimStats, when: &str) {
     assert!(
         stats.peak_in_flight_polls <= 2,
         "{} polls at the Gateway at once {when}, total limit 2: {stats:?}",
@@ -79,7 +79,7 @@ fn assert_within_limits(stats: &SimStats, when: &str) {
 
 /// Watches the simulator until every card has been at the Gateway again (both tasks) at some
 /// moment at least `after` from now, asserting the limits on every look.
-async fn every_card_polled_again(sim: &Simulator, after: Duration, limit: Duration) {
+pub(crate) async fn every_card_polled_again(sim: &Simulator, after: Duration, limit: Duration) {
     let started = Instant::now();
     let from = started + after;
     let mut seen: HashSet<(String, String)> = HashSet::new();

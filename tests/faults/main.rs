@@ -16,6 +16,7 @@ mod budget_cost;
 mod chain_cost;
 mod empty_redis;
 mod fence;
+mod fence_failover;
 mod outage_string;
 mod ownership;
 mod redis_cost;
