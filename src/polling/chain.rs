@@ -47,30 +47,12 @@ use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use redis::Script;
 
+pub use super::keys::{chain_key, due_key, late_key, queue_of};
 use super::unchanged;
 use crate::config::Task;
 use crate::queue::batch::ScriptCalls;
 
 static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::chain::SCRIPT));
-
-/// The chain hash of one task.
-pub fn chain_key(prefix: &str, task: Task) -> String {
-    keys::chain(prefix, queue_of(task))
-}
-
-/// The chain due set of one task: its polling intake and reconcile's index (member card_ref;
-/// score the next poll's due ms while it waits, [`FED`] + that once its job exists).
-pub fn due_key(prefix: &str, task: Task) -> String {
-    keys::chain_due(prefix, queue_of(task))
-}
-
-/// The late set of one task: card_ref -> the due ms (Redis clock) of a poll that was deferred,
-/// written at its first deferral ([`schedule`]). A deferral re-scores the due set to the deferred
-/// time, so this is where a poll starved of tokens keeps the time it was due; [`lateness`] reads
-/// it and removes the entries of chains that polled since.
-pub fn late_key(prefix: &str, task: Task) -> String {
-    format!("{}:late", chain_key(prefix, task))
-}
 
 /// A polling job: one of the two payloads, seen through its chain.
 pub trait PollJob: Job + Clone {
@@ -239,14 +221,6 @@ fn turn_arg(turn: u64) -> String {
     }
 }
 
-/// The queue of a polling task (its label).
-pub fn queue_of(task: Task) -> &'static str {
-    match task {
-        Task::Carddata => PollCardData::QUEUE,
-        Task::CardStatus => PollCardStatus::QUEUE,
-    }
-}
-
 /// A new chain id ([`cardworker_jobs::chain::fresh_chain_id`]: 8 random characters).
 fn fresh_chain() -> String {
     cardworker_jobs::chain::fresh_chain_id()
@@ -357,7 +331,8 @@ pub async fn drop_if_dead(
     Ok(dropped == 1)
 }
 
-/// Schedules the job's successor (next poll, back-off after a failure, or a deferral) after
+/// Schedules the job's successor (next poll, back-off after a failure, a wait for a replaced
+/// chain's poll; a deferral goes through [`defer`]) after
 /// `delay`, if the job's chain is still live or gone (the job then adopts the card) and still
 /// waits on the job's turn (`next.turn`, the writing job's own; 0 when unknown), leaving the
 /// chain's unchanged-poll tally as it is. Returns false for a stale job (nothing written).
@@ -398,18 +373,11 @@ pub async fn schedule_counted<'a>(
         tally.to_owned(),
         turn_arg(next.turn),
     ];
-    let via = via.into();
-    let first_deferral = match &via {
-        Via::Direct(conn) if next.deferrals == 1 => Some((**conn).clone()),
-        _ => None,
-    };
     let done: i64 = via
+        .into()
         .call(prefix, task, args)
         .await
         .with_context(|| format!("scheduling the next {task} poll of {card_ref}"))?;
-    if let (1, Some(mut conn)) = (done, first_deferral) {
-        note_deferred(&mut conn, prefix, task, card_ref, next.turn).await;
-    }
     if let (1, Count::Unchanged(at)) = (done, count) {
         // The fleet-wide hourly counter is added up in this process and written every few
         // seconds: one INCRBY per counter and flush, not one INCR per poll.

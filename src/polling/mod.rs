@@ -23,6 +23,7 @@ pub mod card_status;
 pub mod carddata;
 pub mod chain;
 pub mod circuit;
+pub mod keys;
 pub mod poll;
 pub mod reconcile;
 mod run_job;

@@ -39,7 +39,6 @@ use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-use super::chain;
 use crate::config::Task;
 
 /// How many UTC hours of fleet-wide counts `investigate` shows (the counters live one hour more,
@@ -260,7 +259,7 @@ pub async fn entry(
     card_ref: &str,
 ) -> anyhow::Result<Option<Entry>> {
     let raw: Option<String> = redis::cmd("HGET")
-        .arg(chain::chain_key(prefix, task))
+        .arg(super::keys::chain_key(prefix, task))
         .arg(card_ref)
         .query_async(conn)
         .await

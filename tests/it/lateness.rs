@@ -55,16 +55,20 @@ async fn due_polls_count_from_their_due_time_and_a_deferred_one_from_when_it_was
         deferrals: 1,
         turn: 0,
     };
-    assert!(chain::schedule(
-        &mut conn,
-        &prefix,
-        TASK,
-        "c-3",
-        &deferred,
-        Duration::from_secs(3600)
-    )
-    .await
-    .unwrap());
+    assert_eq!(
+        chain::defer(
+            &mut conn,
+            &prefix,
+            TASK,
+            "c-3",
+            &deferred,
+            Duration::from_secs(3600),
+            Duration::from_secs(60)
+        )
+        .await
+        .unwrap(),
+        chain::Deferred::Written
+    );
     let late_key = chain::late_key(&prefix, TASK);
     let first_due: Option<f64> = conn.zscore(&late_key, "c-3").await.unwrap();
     assert!(first_due.is_some(), "the first deferral keeps its due time");
@@ -76,16 +80,20 @@ async fn due_polls_count_from_their_due_time_and_a_deferred_one_from_when_it_was
         deferrals: 2,
         ..deferred.clone()
     };
-    assert!(chain::schedule(
-        &mut conn,
-        &prefix,
-        TASK,
-        "c-3",
-        &again,
-        Duration::from_secs(3600)
-    )
-    .await
-    .unwrap());
+    assert_eq!(
+        chain::defer(
+            &mut conn,
+            &prefix,
+            TASK,
+            "c-3",
+            &again,
+            Duration::from_secs(3600),
+            Duration::from_secs(60)
+        )
+        .await
+        .unwrap(),
+        chain::Deferred::Written
+    );
     let still: Option<f64> = conn.zscore(&late_key, "c-3").await.unwrap();
     assert_eq!(still, first_due);
 
