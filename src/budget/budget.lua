@@ -17,7 +17,7 @@
 --          ms on the Redis clock: no poll is admitted before it). See "The fence" below.
 -- (a task's circuit hash is KEYS[task index + 4], its window KEYS[task index + 6])
 -- ARGV[1] op: acquire | release | finish | finish_batch | renew | show | circuit_force | reassert |
---          extend
+--          extend | fence
 --
 -- acquire: ARGV[2] task index (2 = carddata, 3 = card_status, i.e. its KEYS index)
 --          ARGV[3] task label  ARGV[4] lease id  ARGV[5] total limit  ARGV[6] config task limit
@@ -80,6 +80,10 @@
 --   added again to the total and its task's set with a full TTL, where it is missing (ZADD NX),
 --   whatever the limits say: the poll is at the Gateway, so its tokens are in use. Returns how
 --   many were added.
+-- fence: ARGV[2] the fence length in ms, ARGV[3] the first-start mark: checks (and sets) the fence
+--   as an acquire does, admitting nothing; a worker calls it as it starts, so that a new
+--   deployment's fence hash exists before its first poll, however late that comes. Returns the
+--   ms until the fence ends (0: none is on).
 -- extend: ARGV[2] lease ttl ms, ARGV[3] task index, ARGV[4] lease id: a full TTL from now for a
 --   lease that still exists (ZADD XX, in the total and its task's set): the lease of a call its
 --   poll stopped waiting for, which counts until handler_timeout after it was sent, past the
@@ -94,10 +98,10 @@
 -- poll admitted before to have left the Gateway) and stores the run_id, and until then no acquire
 -- admits and no renew lets a process reuse its kept slots. The decision is Redis's, on Redis's
 -- clock: no process has to notice the loss, write anything back or keep a timer. The one missing
--- hash that is not fenced is a deployment's first start: each process's first acquire carries a
--- first-start mark ('0' for a budget that was never told, or the PostgreSQL time of the
--- deployment's first start in ms, which must be less than half a fence length ago), so pods
--- started with a new deployment are not fenced, whichever of them acquires first.
+-- hash that is not fenced is a deployment's first start: each process's acquires carry a
+-- first-start mark until one is answered ('0' for a budget that was never told, or the
+-- PostgreSQL time of the deployment's first start in ms, which must be less than half a fence
+-- length ago), so pods started with a new deployment are not fenced, whichever acquires first.
 local op = ARGV[1]
 
 -- Checks the fence, and sets it when the data may have been lost (above). `length`: the fence
@@ -315,6 +319,8 @@ elseif op == 'release' then
     if a + b + c > 0 then existed = existed + 1 end
   end
   return existed
+elseif op == 'fence' then
+  return fence(tonumber(ARGV[2]) or 0, ARGV[3])
 elseif op == 'extend' then
   local expiry = clock() + tonumber(ARGV[2])
   local index, lease = tonumber(ARGV[3]), ARGV[4]

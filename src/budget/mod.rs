@@ -348,8 +348,8 @@ pub struct Budget {
     abandoned: Arc<abandoned::AbandonedCounts>,
     /// Signalled when one of those ends.
     abandoned_ended: Arc<tokio::sync::Notify>,
-    /// The first-start mark this process's next acquire carries (`None`: none). It is sent
-    /// once: see [`Budget::record_start`].
+    /// The first-start mark this process's acquires carry until one is answered (`None`: none):
+    /// see [`Budget::record_start`].
     first_start: Arc<Mutex<Option<String>>>,
 }
 
@@ -415,11 +415,28 @@ impl Budget {
     /// except in the first acquire of a process while the deployment is less than half a fence
     /// length old (`budget.lua`, "The fence"): pods that start together with a new deployment
     /// find no hash and are not fenced, whichever acquires first. A budget that is never told
-    /// (a test, a benchmark) counts as its deployment's first start, for its first acquire only.
+    /// (a test, a benchmark) counts as its deployment's first start, until its first answered
+    /// acquire.
+    ///
+    /// The mark goes to Redis at once (the script's `fence` op), so that a new deployment's
+    /// fence hash exists from its first start on, however long its first poll takes to come; if
+    /// Redis does not answer, the acquires carry it instead.
     pub async fn record_start(&self, pool: &sqlx::PgPool) -> anyhow::Result<()> {
-        let first = record_deployment_start(pool).await?;
+        let first = record_deployment_start(pool).await?.max(1).to_string();
+        let checked: redis::RedisResult<u64> = self
+            .invocation("fence")
+            .arg(self.fence_ms())
+            .arg(&first)
+            .invoke_async(&mut self.conn.clone())
+            .await;
         if let Ok(mut mark) = self.first_start.lock() {
-            *mark = Some(first.max(1).to_string());
+            *mark = match checked {
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the fence is not checked at start; the first acquire checks it");
+                    Some(first)
+                }
+            };
         }
         Ok(())
     }
@@ -603,13 +620,22 @@ impl Budget {
             .arg(if take_over { "1" } else { "0" })
             .arg(&*self.owner);
         carried.push_args(&mut inv);
-        // The first-start mark goes with one call only, answered or not.
-        let first = self.first_start.lock().ok().and_then(|mut m| m.take());
-        inv.arg(self.fence_ms()).arg(first.unwrap_or_default());
+        // The first-start mark goes with every call until one is answered: a call that timed out
+        // (its future dropped by the caller's timeout) may never have reached Redis.
+        let first = self.first_start.lock().ok().and_then(|m| m.clone());
+        inv.arg(self.fence_ms())
+            .arg(first.as_deref().unwrap_or_default());
         let answer: redis::RedisResult<Raw> = inv.invoke_async(&mut self.conn.clone()).await;
         let (granted, reason, _limit, invalid, round, transition, wait_ms, answers, slot) =
             match answer {
-                Ok(raw) => raw,
+                Ok(raw) => {
+                    if first.is_some() {
+                        if let Ok(mut mark) = self.first_start.lock() {
+                            *mark = None;
+                        }
+                    }
+                    raw
+                }
                 Err(e) => {
                     // Redis may have run it (a lost reply): give the lease back, in the background.
                     self.release_in_background(lease_id.to_owned());

@@ -336,3 +336,73 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
     .await;
     assert!(!worker.exited(), "the worker rides out the restart");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_deployment_that_starts_before_redis_answers_is_not_fenced() {
+    // A pod of a new deployment that starts while Redis does not answer (not up yet), and whose
+    // first acquires fail too, must still carry the deployment's first start when one gets
+    // through: Redis holds no fence hash then because it never held the deployment's data, not
+    // because it lost it.
+    let db = TestDb::new().await;
+    let mut redis = PrivateRedis::start_new(false);
+    let config = config(&db, &redis.url(), "http://127.0.0.1:9");
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let budget = Budget::new(conn, &config);
+    redis.stop();
+    budget
+        .record_start(&db.pool)
+        .await
+        .expect("the first start is recorded in PostgreSQL, Redis or not");
+    let lease = budget.new_lease_id();
+    assert!(
+        budget.acquire(Task::Carddata, &lease).await.is_err(),
+        "Redis is down"
+    );
+    redis.start();
+    let fence = budget.fence_length();
+    wait_until(
+        Duration::from_secs(10),
+        "a poll admitted once Redis is up, with no fence",
+        || async {
+            let lease = budget.new_lease_id();
+            matches!(
+                budget.acquire(Task::Carddata, &lease).await,
+                Ok(Acquired::Acquired)
+            )
+        },
+    )
+    .await;
+    assert!(
+        fence > Duration::from_secs(10),
+        "the wait is shorter than a fence"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_deployment_whose_first_poll_comes_long_after_its_start_is_not_fenced() {
+    // The fence hash is written as the worker starts: a first acquire that comes later than half
+    // a fence (no card due before then, say) finds it and is not taken for a data loss. A short
+    // fence keeps the wait short: the passing of that time is what the test is about.
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let mut config = config(&db, &redis.url(), "http://127.0.0.1:9");
+    config.gateway.timeout_ms = 1_000;
+    config.polling.handler_timeout_secs = 2;
+    config.polling.lease_ttl_secs = 7;
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let budget = Budget::new(conn, &config);
+    budget
+        .record_start(&db.pool)
+        .await
+        .expect("record the first start");
+    tokio::time::sleep(budget.fence_length() / 2 + Duration::from_millis(500)).await;
+    let lease = budget.new_lease_id();
+    assert_eq!(
+        budget
+            .acquire(Task::Carddata, &lease)
+            .await
+            .expect("acquire"),
+        Acquired::Acquired,
+        "no fence: the deployment's Redis never lost anything"
+    );
+}
