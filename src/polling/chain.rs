@@ -15,10 +15,10 @@
 //! `cardworker_jobs::chain::SCRIPT`, shared with the producer API, whose poll jobs merge into the
 //! live chain instead of replacing its entry.
 //!
-//! One file of about 600 lines on purpose: it is the Rust side of one script
-//! (`jobs/src/chain.lua`), and every function here builds that script's keys and arguments and
-//! reads its answers the same way; split, the halves would share the key layout and the ops'
-//! argument order across files. Reconcile's filter (`live.lua`, [`maybe_dead`]) reads the same
+//! One file of over 800 lines on purpose: it is the Rust side of one script
+//! (`jobs/src/chain.lua`), and every function here builds that script's eight arguments and
+//! reads its answers the same way; split, the halves would share the ops' argument order across
+//! files. The key names alone stand apart ([`super::keys`]), since other modules read them. Reconcile's filter (`live.lua`, [`maybe_dead`]) reads the same
 //! two keys.
 //!
 //! A poll's check and successor go through the process's batched calls ([`Via::Batched`],
