@@ -8,7 +8,8 @@
 //! - [`private`]: a redis-server or PostgreSQL cluster of the test's own on a free port, which a
 //!   fault test stops, restarts, pauses or wipes; [`faults`], the setup the fault tests share
 //!   (their worker's configuration, an in-process worker they stop, their cards).
-//! - [`process`]: `cardworker run` as a child process.
+//! - [`process`]: `cardworker run` as a child process; [`proxy`], a TCP proxy in front of a
+//!   redis-server, cut off or routed to another server.
 //! - [`scripted_gateway`]: a Gateway whose answers a test scripts per payment.
 //! - [`webdriver`]: the browser of the console's test.
 //! - [`plan_drive`] and [`plan_guard`]: every statement path of `src/`, driven and judged by its
@@ -27,6 +28,7 @@ pub mod plan_drive;
 pub mod plan_guard;
 pub mod private;
 pub mod process;
+pub mod proxy;
 pub mod scripted_gateway;
 pub mod webdriver;
 

@@ -15,6 +15,10 @@ use rand::{Rng as _, SeedableRng as _};
 use crate::world::Kill;
 use crate::World;
 
+/// How long [`Fault::RedisCutOffWhileEmpty`] keeps its worker cut off: longer than any hold a
+/// process keeps by a timer of its own, shorter than the budget's fence.
+pub const CUT_OFF_MS: u64 = 20_000;
+
 /// One fault of the schedule.
 #[derive(Debug, Clone)]
 pub enum Fault {
@@ -34,6 +38,14 @@ pub enum Fault {
     /// `FLUSHALL`, then one worker stopped (SIGTERM) and started again by its supervisor: a pod
     /// that starts while the budget's fence is on.
     PodStartedInFence { slot: usize },
+    /// One worker cut off from Redis by its proxy for [`CUT_OFF_MS`], while Redis is stopped for
+    /// `down_ms` and comes back empty: the worker's polls at the Gateway lose their leases, and
+    /// it cannot write them back.
+    RedisCutOffWhileEmpty { slot: usize, down_ms: u64 },
+    /// A failover to a replica that lagged: the replica's link to the primary is cut for
+    /// `lag_ms` (the primary takes writes it never sees), then the replica is promoted and every
+    /// proxy routed to it. The old primary follows the new one from then on.
+    RedisFailover { lag_ms: u64 },
     /// The string of short Redis outages: `(gap before, empty restart or pause, length)`.
     RedisString { outages: Vec<(u64, bool, u64)> },
     /// PostgreSQL restarted (fast shutdown).
@@ -100,6 +112,10 @@ impl Fault {
             Fault::RedisFlushAll => "redis FLUSHALL",
             Fault::RedisKillAof { .. } => "redis kill -9 and restart from its AOF",
             Fault::PodStartedInFence { .. } => "redis FLUSHALL, then a worker started",
+            Fault::RedisCutOffWhileEmpty { .. } => {
+                "a worker cut off from redis while it restarts empty"
+            }
+            Fault::RedisFailover { .. } => "redis failover to a replica that lagged",
             Fault::PgRestart => "postgres fast restart",
             Fault::PgStop { .. } => "postgres stopped",
             Fault::GwOutage { .. } => "gateway outage (503)",
@@ -126,6 +142,8 @@ impl Fault {
                 down_ms + 5_000
             }
             Fault::RedisFlushAll | Fault::PodStartedInFence { .. } => 5_000,
+            Fault::RedisCutOffWhileEmpty { down_ms, .. } => CUT_OFF_MS.max(*down_ms) + 5_000,
+            Fault::RedisFailover { lag_ms } => lag_ms + 15_000,
             Fault::RedisString { outages } => outages.iter().map(|(g, _, l)| g + l + 3_000).sum(),
             Fault::PgRestart => 10_000,
             Fault::PgStop { secs }
@@ -294,6 +312,28 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
             }
         }
     }
+    // The losses that come through the network (a worker cut off while Redis restarts empty,
+    // a failover to a replica that lagged), from a third stream, on the same terms.
+    if phase_ms >= 240_000 {
+        let mut net = StdRng::seed_from_u64(seed ^ 0x6e65_7477_6f72_6b73);
+        for _ in 0..(phase_ms / 300_000).max(1) {
+            for fault in [
+                Fault::RedisCutOffWhileEmpty {
+                    slot: net.random_range(0..workers),
+                    down_ms: net.random_range(500..3_000),
+                },
+                Fault::RedisFailover {
+                    lag_ms: net.random_range(2_000..8_000),
+                },
+            ] {
+                let latest = phase_ms.saturating_sub(fault.duration_ms());
+                if latest <= warm {
+                    continue;
+                }
+                plan.push((net.random_range(warm..=latest), fault));
+            }
+        }
+    }
     plan.sort_by_key(|(at, _)| *at);
     plan
 }
@@ -343,6 +383,51 @@ async fn redis_kill_aof(world: &World, down_ms: u64) {
     tokio::task::block_in_place(|| redis.kill());
     tokio::time::sleep(Duration::from_millis(down_ms)).await;
     tokio::task::block_in_place(|| redis.start());
+}
+
+/// Cuts the worker of `slot` off from Redis for [`CUT_OFF_MS`], and meanwhile stops Redis for
+/// `down_ms` and starts it again empty.
+async fn redis_cut_off_while_empty(world: &World, slot: usize, down_ms: u64) {
+    let _network = world.services.network.lock().await;
+    let proxy = &world.services.slots[slot];
+    proxy.cut();
+    let back = tokio::time::Instant::now() + Duration::from_millis(CUT_OFF_MS);
+    redis_restart(world, false, down_ms).await;
+    tokio::time::sleep_until(back).await;
+    let port = world.services.redis.lock().await.port;
+    proxy.route_to(port);
+}
+
+/// Cuts the replica's link for `lag_ms`, promotes the replica, routes every proxy to it and
+/// makes the old primary follow it.
+async fn redis_failover(world: &World, lag_ms: u64) -> anyhow::Result<()> {
+    let services = &world.services;
+    let _network = services.network.lock().await;
+    let mut primary = services.redis.lock().await;
+    let mut replica = services.replica.lock().await;
+    let mut conn = cardworker::context::connect_redis(&replica.url()).await?;
+    // In step first: after an empty restart of the primary, the replica may still be syncing.
+    for _ in 0..100 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await?;
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    services.link.cut();
+    tokio::time::sleep(Duration::from_millis(lag_ms)).await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut conn)
+        .await?;
+    services.route_all(replica.port);
+    std::mem::swap(&mut *primary, &mut *replica);
+    services.link.route_to(primary.port);
+    crate::world::follow(&replica, &services.link).await
 }
 
 /// Stops Redis for `down_ms` and starts it again, with its data or empty.
@@ -468,6 +553,14 @@ async fn inject(world: &World, fault: &Fault) {
             world.sup.signal(*slot, Kill::Term);
         }
         Fault::RedisRestart { keep, down_ms } => redis_restart(world, *keep, *down_ms).await,
+        Fault::RedisCutOffWhileEmpty { slot, down_ms } => {
+            redis_cut_off_while_empty(world, *slot, *down_ms).await;
+        }
+        Fault::RedisFailover { lag_ms } => {
+            if let Err(e) = redis_failover(world, *lag_ms).await {
+                world.journal.note(format!("redis failover: {e:#}"));
+            }
+        }
         Fault::RedisString { outages } => {
             for (gap, empty, len) in outages {
                 tokio::time::sleep(Duration::from_millis(*gap)).await;

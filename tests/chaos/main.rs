@@ -1,7 +1,8 @@
 //! `make chaos`: every promise verified while many faults strike at once, with a seed that
 //! replays the schedule (Jepsen's method on a small scale).
 //!
-//! The run builds its own world ([`world`]): a private redis-server and PostgreSQL cluster, the
+//! The run builds its own world ([`world`]): a private redis-server (with a replica, and a TCP
+//! proxy in front of it for each worker and one for the harness) and PostgreSQL cluster, the
 //! Gateway simulator behind a journal of every request, and three `cardworker run` processes
 //! under a supervisor that restarts a worker that exits. A workload ([`workload`]) changes 500
 //! cards at the simulator, creates payments and approvals and delivers channel callbacks; the
@@ -27,7 +28,7 @@ mod workload;
 mod world;
 
 // The private services of the test kit (test-kit/), as `crate::private`.
-use cardworker_test_kit::private;
+use cardworker_test_kit::{private, proxy};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -192,7 +193,7 @@ async fn chaos_keeps_every_invariant_under_a_seeded_fault_schedule() {
         .tempdir()
         .expect("tempdir");
     let journal = Journal::new();
-    let services = Services::start().await.expect("private services");
+    let services = Services::start(WORKERS).await.expect("private services");
     let gw_base = SimConfig {
         latency_ms: 20,
         latency_jitter_ms: 30,
@@ -248,7 +249,13 @@ async fn chaos_keeps_every_invariant_under_a_seeded_fault_schedule() {
         .cloned()
         .collect();
 
-    let sup = Supervisor::start(WORKERS, &binary(), &config, dir.path(), &journal);
+    let sup = Supervisor::start(
+        services.slot_urls(),
+        &binary(),
+        &config,
+        dir.path(),
+        &journal,
+    );
     // Every worker up before the schedule starts.
     for _ in 0..120 {
         if sup.metrics().await.len() == WORKERS {

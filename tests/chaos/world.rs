@@ -16,35 +16,96 @@ use tokio::process::Command;
 
 use crate::journal::{self, Journal};
 use crate::private::{free_port, PrivatePg, PrivateRedis};
+use crate::proxy::Proxy;
 
 /// The key prefix of the run's Redis keys.
 pub const PREFIX: &str = "chaos";
 
 /// The services: Redis and PostgreSQL of the run's own, each behind a lock that serialises the
 /// faults injected into it.
+///
+/// Nobody reaches Redis directly. Each worker slot has a [`Proxy`] of its own, so one worker can
+/// be cut off from Redis; the harness (the CLI, the checker, the faults' own commands) goes
+/// through `front`. A replica follows the primary through `link`, which a failover cuts first
+/// (the replica lags), then promotes the replica and routes every proxy to it.
 pub struct Services {
+    /// The primary: the server every proxy routes to.
     pub redis: tokio::sync::Mutex<PrivateRedis>,
+    /// The replica, following the primary through `link`. A failover swaps the two.
+    pub replica: tokio::sync::Mutex<PrivateRedis>,
+    pub link: Proxy,
+    /// The harness's way to Redis.
+    pub front: Proxy,
+    /// Each worker slot's way to Redis.
+    pub slots: Vec<Proxy>,
+    /// Serialises the faults that reroute the network (a worker cut off, a failover).
+    pub network: tokio::sync::Mutex<()>,
     pub pg: tokio::sync::Mutex<PrivatePg>,
+    /// The harness's Redis URL (through `front`).
     pub redis_url: String,
     pub db_url: String,
 }
 
 impl Services {
-    pub async fn start() -> anyhow::Result<Self> {
-        let (redis, pg) =
-            tokio::task::spawn_blocking(|| (PrivateRedis::start_new(true), PrivatePg::start_new()))
-                .await
-                .context("starting the private services")?;
+    pub async fn start(workers: usize) -> anyhow::Result<Self> {
+        let (redis, replica, pg) = tokio::task::spawn_blocking(|| {
+            (
+                PrivateRedis::start_new(true),
+                PrivateRedis::start_new(true),
+                PrivatePg::start_new(),
+            )
+        })
+        .await
+        .context("starting the private services")?;
         let admin = sqlx::PgPool::connect(&pg.url("postgres")).await?;
         sqlx::query("CREATE DATABASE chaos").execute(&admin).await?;
         admin.close().await;
+        let link = Proxy::start(redis.port).await;
+        follow(&replica, &link).await?;
+        let front = Proxy::start(redis.port).await;
+        let mut slots = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            slots.push(Proxy::start(redis.port).await);
+        }
         Ok(Self {
-            redis_url: redis.url(),
+            redis_url: front.url(),
             db_url: pg.url("chaos"),
             redis: tokio::sync::Mutex::new(redis),
+            replica: tokio::sync::Mutex::new(replica),
+            link,
+            front,
+            slots,
+            network: tokio::sync::Mutex::default(),
             pg: tokio::sync::Mutex::new(pg),
         })
     }
+
+    /// Each worker slot's Redis URL.
+    pub fn slot_urls(&self) -> Vec<String> {
+        self.slots.iter().map(Proxy::url).collect()
+    }
+
+    /// Routes the harness and every worker slot that is not cut off to the server on `port`.
+    pub fn route_all(&self, port: u16) {
+        self.front.route_to(port);
+        for slot in &self.slots {
+            if !slot.is_cut() {
+                slot.route_to(port);
+            }
+        }
+    }
+}
+
+/// Makes `replica` follow the server behind `link` (`REPLICAOF` the link's port).
+pub async fn follow(replica: &PrivateRedis, link: &Proxy) -> anyhow::Result<()> {
+    let mut conn = cardworker::context::connect_redis(&replica.url()).await?;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(link.port)
+        .query_async(&mut conn)
+        .await
+        .context("REPLICAOF")?;
+    Ok(())
 }
 
 /// The simulator, serving on a free port behind the journal.
@@ -168,11 +229,21 @@ pub struct Supervisor {
     pub ports: Vec<u16>,
     /// Each slot's log file (every generation appends to it).
     pub logs: Vec<PathBuf>,
+    /// Each slot's Redis URL (its own proxy), set over the config file's.
+    redis_urls: Vec<String>,
     tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Supervisor {
-    pub fn start(n: usize, binary: &str, config: &Path, dir: &Path, journal: &Journal) -> Self {
+    /// Starts one worker per URL of `redis_urls`, each reaching Redis at its own.
+    pub fn start(
+        redis_urls: Vec<String>,
+        binary: &str,
+        config: &Path,
+        dir: &Path,
+        journal: &Journal,
+    ) -> Self {
+        let n = redis_urls.len();
         let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let logs: Vec<PathBuf> = (0..n)
             .map(|i| dir.join(format!("worker-{i}.log")))
@@ -184,6 +255,7 @@ impl Supervisor {
             })),
             ports,
             logs,
+            redis_urls,
             tasks: Arc::default(),
         };
         for slot in 0..n {
@@ -231,6 +303,7 @@ impl Supervisor {
                 .arg("--config")
                 .arg(config)
                 .env("CARDWORKER_POD_NAME", format!("w{slot}-{generation}"))
+                .env("CARDWORKER__REDIS__URL", &self.redis_urls[slot])
                 .env(
                     "CARDWORKER__TELEMETRY__LISTEN",
                     format!("127.0.0.1:{}", self.ports[slot]),

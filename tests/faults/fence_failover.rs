@@ -1,11 +1,11 @@
 //! The fence after the Redis losses that come through the network: a worker cut off from Redis
 //! while Redis restarts empty, and a failover to a replica that lagged. Each worker reaches Redis
-//! through a TCP proxy of the test's own ([`Proxy`]), which the test cuts off or switches to
+//! through a TCP proxy of the test's own ([`Proxy`](crate::proxy::Proxy)), which the test cuts off or switches to
 //! another server. As in [`crate::fence`], the simulator counts a call in flight from its arrival
 //! to its answer; its peak must never pass the total limit, and every card is polled again once
 //! the fence is over.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cardworker::config::Task;
@@ -13,8 +13,6 @@ use cardworker::context::{self, AppContext};
 use cardworker::polling::reconcile;
 use cardworker::sim::Simulator;
 use redis::aio::ConnectionManager;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
 use crate::faults::{insert_cards, start_chains, InProcess};
 use crate::fence::{
@@ -22,111 +20,11 @@ use crate::fence::{
 };
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
+use crate::proxy::Proxy;
 
 /// How long the worker stays cut off from Redis: longer than every hold a process keeps by a
 /// timer of its own, and shorter than the fence.
 const CUT_OFF: Duration = Duration::from_secs(20);
-
-/// A TCP proxy of the test's own in front of a redis-server, on a port of its own. The test can
-/// cut it off (every connection through it is dropped, and new ones are accepted but never
-/// answered, as behind a network partition) and route it again, to the same server or another.
-struct Proxy {
-    port: u16,
-    route: Arc<Mutex<Route>>,
-    accept: JoinHandle<()>,
-}
-
-#[derive(Default)]
-struct Route {
-    /// The port of the redis-server new connections go to; `None` while cut off.
-    target: Option<u16>,
-    /// The connections being forwarded, one task each: aborting a task drops both its sockets.
-    links: Vec<JoinHandle<()>>,
-    /// The connections accepted while cut off, held unanswered.
-    held: Vec<TcpStream>,
-}
-
-impl Route {
-    fn drop_all(&mut self) {
-        for link in self.links.drain(..) {
-            link.abort();
-        }
-        self.held.clear();
-    }
-}
-
-impl Proxy {
-    /// Starts forwarding to the redis-server on 127.0.0.1:`target`.
-    async fn start(target: u16) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the proxy");
-        let port = listener.local_addr().expect("the proxy's address").port();
-        let route = Arc::new(Mutex::new(Route {
-            target: Some(target),
-            ..Route::default()
-        }));
-        let accepting = route.clone();
-        let accept = tokio::spawn(async move {
-            loop {
-                let client = match listener.accept().await {
-                    Ok((client, _)) => client,
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let mut route = accepting.lock().expect("the proxy's route");
-                route.links.retain(|link| !link.is_finished());
-                match route.target {
-                    None => route.held.push(client),
-                    Some(target) => route.links.push(tokio::spawn(forward(client, target))),
-                }
-            }
-        });
-        Self {
-            port,
-            route,
-            accept,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    /// Drops every connection through the proxy; new ones are held unanswered until
-    /// [`Proxy::route_to`].
-    fn cut(&self) {
-        let mut route = self.route.lock().expect("the proxy's route");
-        route.target = None;
-        route.drop_all();
-    }
-
-    /// Drops every connection through the proxy (those held while cut off too), and forwards
-    /// new ones to the redis-server on 127.0.0.1:`target`.
-    fn route_to(&self, target: u16) {
-        let mut route = self.route.lock().expect("the proxy's route");
-        route.target = Some(target);
-        route.drop_all();
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        if let Ok(mut route) = self.route.lock() {
-            route.drop_all();
-        }
-    }
-}
-
-async fn forward(mut client: TcpStream, target: u16) {
-    let Ok(mut server) = TcpStream::connect(("127.0.0.1", target)).await else {
-        return;
-    };
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-}
 
 /// The run_id of the redis-server behind `conn`.
 async fn run_id(conn: &mut ConnectionManager) -> String {

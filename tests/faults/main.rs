@@ -23,4 +23,4 @@ mod redis_cost;
 mod scenarios;
 
 // The shared machinery (test-kit/), under the names the tests use: `crate::harness`, ….
-use cardworker_test_kit::{faults, harness, private, process, scripted_gateway};
+use cardworker_test_kit::{faults, harness, private, process, proxy, scripted_gateway};
