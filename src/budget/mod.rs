@@ -169,29 +169,18 @@ pub enum ShortReason {
     Task,
     /// The task is paused (`budget pause`).
     Paused,
-    /// Redis may have lost the leases of polls still at the Gateway: no poll is admitted until
-    /// they are over (the fence, in `budget.lua`).
-    Fenced,
 }
 
 impl ShortReason {
     /// Every reason.
-    pub const ALL: [ShortReason; 4] = [
-        ShortReason::Total,
-        ShortReason::Task,
-        ShortReason::Paused,
-        ShortReason::Fenced,
-    ];
+    pub const ALL: [ShortReason; 3] = [ShortReason::Total, ShortReason::Task, ShortReason::Paused];
 
-    /// The metric label. A fence counts as the budget being unavailable: the spec's label set
-    /// (`cardworker_poll_deferred_total{reason}`) has no value of its own for it, and Redis
-    /// having lost the budget's data is that.
+    /// The metric label.
     pub const fn label(self) -> &'static str {
         match self {
             ShortReason::Total => "total",
             ShortReason::Task => "task",
             ShortReason::Paused => "paused",
-            ShortReason::Fenced => "budget_unavailable",
         }
     }
 }
@@ -211,6 +200,12 @@ pub enum Acquired {
     Short {
         /// Which budget was short.
         reason: ShortReason,
+    },
+    /// Nothing was taken: Redis may have lost the leases of polls still at the Gateway, and no
+    /// poll is admitted until they are over (the fence, in `budget.lua`).
+    Fenced {
+        /// Until the fence ends, on Redis's clock.
+        retry_in: Duration,
     },
     /// Nothing was taken: the task's Gateway circuit is open.
     CircuitOpen {
@@ -689,7 +684,12 @@ impl Budget {
             "paused" => ShortReason::Paused,
             "fenced" => {
                 tracing::debug!(%task, fence_ms = wait_ms, "the budget is fenced after a Redis data loss");
-                ShortReason::Fenced
+                return Ok((
+                    Acquired::Fenced {
+                        retry_in: Duration::from_millis(wait_ms),
+                    },
+                    String::new(),
+                ));
             }
             "circuit_open" => {
                 return Ok((

@@ -199,8 +199,9 @@ impl Budget {
         let (answer, lease) = self.acquire_slot(task, lease_id).await?;
         match answer {
             Acquired::Short {
-                reason: ShortReason::Paused | ShortReason::Fenced,
+                reason: ShortReason::Paused,
             }
+            | Acquired::Fenced { .. }
             | Acquired::CircuitOpen { .. } => self.stop_reuse(task),
             Acquired::Short {
                 reason: ShortReason::Total,

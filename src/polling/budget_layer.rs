@@ -234,6 +234,13 @@ where
             deferred(J::TASK.label(), reason.label());
             defer::<J, S::Response>(&shared, task, reason.label(), Duration::ZERO).await
         }
+        Ok((Acquired::Fenced { retry_in }, _)) => {
+            // A fence counts as the budget being unavailable: the spec's label set has no value
+            // of its own for it, and Redis having lost the budget's data is that. The job comes
+            // back once the fence is over (plus the back-off's jitter), not within it.
+            deferred(J::TASK.label(), super::BUDGET_UNAVAILABLE);
+            defer::<J, S::Response>(&shared, task, super::BUDGET_UNAVAILABLE, retry_in).await
+        }
         Ok((Acquired::CircuitOpen { retry_in }, _)) => {
             deferred(J::TASK.label(), CIRCUIT_OPEN_REASON);
             defer::<J, S::Response>(&shared, task, CIRCUIT_OPEN_REASON, retry_in).await

@@ -406,3 +406,85 @@ async fn a_new_deployment_whose_first_poll_comes_long_after_its_start_is_not_fen
         "no fence: the deployment's Redis never lost anything"
     );
 }
+
+/// Each chain's next due time in Redis (ms, Redis's clock), fed or not.
+async fn due_times(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, u64)> {
+    const FED: u64 = 1 << 50;
+    let mut out = Vec::new();
+    for task in Task::ALL {
+        let due: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg(cardworker::polling::keys::due_key("cw", task))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await
+            .expect("the due set");
+        out.extend(
+            due.into_iter()
+                .map(|(card, s)| (format!("{}:{card}", task.label()), s % FED)),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_fenced_after_a_flushall_is_deferred_to_the_fence_s_end_not_again_and_again_within_it(
+) {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(50, 0);
+    sim.set_error_rate(0.0);
+    sim.set_garbage_rate(0.0);
+    let config = config(&db, &redis.url(), &sim_handle.base_url());
+    insert_cards(&db.pool, CARDS).await;
+    ran_before(&db, &redis.url()).await;
+    let worker = InProcess::start(config.clone()).await;
+    start_chains(&worker.ctx).await;
+    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .expect("flushall");
+    start_chains(&worker.ctx).await;
+
+    // Every chain's poll comes due at once, finds the fence on, and is deferred to its end (with
+    // the deferral's back-off on top), not by the back-off alone: a back-off of 1–2 s would
+    // bring each of them back a dozen times within the fence, each a script call for nothing.
+    let fenced_until = || {
+        let mut admin = admin.clone();
+        async move {
+            let until: Option<u64> = redis::cmd("HGET")
+                .arg(cardworker::budget::fence_key("cw"))
+                .arg("until")
+                .query_async(&mut admin)
+                .await
+                .expect("the fence hash");
+            until.unwrap_or(0)
+        }
+    };
+    wait_until(Duration::from_secs(10), "the fence on", || async {
+        fenced_until().await > 0
+    })
+    .await;
+    let until = fenced_until().await;
+    wait_until(
+        Duration::from_secs(15),
+        "every chain due at the fence's end or later",
+        || {
+            let mut admin = admin.clone();
+            async move {
+                let due = due_times(&mut admin).await;
+                due.len() == 2 * CARDS && due.iter().all(|(_, at)| *at >= until)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        sim.stats().in_flight_polls,
+        0,
+        "no poll is admitted within the fence"
+    );
+    drop(worker);
+}
