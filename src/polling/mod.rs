@@ -14,6 +14,9 @@
 //! - [`circuit`]: what the fleet-wide Gateway circuit breaker means for a poll (its outcome
 //!   report, probes, the one audit event per opening and per closing).
 //! - [`reconcile`]: the `RunReconcile` job (restores chains after a Redis loss; reads only).
+//! - [`due_queue`]: one record per card and task shard that workers fetch under a lease and
+//!   acknowledge with the card's next due time; its script is Redis Cluster safe. The polling
+//!   workers do not fetch from it yet: they run on the chains above.
 //!
 //! Applying an observed change is `crate::cards` (shared with channel callbacks); the commands
 //! (`enqueue carddata|card_status`, `reconcile`, `investigate`) are in `crate::commands`.
@@ -23,6 +26,7 @@ pub mod card_status;
 pub mod carddata;
 pub mod chain;
 pub mod circuit;
+pub mod due_queue;
 pub mod keys;
 pub mod poll;
 pub mod reconcile;

@@ -8,6 +8,7 @@
 //! - [`private`]: a redis-server or PostgreSQL cluster of the test's own on a free port, which a
 //!   fault test stops, restarts, pauses or wipes; [`faults`], the setup the fault tests share
 //!   (their worker's configuration, an in-process worker they stop, their cards).
+//! - [`cluster`]: a three-master Redis Cluster of the test's own on loopback.
 //! - [`process`]: `cardworker run` as a child process; [`proxy`], a TCP proxy in front of a
 //!   redis-server, cut off or routed to another server.
 //! - [`scripted_gateway`]: a Gateway whose answers a test scripts per payment.
@@ -21,6 +22,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod bench;
+pub mod cluster;
 pub mod faults;
 pub mod harness;
 pub mod inventory;

@@ -8,12 +8,14 @@
 //! other client; [`budget_cost`] counts what a poll's budget call runs there. [`outage_string`]
 //! runs a string of short Redis outages under load against two `cardworker run` processes.
 //! [`alerts`] runs the project's alert rules on a real Prometheus scraping a real worker through
-//! those faults.
+//! those faults. [`due_queue`] holds the polling due queue's script to its promises, on a
+//! redis-server of its own and on a three-master Redis Cluster.
 
 mod abandoned;
 mod alerts;
 mod budget_cost;
 mod chain_cost;
+mod due_queue;
 mod empty_redis;
 mod fence;
 mod fence_failover;
@@ -23,4 +25,4 @@ mod redis_cost;
 mod scenarios;
 
 // The shared machinery (test-kit/), under the names the tests use: `crate::harness`, ….
-use cardworker_test_kit::{faults, harness, private, process, proxy, scripted_gateway};
+use cardworker_test_kit::{cluster, faults, harness, private, process, proxy, scripted_gateway};

@@ -1,0 +1,453 @@
+//! The due queue of a polling task shard (`polling::due_queue`): what a fetch hands out, which
+//! lease an acknowledgement obeys, what an ended lease gives back, and its script on a
+//! three-master Redis Cluster. Each test runs on a redis-server (or cluster) of its own.
+
+// An unwrap() that fails is the test failing, at its line.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cardworker::config::Task;
+use cardworker::context;
+use cardworker::polling::due_queue::{DueQueue, Held, Leased, ShardKeys};
+use redis::aio::ConnectionManager;
+
+use crate::cluster::PrivateCluster;
+use crate::private::PrivateRedis;
+
+const LONG: Duration = Duration::from_secs(60);
+
+async fn queue_on(redis: &PrivateRedis) -> (DueQueue, ConnectionManager) {
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    (DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0)), conn)
+}
+
+/// Writes `card_ref` due `ms_ago` ms ago (negative: in the future), on Redis's clock.
+async fn due_since(queue: &DueQueue, conn: &mut ConnectionManager, card_ref: &str, ms_ago: i64) {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    let now = secs * 1000 + micros / 1000;
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue.keys().due)
+        .arg(now - ms_ago)
+        .arg(card_ref)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+fn cards(leased: &[Leased]) -> Vec<&str> {
+    leased.iter().map(|l| l.card_ref.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_fetch_leases_the_earliest_due_cards_first_and_none_that_is_not_due_yet() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    due_since(&queue, &mut conn, "c-late", 30_000).await;
+    due_since(&queue, &mut conn, "c-later", 60_000).await;
+    due_since(&queue, &mut conn, "c-just", 10).await;
+    due_since(&queue, &mut conn, "c-future", -60_000).await;
+
+    let first = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    assert_eq!(cards(&first), ["c-later", "c-late"], "the oldest due first");
+    let rest = queue.fetch(&mut conn, 10, LONG).await.unwrap();
+    assert_eq!(
+        cards(&rest),
+        ["c-just"],
+        "leased cards and cards not due yet are not handed out"
+    );
+    assert!(first[0].due_ms < first[1].due_ms);
+}
+
+#[tokio::test]
+async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_holds_the_card() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    due_since(&queue, &mut conn, "c-1", 1_000).await;
+    let [leased] = <[Leased; 1]>::try_from(queue.fetch(&mut conn, 5, LONG).await.unwrap()).unwrap();
+
+    assert_eq!(
+        queue
+            .ack(&mut conn, "c-1", leased.lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        Held::Yes(())
+    );
+    assert_eq!(
+        queue
+            .ack(&mut conn, "c-1", leased.lease, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        Held::Stale,
+        "a repeated acknowledgement changes nothing"
+    );
+    let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again),
+        ["c-1"],
+        "the successor is due at once, as the first acknowledgement said"
+    );
+    assert_ne!(
+        again[0].lease, leased.lease,
+        "each lease has a name of its own"
+    );
+    assert_eq!(
+        queue.release(&mut conn, &leased).await.unwrap(),
+        Held::Stale,
+        "the first lease no longer holds the card"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_that_ends_makes_the_card_due_again_and_its_late_acknowledgement_changes_nothing() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    due_since(&queue, &mut conn, "c-1", 1_000).await;
+    let short = Duration::from_millis(200);
+    let first = queue.fetch(&mut conn, 5, short).await.unwrap();
+    assert_eq!(cards(&first), ["c-1"]);
+    assert!(queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty());
+
+    // Its holder dies: the lease ends on Redis's clock and the card is handed out again.
+    let start = Instant::now();
+    let second = loop {
+        let got = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the lease never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(cards(&second), ["c-1"]);
+    assert_eq!(
+        second[0].due_ms,
+        first[0].lease.deadline_ms(),
+        "due again as of the ended lease's deadline"
+    );
+    assert_eq!(
+        queue
+            .ack(&mut conn, "c-1", first[0].lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        Held::Stale,
+        "the dead holder's late acknowledgement"
+    );
+    assert!(
+        queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty(),
+        "the second lease still holds the card"
+    );
+}
+
+#[tokio::test]
+async fn a_card_given_back_unpolled_keeps_its_place_by_due_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    due_since(&queue, &mut conn, "c-old", 50_000).await;
+    due_since(&queue, &mut conn, "c-new", 1_000).await;
+    let old = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&old), ["c-old"]);
+    due_since(&queue, &mut conn, "c-newer", 500).await;
+
+    // No token was free: the card goes back as due as it was, ahead of the later ones.
+    assert_eq!(
+        queue.release(&mut conn, &old[0]).await.unwrap(),
+        Held::Yes(())
+    );
+    let next = queue.fetch(&mut conn, 3, LONG).await.unwrap();
+    assert_eq!(cards(&next), ["c-old", "c-new", "c-newer"]);
+    assert_eq!(next[0].due_ms, old[0].due_ms);
+}
+
+#[tokio::test]
+async fn an_extended_lease_outlives_its_first_deadline_and_only_its_new_name_holds_the_card() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    due_since(&queue, &mut conn, "c-1", 1_000).await;
+    let first = queue
+        .fetch(&mut conn, 1, Duration::from_millis(300))
+        .await
+        .unwrap();
+    let Held::Yes(extended) = queue
+        .extend(&mut conn, "c-1", first[0].lease, LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("the lease held its card");
+    };
+    assert!(extended.deadline_ms() > first[0].lease.deadline_ms() + 50_000);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty(),
+        "past the first deadline, the extended lease still holds the card"
+    );
+    assert_eq!(
+        queue
+            .ack(&mut conn, "c-1", first[0].lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        Held::Stale,
+        "the lease's old name"
+    );
+    assert_eq!(
+        queue
+            .ack(&mut conn, "c-1", extended, Duration::ZERO)
+            .await
+            .unwrap(),
+        Held::Yes(())
+    );
+}
+
+#[tokio::test]
+async fn adding_a_card_leaves_an_entry_it_has_as_it_is_and_a_removed_card_s_poll_acknowledges_nothing(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    assert!(queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap());
+    let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"]);
+    assert!(
+        !queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap(),
+        "reconcile adding a card whose poll runs"
+    );
+    assert!(queue.fetch(&mut conn, 1, LONG).await.unwrap().is_empty());
+
+    assert!(queue.remove(&mut conn, "c-1").await.unwrap());
+    assert_eq!(
+        queue
+            .ack(&mut conn, "c-1", leased[0].lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        Held::Stale
+    );
+    let left: u64 = redis::cmd("ZCARD")
+        .arg(&queue.keys().due)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the removed card stays removed");
+}
+
+#[tokio::test]
+async fn the_head_tells_the_earliest_due_time_and_how_many_cards_are_due_in_one_call() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let empty = queue.head(&mut conn).await.unwrap();
+    assert_eq!((empty.earliest_due_ms, empty.due_now), (None, 0));
+
+    due_since(&queue, &mut conn, "c-1", 40_000).await;
+    due_since(&queue, &mut conn, "c-2", 5_000).await;
+    due_since(&queue, &mut conn, "c-3", -60_000).await;
+    let head = queue.head(&mut conn).await.unwrap();
+    assert_eq!(head.due_now, 2);
+    let overdue = head.now_ms - head.earliest_due_ms.unwrap();
+    assert!(
+        (40_000..41_000).contains(&overdue),
+        "overdue by {overdue} ms"
+    );
+
+    // A leased card is not due; once its lease ends it is, as of the lease's deadline (later
+    // than c-2's due time, which stays the earliest).
+    let leased = queue
+        .fetch(&mut conn, 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(cards(&leased), ["c-1"]);
+    assert_eq!(queue.head(&mut conn).await.unwrap().due_now, 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let head = queue.head(&mut conn).await.unwrap();
+    assert_eq!(head.due_now, 2);
+    let overdue = head.now_ms - head.earliest_due_ms.unwrap();
+    assert!((5_000..6_000).contains(&overdue), "overdue by {overdue} ms");
+}
+
+/// What one holder saw: the card, when its fetch returned, and when it sent its acknowledgement
+/// (`None`: it died holding the card).
+type Hold = (String, Instant, Option<Instant>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_fetching_and_acknowledging_at_once_never_hold_one_card_twice_and_dead_holders_cards_come_back(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    const CARDS: usize = 40;
+    for i in 0..CARDS {
+        queue
+            .add(&mut conn, &format!("c-{i:02}"), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let holds: Arc<Mutex<Vec<(Hold, bool)>>> = Arc::default();
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut workers = Vec::new();
+    for w in 0..6u64 {
+        let (queue, mut conn, holds) = (queue.clone(), conn.clone(), holds.clone());
+        workers.push(tokio::spawn(async move {
+            let mut n = w;
+            while Instant::now() < until {
+                let got = queue
+                    .fetch(&mut conn, 3, Duration::from_millis(250))
+                    .await
+                    .unwrap();
+                let fetched = Instant::now();
+                for leased in got {
+                    n += 1;
+                    // Every seventh holder dies holding its card.
+                    if n % 7 == 0 {
+                        holds
+                            .lock()
+                            .unwrap()
+                            .push(((leased.card_ref, fetched, None), false));
+                        continue;
+                    }
+                    tokio::time::sleep(Duration::from_millis(n % 5)).await;
+                    let sent = Instant::now();
+                    let held = queue
+                        .ack(&mut conn, &leased.card_ref, leased.lease, Duration::ZERO)
+                        .await
+                        .unwrap();
+                    holds.lock().unwrap().push((
+                        (leased.card_ref, fetched, Some(sent)),
+                        held == Held::Yes(()),
+                    ));
+                }
+                if n % 3 == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let holds = holds.lock().unwrap().clone();
+    let mut per_card: BTreeMap<String, Vec<(Instant, Option<Instant>, bool)>> = BTreeMap::new();
+    for ((card, fetched, sent), held) in &holds {
+        per_card
+            .entry(card.clone())
+            .or_default()
+            .push((*fetched, *sent, *held));
+    }
+    // Two acknowledged holds of one card never overlap: each ran between its fetch and its
+    // acknowledgement, and both found their lease holding the card.
+    for (card, mut hs) in per_card.clone() {
+        hs.retain(|h| h.2);
+        hs.sort_by_key(|h| h.0);
+        for pair in hs.windows(2) {
+            let (Some(first_sent), second_fetched) = (pair[0].1, pair[1].0) else {
+                continue;
+            };
+            assert!(
+                first_sent <= second_fetched,
+                "{card} held twice at once: {pair:?}"
+            );
+        }
+    }
+    // Every card whose holder died (half a second or more before the end) was handed out again
+    // once its 250 ms lease ended.
+    let died: Vec<(&str, Instant)> = holds
+        .iter()
+        .filter(|((_, fetched, sent), _)| {
+            sent.is_none() && *fetched + Duration::from_millis(500) < until
+        })
+        .map(|((card, fetched, _), _)| (card.as_str(), *fetched))
+        .collect();
+    assert!(!died.is_empty(), "some holders died");
+    let lost: Vec<_> = died
+        .iter()
+        .filter(|(card, at)| !per_card[*card].iter().any(|h| h.0 > *at))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} dead holders' cards were never handed out again: {lost:?}",
+        lost.len(),
+        died.len()
+    );
+}
+
+#[tokio::test]
+async fn the_due_queue_script_runs_on_a_three_master_redis_cluster_with_a_shard_on_each_master() {
+    let cluster = tokio::task::spawn_blocking(PrivateCluster::start)
+        .await
+        .unwrap();
+    // Shards of the card-data task until each master serves one.
+    let mut by_master: BTreeMap<u16, u16> = BTreeMap::new();
+    for shard in 0..200 {
+        let keys = ShardKeys::new("cw", Task::Carddata, shard);
+        by_master
+            .entry(cluster.node_for(&keys.due))
+            .or_insert(shard);
+        if by_master.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(by_master.len(), 3, "a shard on each master: {by_master:?}");
+    for (port, shard) in &by_master {
+        let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, *shard));
+        let mut conn = context::connect_redis(&PrivateCluster::url(*port))
+            .await
+            .unwrap();
+        assert!(queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap());
+        let leased = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+        assert_eq!(cards(&leased), ["c-1"], "shard {shard} on master {port}");
+        assert_eq!(
+            queue
+                .ack(&mut conn, "c-1", leased[0].lease, LONG)
+                .await
+                .unwrap(),
+            Held::Yes(())
+        );
+        assert_eq!(queue.head(&mut conn).await.unwrap().due_now, 0);
+
+        // The cluster does hold the script to its slots: another master refuses the shard.
+        let other = cluster.ports().into_iter().find(|p| p != port).unwrap();
+        let mut elsewhere = context::connect_redis(&PrivateCluster::url(other))
+            .await
+            .unwrap();
+        let refused = queue.head(&mut elsewhere).await.unwrap_err();
+        assert!(
+            format!("{refused:#}").to_lowercase().contains("moved"),
+            "another master answered: {refused:#}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_name_every_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    let mut names = Vec::new();
+    for _ in 0..200 {
+        let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+        let lease = leased[0].lease;
+        if let Some(&previous) = names.last() {
+            // The previous lease's repeated acknowledgement (a retry after a lost reply) must not
+            // end this one, however soon after it this one began.
+            assert_eq!(
+                queue.ack(&mut conn, "c-1", previous, LONG).await.unwrap(),
+                Held::Stale
+            );
+        }
+        names.push(lease);
+        assert_eq!(
+            queue
+                .ack(&mut conn, "c-1", lease, Duration::ZERO)
+                .await
+                .unwrap(),
+            Held::Yes(())
+        );
+    }
+    let mut distinct = names.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        names.len(),
+        "every lease has a name of its own"
+    );
+}
