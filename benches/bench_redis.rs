@@ -28,110 +28,22 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use apalis::prelude::*;
-use apalis_redis::RedisStorage;
 use cardworker::config::Task;
 use cardworker::polling::chain;
-use cardworker::queue::{intake, QueueName};
+use cardworker::queue::intake;
 use cardworker::sim::Simulator;
-use cardworker_jobs::{Job, PollCardData};
 use redis::aio::ConnectionManager;
-use tokio::sync::watch;
 
 use cardworker_test_kit::bench as support;
 use cardworker_test_kit::process::Worker;
+use cardworker_test_kit::redis_stats::{info, raw_apalis, redis_sample, Raw, RedisSample};
 use support::{env_or, private_redis};
 
 fn binary() -> String {
     std::env::var("CARDWORKER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cardworker").to_owned())
-}
-
-/// `INFO` of one section as `field -> value`.
-async fn info(
-    conn: &mut ConnectionManager,
-    section: &str,
-) -> anyhow::Result<BTreeMap<String, String>> {
-    let text: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
-        .collect())
-}
-
-/// What Redis reports at one instant.
-#[derive(Clone, Default)]
-struct RedisSample {
-    /// Calls per command name (without INFO, CONFIG and the bench's own reads).
-    calls: BTreeMap<String, u64>,
-    /// Microseconds spent executing each command (`usec=`; a script's inner commands are counted
-    /// both on their own lines and in the script's).
-    usec: BTreeMap<String, u64>,
-    /// Redis's `used_cpu_user` and `used_cpu_sys` (seconds).
-    cpu_user: f64,
-    cpu_sys: f64,
-    /// `used_cpu_user + used_cpu_sys`.
-    cpu_secs: f64,
-    input_bytes: u64,
-}
-
-impl RedisSample {
-    fn total(&self) -> u64 {
-        self.calls.values().sum()
-    }
-}
-
-async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisSample> {
-    let stats = info(conn, "commandstats").await?;
-    let field = |v: &str, f: &str| -> Option<u64> {
-        v.split(&format!("{f}="))
-            .nth(1)?
-            .split(',')
-            .next()?
-            .parse()
-            .ok()
-    };
-    let mut calls = BTreeMap::new();
-    let mut usec = BTreeMap::new();
-    for (k, v) in &stats {
-        let Some(name) = k.strip_prefix("cmdstat_") else {
-            continue;
-        };
-        if matches!(name, "info" | "config" | "flushall" | "memory") {
-            continue;
-        }
-        if let Some(n) = field(v, "calls") {
-            calls.insert(name.to_owned(), n);
-        }
-        if let Some(n) = field(v, "usec") {
-            usec.insert(name.to_owned(), n);
-        }
-    }
-    let cpu = info(conn, "cpu").await?;
-    let secs = |k: &str| {
-        cpu.get(k)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let (cpu_user, cpu_sys) = (secs("used_cpu_user"), secs("used_cpu_sys"));
-    let s = info(conn, "stats").await?;
-    let input_bytes = s
-        .get("total_net_input_bytes")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok(RedisSample {
-        calls,
-        usec,
-        cpu_user,
-        cpu_sys,
-        cpu_secs: cpu_user + cpu_sys,
-        input_bytes,
-    })
 }
 
 async fn used_memory(conn: &mut ConnectionManager) -> anyhow::Result<u64> {
@@ -200,74 +112,6 @@ async fn pg_sample(pool: &sqlx::PgPool, db: &str) -> anyhow::Result<PgSample> {
         written,
         read,
         commits,
-    })
-}
-
-/// What plain apalis-redis did with no-op jobs, the yardstick of a poll's cost on this machine.
-#[derive(Clone, Copy, Default)]
-struct Raw {
-    /// No-op jobs/s.
-    rate: f64,
-    /// Redis CPU per job, µs (fetch and acknowledgement only: the jobs were fed before).
-    cpu_us: f64,
-    /// Redis commands per job (inner commands counted), fetch and acknowledgement.
-    cmds: f64,
-}
-
-/// Raw apalis-redis: no-op jobs/s through plain apalis-redis, concurrency 32, and what its fetch
-/// and acknowledgement cost Redis per job. `n` at most the high-water mark: the jobs are fed
-/// before the worker starts.
-async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Raw> {
-    let prefix = format!("raw-{}", ulid::Ulid::new());
-    let mut c = conn.clone();
-    for i in 0..n {
-        chain::start(
-            &mut c,
-            &prefix,
-            Task::Carddata,
-            &format!("c-{i:05}"),
-            Duration::ZERO,
-        )
-        .await?;
-    }
-    let q = QueueName::new(&prefix, PollCardData::QUEUE);
-    while intake::feed(&mut c, &q).await?.waiting > 0 {}
-    let done = Arc::new(AtomicU64::new(0));
-    let (stop, stop_rx) = watch::channel(false);
-    let stopped = async move {
-        let mut rx = stop_rx;
-        let _ = rx.wait_for(|s| *s).await;
-        Ok::<(), std::io::Error>(())
-    };
-    let config = apalis_redis::Config::default()
-        .queue(cardworker_jobs::keys::queue(&prefix, PollCardData::QUEUE))
-        .batch_size(32)
-        .heartbeat_interval(Duration::from_secs(5))
-        .missed_heartbeats(3);
-    let storage: RedisStorage<String> = RedisStorage::new(conn.clone()).with_config(config);
-    let counter = done.clone();
-    let before = redis_sample(&mut c).await?;
-    let start = Instant::now();
-    let worker = WorkerBuilder::new(format!("raw-{}", ulid::Ulid::new()))
-        .backend(storage.poll_with_interval(Duration::from_millis(50)))
-        .data(counter)
-        .concurrency(32)
-        .build(|_raw: String, done: Data<Arc<AtomicU64>>| async move {
-            done.fetch_add(1, Ordering::SeqCst);
-            Ok::<(), BoxDynError>(())
-        });
-    let run = tokio::spawn(worker.run_until(stopped));
-    while done.load(Ordering::SeqCst) < n as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    let after = redis_sample(&mut c).await?;
-    stop.send_replace(true);
-    let _ = run.await;
-    Ok(Raw {
-        rate,
-        cpu_us: (after.cpu_secs - before.cpu_secs) * 1e6 / n as f64,
-        cmds: (after.total() - before.total()) as f64 / n as f64,
     })
 }
 

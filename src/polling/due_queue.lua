@@ -71,14 +71,23 @@ if op == 'fetch' then
   return out
 end
 
--- ack(card, lease, next_in_ms): the poll under `lease` is over; its card is due again
--- next_in_ms from now (the successor). Returns 1, or 0 when `lease` no longer holds the card
--- (it ended and the card was leased again, or it was acknowledged already): nothing changes.
+-- ack(card, lease, next_in_ms, ...): for each triple, the poll under `lease` is over and its
+-- card is due again next_in_ms from now (the successor). Returns one number a triple: 1, or 0
+-- when `lease` no longer holds the card (it ended and the card was leased again, or it was
+-- acknowledged already), and nothing changed for it.
 if op == 'ack' then
-  local card = ARGV[2]
-  if not holds(card, ARGV[3]) then return 0 end
-  redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[4]), card)
-  return 1
+  local now = now_ms()
+  local out = {}
+  for i = 2, #ARGV, 3 do
+    local card = ARGV[i]
+    if holds(card, ARGV[i + 1]) then
+      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[i + 2]), card)
+      out[#out + 1] = 1
+    else
+      out[#out + 1] = 0
+    end
+  end
+  return out
 end
 
 -- release(card, lease, due): gives the card back unpolled (no token was free), at the due time

@@ -159,17 +159,34 @@ impl DueQueue {
         lease: Lease,
         next_in: Duration,
     ) -> anyhow::Result<Held<()>> {
+        let held = self.ack_many(conn, &[(card_ref, lease, next_in)]).await?;
+        Ok(held.into_iter().next().unwrap_or(Held::Stale))
+    }
+
+    /// Ends several polls in one call ([`DueQueue::ack`] for each, in order).
+    pub async fn ack_many(
+        &self,
+        conn: &mut impl ConnectionLike,
+        polls: &[(&str, Lease, Duration)],
+    ) -> anyhow::Result<Vec<Held<()>>> {
         let mut inv = self.call("ack");
-        inv.arg(card_ref).arg(lease.score()).arg(millis(next_in));
-        let done: u8 = inv
+        for (card_ref, lease, next_in) in polls {
+            inv.arg(*card_ref).arg(lease.score()).arg(millis(*next_in));
+        }
+        let done: Vec<u8> = inv
             .invoke_async(conn)
             .await
-            .context("acknowledging a poll")?;
-        Ok(if done == 1 {
-            Held::Yes(())
-        } else {
-            Held::Stale
-        })
+            .context("acknowledging polls")?;
+        anyhow::ensure!(
+            done.len() == polls.len(),
+            "due_queue.lua ack answered {} of {} polls",
+            done.len(),
+            polls.len()
+        );
+        Ok(done
+            .into_iter()
+            .map(|d| if d == 1 { Held::Yes(()) } else { Held::Stale })
+            .collect())
     }
 
     /// Gives the card under `lease` back unpolled, at the due time it was fetched with (so it

@@ -15,7 +15,8 @@
 //! - [`webdriver`]: the browser of the console's test.
 //! - [`plan_drive`] and [`plan_guard`]: every statement path of `src/`, driven and judged by its
 //!   plans (the plan guard test and `make bench-plans`).
-//! - [`bench`](mod@bench): what the benchmarks share.
+//! - [`bench`](mod@bench): what the benchmarks share; [`redis_stats`], Redis's counters and the
+//!   raw apalis-redis yardstick of the Redis-cost benches.
 
 // Test code: an unwrap() that fails is the test failing, at its line (the workspace's
 // `clippy::unwrap_used` is for product code).
@@ -30,6 +31,7 @@ pub mod plan_drive;
 pub mod plan_guard;
 pub mod private;
 pub mod process;
+pub mod redis_stats;
 pub mod proxy;
 pub mod scripted_gateway;
 pub mod webdriver;

@@ -451,3 +451,38 @@ async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_nam
         "every lease has a name of its own"
     );
 }
+
+#[tokio::test]
+async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for card in ["c-1", "c-2"] {
+        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    let (one, two) = (&leased[0], &leased[1]);
+    assert_eq!(
+        queue
+            .ack(&mut conn, &one.card_ref, one.lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        Held::Yes(())
+    );
+    let held = queue
+        .ack_many(
+            &mut conn,
+            &[
+                (one.card_ref.as_str(), one.lease, LONG),
+                (two.card_ref.as_str(), two.lease, Duration::ZERO),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(held, [Held::Stale, Held::Yes(())]);
+    let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again).len(),
+        2,
+        "the stale acknowledgement did not move c-1 an hour out"
+    );
+}
