@@ -3,29 +3,23 @@
 //! For every external call whose loss would lose money or a customer's state (payment
 //! submission today, approval flows and any future money-moving call tomorrow):
 //!
-//! 1. [`ReliableCall::begin`] commits a `pending` integration log row together with its audit
-//!    event and resource link (and, with [`ReliableCall::begin_with`] or [`begin_in`], the
-//!    caller's own domain change, for example "payment status = pending"), in one transaction,
-//!    and returns a [`Pending`] handle naming that row.
+//! 1. [`begin_in`] writes a `pending` integration log row together with its audit event and
+//!    resource link, inside the caller's transaction, beside the caller's own domain change (for
+//!    example "payment status = pending"); the caller commits, and the [`Pending`] handle names
+//!    that row.
 //! 2. The caller makes the call. A crash here leaves the committed `pending` row as evidence.
-//! 3. [`Pending::finish`] finalises **the same row** (`succeeded`, `failed` or `unknown`, the
-//!    response summary, the error, the recovery summary, `finished_at`) together with the
-//!    caller's domain change, an audit event and the outbox event announcing the change, in one
-//!    transaction. If any part fails, nothing of it is written and the row stays `pending`, so
+//! 3. [`Pending::finish_in`] finalises **the same row** (`succeeded`, `failed` or `unknown`, the
+//!    response summary, the error, the recovery summary, `finished_at`), with an audit event and
+//!    the outbox event announcing the change, inside the transaction that makes the caller's
+//!    domain change. If any part fails, nothing of it is written and the row stays `pending`, so
 //!    recovery still finds the evidence.
 //!
 //! A handle lost with its process is rebuilt from the row id with [`Pending::reopen`], which is
 //! how recovery closes the log of an attempt that died mid-call.
-//!
-//! The closure flavours take `for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, …>`; the
-//! closure must own what it captures (clone it in). Callers that build their transaction
-//! themselves use [`begin_in`] and [`Pending::finish_in`] with a `&mut Transaction`; both
-//! flavours write exactly the same rows.
 
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::storage::fault::{clean, clean_opt};
@@ -166,40 +160,6 @@ pub enum ReliableError {
     Domain(anyhow::Error),
 }
 
-/// Entry points of the reliable path (see the module docs).
-#[derive(Debug, Clone, Copy)]
-pub struct ReliableCall;
-
-impl ReliableCall {
-    /// Step 1 without a domain change: commits the pending row, its audit event and link.
-    pub async fn begin(pool: &PgPool, call: PendingCall) -> Result<Pending, ReliableError> {
-        let mut tx = pool.begin().await?;
-        let pending = begin_in(&mut tx, &call).await?;
-        tx.commit().await?;
-        Ok(pending)
-    }
-
-    /// Step 1 with the caller's domain change in the same transaction. The closure runs after
-    /// the pending row is inserted and receives its handle, so it can link the domain row to
-    /// the log (e.g. `payments.attempt_log_id`).
-    pub async fn begin_with<T, F>(
-        pool: &PgPool,
-        call: PendingCall,
-        domain: F,
-    ) -> Result<(Pending, T), ReliableError>
-    where
-        F: for<'c> FnOnce(&'c mut PgConnection, &'c Pending) -> BoxFuture<'c, anyhow::Result<T>>,
-    {
-        let mut tx = pool.begin().await?;
-        let pending = begin_in(&mut tx, &call).await?;
-        let value = domain(&mut tx, &pending)
-            .await
-            .map_err(ReliableError::Domain)?;
-        tx.commit().await?;
-        Ok((pending, value))
-    }
-}
-
 /// Step 1 inside the caller's transaction: inserts the pending row, its audit event and link.
 /// Nothing is committed until the caller commits.
 pub async fn begin_in(
@@ -246,27 +206,6 @@ pub async fn begin_in(
 }
 
 impl Pending {
-    /// Step 3: finalises this row with the caller's domain change, an audit event and the
-    /// outbox event, in one transaction. On any error nothing is written and the row stays
-    /// `pending`.
-    pub async fn finish<T, F>(
-        &self,
-        pool: &PgPool,
-        finish: Finish,
-        domain: F,
-    ) -> Result<T, ReliableError>
-    where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, anyhow::Result<T>>,
-    {
-        let mut tx = pool.begin().await?;
-        // Lock and finalise the log first: a second finisher then waits here and sees
-        // `NotPending` instead of applying its domain change too.
-        self.finish_in(&mut tx, &finish).await?;
-        let value = domain(&mut tx).await.map_err(ReliableError::Domain)?;
-        tx.commit().await?;
-        Ok(value)
-    }
-
     /// Step 3 inside the caller's transaction: finalises the row and writes the audit event,
     /// its link and the outbox event. The caller makes its domain change in the same
     /// transaction and commits.
