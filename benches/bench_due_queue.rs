@@ -94,7 +94,10 @@ async fn main() -> anyhow::Result<()> {
 
     println!("| measure ({cards} cards in one shard, {workers} loops, batches of {batch}, window {secs:.0} s) | value |");
     println!("| --- | --- |");
-    println!("| fetch + acknowledgement cycles/s | {:.0} |", polls_f / secs);
+    println!(
+        "| fetch + acknowledgement cycles/s | {:.0} |",
+        polls_f / secs
+    );
     println!(
         "| raw apalis-redis no-op jobs/s, same Redis, same run | {:.0} |",
         raw.rate

@@ -304,9 +304,11 @@ pub struct Budget {
     /// idle, carried, or asked for by an acquire whose answer is not in (a granted acquire whose
     /// future was dropped still holds its lease in Redis). Shutdown releases them all.
     held: Arc<Mutex<HashSet<String>>>,
-    /// The leases of this process's polls that are running now, with their task: what
-    /// [`Budget::reassert_running`] writes back after Redis comes back empty.
-    running: Arc<Mutex<HashMap<String, Task>>>,
+    /// The leases of this process's polls that are running now, with their task and when each
+    /// began: what [`Budget::reassert_running`] writes back after Redis comes back empty, and
+    /// what shutdown leaves to count while a poll's Gateway call may still run
+    /// ([`Budget::release_held`]).
+    running: Arc<Mutex<HashMap<String, (Task, std::time::Instant)>>>,
     /// No poll is admitted before this moment ([`Budget::hold_for`]): Redis failed lately, or came
     /// back without its data, and may not count every running poll's lease yet.
     hold_until: Arc<Mutex<Option<std::time::Instant>>>,
@@ -707,7 +709,60 @@ impl Budget {
     /// Records that a poll of `task` runs under `lease` from now on (the poll's lease guard).
     pub fn run_started(&self, task: Task, lease: &str) {
         if let Ok(mut running) = self.running.lock() {
-            running.insert(lease.to_owned(), task);
+            running.insert(lease.to_owned(), (task, std::time::Instant::now()));
+        }
+    }
+
+    /// The leases of running polls that began less than `polling.handler_timeout_secs` ago: each
+    /// may have a call at the Gateway, which counts until the handler's limit passes.
+    fn still_counting(&self) -> HashSet<String> {
+        let now = std::time::Instant::now();
+        self.running
+            .lock()
+            .map(|running| {
+                running
+                    .iter()
+                    .filter(|(_, (_, began))| *began + self.handler_timeout > now)
+                    .map(|(lease, _)| lease.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Ends the hold of a poll whose task was cancelled before the poll finished (the process
+    /// stopped past its shutdown grace): its Gateway call may still be at the Gateway, so its
+    /// lease counts until `polling.handler_timeout_secs` after the poll began. It is released
+    /// then while this process runs; once shutdown has begun it is left to lapse in Redis, where
+    /// it expires no earlier (every poll's lease does, see `admit`). A poll past its handler's
+    /// limit gives its lease back at once.
+    pub fn leave_unfinished(&self, lease: String) {
+        let began = self
+            .running
+            .lock()
+            .ok()
+            .and_then(|mut running| running.remove(&lease))
+            .map(|(_, began)| began);
+        let until = began.map(|b| tokio::time::Instant::from_std(b + self.handler_timeout));
+        match until {
+            Some(until) if until > tokio::time::Instant::now() => {
+                if let Ok(mut held) = self.held.lock() {
+                    held.remove(&lease);
+                }
+                if self.is_closing() {
+                    return;
+                }
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    return;
+                };
+                let budget = self.clone();
+                runtime.spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    if let Err(e) = budget.release(&[lease]).await {
+                        tracing::debug!(error = %format!("{e:#}"), "releasing a cancelled poll's lease failed; the lease expires");
+                    }
+                });
+            }
+            _ => self.release_in_background(lease),
         }
     }
 
@@ -750,7 +805,7 @@ impl Budget {
     /// missing.
     pub async fn reassert_running(&self) -> anyhow::Result<u64> {
         let running: Vec<(String, Task)> = match self.running.lock() {
-            Ok(running) => running.iter().map(|(l, t)| (l.clone(), *t)).collect(),
+            Ok(running) => running.iter().map(|(l, (t, _))| (l.clone(), *t)).collect(),
             Err(_) => Vec::new(),
         };
         if running.is_empty() {
@@ -909,10 +964,19 @@ impl Budget {
                 0
             }
         };
+        // A poll still running past the grace may have its call at the Gateway: its lease is
+        // left to lapse in Redis (no earlier than the handler's limit), not given back now.
+        let counting = self.still_counting();
+        if !counting.is_empty() {
+            tracing::info!(
+                polls = counting.len(),
+                "polls still running at shutdown: their leases count until the handler's limit and lapse in Redis"
+            );
+        }
         let ids: Vec<String> = self
             .held
             .lock()
-            .map(|h| h.iter().cloned().collect())
+            .map(|h| h.difference(&counting).cloned().collect())
             .unwrap_or_default();
         Ok(carried + self.release(&ids).await?)
     }

@@ -321,8 +321,9 @@ struct Held {
 }
 
 /// A granted lease, owned by the poll it admitted: ended by [`LeaseGuard::finish`] once the poll
-/// is over, or released in the background when dropped unfinished (the poll's task was cancelled
-/// when the process stopped past its grace; shutdown also releases every lease still held). The
+/// is over, or, when dropped unfinished (the poll's task was cancelled when the process stopped
+/// past its grace), left to count until the handler's limit, since its call may be at the
+/// Gateway. The
 /// job service moves it into the poll's own task (`circuit::carry`), so that it lives exactly as
 /// long as the poll, never as long as a future that apalis may drop.
 struct LeaseGuard {
@@ -373,10 +374,11 @@ impl circuit::Lease for LeaseGuard {
 }
 
 impl Drop for LeaseGuard {
+    /// The poll's task was cancelled before the poll finished: its call may be at the Gateway,
+    /// so its tokens count until the handler's limit ([`Budget::leave_unfinished`]).
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            self.budget.run_ended(&held.slot.lease);
-            self.budget.release_in_background(held.slot.lease);
+            self.budget.leave_unfinished(held.slot.lease);
         }
     }
 }

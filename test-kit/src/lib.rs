@@ -31,8 +31,8 @@ pub mod plan_drive;
 pub mod plan_guard;
 pub mod private;
 pub mod process;
-pub mod redis_stats;
 pub mod proxy;
+pub mod redis_stats;
 pub mod scripted_gateway;
 pub mod webdriver;
 

@@ -165,4 +165,3 @@ pub async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Ra
         cmds: (after.total() - before.total()) as f64 / n as f64,
     })
 }
-

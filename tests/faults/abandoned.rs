@@ -238,3 +238,58 @@ async fn an_abandoned_call_that_outlasts_its_lease_keeps_its_tokens_until_its_de
         "released, not expired: {view:?}"
     );
 }
+
+/// A worker stopped while its polls wait for the Gateway (a rolling deploy, with the Gateway slow)
+/// abandons them at the end of its shutdown grace, but their calls are still at the Gateway: their
+/// tokens stay held until `polling.handler_timeout_secs` after each poll began (the lease is left
+/// to lapse in Redis), and no other worker admits a poll beside them meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_while_its_polls_wait_for_the_gateway_leaves_their_tokens_held_while_the_calls_run(
+) {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
+    // Answered within the client's timeout (7 s), long after the shutdown grace (1 s).
+    sim.set_latency(5_000, 0);
+    sim.set_error_rate(0.0);
+    sim.set_garbage_rate(0.0);
+    let mut config = faults::two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
+    config.gateway.timeout_ms = 7_000;
+    config.polling.handler_timeout_secs = 9;
+    config.polling.lease_ttl_secs = 20;
+    config.worker.shutdown_grace_secs = 1;
+    insert_cards(&db.pool, 6).await;
+    let stopping = InProcess::start(config.clone()).await;
+    faults::start_chains(&stopping.ctx).await;
+    wait_until(
+        Duration::from_secs(60),
+        "two polls of the stopping worker at the Gateway",
+        || async { sim.stats().in_flight_polls == 2 },
+    )
+    .await;
+    let other = InProcess::start(config).await;
+    let stopped_at = std::time::Instant::now();
+    let stopped = stopping.stop().await;
+    assert!(stopped.is_ok(), "a graceful stop: {stopped:?}");
+    assert!(
+        stopped_at.elapsed() < Duration::from_secs(4),
+        "the stop ended at its grace, before the calls were answered"
+    );
+
+    // The two calls run on at the Gateway for about 4 s more: nothing is admitted beside them.
+    while stopped_at.elapsed() < Duration::from_secs(5) {
+        assert_within_limits(&sim.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Once their deadline is over, the other worker polls.
+    sim.set_latency(50, 0);
+    let before = calls(&sim.stats());
+    wait_until(
+        Duration::from_secs(40),
+        "the other worker polling once the stopped worker's calls are over",
+        || async { calls(&sim.stats()) >= before + 4 },
+    )
+    .await;
+    assert_within_limits(&sim.stats());
+    drop(other);
+}
