@@ -7,7 +7,8 @@
 //! fetching up to `BENCH_BATCH` (default 32) cards under a 30 s lease and acknowledging them all
 //! in one call, each due again at once, for `BENCH_WINDOW_SECS` (default 10). It prints Redis
 //! commands and CPU per poll, both beside plain apalis-redis running no-op jobs on the same Redis
-//! in the same run (the yardstick of `make bench-redis`), and the due set's memory per card.
+//! in the same run (the yardstick of `make bench-redis`: the median of three runs of 2,000 jobs),
+//! and the due set's memory per card.
 //! Prints markdown.
 
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use anyhow::Context as _;
 use cardworker::config::Task;
 use cardworker::polling::due_queue::{DueQueue, ShardKeys};
 use cardworker_test_kit::bench::{env_or, private_redis};
-use cardworker_test_kit::redis_stats::{info, raw_apalis, redis_sample};
+use cardworker_test_kit::redis_stats::{info, raw_apalis_median, redis_sample};
 
 fn env_num(name: &str, default: usize) -> anyhow::Result<usize> {
     env_or(name, &default.to_string())
@@ -40,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     let window = Duration::from_secs(u64::try_from(env_num("BENCH_WINDOW_SECS", 10)?)?);
     let (_redis, mut conn) = private_redis().await?;
 
-    let raw = raw_apalis(&conn, 5_000).await?;
+    let raw = raw_apalis_median(&conn).await?;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
 
     let queue = DueQueue::new(ShardKeys::new("bench", Task::Carddata, 0));

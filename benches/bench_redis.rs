@@ -33,13 +33,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use cardworker::config::Task;
 use cardworker::polling::chain;
-use cardworker::queue::intake;
 use cardworker::sim::Simulator;
 use redis::aio::ConnectionManager;
 
 use cardworker_test_kit::bench as support;
 use cardworker_test_kit::process::Worker;
-use cardworker_test_kit::redis_stats::{info, raw_apalis, redis_sample, Raw, RedisSample};
+use cardworker_test_kit::redis_stats::{info, raw_apalis_median, redis_sample, Raw, RedisSample};
 use support::{env_or, private_redis};
 
 fn binary() -> String {
@@ -322,14 +321,7 @@ async fn main() -> anyhow::Result<()> {
     let raw = if idle_only {
         Raw::default()
     } else {
-        let _ = raw_apalis(&conn, 300).await?;
-        // The median of three runs of 2,000 jobs (a fifth of a second each), by rate.
-        let mut runs = Vec::new();
-        for _ in 0..3 {
-            runs.push(raw_apalis(&conn, intake::HIGH_WATER_MARK).await?);
-        }
-        runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-        runs[1]
+        raw_apalis_median(&conn).await?
     };
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
 
