@@ -12,7 +12,7 @@ use cardworker::budget::{Acquired, Budget, CallReport};
 use cardworker::config::{Config, Task};
 use cardworker::context;
 use cardworker::polling::reconcile;
-use cardworker::sim::{SimStats, Simulator};
+use cardworker::sim::{SimHandle, SimStats, Simulator};
 
 use crate::faults::{insert_cards, simulator, start_chains, two_token_config, InProcess};
 use crate::harness::{wait_until, TestDb};
@@ -111,6 +111,70 @@ pub(crate) async fn every_card_polled_again(sim: &Simulator, after: Duration, li
     }
 }
 
+/// The simulator, answering every card read well after [`ANSWER_AFTER_MS`].
+async fn slow_simulator() -> (Simulator, SimHandle) {
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(ANSWER_AFTER_MS, 0);
+    sim.set_error_rate(0.0);
+    sim.set_garbage_rate(0.0);
+    (sim, sim_handle)
+}
+
+/// A worker of a deployment that ran before, on `db` and the private Redis at `redis_url`, with
+/// its chains started and both tokens held by polls at the slow simulator; and its config.
+async fn worker_at_the_gateway(
+    db: &TestDb,
+    redis_url: &str,
+) -> (Simulator, SimHandle, Config, InProcess) {
+    let (sim, sim_handle) = slow_simulator().await;
+    let config = config(db, redis_url, &sim_handle.base_url());
+    insert_cards(&db.pool, CARDS).await;
+    ran_before(db, redis_url).await;
+    let worker = InProcess::start(config.clone()).await;
+    start_chains(&worker.ctx).await;
+    two_polls_at_the_gateway(&sim).await;
+    (sim, sim_handle, config, worker)
+}
+
+async fn two_polls_at_the_gateway(sim: &Simulator) {
+    wait_until(
+        Duration::from_secs(60),
+        "two polls at the Gateway",
+        || async { sim.stats().in_flight_polls == 2 },
+    )
+    .await;
+}
+
+/// Empties the private Redis at `url`; answers when.
+async fn flushall(url: &str) -> Instant {
+    let mut admin = context::connect_redis(url).await.expect("redis");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .expect("flushall");
+    Instant::now()
+}
+
+/// Asserts the limits on every look at the simulator until `hold` has passed since `since`.
+async fn hold_within_limits(sim: &Simulator, since: Instant, hold: Duration, when: &str) {
+    while since.elapsed() < hold {
+        assert_within_limits(&sim.stats(), when);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Makes the Gateway quick again and waits until every chain has had its turn after the fence
+/// of length `fence` that began at `since`.
+async fn polled_again_after_the_fence(sim: &Simulator, fence: Duration, since: Instant) {
+    sim.set_latency(200, 0);
+    every_card_polled_again(
+        sim,
+        fence.saturating_sub(since.elapsed()),
+        fence + Duration::from_secs(60),
+    )
+    .await;
+}
+
 /// A pod of the test's own: admits polls of `cards` through the budget as a worker does and sends
 /// each admitted one to the simulator, holding its tokens until the answer. Runs until `stop`.
 fn pod(
@@ -156,30 +220,11 @@ fn pod(
 async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until_they_are_over() {
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(ANSWER_AFTER_MS, 0);
-    sim.set_error_rate(0.0);
-    sim.set_garbage_rate(0.0);
-    let config = config(&db, &redis.url(), &sim_handle.base_url());
-    insert_cards(&db.pool, CARDS).await;
-    ran_before(&db, &redis.url()).await;
-    let worker = InProcess::start(config.clone()).await;
-    start_chains(&worker.ctx).await;
-    wait_until(
-        Duration::from_secs(60),
-        "two polls at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
+    let (sim, sim_handle, config, worker) = worker_at_the_gateway(&db, &redis.url()).await;
 
     // Redis loses everything while both polls are at the Gateway. Another pod of the deployment
     // asks for tokens at once, and the worker's chains are restored as a reconcile would.
-    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
-    let _: () = redis::cmd("FLUSHALL")
-        .query_async(&mut admin)
-        .await
-        .expect("flushall");
-    let flushed = Instant::now();
+    let flushed = flushall(&redis.url()).await;
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let other = Budget::new(conn, &config)
         .with_process_id("other-pod")
@@ -191,20 +236,12 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
 
     // Nothing is admitted beside the two calls, by either pod, until they are over; then every
     // card is polled again.
-    while flushed.elapsed() < Duration::from_millis(ANSWER_AFTER_MS + 2_000) {
-        assert_within_limits(&sim.stats(), "after the FLUSHALL");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let hold = Duration::from_millis(ANSWER_AFTER_MS + 2_000);
+    hold_within_limits(&sim, flushed, hold, "after the FLUSHALL").await;
     stop.store(true, std::sync::atomic::Ordering::Release);
     let admitted = other_pod.await.expect("the other pod");
     // The Gateway is quick again: every chain gets its turn soon after the fence.
-    sim.set_latency(200, 0);
-    every_card_polled_again(
-        &sim,
-        fence.saturating_sub(flushed.elapsed()),
-        fence + Duration::from_secs(60),
-    )
-    .await;
+    polled_again_after_the_fence(&sim, fence, flushed).await;
     assert!(!worker.exited(), "the worker rides out the loss");
     eprintln!("the other pod was admitted {admitted} times");
 }
@@ -213,45 +250,18 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
 async fn a_pod_started_during_the_fence_admits_nothing_until_it_ends() {
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(ANSWER_AFTER_MS, 0);
-    sim.set_error_rate(0.0);
-    sim.set_garbage_rate(0.0);
-    let config = config(&db, &redis.url(), &sim_handle.base_url());
-    insert_cards(&db.pool, CARDS).await;
-    ran_before(&db, &redis.url()).await;
-    let worker = InProcess::start(config.clone()).await;
-    start_chains(&worker.ctx).await;
-    wait_until(
-        Duration::from_secs(60),
-        "two polls at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
-    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
-    let _: () = redis::cmd("FLUSHALL")
-        .query_async(&mut admin)
-        .await
-        .expect("flushall");
-    let flushed = Instant::now();
+    let (sim, _sim_handle, config, worker) = worker_at_the_gateway(&db, &redis.url()).await;
+    let flushed = flushall(&redis.url()).await;
 
     // A second worker process starts while the calls are still at the Gateway, and the chains
     // are restored at once (its own reconcile, or any other).
-    let second = InProcess::start(config.clone()).await;
+    let second = InProcess::start(config).await;
     start_chains(&second.ctx).await;
     let fence = second.ctx.budget.fence_length();
-    while flushed.elapsed() < Duration::from_millis(ANSWER_AFTER_MS + 2_000) {
-        assert_within_limits(&sim.stats(), "with a pod started after the FLUSHALL");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let hold = Duration::from_millis(ANSWER_AFTER_MS + 2_000);
+    hold_within_limits(&sim, flushed, hold, "with a pod started after the FLUSHALL").await;
     // The Gateway is quick again: every chain gets its turn soon after the fence.
-    sim.set_latency(200, 0);
-    every_card_polled_again(
-        &sim,
-        fence.saturating_sub(flushed.elapsed()),
-        fence + Duration::from_secs(60),
-    )
-    .await;
+    polled_again_after_the_fence(&sim, fence, flushed).await;
     drop(second);
     drop(worker);
 }
@@ -261,10 +271,7 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
 ) {
     let db = TestDb::new().await;
     let mut redis = PrivateRedis::start_synced_each_second();
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(ANSWER_AFTER_MS, 0);
-    sim.set_error_rate(0.0);
-    sim.set_garbage_rate(0.0);
+    let (sim, sim_handle) = slow_simulator().await;
     let config = config(&db, &redis.url(), &sim_handle.base_url());
     insert_cards(&db.pool, CARDS).await;
     ran_before(&db, &redis.url()).await;
@@ -289,12 +296,7 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
     let aof = redis.aof();
     let kept = std::fs::metadata(&aof).expect("the append-only file").len();
     start_chains(&worker.ctx).await;
-    wait_until(
-        Duration::from_secs(60),
-        "two polls at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
+    two_polls_at_the_gateway(&sim).await;
 
     // The host goes down with the writes since then unsynced: the server is killed and its file
     // loses its tail (the leases of the two polls and the chains' progress), then it starts again
@@ -322,18 +324,11 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
         },
     )
     .await;
-    while restarted.elapsed() < Duration::from_millis(ANSWER_AFTER_MS + 1_000) {
-        assert_within_limits(&sim.stats(), "after the restart from the append-only file");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let hold = Duration::from_millis(ANSWER_AFTER_MS + 1_000);
+    let when = "after the restart from the append-only file";
+    hold_within_limits(&sim, restarted, hold, when).await;
     // The Gateway is quick again: every chain gets its turn soon after the fence.
-    sim.set_latency(200, 0);
-    every_card_polled_again(
-        &sim,
-        fence.saturating_sub(restarted.elapsed()),
-        fence + Duration::from_secs(60),
-    )
-    .await;
+    polled_again_after_the_fence(&sim, fence, restarted).await;
     assert!(!worker.exited(), "the worker rides out the restart");
 }
 

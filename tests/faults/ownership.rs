@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 use cardworker::budget::Budget;
 use cardworker::config::{Config, Limit, Task};
 use cardworker::context::{self, AppContext};
-use cardworker::polling::reconcile;
 use cardworker::sim::{SimStats, Simulator};
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
-use crate::faults::{insert_cards, simulator, Child, InProcess};
+use crate::faults::{
+    config_on, insert_cards, simulator, start_chains, two_token_config, Child, InProcess, NEVER,
+    PREFIX,
+};
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 
@@ -27,6 +29,70 @@ async fn redis_cmd(conn: &mut ConnectionManager, args: &[&str]) {
         cmd.arg(*a);
     }
     let _: redis::Value = cmd.query_async(conn).await.expect("redis command");
+}
+
+/// These tests' worker on `db`, the private `redis` and the simulator at `gateway`: a call may
+/// take `call_secs` at the Gateway and its poll 2 s more, a lease lives `lease_ttl_secs`, and
+/// nothing runs on a schedule.
+fn worker_config(
+    db: &TestDb,
+    redis: &PrivateRedis,
+    gateway: &str,
+    call_secs: u64,
+    lease_ttl_secs: u64,
+) -> Config {
+    let mut config = config_on(&db.url, &redis.url(), gateway);
+    config.approvals.recovery_cron = NEVER.to_owned();
+    slow_calls(&mut config, call_secs, lease_ttl_secs);
+    config
+}
+
+/// A call may take `call_secs` at the Gateway and its poll 2 s more; a lease lives
+/// `lease_ttl_secs`.
+fn slow_calls(config: &mut Config, call_secs: u64, lease_ttl_secs: u64) {
+    config.gateway.timeout_ms = call_secs * 1000;
+    config.polling.handler_timeout_secs = call_secs + 2;
+    config.polling.lease_ttl_secs = lease_ttl_secs;
+}
+
+/// The second-delivery tests' worker: calls of up to 14 s, and each chain's own next poll far
+/// beyond the test (a 600 s interval), so that any second call of a card is the re-delivery.
+fn second_delivery_config(db: &TestDb, redis: &PrivateRedis, gateway: &str) -> Config {
+    let mut config = worker_config(db, redis, gateway, 14, 25);
+    config.polling.carddata.interval_secs = 600;
+    config.polling.card_status.interval_secs = 600;
+    config
+}
+
+/// A process's configuration on the private `redis` only (a budget's).
+fn redis_config(redis: &PrivateRedis) -> Config {
+    let mut config = Config::default();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = PREFIX.to_owned();
+    config
+}
+
+/// Sets the total limit and each task's.
+fn set_limits(config: &mut Config, total: u32, per_task: u32) {
+    config.polling.total_limit = Limit::new(total).expect("a limit");
+    for task in [
+        &mut config.polling.carddata,
+        &mut config.polling.card_status,
+    ] {
+        task.limit = Limit::new(per_task).expect("a limit");
+    }
+}
+
+/// Fails when a card's task was polled more than once: `what` says since when, with a 600 s
+/// interval.
+fn assert_polled_at_most_once(stats: &SimStats, what: &str) {
+    for kind in ["carddata", "card_status"] {
+        let calls = stats.calls_total.get(kind).copied().unwrap_or(0);
+        assert!(
+            calls <= 1,
+            "the card's {kind} was polled {calls} times {what}, with a 600 s interval: {stats:?}"
+        );
+    }
 }
 
 /// The simulator's peaks against the limits: total over both poll kinds, each task's own, and
@@ -74,34 +140,11 @@ async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls
     let redis = PrivateRedis::start_new(false);
     let (sim, sim_handle) = simulator().await;
     sim.set_latency(SLOW_MS, 0);
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = sim_handle.base_url().into();
-    config.gateway.timeout_ms = 25_000;
-    config.polling.handler_timeout_secs = 27;
-    config.polling.lease_ttl_secs = 40;
-    config.polling.total_limit = Limit::new(2).expect("a limit");
-    config.polling.carddata.limit = Limit::new(2).expect("a limit");
-    config.polling.card_status.limit = Limit::new(2).expect("a limit");
-    config.polling.carddata.interval_secs = 1;
-    config.polling.card_status.interval_secs = 1;
-    config.polling.defer_delay_secs = 1;
-    config.polling.defer_max_delay_secs = 2;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
-    config.worker.shutdown_grace_secs = 5;
-    config.worker.redis_outage_grace_secs = 120;
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    let mut config = two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
+    slow_calls(&mut config, 25, 40);
     insert_cards(&db.pool, 6).await;
     let worker = InProcess::start(config).await;
-    for task in Task::ALL {
-        reconcile::sweep(&worker.ctx, task)
-            .await
-            .expect("start chains");
-    }
+    start_chains(&worker.ctx).await;
     let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
 
     // 1. Redis stalls past the client's response timeout while both tokens are held: the
@@ -207,9 +250,7 @@ listen = "127.0.0.1:0"
             .spawn()
             .expect("start cardworker run"),
     );
-    for task in Task::ALL {
-        reconcile::sweep(&ctx, task).await.expect("start chains");
-    }
+    start_chains(&ctx).await;
     wait_until(Duration::from_secs(60), "polls run", || async {
         sim.stats().calls_total.values().sum::<u64>() >= 10
     })
@@ -261,12 +302,8 @@ listen = "127.0.0.1:0"
 
 /// The budget of a process on the private `redis`, with the test limits.
 async fn budget_on(redis: &PrivateRedis) -> (Budget, ConnectionManager) {
-    let mut config = Config::default();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.polling.total_limit = Limit::new(2).expect("a limit");
-    config.polling.carddata.limit = Limit::new(2).expect("a limit");
-    config.polling.card_status.limit = Limit::new(2).expect("a limit");
+    let mut config = redis_config(redis);
+    set_limits(&mut config, 2, 2);
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let budget = Budget::new(conn.clone(), &config);
     // The script is loaded now: under a stall, an acquire is then one EVALSHA that Redis runs once
@@ -360,9 +397,7 @@ async fn a_lease_granted_to_a_dropped_acquire_is_still_tracked_and_released_at_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_that_expire_instead_of_being_released_are_counted_per_scope() {
     let redis = PrivateRedis::start_new(false);
-    let mut config = Config::default();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
+    let mut config = redis_config(&redis);
     config.polling.lease_ttl_secs = 1;
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let victim = Budget::new(conn.clone(), &config).with_process_id("victim");
@@ -434,34 +469,20 @@ async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_
     for card in &cards {
         sim.fail_card(card);
     }
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = sim_handle.base_url().into();
-    config.gateway.timeout_ms = 6_000;
-    config.polling.handler_timeout_secs = 8;
-    config.polling.lease_ttl_secs = 15;
-    config.polling.total_limit = Limit::new(16).expect("a limit");
+    let mut config = worker_config(&db, &redis, &sim_handle.base_url(), 6, 15);
+    set_limits(&mut config, 16, 8);
     for task in [
         &mut config.polling.carddata,
         &mut config.polling.card_status,
     ] {
-        task.limit = Limit::new(8).expect("a limit");
         task.interval_secs = 1;
         task.max_consecutive_failures = 1;
         task.parked_retry_secs = 3;
     }
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
     config.worker.shutdown_grace_secs = 5;
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     let worker = InProcess::start(config).await;
     let ctx = worker.ctx.clone();
-    for task in Task::ALL {
-        reconcile::sweep(&ctx, task).await.expect("start chains");
-    }
+    start_chains(&ctx).await;
     let all_in_flight = || async { sim.stats().in_flight_polls == 8 };
 
     // 1. `enqueue` every chain while its first poll is at the Gateway.
@@ -553,28 +574,10 @@ async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_
     let redis = PrivateRedis::start_new(false);
     let (sim, sim_handle) = simulator().await;
     sim.set_latency(12_000, 0);
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = sim_handle.base_url().into();
-    config.gateway.timeout_ms = 14_000;
-    config.polling.handler_timeout_secs = 16;
-    config.polling.lease_ttl_secs = 25;
-    // The chain's own next poll is far beyond the test, so any second call is the re-delivery.
-    config.polling.carddata.interval_secs = 600;
-    config.polling.card_status.interval_secs = 600;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    let config = second_delivery_config(&db, &redis, &sim_handle.base_url());
     insert_cards(&db.pool, 1).await;
     let worker = InProcess::start(config).await;
-    for task in Task::ALL {
-        reconcile::sweep(&worker.ctx, task)
-            .await
-            .expect("start chains");
-    }
+    start_chains(&worker.ctx).await;
     let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
     wait_until(
         Duration::from_secs(90),
@@ -582,26 +585,7 @@ async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_
         || async { sim.stats().in_flight_polls >= 1 },
     )
     .await;
-    let mut handed_out = Vec::new();
-    for queue in ["carddata", "card_status"] {
-        let q = cardworker_jobs::keys::queue("cw", queue);
-        let sets: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{q}:inflight:*"))
-            .query_async(&mut admin)
-            .await
-            .expect("keys");
-        for set in sets {
-            let ids: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(&set)
-                .query_async(&mut admin)
-                .await
-                .expect("smembers");
-            for id in ids {
-                redis_cmd(&mut admin, &["RPUSH", &format!("{q}:active"), &id]).await;
-                handed_out.push(format!("{q}:active"));
-            }
-        }
-    }
+    let handed_out = hand_out_again(&mut admin).await;
     assert!(
         !handed_out.is_empty(),
         "the running poll's job is in flight"
@@ -609,16 +593,8 @@ async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_
 
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
-        let stats = sim.stats();
-        for kind in ["carddata", "card_status"] {
-            let calls = stats.calls_total.get(kind).copied().unwrap_or(0);
-            assert!(
-                calls <= 1,
-                "the card's {kind} was polled {calls} times within {:?} of the second delivery, \
-                 with a 600 s interval: {stats:?}",
-                start.elapsed()
-            );
-        }
+        let what = format!("within {:?} of the second delivery", start.elapsed());
+        assert_polled_at_most_once(&sim.stats(), &what);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for active in handed_out {
@@ -672,24 +648,9 @@ async fn a_second_delivery_deferred_while_its_first_is_at_the_gateway_leaves_the
     let redis = PrivateRedis::start_new(false);
     let (sim, sim_handle) = simulator().await;
     sim.set_latency(12_000, 0);
-    let mut config = Config::default();
-    config.database.url = db.url.clone().into();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.gateway.base_url = sim_handle.base_url().into();
-    config.gateway.timeout_ms = 14_000;
-    config.polling.handler_timeout_secs = 16;
-    config.polling.lease_ttl_secs = 25;
+    let mut config = second_delivery_config(&db, &redis, &sim_handle.base_url());
     config.polling.defer_delay_secs = 1;
     config.polling.defer_max_delay_secs = 1;
-    // The chain's own next poll is far beyond the test, so any second call comes from the
-    // re-delivery.
-    config.polling.carddata.interval_secs = 600;
-    config.polling.card_status.interval_secs = 600;
-    config.telemetry.listen = "127.0.0.1:0".to_owned();
-    config.payments.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.approvals.recovery_cron = "0 0 0 1 1 *".to_owned();
-    config.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     insert_cards(&db.pool, 1).await;
     let worker = InProcess::start(config).await;
     let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
@@ -730,15 +691,11 @@ async fn a_second_delivery_deferred_while_its_first_is_at_the_gateway_leaves_the
     let mut answered_at = None;
     while answered_at.is_none_or(|at: Instant| at.elapsed() < Duration::from_secs(4)) {
         let stats = sim.stats();
-        for kind in ["carddata", "card_status"] {
-            let calls = stats.calls_total.get(kind).copied().unwrap_or(0);
-            assert!(
-                calls <= 1,
-                "the card's {kind} was polled {calls} times within {:?} of the deferred second \
-                 delivery, with a 600 s interval: {stats:?}",
-                started.elapsed()
-            );
-        }
+        let what = format!(
+            "within {:?} of the deferred second delivery",
+            started.elapsed()
+        );
+        assert_polled_at_most_once(&stats, &what);
         assert!(stats.peak_same_card <= 1, "{stats:?}");
         if answered_at.is_none() && stats.in_flight_polls == 0 {
             answered_at = Some(Instant::now());
