@@ -27,8 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
+use cardworker::limit::Limit;
 use cardworker::polling::chain::{self, Count};
 use cardworker::polling::reconcile;
 use cardworker::sim::Simulator;

@@ -12,6 +12,8 @@
 //!
 //! Modules are listed bottom-up; a module imports only from modules above it in this list (the
 //! layering test in `tests/layering.rs` enforces it; docs/DESIGN.md explains the layers).
+//! - [`limit`], [`secret`]: the values the configuration holds that are not about loading it: a
+//!   polling limit, checked where it is made, and the URLs and tokens that redact themselves.
 //! - [`config`]: typed layered configuration, validated once.
 //! - [`telemetry`], [`pod`], [`clock`], [`backoff`], [`shutdown`]: logs and metric names, who
 //!   this process is, its wall clock as the money path reads it, the one back-off rule, the one
@@ -41,6 +43,7 @@ pub mod config;
 pub mod console;
 pub mod context;
 pub mod gateway;
+pub mod limit;
 pub mod maintenance;
 pub mod payments;
 pub mod pod;
@@ -48,6 +51,7 @@ pub mod polling;
 pub mod queue;
 pub mod reliable;
 pub mod runner;
+pub mod secret;
 pub mod shutdown;
 pub mod storage;
 pub mod telemetry;

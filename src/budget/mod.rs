@@ -76,7 +76,9 @@ pub use carry::TransitionHook;
 pub use circuit::{CallReport, CircuitState, CircuitView, Forced, Transition};
 pub use pool::Slot;
 
-use crate::config::{Config, Limit, Task, LIMIT_CEILING};
+use crate::config::{Config, Task};
+
+use crate::limit::{Limit, LIMIT_CEILING};
 use crate::shutdown::Shutdown;
 use crate::telemetry::metrics as m;
 

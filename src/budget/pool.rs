@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use super::carry::Carried;
 use super::{Acquired, Budget, CallReport, ShortReason, Task};
-use crate::config::LIMIT_CEILING;
+use crate::limit::LIMIT_CEILING;
 
 /// How often a process with idle slots renews them (and learns whether it may go on reusing).
 pub const RENEW_EVERY: Duration = Duration::from_secs(1);

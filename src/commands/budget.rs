@@ -11,7 +11,8 @@ use super::args::{BudgetCommand, CircuitCommand, Format};
 use super::operator::{self, Action as Recorded, Operator};
 use super::CommandError;
 use crate::budget::{Budget, BudgetView, CircuitState, CircuitView};
-use crate::config::{Config, Limit, Task};
+use crate::config::{Config, Task};
+use crate::limit::Limit;
 
 /// A validated `budget` subcommand (with its `--reason`).
 #[derive(Debug, Clone, PartialEq, Eq)]

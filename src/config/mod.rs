@@ -27,15 +27,11 @@
 //! layering is ours rather than figment's.
 
 mod error;
-mod limit;
 mod load;
 mod rules;
-mod secret;
 mod types;
 
 pub use error::{ConfigError, Problem, Related, Source};
-pub use limit::{Limit, LimitError, LIMIT_CEILING};
-pub use secret::{SecretToken, SecretUrl};
 pub use types::{
     ApprovalsConfig, CircuitConfig, Config, ConsoleConfig, DatabaseConfig, GatewayConfig,
     LogFormat, MaintenanceConfig, PaymentsConfig, PollingConfig, RedisConfig, Task, TaskConfig,

@@ -8,8 +8,8 @@ use std::str::FromStr;
 use toml::{Table, Value};
 use url::Url;
 
-use super::limit::{Limit, LimitError};
-use super::secret::redact_url;
+use crate::limit::{Limit, LimitError};
+use crate::secret::redact_url;
 use Bound::{AboveMsPlusOneSecond, AtLeast, AtMost};
 
 /// How one leaf key is checked on the merged table.

@@ -12,9 +12,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error::ConfigError;
-use super::limit::Limit;
 use super::rules::Rule;
-use super::secret::{SecretToken, SecretUrl};
+use crate::limit::Limit;
+use crate::secret::{SecretToken, SecretUrl};
 
 /// A polling task: each has its own budget section, metric label and job chain. One spelling
 /// for users, [`Task::label`], in config sections, metric labels and every output; the command
@@ -299,5 +299,22 @@ impl Config {
     /// serialization writes the real URLs).
     pub fn to_toml_string(&self) -> Result<String, ConfigError> {
         Ok(toml::to_string_pretty(self)?)
+    }
+
+    /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` and the
+    /// console's token replaced by `***`, for showing (`check-config` renders this copy).
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        for url in [
+            &mut c.database.url,
+            &mut c.redis.url,
+            &mut c.gateway.base_url,
+        ] {
+            *url = SecretUrl::new(url.redacted());
+        }
+        if c.console.admin_token.expose().is_some() {
+            c.console.admin_token = SecretToken::new("***");
+        }
+        c
     }
 }

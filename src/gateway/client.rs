@@ -29,7 +29,7 @@ use super::wire::{
     ApprovalQuery, ApprovalRequest, ApprovalResult, CallKind, CardData, CardStatus, PaymentQuery,
     PaymentRequest, PaymentResult, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
-use crate::config::SecretUrl;
+use crate::secret::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;
 
 /// The Gateway client. Cheap to clone (the connection pool is shared).

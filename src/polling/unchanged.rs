@@ -345,7 +345,7 @@ mod tests {
             let _ = parse_entry(&raw);
             let _ = serde_json::from_slice::<cardworker_jobs::PollCardData>(&bytes);
             let _ = serde_json::from_str::<cardworker_jobs::PollCardStatus>(&raw);
-            let _ = raw.parse::<crate::config::Limit>();
+            let _ = raw.parse::<crate::limit::Limit>();
         }
     }
 

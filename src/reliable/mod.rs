@@ -51,8 +51,8 @@
 //! re-exports.
 //!
 //! # Layering
-//! Layer 5, beside `crate::runner`: it needs the `AppContext` (Gateway client, pool, producer)
-//! and is used by the jobs of layer 6, which may not import each other. The channel callback
+//! Layer 6, beside `crate::runner`: it needs the `AppContext` (Gateway client, pool, producer)
+//! and is used by the jobs of layer 7, which may not import each other. The channel callback
 //! (`crate::payments::callback`) applies approval results through [`decide`] and
 //! [`approval::Approval`] for that reason.
 

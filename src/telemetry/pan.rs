@@ -26,7 +26,7 @@
 //! section 10), and never pass through here on their way to storage; a log line is text, so
 //! identifiers in it are masked like everything else.
 //!
-//! It lives at layer 1 so that storage (every stored free text, `storage::fault::clean`), the
+//! It lives at layer 2 so that storage (every stored free text, `storage::fault::clean`), the
 //! gateway (summaries and reasons) and the log format (every field of every line) share it.
 
 use std::borrow::Cow;

@@ -183,7 +183,7 @@ pub async fn count(pool: &PgPool, sql: &str) -> i64 {
 /// poll's own stay the caller's.
 pub fn two_token_config(db_url: &str, redis_url: &str, gateway: &str) -> Config {
     let mut config = config_on(db_url, redis_url, gateway);
-    let two = cardworker::config::Limit::new(2).expect("a limit");
+    let two = cardworker::limit::Limit::new(2).expect("a limit");
     config.polling.total_limit = two;
     config.polling.carddata.limit = two;
     config.polling.card_status.limit = two;

@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
+
 use cardworker::context;
+use cardworker::limit::Limit;
 use cardworker::sim::{SimStats, Simulator};
 use tokio::sync::oneshot;
 

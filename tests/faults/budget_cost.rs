@@ -3,8 +3,9 @@
 //! the commands that run inside the script. Counted, never timed.
 
 use cardworker::budget::{Acquired, Budget, CallReport};
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
 use cardworker::context;
+use cardworker::limit::Limit;
 
 use crate::private::PrivateRedis;
 use crate::redis_cost::{counted, reset};

@@ -6,8 +6,9 @@
 use std::time::{Duration, Instant};
 
 use cardworker::budget::Budget;
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
+use cardworker::limit::Limit;
 use cardworker::sim::{SimStats, Simulator};
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;

@@ -4,9 +4,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
+
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
+use cardworker::limit::Limit;
 use cardworker::polling::chain;
 use cardworker::sim::PaymentBehaviour;
 use redis::aio::ConnectionManager;

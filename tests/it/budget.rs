@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use cardworker::budget::{self, Acquired, Budget, CallReport, ShortReason};
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
+use cardworker::limit::Limit;
 use redis::aio::ConnectionManager;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 

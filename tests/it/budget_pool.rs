@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use cardworker::budget::{self, Acquired, Budget, CallReport, ShortReason};
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
+use cardworker::limit::Limit;
 use redis::aio::ConnectionManager;
 
 use crate::harness::{redis_url, TestRedis};

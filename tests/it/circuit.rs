@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use cardworker::budget::{Acquired, Budget, CallReport, CircuitState, Transition};
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
+use cardworker::limit::Limit;
 
 use crate::harness::{redis_url, wait_until, TestDb, TestRedis};
 

@@ -2,7 +2,9 @@
 //! refused value names its key, the value given and its source, and for a relation the other
 //! key and its source too.
 
-use cardworker::config::{Config, Limit, Source, LIMIT_CEILING};
+use cardworker::config::{Config, Source};
+
+use cardworker::limit::{Limit, LIMIT_CEILING};
 
 use crate::config_support::{
     bundled, env_source, file_source, from_str, from_str_env, problem_for, problems,

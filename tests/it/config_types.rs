@@ -1,7 +1,11 @@
 //! The configuration's types: defaults, the task names, TOML rendering and the redaction of
 //! secrets.
 
-use cardworker::config::{Config, Limit, LimitError, LogFormat, SecretUrl, Task, LIMIT_CEILING};
+use cardworker::config::{Config, LogFormat, Task};
+
+use cardworker::limit::{Limit, LimitError, LIMIT_CEILING};
+
+use cardworker::secret::SecretUrl;
 
 use crate::config_support::from_str;
 

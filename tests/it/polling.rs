@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use cardworker::app;
 use cardworker::commands::polling as cli;
-use cardworker::config::{Config, Limit, Task};
+use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::gateway::CardStatus;
+use cardworker::limit::Limit;
 use cardworker::polling::{chain, reconcile};
 use cardworker_jobs::{keys, ChainState, Job, PollCardStatus};
 use futures::StreamExt as _;

@@ -6,7 +6,7 @@ use maud::{html, Markup};
 use super::super::data::{Fleet, PollChart, OUTCOMES};
 use super::*;
 use crate::budget::CircuitState;
-use crate::config::LIMIT_CEILING;
+use crate::limit::LIMIT_CEILING;
 use crate::maintenance::session::DAYS_PENDING_CAP;
 use crate::polling::unchanged::HOURS_KEPT;
 

@@ -1,14 +1,13 @@
-//! Secrets in the configuration: [`SecretUrl`] and [`SecretToken`] redact themselves in `Debug`
-//! and `Display`, because a `Config` ends up in `{:?}` (a log line, a panic message, a test
-//! failure) without anyone deciding to print a password. Serde is transparent for both, so
-//! serializing writes the real value: what is shown goes through [`Config::redacted`] first.
+//! Secrets the configuration carries: [`SecretUrl`] and [`SecretToken`] redact themselves in
+//! `Debug` and `Display`, because a `Config` ends up in `{:?}` (a log line, a panic message, a
+//! test failure) without anyone deciding to print a password. Serde is transparent for both, so
+//! serializing writes the real value: what is shown goes through
+//! [`Config::redacted`](crate::config::Config::redacted) first.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use url::Url;
-
-use super::Config;
 
 /// A URL that may carry credentials (user info, a `password` query parameter), shown with the
 /// password replaced by `***`; [`SecretUrl::expose`] gives the real text to what connects.
@@ -88,28 +87,9 @@ impl fmt::Debug for SecretToken {
     }
 }
 
-impl Config {
-    /// A copy with the passwords in `database.url`, `redis.url` and `gateway.base_url` and the
-    /// console's token replaced by `***`, for showing (`check-config` renders this copy).
-    pub fn redacted(&self) -> Config {
-        let mut c = self.clone();
-        for url in [
-            &mut c.database.url,
-            &mut c.redis.url,
-            &mut c.gateway.base_url,
-        ] {
-            *url = SecretUrl::new(url.redacted());
-        }
-        if c.console.admin_token.expose().is_some() {
-            c.console.admin_token = SecretToken::new("***");
-        }
-        c
-    }
-}
-
 /// Replaces the password of a URL (user info, a `password` query parameter) by `***`. A URL
 /// that does not parse is replaced entirely.
-pub(super) fn redact_url(raw: &str) -> String {
+pub fn redact_url(raw: &str) -> String {
     let Ok(mut url) = Url::parse(raw) else {
         return if raw.is_empty() { "" } else { "***" }.to_owned();
     };
