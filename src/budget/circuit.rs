@@ -32,15 +32,8 @@ pub const CIRCUIT_OPEN_REASON: &str = "gateway_circuit_open";
 /// Every `to` label of `cardworker_gateway_circuit_transitions_total`.
 pub const TRANSITION_LABELS: [&str; 3] = ["open", "half_open", "closed"];
 
-/// The circuit hash of one task.
-pub fn circuit_key(prefix: &str, task: Task) -> String {
-    format!("{prefix}:{{budget}}:circuit:{}", task.label())
-}
-
-/// The outcome window (a list, newest first) of one task's circuit.
-pub fn window_key(prefix: &str, task: Task) -> String {
-    format!("{prefix}:{{budget}}:circuit:{}:window", task.label())
-}
+/// The circuit's key names, which [`crate::keys`] owns.
+pub use crate::keys::{circuit_key, window_key};
 
 /// `[polling.circuit]` as the script reads it (one packed argument).
 pub(super) fn packed(c: &CircuitConfig) -> String {

@@ -91,48 +91,10 @@ pub const OUTAGE_HOLD: Duration = Duration::from_secs(2);
 static SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{}\n{}", circuit::LUA, include_str!("budget.lua"))));
 
-/// The total lease set.
-pub fn total_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:total")
-}
-
-/// The lease set of one task.
-pub fn task_key(prefix: &str, task: Task) -> String {
-    format!("{prefix}:{{budget}}:task:{}", task.label())
-}
-
-/// The override hash (task label -> limit).
-pub fn overrides_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:overrides")
-}
-
-/// The set of paused task labels.
-pub fn paused_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:paused")
-}
-
-/// The processes refused a token lately (process id -> until ms), so that the others stop keeping
-/// idle slots ([`pool`]).
-pub fn waiters_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:waiters")
-}
-
-/// Leases that ended by expiry instead of a release, per scope (fleet-wide counters).
-pub fn expired_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:expired")
-}
-
-/// The idle slots each process kept at its last renewal (process id -> expiry and slot ids per
-/// task), so that `show` can tell kept slots from running polls ([`pool`]).
-pub fn kept_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:kept")
-}
-
-/// The fence after a Redis data loss: the run_id of the redis-server that holds the budget's data
-/// and the moment (unix ms, Redis clock) before which no poll is admitted ([`Budget::fence_length`]).
-pub fn fence_key(prefix: &str) -> String {
-    format!("{prefix}:{{budget}}:fence")
-}
+/// The budget's key names, which [`crate::keys`] owns.
+pub use crate::keys::{
+    expired_key, fence_key, kept_key, overrides_key, paused_key, task_key, total_key, waiters_key,
+};
 
 /// What a fence adds to the longest a poll admitted before a Redis data loss may still be at the
 /// Gateway (`2 × handler_timeout_secs` + [`pool::VERDICT_FOR`]): the scheduling slack of the

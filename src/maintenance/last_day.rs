@@ -13,11 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::session::JobKind;
 use crate::context::AppContext;
-
-/// The Redis key of a job's last processed day.
-pub fn last_day_key(prefix: &str, job: JobKind) -> String {
-    format!("{prefix}:maintenance:last_day:{}", job.label())
-}
+use crate::keys::last_day_key;
 
 /// The last day a run of one job processed, as every run records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +38,7 @@ pub async fn record(ctx: &AppContext, job: JobKind, day: NaiveDate, day_finished
         let value = serde_json::to_string(&last).context("rendering the last day")?;
         ctx.redis
             .clone()
-            .set::<_, _, ()>(last_day_key(ctx.prefix(), job), value)
+            .set::<_, _, ()>(last_day_key(ctx.prefix(), job.label()), value)
             .await
             .context("writing the last processed day to Redis")
     }
@@ -57,7 +53,7 @@ pub async fn read(ctx: &AppContext, job: JobKind) -> anyhow::Result<Option<LastD
     let raw: Option<String> = ctx
         .redis
         .clone()
-        .get(last_day_key(ctx.prefix(), job))
+        .get(last_day_key(ctx.prefix(), job.label()))
         .await
         .context("reading the last processed maintenance day from Redis")?;
     Ok(raw.and_then(|raw| match serde_json::from_str(&raw) {

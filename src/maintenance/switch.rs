@@ -15,15 +15,11 @@ use anyhow::Context as _;
 use redis::AsyncCommands as _;
 
 use crate::config::MaintenanceConfig;
+use crate::keys::maintenance_paused_key;
 
 /// Whether the master switch is on: the schedules are registered, and queued runs run.
 pub fn enabled(config: &MaintenanceConfig) -> bool {
     config.enabled
-}
-
-/// The Redis key of the brake shared by every pod.
-pub fn paused_key(prefix: &str) -> String {
-    format!("{prefix}:maintenance:paused")
 }
 
 /// Sets or lifts the brake.
@@ -32,7 +28,7 @@ pub async fn set_paused(
     prefix: &str,
     paused: bool,
 ) -> anyhow::Result<()> {
-    let key = paused_key(prefix);
+    let key = maintenance_paused_key(prefix);
     if paused {
         conn.set::<_, _, ()>(&key, "1").await
     } else {
@@ -46,7 +42,7 @@ pub async fn is_paused(
     conn: &mut redis::aio::ConnectionManager,
     prefix: &str,
 ) -> anyhow::Result<bool> {
-    conn.exists(paused_key(prefix))
+    conn.exists(maintenance_paused_key(prefix))
         .await
         .context("reading the maintenance brake from Redis")
 }

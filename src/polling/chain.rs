@@ -18,7 +18,7 @@
 //! One file of over 800 lines on purpose: it is the Rust side of one script
 //! (`jobs/src/chain.lua`), and every function here builds that script's eight arguments and
 //! reads its answers the same way; split, the halves would share the ops' argument order across
-//! files. The key names alone stand apart ([`super::keys`]), since other modules read them. Reconcile's filter (`live.lua`, [`maybe_dead`]) reads the same
+//! files. The key names alone stand apart ([`crate::keys`]), since other modules read them. Reconcile's filter (`live.lua`, [`maybe_dead`]) reads the same
 //! two keys.
 //!
 //! A poll's check and successor go through the process's batched calls ([`Via::Batched`],
@@ -47,9 +47,9 @@ use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-pub use super::keys::{chain_key, due_key, late_key, queue_of};
 use super::unchanged;
 use crate::config::Task;
+pub use crate::keys::{chain_key, due_key, late_key, queue_of};
 use crate::queue::batch::ScriptCalls;
 
 static CHAIN: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::chain::SCRIPT));

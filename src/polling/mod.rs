@@ -27,7 +27,6 @@ pub mod carddata;
 pub mod chain;
 pub mod circuit;
 pub mod due_queue;
-pub mod keys;
 pub mod poll;
 pub mod reconcile;
 mod run_job;

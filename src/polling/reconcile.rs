@@ -48,10 +48,9 @@ use crate::storage::cards;
 /// Longest random initial delay of a chain started by reconcile.
 pub const MAX_START_SPREAD: Duration = Duration::from_secs(60);
 
-/// The Redis key of a task's reconcile cursor (the last card id examined).
-pub fn cursor_key(prefix: &str, task: Task) -> String {
-    format!("{prefix}:reconcile:cursor:{}", task.label())
-}
+/// The Redis key of a task's reconcile cursor (the last card id examined), which [`crate::keys`]
+/// owns.
+pub use crate::keys::cursor_key;
 
 /// A chain is dead when its next poll is overdue by more than this: 10 min + 2 × interval.
 pub fn grace(config: &Config, task: Task) -> Duration {

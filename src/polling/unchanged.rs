@@ -47,17 +47,10 @@ pub const HOURS_KEPT: i64 = 48;
 /// Expiry of an hourly counter, set by the increment that creates it.
 pub const HOUR_TTL_SECS: i64 = (HOURS_KEPT + 1) * 3600;
 
-/// The fleet-wide counter of unchanged polls of one task and UTC hour (`YYYYMMDDHH`).
-pub fn hour_key(prefix: &str, task: Task, hour: &str) -> String {
-    format!("{prefix}:unchanged_total:{}:{hour}", task.label())
-}
-
-/// The fleet-wide counter of one task's recorded polls of `outcome` (`persisted_change`,
-/// `persisted_failure`) in one UTC hour: kept like the unchanged ones, so that the console's
-/// chart shows every poll of the last [`HOURS_KEPT`] hours by outcome without reading a table.
-pub fn outcome_hour_key(prefix: &str, task: Task, outcome: &str, hour: &str) -> String {
-    format!("{prefix}:outcome_total:{}:{outcome}:{hour}", task.label())
-}
+/// The hourly counters' key names, which [`crate::keys`] owns: the unchanged polls of a task and
+/// UTC hour (`YYYYMMDDHH`), and a task's recorded polls of one outcome in an hour, kept like them
+/// for [`HOURS_KEPT`] hours.
+pub use crate::keys::{hour_key, outcome_hour_key};
 
 /// How often each process writes the unchanged polls it counted to the fleet-wide counters.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
@@ -259,7 +252,7 @@ pub async fn entry(
     card_ref: &str,
 ) -> anyhow::Result<Option<Entry>> {
     let raw: Option<String> = redis::cmd("HGET")
-        .arg(super::keys::chain_key(prefix, task))
+        .arg(crate::keys::chain_key(prefix, task))
         .arg(card_ref)
         .query_async(conn)
         .await

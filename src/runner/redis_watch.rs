@@ -36,10 +36,9 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// loss and written its running polls back first.
 pub const RESTORE_SETTLE: Duration = Duration::from_secs(3);
 
-/// The marker key whose absence means Redis lost the deployment's data.
-pub fn epoch_key(prefix: &str) -> String {
-    format!("{prefix}:redis_epoch")
-}
+/// The marker key whose absence means Redis lost the deployment's data, which [`crate::keys`]
+/// owns.
+pub use crate::keys::epoch_key;
 
 /// What the pod that notices a data loss does (enqueue a full reconcile, say).
 pub type OnDataLost = Arc<dyn Fn() -> BoxFuture<'static, anyhow::Result<()>> + Send + Sync>;

@@ -408,7 +408,7 @@ async fn due_times(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, u64
     let mut out = Vec::new();
     for task in Task::ALL {
         let due: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(cardworker::polling::keys::due_key("cw", task))
+            .arg(cardworker::keys::due_key("cw", task))
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")

@@ -1,8 +1,11 @@
 //! The key inventory's own tests (the table is the test kit's `inventory`, which the harness's
-//! every `TestRedis` guard checks its prefix against when it drops).
+//! every `TestRedis` guard checks its prefix against when it drops), and its agreement with
+//! `cardworker::keys`, the module that builds every key name.
 
 use std::time::Duration;
 
+use cardworker::config::Task;
+use cardworker::maintenance::JobKind;
 use redis::AsyncCommands as _;
 
 use crate::harness::inventory::{classify, matches, violations, INVENTORY};
@@ -47,6 +50,77 @@ fn every_pattern_is_listed_for_operators_in_the_runbook() {
         assert!(
             section.contains(&format!("`{shown}`")),
             "docs/RUNBOOK.md \"Redis keys\" does not list `{shown}`"
+        );
+    }
+}
+
+/// One key of every name `cardworker::keys` builds, for each task, queue and maintenance job,
+/// under the prefix `cw` (the feeder's wake-up channel aside: a channel, not a key).
+fn every_named_key() -> Vec<String> {
+    use cardworker::keys::*;
+    let p = "cw";
+    let mut out = vec![
+        total_key(p),
+        overrides_key(p),
+        paused_key(p),
+        waiters_key(p),
+        expired_key(p),
+        kept_key(p),
+        fence_key(p),
+        maintenance_paused_key(p),
+        epoch_key(p),
+        intake_due_hint(p),
+    ];
+    for task in Task::ALL {
+        out.extend([
+            chain_key(p, task),
+            due_key(p, task),
+            late_key(p, task),
+            cursor_key(p, task),
+            hour_key(p, task, "2026120200"),
+            outcome_hour_key(p, task, "persisted_change", "2026120200"),
+            task_key(p, task),
+            circuit_key(p, task),
+            window_key(p, task),
+        ]);
+    }
+    for queue in cardworker::workers::QUEUES {
+        let tick = format!("{queue}:tick:1764892800");
+        out.extend([intake(p, queue), intake_payload(p, queue), claim(p, &tick)]);
+    }
+    for job in [JobKind::Archive, JobKind::Retention] {
+        out.push(last_day_key(p, job.label()));
+    }
+    out
+}
+
+#[test]
+fn every_key_the_keys_module_names_has_its_pattern_in_the_inventory() {
+    let unlisted: Vec<String> = every_named_key()
+        .into_iter()
+        .filter(|k| classify("cw", k).is_none())
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "built by src/keys.rs but not in the key inventory: {unlisted:?}"
+    );
+}
+
+#[test]
+fn every_pattern_of_the_inventory_but_apalis_s_own_is_a_name_of_the_keys_module() {
+    let named: Vec<String> = every_named_key()
+        .iter()
+        .map(|k| k.replacen("cw", "<prefix>", 1))
+        .collect();
+    for p in INVENTORY
+        .iter()
+        .filter(|p| !p.pattern.starts_with("<prefix>:q:"))
+    {
+        assert!(
+            named.iter().any(|k| matches(p.pattern, k)),
+            "{} ({}) is written but src/keys.rs does not name it",
+            p.pattern,
+            p.owner
         );
     }
 }
