@@ -1,4 +1,4 @@
-//! The polling intake without payloads (issue 19): a chain's waiting poll is its entry in the
+//! The polling intake without payloads: a chain's waiting poll is its entry in the
 //! chain due set, its job's payload is built from the chain entry when the feeder moves it into
 //! apalis, and the entry stays, re-scored to the fed range, for reconcile.
 
@@ -39,6 +39,36 @@ async fn score(redis: &TestRedis, task: Task, card: &str) -> Option<u64> {
         .await
         .expect("zscore");
     s.map(|s| s as u64)
+}
+
+/// Writes a chain entry of `card` by hand, as `entry`, due at `due` ms (Redis clock).
+async fn write_entry(
+    conn: &mut redis::aio::ConnectionManager,
+    (prefix, task): (&str, Task),
+    card: &str,
+    entry: &str,
+    due: u64,
+) {
+    let _: () = redis::pipe()
+        .hset(chain::chain_key(prefix, task), card, entry)
+        .ignore()
+        .zadd(chain::due_key(prefix, task), card, due)
+        .ignore()
+        .query_async(conn)
+        .await
+        .expect("a chain entry written by hand");
+}
+
+/// How a delivery of `card`'s job of `state` checks in (a 60 s run marker).
+async fn liveness(
+    conn: &mut redis::aio::ConnectionManager,
+    (prefix, task): (&str, Task),
+    card: &str,
+    state: &ChainState,
+) -> chain::Liveness {
+    chain::check(conn, prefix, task, card, state, Duration::from_secs(60))
+        .await
+        .expect("check")
 }
 
 #[tokio::test]
@@ -109,19 +139,13 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
     let (prefix, task) = (redis.prefix.as_str(), Task::CardStatus);
     let now = chain::redis_now_ms(&mut conn).await.expect("now");
     let due = now - 1_000;
-    // What the release before issue 19 writes for a waiting poll: a four-field chain entry, the
-    // due index, and the intake entry with its payload.
+    // What an older release writes for a waiting poll: a four-field chain entry, the due index,
+    // and the intake entry with its payload.
     let old_id = "01JDOLDRELEASECHAIN0000000";
     let payload = format!(r#"{{"card_ref":"c-old","chain":"{old_id}","failures":3}}"#);
+    let entry = format!("{old_id}|0|0|s0");
+    write_entry(&mut conn, (prefix, task), "c-old", &entry, due).await;
     let _: () = redis::pipe()
-        .hset(
-            chain::chain_key(prefix, task),
-            "c-old",
-            format!("{old_id}|0|0|s0"),
-        )
-        .ignore()
-        .zadd(chain::due_key(prefix, task), "c-old", due)
-        .ignore()
         .zadd(keys::intake(prefix, PollCardStatus::QUEUE), "c-old", due)
         .ignore()
         .hset(
@@ -157,16 +181,7 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
         turn: 0,
     };
     assert_eq!(
-        chain::check(
-            &mut conn,
-            prefix,
-            task,
-            "c-old",
-            &seen,
-            std::time::Duration::from_secs(60)
-        )
-        .await
-        .expect("check"),
+        liveness(&mut conn, (prefix, task), "c-old", &seen).await,
         chain::Liveness::Live
     );
     let successor = ChainState {
@@ -197,8 +212,8 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
 #[tokio::test]
 async fn a_card_ref_that_json_must_escape_is_fed_as_exactly_that_ref() {
     // The feeder writes the payload of a card ref and chain id made only of letters, digits and
-    // `-_.:` as text, without cjson (issue 16: three cjson calls were a fifth of the feeder's
-    // time); every other ref goes through cjson. Both paths must decode to the entry's card,
+    // `-_.:` as text, without cjson (three cjson calls are a fifth of the feeder's time); every
+    // other ref goes through cjson. Both paths must decode to the entry's card,
     // chain, failures and deferrals.
     let redis = TestRedis::new().await;
     let mut conn = redis.conn.clone();
@@ -221,18 +236,8 @@ async fn a_card_ref_that_json_must_escape_is_fed_as_exactly_that_ref() {
     }
     // A deferred chain's state field is `failures.deferrals`.
     let now = chain::redis_now_ms(&mut conn).await.expect("now");
-    let _: () = redis::pipe()
-        .hset(
-            chain::chain_key(prefix, task),
-            "c-deferred",
-            "01DEFERRED|0|0|s0|2.3",
-        )
-        .ignore()
-        .zadd(chain::due_key(prefix, task), "c-deferred", now - 1_000)
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .expect("a deferred entry");
+    let entry = "01DEFERRED|0|0|s0|2.3";
+    write_entry(&mut conn, (prefix, task), "c-deferred", entry, now - 1_000).await;
     want.push(("c-deferred".to_owned(), "01DEFERRED".to_owned(), 2, 3));
     let q = QueueName::new(prefix, PollCardData::QUEUE);
     assert_eq!(
@@ -258,25 +263,15 @@ async fn a_card_ref_that_json_must_escape_is_fed_as_exactly_that_ref() {
 
 #[tokio::test]
 async fn a_chain_entry_with_an_empty_field_is_still_read_as_the_chain_it_names() {
-    // The scripts read the entries they write with one pattern of non-empty fields (issue 16);
-    // anything else falls back to the old split, which skips empty fields. An entry edited by
+    // The scripts read the entries they write with one pattern of non-empty fields; anything
+    // else falls back to the old split, which skips empty fields. An entry edited by
     // hand with an empty field must still be fed with its state and checked as its own chain.
     let redis = TestRedis::new().await;
     let mut conn = redis.conn.clone();
     let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
     let now = chain::redis_now_ms(&mut conn).await.expect("now");
-    let _: () = redis::pipe()
-        .hset(
-            chain::chain_key(prefix, task),
-            "c-gap",
-            "01GAPCHAIN|3||0|s0|2",
-        )
-        .ignore()
-        .zadd(chain::due_key(prefix, task), "c-gap", now - 1_000)
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .expect("an entry with an empty field");
+    let entry = "01GAPCHAIN|3||0|s0|2";
+    write_entry(&mut conn, (prefix, task), "c-gap", entry, now - 1_000).await;
     let q = QueueName::new(prefix, PollCardData::QUEUE);
     assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
     let jobs = apalis_payloads(&redis, PollCardData::QUEUE).await;
@@ -286,16 +281,7 @@ async fn a_chain_entry_with_an_empty_field_is_still_read_as_the_chain_it_names()
         ("01GAPCHAIN", 2)
     );
     assert_eq!(
-        chain::check(
-            &mut conn,
-            prefix,
-            task,
-            "c-gap",
-            &jobs[0].state,
-            std::time::Duration::from_secs(60)
-        )
-        .await
-        .expect("check"),
+        liveness(&mut conn, (prefix, task), "c-gap", &jobs[0].state).await,
         chain::Liveness::Live
     );
 }
@@ -335,16 +321,7 @@ async fn a_fed_entry_is_never_fed_twice_while_its_job_lives_even_behind_a_backlo
         ..ChainState::default()
     };
     assert_eq!(
-        chain::check(
-            &mut conn,
-            prefix,
-            task,
-            "c-1",
-            &seen,
-            std::time::Duration::from_secs(60)
-        )
-        .await
-        .expect("check"),
+        liveness(&mut conn, (prefix, task), "c-1", &seen).await,
         chain::Liveness::Live
     );
     // Past the grace the chain counts as dead (its job may have vanished): a producer's poll (or
@@ -360,16 +337,7 @@ async fn a_fed_entry_is_never_fed_twice_while_its_job_lives_even_behind_a_backlo
     assert_ne!(merged, id);
     assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
     assert_eq!(
-        chain::check(
-            &mut conn,
-            prefix,
-            task,
-            "c-1",
-            &seen,
-            std::time::Duration::from_secs(60)
-        )
-        .await
-        .expect("check"),
+        liveness(&mut conn, (prefix, task), "c-1", &seen).await,
         chain::Liveness::Stale
     );
 }
@@ -507,103 +475,135 @@ async fn fed_job(redis: &TestRedis, card: &str) -> PollCardData {
     job
 }
 
+/// Card `c-1`'s carddata chain on a prefix of its own, through the calls a worker's poll makes.
+struct OneChain {
+    redis: TestRedis,
+    conn: redis::aio::ConnectionManager,
+}
+
+impl OneChain {
+    const TASK: Task = Task::Carddata;
+    const CARD: &str = "c-1";
+
+    /// The chain started, its first poll due now.
+    async fn start() -> Self {
+        let redis = TestRedis::new().await;
+        let conn = redis.conn.clone();
+        let mut chain = Self { redis, conn };
+        chain.restart().await;
+        chain
+    }
+
+    /// The chain started, its first job fed and checked in (run marker `ttl`): it polls.
+    async fn running(ttl: Duration) -> (Self, PollCardData) {
+        let one = Self::start().await;
+        let job = one.fed_job().await;
+        assert_eq!(one.check(&job.state, ttl).await, chain::Liveness::Live);
+        (one, job)
+    }
+
+    /// Starts the chain again, as an operator's `enqueue` does.
+    async fn restart(&mut self) {
+        let prefix = self.redis.prefix.clone();
+        chain::start(
+            &mut self.conn,
+            &prefix,
+            Self::TASK,
+            Self::CARD,
+            Duration::ZERO,
+        )
+        .await
+        .expect("start");
+    }
+
+    /// Feeds the due poll into apalis: its job.
+    async fn fed_job(&self) -> PollCardData {
+        fed_job(&self.redis, Self::CARD).await
+    }
+
+    /// The chain's score in the due set.
+    async fn score(&self) -> Option<u64> {
+        score(&self.redis, Self::TASK, Self::CARD).await
+    }
+
+    /// A delivery of the job of `state` checks in (run marker `ttl`).
+    async fn check(&self, state: &ChainState, ttl: Duration) -> chain::Liveness {
+        let (mut conn, prefix) = (self.conn.clone(), &self.redis.prefix);
+        chain::check(&mut conn, prefix, Self::TASK, Self::CARD, state, ttl)
+            .await
+            .expect("check")
+    }
+
+    /// The poll of `state` writes its successor, due after `delay`: whether it was written.
+    async fn schedule(&self, state: &ChainState, delay: Duration) -> bool {
+        let (mut conn, prefix) = (self.conn.clone(), &self.redis.prefix);
+        chain::schedule(&mut conn, prefix, Self::TASK, Self::CARD, state, delay)
+            .await
+            .expect("schedule")
+    }
+
+    /// The budget defers the delivery of `state` (run marker `ttl`).
+    async fn defer(&self, state: &ChainState, ttl: Duration) -> chain::Deferred {
+        let (mut conn, prefix) = (self.conn.clone(), &self.redis.prefix);
+        chain::defer(
+            &mut conn,
+            prefix,
+            Self::TASK,
+            Self::CARD,
+            state,
+            Duration::ZERO,
+            ttl,
+        )
+        .await
+        .expect("defer")
+    }
+}
+
 #[tokio::test]
 async fn a_second_delivery_of_a_job_whose_turn_is_over_is_stale_and_writes_nothing() {
     // apalis re-queues the jobs of a worker whose stream ended, although each ran on in a task of
     // its own and wrote its successor: that second delivery carries a live chain id.
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
-    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
-    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
-        .await
-        .expect("start");
-    let job = fed_job(&redis, "c-1").await;
     let ttl = Duration::from_secs(60);
+    let (one, job) = OneChain::running(ttl).await;
+    assert!(one.schedule(&job.state, Duration::from_secs(60)).await);
+    let successor = one.score().await;
     assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
-            .await
-            .expect("check"),
-        chain::Liveness::Live
-    );
-    assert!(chain::schedule(
-        &mut conn,
-        prefix,
-        task,
-        "c-1",
-        &job.state,
-        Duration::from_secs(60)
-    )
-    .await
-    .expect("successor"));
-    let successor = score(&redis, task, "c-1").await;
-    assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
-            .await
-            .expect("second check"),
+        one.check(&job.state, ttl).await,
         chain::Liveness::Stale,
         "the second delivery must not poll"
     );
     assert!(
-        !chain::schedule(&mut conn, prefix, task, "c-1", &job.state, Duration::ZERO)
-            .await
-            .expect("second schedule"),
+        !one.schedule(&job.state, Duration::ZERO).await,
         "the second delivery must not move the chain's next poll"
     );
-    assert_eq!(score(&redis, task, "c-1").await, successor);
+    assert_eq!(one.score().await, successor);
 }
 
 #[tokio::test]
 async fn a_second_delivery_of_a_running_job_does_not_poll_and_a_restarted_chain_waits_for_the_poll()
 {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
-    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
-    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
-        .await
-        .expect("start");
-    let running = fed_job(&redis, "c-1").await;
     let ttl = Duration::from_secs(60);
-    let base = conn.clone();
-    let check = |state: ChainState| {
-        let mut conn = base.clone();
-        async move {
-            chain::check(&mut conn, prefix, task, "c-1", &state, ttl)
-                .await
-                .expect("check")
-        }
-    };
-    assert_eq!(check(running.state.clone()).await, chain::Liveness::Live);
+    let (mut one, running) = OneChain::running(ttl).await;
     // The same job delivered again while its poll is at the Gateway.
     assert!(
         matches!(
-            check(running.state.clone()).await,
+            one.check(&running.state, ttl).await,
             chain::Liveness::Running(left) if left <= ttl
         ),
         "the second delivery must not poll"
     );
     // An operator restarts the chain meanwhile: its first job waits for the running poll.
-    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
-        .await
-        .expect("restart");
-    let first = fed_job(&redis, "c-1").await;
+    one.restart().await;
+    let first = one.fed_job().await;
     assert_ne!(first.state.chain, running.state.chain);
     assert!(
-        matches!(check(first.state.clone()).await, chain::Liveness::Busy(_)),
+        matches!(one.check(&first.state, ttl).await, chain::Liveness::Busy(_)),
         "the restarted chain's first poll waits"
     );
     // The running poll ends: its successor is not written (its chain was replaced), and the
     // way is clear.
-    assert!(!chain::schedule(
-        &mut conn,
-        prefix,
-        task,
-        "c-1",
-        &running.state,
-        Duration::ZERO
-    )
-    .await
-    .expect("old successor"));
-    assert_eq!(check(first.state.clone()).await, chain::Liveness::Live);
+    assert!(!one.schedule(&running.state, Duration::ZERO).await);
+    assert_eq!(one.check(&first.state, ttl).await, chain::Liveness::Live);
 }
 
 #[tokio::test]
@@ -611,57 +611,40 @@ async fn a_second_delivery_whose_first_died_after_its_check_takes_the_turn_over_
 ) {
     // The first delivery checked in (its run marker stands) and its process died before it
     // wrote a successor; apalis hands the job out again within the marker's time.
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
-    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
-    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
-        .await
-        .expect("start");
-    let job = fed_job(&redis, "c-1").await;
     let ttl = Duration::from_secs(2);
-    assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
-            .await
-            .expect("first check"),
-        chain::Liveness::Live
-    );
-    let fed = score(&redis, task, "c-1").await;
-    let left = match chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
-        .await
-        .expect("second check")
-    {
+    let (one, job) = OneChain::running(ttl).await;
+    let fed = one.score().await;
+    let left = match one.check(&job.state, ttl).await {
         chain::Liveness::Running(left) => left,
         other => panic!("the second delivery must not poll while the marker stands: {other:?}"),
     };
     assert!(left <= ttl, "{left:?}");
     chain::defer_when_free(
-        conn.clone(),
+        one.conn.clone(),
         None,
-        prefix,
-        task,
-        "c-1",
+        &one.redis.prefix,
+        OneChain::TASK,
+        OneChain::CARD,
         &job.state,
         Duration::ZERO,
         ttl,
         left,
     );
     assert_eq!(
-        score(&redis, task, "c-1").await,
+        one.score().await,
         fed,
         "while the marker stands, the chain waits on its first delivery"
     );
     wait_until(
         ttl + Duration::from_secs(5),
         "the chain's next poll waits to be fed once the marker is over",
-        || async { score(&redis, task, "c-1").await.is_some_and(|s| s < FED) },
+        || async { one.score().await.is_some_and(|s| s < FED) },
     )
     .await;
-    let next = fed_job(&redis, "c-1").await;
+    let next = one.fed_job().await;
     assert!(next.state.turn > job.state.turn, "{next:?} after {job:?}");
     assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &next.state, ttl)
-            .await
-            .expect("check of the new turn"),
+        one.check(&next.state, ttl).await,
         chain::Liveness::Live,
         "the new turn polls"
     );
@@ -670,64 +653,20 @@ async fn a_second_delivery_whose_first_died_after_its_check_takes_the_turn_over_
 #[tokio::test]
 async fn a_deferred_second_delivery_writes_nothing_while_the_first_runs_and_is_stale_once_it_wrote_its_successor(
 ) {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
-    let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
-    chain::start(&mut conn, prefix, task, "c-1", Duration::ZERO)
-        .await
-        .expect("start");
-    let job = fed_job(&redis, "c-1").await;
     let ttl = Duration::from_secs(60);
-    assert_eq!(
-        chain::check(&mut conn, prefix, task, "c-1", &job.state, ttl)
-            .await
-            .expect("check"),
-        chain::Liveness::Live
-    );
-    let fed = score(&redis, task, "c-1").await;
+    let (one, job) = OneChain::running(ttl).await;
+    let fed = one.score().await;
     let mut deferred = job.state.clone();
     deferred.deferrals += 1;
-    let answer = chain::defer(
-        &mut conn,
-        prefix,
-        task,
-        "c-1",
-        &deferred,
-        Duration::ZERO,
-        ttl,
-    )
-    .await
-    .expect("defer");
+    let answer = one.defer(&deferred, ttl).await;
     assert!(
         matches!(answer, chain::Deferred::Running(left) if left <= ttl),
         "{answer:?}"
     );
-    assert_eq!(score(&redis, task, "c-1").await, fed, "nothing written");
+    assert_eq!(one.score().await, fed, "nothing written");
     // The running poll's own successor is written, and the deferral is stale from then on.
-    assert!(chain::schedule(
-        &mut conn,
-        prefix,
-        task,
-        "c-1",
-        &job.state,
-        Duration::from_secs(600)
-    )
-    .await
-    .expect("successor"));
-    let successor = score(&redis, task, "c-1").await;
-    assert_eq!(
-        chain::defer(
-            &mut conn,
-            prefix,
-            task,
-            "c-1",
-            &deferred,
-            Duration::ZERO,
-            ttl
-        )
-        .await
-        .expect("defer again"),
-        chain::Deferred::Stale
-    );
-    assert_eq!(score(&redis, task, "c-1").await, successor);
+    assert!(one.schedule(&job.state, Duration::from_secs(600)).await);
+    let successor = one.score().await;
+    assert_eq!(one.defer(&deferred, ttl).await, chain::Deferred::Stale);
+    assert_eq!(one.score().await, successor);
 }
