@@ -59,6 +59,26 @@ async fn write_entry(
         .expect("a chain entry written by hand");
 }
 
+/// The poll of `state` writes its successor, due now, into the chain entry alone: the task's
+/// intake payload hash stays empty.
+async fn schedule_without_payload(
+    conn: &mut redis::aio::ConnectionManager,
+    (prefix, task): (&str, Task),
+    card: &str,
+    state: &ChainState,
+) {
+    assert!(
+        chain::schedule(&mut *conn, prefix, task, card, state, Duration::ZERO)
+            .await
+            .expect("schedule")
+    );
+    let payloads: i64 = conn
+        .hlen(keys::intake_payload(prefix, chain::queue_of(task)))
+        .await
+        .expect("hlen");
+    assert_eq!(payloads, 0, "no payload hash entry for a chain's poll");
+}
+
 /// How a delivery of `card`'s job of `state` checks in (a 60 s run marker).
 async fn liveness(
     conn: &mut redis::aio::ConnectionManager,
@@ -87,16 +107,7 @@ async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
         deferrals: 1,
         turn: 0,
     };
-    assert!(
-        chain::schedule(&mut conn, prefix, task, "c-1", &next, Duration::ZERO)
-            .await
-            .expect("schedule")
-    );
-    let payloads: i64 = conn
-        .hlen(keys::intake_payload(prefix, PollCardData::QUEUE))
-        .await
-        .expect("hlen");
-    assert_eq!(payloads, 0, "no payload hash entry for a chain's poll");
+    schedule_without_payload(&mut conn, (prefix, task), "c-1", &next).await;
     let waiting = score(&redis, task, "c-1").await.expect("waiting");
     assert!(waiting < FED);
 
@@ -188,16 +199,7 @@ async fn an_old_format_entry_with_a_payload_is_still_fed_once() {
         failures: 4,
         ..seen.clone()
     };
-    assert!(
-        chain::schedule(&mut conn, prefix, task, "c-old", &successor, Duration::ZERO)
-            .await
-            .expect("schedule")
-    );
-    let payloads: i64 = conn
-        .hlen(keys::intake_payload(prefix, PollCardStatus::QUEUE))
-        .await
-        .expect("hlen");
-    assert_eq!(payloads, 0);
+    schedule_without_payload(&mut conn, (prefix, task), "c-old", &successor).await;
     assert_eq!(feed_once(&mut conn, &q).await.expect("feed").moved, 1);
     let jobs = apalis_payloads(&redis, PollCardStatus::QUEUE).await;
     assert!(
