@@ -6,15 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cardworker::approvals::recovery;
-use cardworker::approvals::submit::{self, Submitted};
+use cardworker::approvals::submit::Submitted;
 use cardworker::context::AppContext;
 use cardworker::payments::callback::{self, Delivery};
 use cardworker::reliable::{RecoveryReport, Thresholds};
-use cardworker_jobs::{ProcessCallback, SubmitApproval};
+use cardworker_jobs::ProcessCallback;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::harness::{metric_value, spawn_app_with, start_in_process, wait_until, TestApp};
+use crate::money_support::{
+    approval_status, audit_count, insert_approval, log_states, submit_approval, wait_for_status,
+};
 use crate::scripted_gateway::{Script, ScriptedGateway};
 
 /// An app on the scripted Gateway whose recovery crons never fire during a test (recovery runs
@@ -36,29 +39,6 @@ const DUE: Thresholds = Thresholds {
     waiting: Duration::from_secs(900),
 };
 
-async fn insert_approval(pool: &PgPool, card_ref: &str, kind: &str, amount: Option<i64>) -> Uuid {
-    let id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(id)
-    .bind(card_ref)
-    .bind(kind)
-    .bind(amount)
-    .execute(pool)
-    .await
-    .expect("insert approval");
-    id
-}
-
-async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM approvals WHERE approval_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .expect("approval status")
-}
-
 async fn count(pool: &PgPool, sql: &str, id: Uuid) -> i64 {
     sqlx::query_scalar(sql)
         .bind(id.to_string())
@@ -77,30 +57,6 @@ async fn decided_events(pool: &PgPool, id: Uuid) -> i64 {
     .await
 }
 
-async fn audit_events(pool: &PgPool, id: Uuid, event_type: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
-          WHERE r.resource_type = 'approval' AND r.resource_id = $1 AND e.event_type = $2",
-    )
-    .bind(id.to_string())
-    .bind(event_type)
-    .fetch_one(pool)
-    .await
-    .expect("audit events")
-}
-
-async fn log_states(pool: &PgPool, id: Uuid, scenario: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT state FROM integration_logs
-          WHERE resource_type = 'approval' AND resource_id = $1 AND scenario = $2 ORDER BY id",
-    )
-    .bind(id.to_string())
-    .bind(scenario)
-    .fetch_all(pool)
-    .await
-    .expect("log states")
-}
-
 async fn age(pool: &PgPool) {
     sqlx::query("UPDATE approvals SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
         .execute(pool)
@@ -110,15 +66,7 @@ async fn age(pool: &PgPool) {
 
 /// One run of the submission job for `id`, as the worker runs it.
 async fn submit_now(ctx: &AppContext, id: Uuid) -> Submitted {
-    submit::submit(
-        ctx,
-        &SubmitApproval {
-            approval_id: id,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit")
+    submit_approval(ctx, id).await.expect("submit")
 }
 
 /// The submission job for `id` in a task of its own (which a test may abort: a kill mid-call).
@@ -126,16 +74,7 @@ fn spawn_submit(
     ctx: Arc<AppContext>,
     id: Uuid,
 ) -> tokio::task::JoinHandle<anyhow::Result<Submitted>> {
-    tokio::spawn(async move {
-        submit::submit(
-            &ctx,
-            &SubmitApproval {
-                approval_id: id,
-                retries: 0,
-            },
-        )
-        .await
-    })
+    tokio::spawn(async move { submit_approval(&ctx, id).await })
 }
 
 fn every_key_is_the_id(gw: &ScriptedGateway, id: Uuid) {
@@ -174,12 +113,7 @@ async fn an_approval_asked_for_five_times_in_a_row_and_from_two_workers_at_once_
             .await
             .expect("enqueue approval");
     }
-    wait_until(
-        Duration::from_secs(20),
-        "the approval is approved",
-        || async { status(&pool, id).await == "approved" },
-    )
-    .await;
+    wait_for_status(&pool, "approvals", id, "approved", 20).await;
     for _ in 0..5 {
         let again = submit_now(&app.ctx, id).await;
         assert_eq!(again, Submitted::AlreadySettled("approved".to_owned()));
@@ -213,10 +147,7 @@ async fn an_approval_asked_for_five_times_in_a_row_and_from_two_workers_at_once_
         task.await.expect("join").expect("submit");
     }
     for id in &ids {
-        wait_until(Duration::from_secs(20), "approved", || async {
-            status(&pool, *id).await == "approved"
-        })
-        .await;
+        wait_for_status(&pool, "approvals", *id, "approved", 20).await;
     }
     // The queued jobs have run: none waits in the intake and none is left in apalis (a job's
     // acknowledgement deletes it there). Nothing more was sent.
@@ -258,12 +189,15 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
     )
     .await;
     // By the time the Gateway has the request, the pending row is committed.
-    assert_eq!(status(&pool, id).await, "pending");
-    assert_eq!(log_states(&pool, id, "approval_submit").await, ["pending"]);
+    assert_eq!(approval_status(&pool, id).await, "pending");
+    assert_eq!(
+        log_states(&pool, "approval", id, "approval_submit").await,
+        ["pending"]
+    );
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
     assert_eq!(
-        status(&pool, id).await,
+        approval_status(&pool, id).await,
         "pending",
         "evidence survives the kill"
     );
@@ -282,15 +216,15 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
         .await
         .expect("recovery");
     assert_eq!(report.settled, 1, "{report:?}");
-    assert_eq!(status(&pool, id).await, "declined");
+    assert_eq!(approval_status(&pool, id).await, "declined");
     assert_eq!(gw.posts(id), 1, "no second POST");
     assert_eq!(gw.seen(id).acted, 1);
     assert_eq!(
-        log_states(&pool, id, "approval_submit").await,
+        log_states(&pool, "approval", id, "approval_submit").await,
         ["succeeded"]
     );
     assert_eq!(
-        log_states(&pool, id, "approval_recovery_query").await,
+        log_states(&pool, "approval", id, "approval_recovery_query").await,
         ["succeeded"]
     );
     assert_eq!(decided_events(&pool, id).await, 1);
@@ -323,7 +257,7 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
     .await;
     task.abort();
     let _ = task.await;
-    assert_eq!(status(&pool, id).await, "pending");
+    assert_eq!(approval_status(&pool, id).await, "pending");
     assert_eq!(gw.seen(id).acted, 0, "the Gateway never took it");
 
     gw.script(id, Script::Answer("approved"));
@@ -332,17 +266,13 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
         .await
         .expect("recovery");
     assert_eq!(report.resubmitted, 1, "{report:?}");
-    wait_until(
-        Duration::from_secs(20),
-        "resubmitted by the app's worker and approved",
-        || async { status(&pool, id).await == "approved" },
-    )
-    .await;
+    // Waits until resubmitted by the app's worker and approved.
+    wait_for_status(&pool, "approvals", id, "approved", 20).await;
     assert_eq!(gw.seen(id).acted, 1, "submitted once");
     assert_eq!(gw.posts(id), 2, "the lost request and the one resubmission");
     every_key_is_the_id(&gw, id);
     assert_eq!(
-        log_states(&pool, id, "approval_submit").await,
+        log_states(&pool, "approval", id, "approval_submit").await,
         ["failed", "succeeded"],
         "the dead attempt closed as never seen, the resubmission answered"
     );
@@ -363,7 +293,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
         matches!(&done, Submitted::Answered { status, .. } if status == "in_review"),
         "{done:?}"
     );
-    assert_eq!(status(&pool, id).await, "in_review");
+    assert_eq!(approval_status(&pool, id).await, "in_review");
     assert_eq!(
         decided_events(&pool, id).await,
         0,
@@ -381,7 +311,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
         .await
         .expect("recovery");
     assert_eq!((report.examined, report.left), (1, 1), "{report:?}");
-    assert_eq!(status(&pool, id).await, "in_review");
+    assert_eq!(approval_status(&pool, id).await, "in_review");
 
     // The channel decides; its callback arrives twenty times at once.
     gw.decide(id, "approved");
@@ -404,9 +334,12 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
         }
     }
     assert_eq!(applied, 1);
-    assert_eq!(status(&pool, id).await, "approved");
+    assert_eq!(approval_status(&pool, id).await, "approved");
     assert_eq!(decided_events(&pool, id).await, 1);
-    assert_eq!(audit_events(&pool, id, "approval.conflict").await, 0);
+    assert_eq!(
+        audit_count(&pool, "approval", id, "approval.conflict").await,
+        0
+    );
     // A later recovery run leaves the decided approval alone.
     age(&pool).await;
     let report = recovery::recover(&app.ctx, DUE, 50)
@@ -443,12 +376,15 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
         "{answered:?}"
     );
     assert_eq!(
-        status(&pool, first).await,
+        approval_status(&pool, first).await,
         "approved",
         "the first decision wins"
     );
     assert_eq!(decided_events(&pool, first).await, 1);
-    assert_eq!(audit_events(&pool, first, "approval.conflict").await, 1);
+    assert_eq!(
+        audit_count(&pool, "approval", first, "approval.conflict").await,
+        1
+    );
 
     // The POST's answer first, then the callback that contradicts it.
     let second = insert_approval(&pool, "c-1", "issue", None).await;
@@ -472,13 +408,13 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
         );
     }
     assert_eq!(
-        status(&pool, second).await,
+        approval_status(&pool, second).await,
         "declined",
         "the first decision wins"
     );
     assert_eq!(decided_events(&pool, second).await, 1);
     assert_eq!(
-        audit_events(&pool, second, "approval.conflict").await,
+        audit_count(&pool, "approval", second, "approval.conflict").await,
         1,
         "one conflict naming both, however often the callback is delivered"
     );
@@ -514,12 +450,12 @@ async fn the_post_answer_racing_a_callback_from_another_pod_applies_exactly_one_
         ids.push(id);
     }
     for id in ids {
-        let s = status(&pool, id).await;
+        let s = approval_status(&pool, id).await;
         assert!(s == "approved" || s == "declined", "{s}");
         assert_eq!(decided_events(&pool, id).await, 1, "approval {id}");
         // Either the callback came first (then the POST, if it was sent, conflicted or was never
         // sent) or the POST did (then the callback conflicted).
-        let conflicts = audit_events(&pool, id, "approval.conflict").await;
+        let conflicts = audit_count(&pool, "approval", id, "approval.conflict").await;
         assert!(conflicts <= 1, "approval {id}: {conflicts} conflicts");
         if gw.posts(id) == 1 {
             assert_eq!(conflicts, 1, "approval {id}: the loser is on record");
@@ -561,7 +497,7 @@ async fn a_callback_for_an_approval_not_yet_known_is_failed_with_its_reason_and_
         .expect("insert");
     let again = callback::process(&app.ctx, &job).await.expect("callback");
     assert_eq!(again, Delivery::Applied { changed: true });
-    assert_eq!(status(&pool, id).await, "approved");
+    assert_eq!(approval_status(&pool, id).await, "approved");
     assert_eq!(decided_events(&pool, id).await, 1);
 }
 
@@ -579,9 +515,17 @@ async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitte
     for id in [garbled, refused, five_xx] {
         submit_now(&app.ctx, id).await;
     }
-    assert_eq!(status(&pool, garbled).await, "unknown", "never a decision");
-    assert_eq!(status(&pool, five_xx).await, "unknown");
-    assert_eq!(status(&pool, refused).await, "failed", "a 4xx is final");
+    assert_eq!(
+        approval_status(&pool, garbled).await,
+        "unknown",
+        "never a decision"
+    );
+    assert_eq!(approval_status(&pool, five_xx).await, "unknown");
+    assert_eq!(
+        approval_status(&pool, refused).await,
+        "failed",
+        "a 4xx is final"
+    );
     assert_eq!(decided_events(&pool, garbled).await, 0);
     assert_eq!(decided_events(&pool, refused).await, 1);
     // Recovery settles the 5xx from the Gateway's record (it had acted) and resubmits the
@@ -592,13 +536,9 @@ async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitte
         .await
         .expect("recovery");
     assert_eq!((report.settled, report.resubmitted), (1, 1), "{report:?}");
-    assert_eq!(status(&pool, five_xx).await, "approved");
-    wait_until(
-        Duration::from_secs(20),
-        "resubmitted and approved",
-        || async { status(&pool, garbled).await == "approved" },
-    )
-    .await;
+    assert_eq!(approval_status(&pool, five_xx).await, "approved");
+    // Waits until resubmitted and approved.
+    wait_for_status(&pool, "approvals", garbled, "approved", 20).await;
     assert_eq!(gw.posts(refused), 1);
     assert_eq!(gw.posts(five_xx), 1);
     for id in [garbled, refused, five_xx] {
@@ -638,17 +578,17 @@ async fn a_bad_approval_or_an_unknown_card_is_refused_when_enqueued_and_nothing_
     // The CLI changes nothing; the job refuses them too (a producer other than the CLI), makes
     // the row final `failed` and records why, once.
     for id in [unknown_kind, no_card] {
-        assert_eq!(status(&pool, id).await, "requested");
+        assert_eq!(approval_status(&pool, id).await, "requested");
     }
     let done = submit_now(&app.ctx, no_amount).await;
     assert!(matches!(done, Submitted::Refused(_)), "{done:?}");
     let again = submit_now(&app.ctx, no_amount).await;
     assert!(matches!(again, Submitted::AlreadySettled(_)), "{again:?}");
     assert_eq!(
-        audit_events(&pool, no_amount, "approval.submit_refused").await,
+        audit_count(&pool, "approval", no_amount, "approval.submit_refused").await,
         1
     );
-    assert_eq!(status(&pool, no_amount).await, "failed");
+    assert_eq!(approval_status(&pool, no_amount).await, "failed");
     for id in [unknown_kind, no_amount, no_card] {
         assert_eq!(gw.posts(id), 0);
     }

@@ -10,6 +10,7 @@
 use cardworker_test_kit::{harness, plan_drive, plan_guard, scripted_gateway, webdriver};
 
 mod config_support;
+mod money_support;
 
 mod approvals;
 mod budget;

@@ -18,11 +18,13 @@ use cardworker::payments::submit as payment_submit;
 use cardworker::queue::QueueName;
 use cardworker::reliable::Thresholds;
 use cardworker::sim::SimConfigPatch;
-use cardworker_jobs::{SubmitApproval, SubmitPayment};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::harness::{spawn_app_with, wait_until, TestApp};
+use crate::money_support::{
+    audit_count, insert_approval, insert_payment, status_in, submit_approval, submit_payment,
+    wait_for_status,
+};
 
 /// An app whose recovery crons never fire (recovery runs are called directly), with a Gateway
 /// timeout of `timeout_ms`.
@@ -47,46 +49,6 @@ fn knobs(app: &TestApp, patch: SimConfigPatch) {
     app.sim.update_config(&patch).expect("simulator knobs");
 }
 
-async fn insert_payment(pool: &PgPool) -> Uuid {
-    let id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, 'c-1', 1234, 'CNY')",
-    )
-    .bind(id)
-    .execute(pool)
-    .await
-    .expect("insert payment");
-    id
-}
-
-async fn insert_approval(pool: &PgPool, card_ref: &str, kind: &str, amount: Option<i64>) -> Uuid {
-    let id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO approvals (approval_id, card_ref, kind, amount_minor) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(id)
-    .bind(card_ref)
-    .bind(kind)
-    .bind(amount)
-    .execute(pool)
-    .await
-    .expect("insert approval");
-    id
-}
-
-async fn status(pool: &PgPool, table: &str, id: Uuid) -> String {
-    let column = if table == "payments" {
-        "payment_id"
-    } else {
-        "approval_id"
-    };
-    sqlx::query_scalar(&format!("SELECT status FROM {table} WHERE {column} = $1"))
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .expect("status")
-}
-
 /// The Gateway calls about `id`, in order, as the simulator logged them: `POST` (with
 /// `Idempotency-Key = id`) or `GET`.
 fn calls(app: &TestApp, id: Uuid) -> Vec<&'static str> {
@@ -108,19 +70,6 @@ fn calls(app: &TestApp, id: Uuid) -> Vec<&'static str> {
         .collect()
 }
 
-async fn audit_count(pool: &PgPool, resource_type: &str, id: Uuid, event_type: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
-          WHERE r.resource_type = $1 AND r.resource_id = $2 AND e.event_type = $3",
-    )
-    .bind(resource_type)
-    .bind(id.to_string())
-    .bind(event_type)
-    .fetch_one(pool)
-    .await
-    .expect("audit events")
-}
-
 fn late_answers(app: &TestApp) {
     // The Gateway acts at once and answers after 3 s; the client gives up after 2 s.
     knobs(
@@ -137,23 +86,19 @@ async fn enqueue_payment_again_on_an_unknown_payment_queries_it_and_never_posts_
     let app = app(2_000).await;
     let pool = app.db.pool.clone();
     late_answers(&app);
-    let id = insert_payment(&pool).await;
+    let id = insert_payment(&pool, "c-1").await;
 
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue payment");
-    wait_until(
-        Duration::from_secs(20),
-        "the late answer leaves the payment unknown",
-        || async { status(&pool, "payments", id).await == "unknown" },
-    )
-    .await;
+    // Waits until the late answer leaves the payment unknown.
+    wait_for_status(&pool, "payments", id, "unknown", 20).await;
 
     // The operator runs it again: the row is queried, never POSTed again.
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue payment again");
-    assert_eq!(status(&pool, "payments", id).await, "accepted");
+    assert_eq!(status_in(&pool, "payments", id).await, "accepted");
     assert_eq!(calls(&app, id), ["POST", "GET"]);
     assert_eq!(app.sim.submissions(id), 1);
 }
@@ -169,17 +114,13 @@ async fn enqueue_approval_again_on_an_unknown_approval_queries_it_and_never_post
     cardworker::commands::approvals::enqueue_approval(&app.ctx, id, None)
         .await
         .expect("enqueue approval");
-    wait_until(
-        Duration::from_secs(20),
-        "the late answer leaves the approval unknown",
-        || async { status(&pool, "approvals", id).await == "unknown" },
-    )
-    .await;
+    // Waits until the late answer leaves the approval unknown.
+    wait_for_status(&pool, "approvals", id, "unknown", 20).await;
 
     cardworker::commands::approvals::enqueue_approval(&app.ctx, id, None)
         .await
         .expect("enqueue approval again");
-    assert_eq!(status(&pool, "approvals", id).await, "approved");
+    assert_eq!(status_in(&pool, "approvals", id).await, "approved");
     assert_eq!(calls(&app, id), ["POST", "GET"]);
 }
 
@@ -187,7 +128,7 @@ async fn enqueue_approval_again_on_an_unknown_approval_queries_it_and_never_post
 async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_after_it() {
     let app = app(2_000).await;
     let pool = app.db.pool.clone();
-    let id = insert_payment(&pool).await;
+    let id = insert_payment(&pool, "c-1").await;
     // A worker took it and may still be calling (or died mid-call): pending, deadline ahead.
     sqlx::query(
         "UPDATE payments SET status = 'pending', submissions = 1,
@@ -200,7 +141,7 @@ async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue on a pending payment exits 0");
-    assert_eq!(status(&pool, "payments", id).await, "pending");
+    assert_eq!(status_in(&pool, "payments", id).await, "pending");
     assert!(calls(&app, id).is_empty(), "{:?}", calls(&app, id));
 
     // Past its deadline the attempt has certainly ended: asked now; never seen, so resubmitted.
@@ -214,12 +155,8 @@ async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue after the deadline");
-    wait_until(
-        Duration::from_secs(20),
-        "resubmitted and accepted",
-        || async { status(&pool, "payments", id).await == "accepted" },
-    )
-    .await;
+    // Waits until resubmitted and accepted.
+    wait_for_status(&pool, "payments", id, "accepted", 20).await;
     assert_eq!(calls(&app, id), ["GET", "POST"]);
 }
 
@@ -240,23 +177,14 @@ async fn recovery_never_queries_or_resubmits_an_attempt_still_in_flight() {
     );
     let id = insert_approval(&pool, "c-1", "issue", None).await;
     let ctx: Arc<AppContext> = app.ctx.clone();
-    let attempt = tokio::spawn(async move {
-        approval_submit::submit(
-            &ctx,
-            &SubmitApproval {
-                approval_id: id,
-                retries: 0,
-            },
-        )
-        .await
-    });
+    let attempt = tokio::spawn(async move { submit_approval(&ctx, id).await });
     wait_until(
         Duration::from_secs(10),
         "the POST is on the wire",
         || async { calls(&app, id) == ["POST"] },
     )
     .await;
-    assert_eq!(status(&pool, "approvals", id).await, "pending");
+    assert_eq!(status_in(&pool, "approvals", id).await, "pending");
 
     // Recovery with recovery_after_secs at 0 leaves it alone: the attempt may still answer.
     let report = approval_recovery::recover(&app.ctx, AT_ONCE, 50)
@@ -265,10 +193,7 @@ async fn recovery_never_queries_or_resubmits_an_attempt_still_in_flight() {
     assert_eq!(report.examined, 0, "{report:?}");
 
     attempt.await.expect("join").expect("submission");
-    wait_until(Duration::from_secs(10), "decided", || async {
-        status(&pool, "approvals", id).await == "approved"
-    })
-    .await;
+    wait_for_status(&pool, "approvals", id, "approved", 10).await;
     assert_eq!(calls(&app, id), ["POST"]);
     assert_eq!(
         audit_count(&pool, "approval", id, "approval.conflict").await,
@@ -290,7 +215,7 @@ async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_f
         },
     );
     let approval = insert_approval(&pool, "c-1", "issue", None).await;
-    let payment = insert_payment(&pool).await;
+    let payment = insert_payment(&pool, "c-1").await;
 
     // Another request with the same keys is still being processed by the Gateway.
     let base = app.sim_handle.base_url();
@@ -322,24 +247,12 @@ async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_f
     )
     .await;
 
-    let a = approval_submit::submit(
-        &app.ctx,
-        &SubmitApproval {
-            approval_id: approval,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("approval submission");
-    let p = payment_submit::submit(
-        &app.ctx,
-        &SubmitPayment {
-            payment_id: payment,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("payment submission");
+    let a = submit_approval(&app.ctx, approval)
+        .await
+        .expect("approval submission");
+    let p = submit_payment(&app.ctx, payment)
+        .await
+        .expect("payment submission");
     assert!(
         matches!(a, approval_submit::Submitted::Unknown { .. }),
         "{a:?}"
@@ -348,8 +261,8 @@ async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_f
         matches!(p, payment_submit::Submitted::Unknown { .. }),
         "{p:?}"
     );
-    assert_eq!(status(&pool, "approvals", approval).await, "unknown");
-    assert_eq!(status(&pool, "payments", payment).await, "unknown");
+    assert_eq!(status_in(&pool, "approvals", approval).await, "unknown");
+    assert_eq!(status_in(&pool, "payments", payment).await, "unknown");
     let (ea, ep) = earlier.await.expect("join");
     assert_eq!((ea.ok(), ep.ok()), (Some(200), Some(200)));
 
@@ -362,8 +275,8 @@ async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_f
         .await
         .expect("payment recovery");
     assert_eq!(report.settled, 1, "{report:?}");
-    assert_eq!(status(&pool, "approvals", approval).await, "approved");
-    assert_eq!(status(&pool, "payments", payment).await, "accepted");
+    assert_eq!(status_in(&pool, "approvals", approval).await, "approved");
+    assert_eq!(status_in(&pool, "payments", payment).await, "accepted");
     assert_eq!(calls(&app, approval), ["POST", "POST", "GET"]);
     assert_eq!(calls(&app, payment), ["POST", "POST", "GET"]);
 }
@@ -372,7 +285,7 @@ async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_f
 async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() {
     let mut app = app(2_000).await;
     let pool = app.db.pool.clone();
-    let id = insert_payment(&pool).await;
+    let id = insert_payment(&pool, "c-1").await;
     // No worker takes the retry: what is scheduled stays in Redis for the test to count.
     app.stop().await.expect("stop the worker");
     let mut config = (*app.ctx.config).clone();
@@ -390,14 +303,7 @@ async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() 
         sqlx::query(sql).execute(&pool).await.expect("trigger");
     }
 
-    let outcome = payment_submit::submit(
-        &ctx,
-        &SubmitPayment {
-            payment_id: id,
-            retries: 0,
-        },
-    )
-    .await;
+    let outcome = submit_payment(&ctx, id).await;
     assert!(
         outcome.is_err(),
         "the outcome could not be recorded: {outcome:?}"
@@ -412,7 +318,7 @@ async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() 
         "a retry was scheduled for an outcome that never committed"
     );
     // The attempt stays open; recovery settles it once its deadline has passed.
-    assert_eq!(status(&pool, "payments", id).await, "pending");
+    assert_eq!(status_in(&pool, "payments", id).await, "pending");
 
     // With the outcome accepted by PostgreSQL, the retry follows the commit.
     sqlx::query("DROP TRIGGER refuse_requested ON payments")
@@ -424,15 +330,7 @@ async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() 
         .execute(&pool)
         .await
         .expect("requested");
-    let outcome = payment_submit::submit(
-        &ctx,
-        &SubmitPayment {
-            payment_id: id,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submission");
+    let outcome = submit_payment(&ctx, id).await.expect("submission");
     assert!(
         matches!(
             outcome,
@@ -443,7 +341,7 @@ async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() 
         ),
         "{outcome:?}"
     );
-    assert_eq!(status(&pool, "payments", id).await, "requested");
+    assert_eq!(status_in(&pool, "payments", id).await, "requested");
     let waiting = cardworker::queue::intake::waiting(&mut conn, &queue)
         .await
         .expect("queue");
@@ -483,10 +381,7 @@ async fn a_row_the_worker_refuses_is_failed_once_with_its_reason_and_never_sent(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     for (id, cli) in rows.iter().zip(&cli_reasons) {
-        wait_until(Duration::from_secs(10), "refused", || async {
-            status(&pool, "approvals", *id).await == "failed"
-        })
-        .await;
+        wait_for_status(&pool, "approvals", *id, "failed", 10).await;
         let reason: Option<String> =
             sqlx::query_scalar("SELECT failure_reason FROM approvals WHERE approval_id = $1")
                 .bind(id)
@@ -521,20 +416,12 @@ async fn a_row_the_worker_refuses_is_failed_once_with_its_reason_and_never_sent(
 
     // The job refuses the same rows in its own transaction.
     let fresh = insert_approval(&pool, "c-nowhere-either", "issue", None).await;
-    let done = approval_submit::submit(
-        &app.ctx,
-        &SubmitApproval {
-            approval_id: fresh,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submission");
+    let done = submit_approval(&app.ctx, fresh).await.expect("submission");
     assert!(
         matches!(&done, approval_submit::Submitted::Refused(r) if r.contains("unknown card")),
         "{done:?}"
     );
-    assert_eq!(status(&pool, "approvals", fresh).await, "failed");
+    assert_eq!(status_in(&pool, "approvals", fresh).await, "failed");
     assert!(calls(&app, fresh).is_empty());
 }
 
@@ -546,7 +433,7 @@ async fn a_404_to_a_query_sent_before_the_latest_post_never_resubmits() {
     // 404 after the first.
     let app = app(10_000).await;
     let pool = app.db.pool.clone();
-    let id = insert_payment(&pool).await;
+    let id = insert_payment(&pool, "c-1").await;
     sqlx::query(
         "UPDATE payments SET status = 'unknown', submissions = 1,
                 updated_at = now() - interval '1 hour' WHERE payment_id = $1",
@@ -579,7 +466,7 @@ async fn a_404_to_a_query_sent_before_the_latest_post_never_resubmits() {
         (0, 1),
         "the 404 is about the first attempt: {report:?}"
     );
-    assert_eq!(status(&pool, "payments", id).await, "unknown");
+    assert_eq!(status_in(&pool, "payments", id).await, "unknown");
     // The next run asks again, about the latest attempt.
     app.sim.set_latency(0, 0);
     let report = payment_recovery::recover(&app.ctx, Duration::ZERO, 50)
@@ -642,8 +529,8 @@ async fn each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(offse
             ..SimConfigPatch::default()
         },
     );
-    let held = insert_payment(&pool).await;
-    let died = insert_payment(&pool).await;
+    let held = insert_payment(&pool, "c-1").await;
+    let died = insert_payment(&pool, "c-1").await;
     let died_approval = insert_approval(&pool, "c-1", "issue", None).await;
     for (table, column, id) in [
         ("payments", "payment_id", died),
@@ -670,7 +557,7 @@ async fn each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(offse
         || async { calls(&app, held) == ["POST"] },
     )
     .await;
-    assert_eq!(status(&pool, "payments", held).await, "pending");
+    assert_eq!(status_in(&pool, "payments", held).await, "pending");
 
     let said = enqueue_from_a_skewed_host(&app, "payment", held, offset_secs).await;
     assert!(said.contains("may still be in flight"), "{said}");
@@ -680,9 +567,9 @@ async fn each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(offse
     assert!(said.contains("queried the Gateway now"), "{said}");
 
     wait_until(Duration::from_secs(40), "every row decided", || async {
-        status(&pool, "payments", held).await == "accepted"
-            && status(&pool, "payments", died).await == "accepted"
-            && status(&pool, "approvals", died_approval).await == "approved"
+        status_in(&pool, "payments", held).await == "accepted"
+            && status_in(&pool, "payments", died).await == "accepted"
+            && status_in(&pool, "approvals", died_approval).await == "approved"
     })
     .await;
     assert_eq!(

@@ -15,6 +15,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::harness::{spawn_app_with, wait_until, TestApp};
+use crate::money_support::{
+    insert_payment, log_states, payment_status, submit_payment, wait_for_status,
+};
 
 /// An app whose recovery cron never fires during a test (recovery runs are called directly).
 async fn app() -> TestApp {
@@ -24,28 +27,7 @@ async fn app() -> TestApp {
     .await
 }
 
-async fn insert_payment(pool: &PgPool, card_ref: &str) -> Uuid {
-    let id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO payments (payment_id, card_ref, amount_minor, currency) VALUES ($1, $2, 1234, 'CNY')",
-    )
-    .bind(id)
-    .bind(card_ref)
-    .execute(pool)
-    .await
-    .expect("insert payment");
-    id
-}
-
 /// The payment's status.
-pub(crate) async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM payments WHERE payment_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .expect("payment status")
-}
-
 async fn count(pool: &PgPool, sql: &str, id: &str) -> i64 {
     sqlx::query_scalar(sql)
         .bind(id)
@@ -55,18 +37,6 @@ async fn count(pool: &PgPool, sql: &str, id: &str) -> i64 {
 }
 
 /// States of the payment's integration log rows of one scenario, oldest first.
-async fn log_states(pool: &PgPool, id: Uuid, scenario: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT state FROM integration_logs
-          WHERE resource_type = 'payment' AND resource_id = $1 AND scenario = $2 ORDER BY id",
-    )
-    .bind(id.to_string())
-    .bind(scenario)
-    .fetch_all(pool)
-    .await
-    .expect("log states")
-}
-
 fn distinct_keys(app: &TestApp, id: Uuid) -> Vec<String> {
     let mut keys = app
         .sim
@@ -107,19 +77,25 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
         .await;
         // Which path writes pending: by the time the Gateway has the request, the pending row is
         // committed and visible to anyone.
-        assert_eq!(log_states(&pool, id, "payment_submit").await, ["pending"]);
-        assert_eq!(status(&pool, id).await, "pending");
+        assert_eq!(
+            log_states(&pool, "payment", id, "payment_submit").await,
+            ["pending"]
+        );
+        assert_eq!(payment_status(&pool, id).await, "pending");
         task.abort();
         assert!(task.await.expect_err("aborted").is_cancelled());
         killed.push(id);
     }
     for id in &killed {
         assert_eq!(
-            status(&pool, *id).await,
+            payment_status(&pool, *id).await,
             "pending",
             "evidence survives the kill"
         );
-        assert_eq!(log_states(&pool, *id, "payment_submit").await, ["pending"]);
+        assert_eq!(
+            log_states(&pool, "payment", *id, "payment_submit").await,
+            ["pending"]
+        );
     }
 
     // What the Gateway knows afterwards: accepted (Hang stored it), rejected, never seen.
@@ -158,19 +134,19 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
         }
     );
 
-    assert_eq!(status(&pool, accepted).await, "accepted");
-    assert_eq!(status(&pool, rejected).await, "rejected");
+    assert_eq!(payment_status(&pool, accepted).await, "accepted");
+    assert_eq!(payment_status(&pool, rejected).await, "rejected");
     // The dead attempts' own logs are closed, each with the recovery query beside it.
     assert_eq!(
-        log_states(&pool, accepted, "payment_submit").await,
+        log_states(&pool, "payment", accepted, "payment_submit").await,
         ["succeeded"]
     );
     assert_eq!(
-        log_states(&pool, rejected, "payment_submit").await,
+        log_states(&pool, "payment", rejected, "payment_submit").await,
         ["succeeded"]
     );
     assert_eq!(
-        log_states(&pool, accepted, "payment_recovery_query").await,
+        log_states(&pool, "payment", accepted, "payment_recovery_query").await,
         ["succeeded"]
     );
     let summary: String = sqlx::query_scalar(
@@ -186,14 +162,10 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
     );
 
     // 404: resubmitted through the reliable path (pending first), by the app's worker.
-    wait_until(
-        Duration::from_secs(20),
-        "the forgotten payment is resubmitted and accepted",
-        || async { status(&pool, forgotten).await == "accepted" },
-    )
-    .await;
+    // Waits until the forgotten payment is resubmitted and accepted.
+    wait_for_status(&pool, "payments", forgotten, "accepted", 20).await;
     assert_eq!(
-        log_states(&pool, forgotten, "payment_submit").await,
+        log_states(&pool, "payment", forgotten, "payment_submit").await,
         ["failed", "succeeded"],
         "the dead attempt closed as failed (never seen), the resubmission succeeded"
     );
@@ -232,15 +204,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
     }
 
     // Settled payments are not submitted again.
-    let again = submit::submit(
-        &app.ctx,
-        &SubmitPayment {
-            payment_id: accepted,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit");
+    let again = submit_payment(&app.ctx, accepted).await.expect("submit");
     assert_eq!(again, Submitted::AlreadySettled("accepted".to_owned()));
     assert_eq!(app.sim.submissions(accepted), 1);
 }
@@ -256,13 +220,12 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue payment");
-    wait_until(
-        Duration::from_secs(15),
-        "a 5xx leaves the payment unknown",
-        || async { status(&pool, id).await == "unknown" },
-    )
-    .await;
-    assert_eq!(log_states(&pool, id, "payment_submit").await, ["unknown"]);
+    // Waits until a 5xx leaves the payment unknown.
+    wait_for_status(&pool, "payments", id, "unknown", 15).await;
+    assert_eq!(
+        log_states(&pool, "payment", id, "payment_submit").await,
+        ["unknown"]
+    );
     assert_eq!(
         app.sim.submissions(id),
         1,
@@ -280,9 +243,9 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
         .await
         .expect("recovery");
     assert_eq!(report.left, 1);
-    assert_eq!(status(&pool, id).await, "unknown");
+    assert_eq!(payment_status(&pool, id).await, "unknown");
     assert_eq!(
-        log_states(&pool, id, "payment_recovery_query").await,
+        log_states(&pool, "payment", id, "payment_recovery_query").await,
         ["failed"]
     );
     app.sim.set_error_rate(0.0);
@@ -296,12 +259,8 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
         .await
         .expect("recovery");
     assert_eq!(report.resubmitted, 1);
-    wait_until(
-        Duration::from_secs(15),
-        "resubmitted and accepted",
-        || async { status(&pool, id).await == "accepted" },
-    )
-    .await;
+    // Waits until resubmitted and accepted.
+    wait_for_status(&pool, "payments", id, "accepted", 15).await;
     assert_eq!(distinct_keys(&app, id), [id.to_string()]);
 
     // The CLI refuses unknown payments and does not resubmit settled ones.
@@ -360,25 +319,18 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
     };
     assert_eq!(after, "requested");
     assert!(retry_in.is_some());
-    assert_eq!(status(&pool, id).await, "requested");
-    assert_eq!(log_states(&pool, id, "payment_submit").await, ["failed"]);
+    assert_eq!(payment_status(&pool, id).await, "requested");
+    assert_eq!(
+        log_states(&pool, "payment", id, "payment_submit").await,
+        ["failed"]
+    );
     // The retry goes through the intake and the app's worker (real Gateway) submits it.
-    wait_until(Duration::from_secs(20), "the retry is accepted", || async {
-        status(&pool, id).await == "accepted"
-    })
-    .await;
+    // Waits until the retry is accepted.
+    wait_for_status(&pool, "payments", id, "accepted", 20).await;
     assert_eq!(distinct_keys(&app, id), [id.to_string()]);
     // Unknown payments: recorded, nothing sent.
     let unknown = Uuid::new_v4();
-    let done = submit::submit(
-        &app.ctx,
-        &SubmitPayment {
-            payment_id: unknown,
-            retries: 0,
-        },
-    )
-    .await
-    .expect("submit");
+    let done = submit_payment(&app.ctx, unknown).await.expect("submit");
     assert_eq!(done, Submitted::UnknownRow);
     assert_eq!(app.sim.submissions(unknown), 0);
     let refused = count(
@@ -583,7 +535,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
         callback::process(&app.ctx, &pay).await.expect("pay"),
         Delivery::Duplicate
     );
-    assert_eq!(status(&pool, pid).await, "accepted");
+    assert_eq!(payment_status(&pool, pid).await, "accepted");
 
     let records = cardworker::commands::investigate::investigate(&app.ctx, "c-9")
         .await
@@ -748,7 +700,7 @@ async fn a_contradicting_callback_delivered_twice_is_audited_as_one_conflict() {
     .await
     .expect("deliveries");
     assert_eq!(deliveries, 2, "the second delivery is counted");
-    assert_eq!(status(&pool, pid).await, "accepted");
+    assert_eq!(payment_status(&pool, pid).await, "accepted");
 }
 
 /// The state and reason of one `visa` callback row.
@@ -849,7 +801,7 @@ async fn a_contradicting_callback_delivered_twice_through_enqueue_callback_stays
         1,
         "the conflict is audited once"
     );
-    assert_eq!(status(&pool, pid).await, "accepted");
+    assert_eq!(payment_status(&pool, pid).await, "accepted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

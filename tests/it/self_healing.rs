@@ -226,7 +226,9 @@ async fn a_payment_enqueued_and_lost_with_a_redis_flush_is_submitted_exactly_onc
     wait_until(
         Duration::from_secs(20),
         "the payment is accepted",
-        || async { crate::payments::status(&app.db.pool, payment).await == "accepted" },
+        || async {
+            crate::money_support::payment_status(&app.db.pool, payment).await == "accepted"
+        },
     )
     .await;
     wait_until(
