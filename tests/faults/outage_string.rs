@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
+use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
 use crate::faults;
@@ -191,6 +192,22 @@ async fn load(
     while calls.join_next().await.is_some() {}
 }
 
+/// Waits up to `limit` until every card has unchanged polls of both tasks tallied in its chain
+/// entries.
+async fn every_card_polled(conn: &ConnectionManager, limit: Duration, what: &str) {
+    wait_until(limit, what, || {
+        let mut conn = conn.clone();
+        async move {
+            let mut all = true;
+            for task in Task::ALL {
+                all &= polls_per_card(&mut conn, task).await.len() == CARDS;
+            }
+            all
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_short_redis_outages_in_two_minutes_stop_no_process_lose_no_job_and_every_card_is_polled_again_within_45_s(
 ) {
@@ -214,17 +231,7 @@ async fn six_short_redis_outages_in_two_minutes_stop_no_process_lose_no_job_and_
     };
     faults::start_chains(&ctx).await;
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
-    wait_until(Duration::from_secs(60), "every card polled", || {
-        let mut conn = conn.clone();
-        async move {
-            let mut all = true;
-            for task in Task::ALL {
-                all &= polls_per_card(&mut conn, task).await.len() == CARDS;
-            }
-            all
-        }
-    })
-    .await;
+    every_card_polled(&conn, Duration::from_secs(60), "every card polled").await;
 
     let handed = Arc::new(Mutex::new(Handed::default()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -265,21 +272,8 @@ async fn six_short_redis_outages_in_two_minutes_stop_no_process_lose_no_job_and_
     generator.await.expect("load generator");
 
     // The last outage came back empty: a card tallied now has been polled since.
-    wait_until(
-        Duration::from_secs(45),
-        "every card polled again after the last outage",
-        || {
-            let mut conn = conn.clone();
-            async move {
-                let mut all = true;
-                for task in Task::ALL {
-                    all &= polls_per_card(&mut conn, task).await.len() == CARDS;
-                }
-                all
-            }
-        },
-    )
-    .await;
+    let what = "every card polled again after the last outage";
+    every_card_polled(&conn, Duration::from_secs(45), what).await;
     let healed = last_ended.elapsed();
 
     let Handed {

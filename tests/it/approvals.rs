@@ -16,7 +16,8 @@ use uuid::Uuid;
 
 use crate::harness::{metric_value, spawn_app_with, start_in_process, wait_until, TestApp};
 use crate::money_support::{
-    approval_status, audit_count, insert_approval, log_states, submit_approval, wait_for_status,
+    age, approval_status, audit_count, insert_approval, log_states, submit_approval,
+    wait_for_status,
 };
 use crate::scripted_gateway::{Script, ScriptedGateway};
 
@@ -55,13 +56,6 @@ async fn decided_events(pool: &PgPool, id: Uuid) -> i64 {
         id,
     )
     .await
-}
-
-async fn age(pool: &PgPool) {
-    sqlx::query("UPDATE approvals SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
-        .execute(pool)
-        .await
-        .expect("age approvals");
 }
 
 /// One run of the submission job for `id`, as the worker runs it.
@@ -211,7 +205,7 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
     let again = submit_now(&app.ctx, id).await;
     assert!(matches!(again, Submitted::AttemptOpen { .. }), "{again:?}");
 
-    age(&pool).await;
+    age(&pool, "approvals").await;
     let report = recovery::recover(&app.ctx, DUE, 50)
         .await
         .expect("recovery");
@@ -261,7 +255,7 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
     assert_eq!(gw.seen(id).acted, 0, "the Gateway never took it");
 
     gw.script(id, Script::Answer("approved"));
-    age(&pool).await;
+    age(&pool, "approvals").await;
     let report = recovery::recover(&app.ctx, DUE, 50)
         .await
         .expect("recovery");
@@ -306,7 +300,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
     assert_eq!(gw.posts(id), 1);
 
     // A recovery query while still in review changes nothing.
-    age(&pool).await;
+    age(&pool, "approvals").await;
     let report = recovery::recover(&app.ctx, DUE, 50)
         .await
         .expect("recovery");
@@ -341,7 +335,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
         0
     );
     // A later recovery run leaves the decided approval alone.
-    age(&pool).await;
+    age(&pool, "approvals").await;
     let report = recovery::recover(&app.ctx, DUE, 50)
         .await
         .expect("recovery");
@@ -531,7 +525,7 @@ async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitte
     // Recovery settles the 5xx from the Gateway's record (it had acted) and resubmits the
     // garbled one (the Gateway has no record of it); the failed one is final.
     gw.script(garbled, Script::Answer("approved"));
-    age(&pool).await;
+    age(&pool, "approvals").await;
     let report = recovery::recover(&app.ctx, DUE, 50)
         .await
         .expect("recovery");

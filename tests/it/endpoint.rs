@@ -60,21 +60,11 @@ async fn readiness_fails_when_postgres_does_not_answer() {
     assert!(body.contains("postgres: unavailable"), "{body}");
 
     // Liveness is about workers, not dependencies: still 200 until a worker stops.
-    assert_eq!(
-        reqwest::get(format!("http://{addr}/healthz"))
-            .await
-            .expect("get")
-            .status()
-            .as_u16(),
-        200
-    );
+    let liveness = || async {
+        let resp = reqwest::get(format!("http://{addr}/healthz")).await;
+        resp.expect("get").status().as_u16()
+    };
+    assert_eq!(liveness().await, 200);
     health.set("w-1", "archive", false);
-    assert_eq!(
-        reqwest::get(format!("http://{addr}/healthz"))
-            .await
-            .expect("get")
-            .status()
-            .as_u16(),
-        503
-    );
+    assert_eq!(liveness().await, 503);
 }

@@ -14,6 +14,19 @@ use crate::harness::{wait_until, TestRedis};
 
 const TASK: Task = Task::Carddata;
 
+/// The budget defers `card`'s poll of `state` by an hour (a 60 s run marker).
+async fn defer_an_hour(
+    conn: &mut redis::aio::ConnectionManager,
+    prefix: &str,
+    card: &str,
+    state: &ChainState,
+) -> chain::Deferred {
+    let (hour, marker) = (Duration::from_secs(3600), Duration::from_secs(60));
+    chain::defer(conn, prefix, TASK, card, state, hour, marker)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn due_polls_count_from_their_due_time_and_a_deferred_one_from_when_it_was_first_due() {
     let redis = TestRedis::new().await;
@@ -56,17 +69,7 @@ async fn due_polls_count_from_their_due_time_and_a_deferred_one_from_when_it_was
         turn: 0,
     };
     assert_eq!(
-        chain::defer(
-            &mut conn,
-            &prefix,
-            TASK,
-            "c-3",
-            &deferred,
-            Duration::from_secs(3600),
-            Duration::from_secs(60)
-        )
-        .await
-        .unwrap(),
+        defer_an_hour(&mut conn, &prefix, "c-3", &deferred).await,
         chain::Deferred::Written
     );
     let late_key = chain::late_key(&prefix, TASK);
@@ -81,17 +84,7 @@ async fn due_polls_count_from_their_due_time_and_a_deferred_one_from_when_it_was
         ..deferred.clone()
     };
     assert_eq!(
-        chain::defer(
-            &mut conn,
-            &prefix,
-            TASK,
-            "c-3",
-            &again,
-            Duration::from_secs(3600),
-            Duration::from_secs(60)
-        )
-        .await
-        .unwrap(),
+        defer_an_hour(&mut conn, &prefix, "c-3", &again).await,
         chain::Deferred::Written
     );
     let still: Option<f64> = conn.zscore(&late_key, "c-3").await.unwrap();

@@ -46,6 +46,18 @@ pub async fn insert_approval(
     id
 }
 
+/// Ages every row of `table` (`payments` or `approvals`) by an hour, its attempt deadline with
+/// it (an attempt's 35 s after its last update): recovery finds them due.
+pub async fn age(pool: &PgPool, table: &str) {
+    sqlx::query(&format!(
+        "UPDATE {table} SET updated_at = now() - interval '1 hour', \
+         attempt_deadline = now() - interval '1 hour' + interval '35 seconds'"
+    ))
+    .execute(pool)
+    .await
+    .expect("age the rows");
+}
+
 /// The status of the row `id` of `table` (`payments` or `approvals`).
 pub async fn status_in(pool: &PgPool, table: &str, id: Uuid) -> String {
     let column = if table == "payments" {

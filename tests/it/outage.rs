@@ -30,6 +30,24 @@ async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_value(&text, name, labels)
 }
 
+/// Waits until `task`'s circuit gauge reads closed. It is a fleet-wide gauge, read in the
+/// background every `telemetry.fleet_gauges_secs`: the closed circuit shows within a few of those
+/// rounds.
+async fn wait_gauge_closed(app: &TestApp, task: &str) {
+    let refresh = app.ctx.config.telemetry.fleet_gauges_every();
+    let what = format!("{task}'s circuit gauge reads closed");
+    wait_until(refresh * 3, &what, || async {
+        metric(app, "cardworker_gateway_circuit_open", &[("task", task)]).await == 0.0
+    })
+    .await;
+}
+
+/// How often `task`'s circuit went `to` (`open`, `half_open`, `closed`).
+async fn transitions(app: &TestApp, task: &str, to: &str) -> f64 {
+    let labels = [("task", task), ("to", to)];
+    metric(app, "cardworker_gateway_circuit_transitions_total", &labels).await
+}
+
 fn calls(app: &TestApp, call: &str) -> u64 {
     app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
 }
@@ -172,27 +190,9 @@ async fn a_full_outage_of_60_s_writes_at_most_40_logs_parks_nothing_and_every_ca
             "{event}"
         );
     }
-    // The circuit gauge is a fleet-wide gauge, read in the background every
-    // `telemetry.fleet_gauges_secs`: the closed circuit shows within a few of those rounds.
-    let refresh = app.ctx.config.telemetry.fleet_gauges_every();
     for t in ["carddata", "card_status"] {
-        wait_until(
-            refresh * 3,
-            &format!("{t}'s circuit gauge reads closed"),
-            || async {
-                metric(&app, "cardworker_gateway_circuit_open", &[("task", t)]).await == 0.0
-            },
-        )
-        .await;
-        assert!(
-            metric(
-                &app,
-                "cardworker_gateway_circuit_transitions_total",
-                &[("task", t), ("to", "closed")]
-            )
-            .await
-                >= 1.0
-        );
+        wait_gauge_closed(&app, t).await;
+        assert!(transitions(&app, t, "closed").await >= 1.0);
     }
     eprintln!(
         "outage {OUTAGE:?}: {logs_in_outage} integration logs, {deferred} deferrals; every card \
@@ -240,27 +240,9 @@ async fn one_card_failing_alone_among_40_healthy_ones_parks_after_its_failures_a
         calls(&app, "card_status") >= before + 40
     })
     .await;
-    // The circuit gauge is a fleet-wide gauge, read in the background every
-    // `telemetry.fleet_gauges_secs`: the closed circuit shows within a few of those rounds.
-    let refresh = app.ctx.config.telemetry.fleet_gauges_every();
     for t in ["carddata", "card_status"] {
-        wait_until(
-            refresh * 3,
-            &format!("{t}'s circuit gauge reads closed"),
-            || async {
-                metric(&app, "cardworker_gateway_circuit_open", &[("task", t)]).await == 0.0
-            },
-        )
-        .await;
-        assert_eq!(
-            metric(
-                &app,
-                "cardworker_gateway_circuit_transitions_total",
-                &[("task", t), ("to", "open")]
-            )
-            .await,
-            0.0
-        );
+        wait_gauge_closed(&app, t).await;
+        assert_eq!(transitions(&app, t, "open").await, 0.0);
     }
     assert_eq!(
         metric(

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::harness::{spawn_app_with, wait_until, TestApp};
 use crate::money_support::{
-    insert_payment, log_states, payment_status, submit_payment, wait_for_status,
+    age, insert_payment, log_states, payment_status, submit_payment, wait_for_status,
 };
 
 /// An app whose recovery cron never fires during a test (recovery runs are called directly).
@@ -115,10 +115,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
         .expect("recovery");
     assert_eq!(report, RecoveryReport::default());
 
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
-        .execute(&pool)
-        .await
-        .expect("age payments");
+    age(&pool, "payments").await;
     let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
         .await
         .expect("recovery");
@@ -234,10 +231,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
 
     // A failed query leaves it unknown, on record.
     app.sim.set_payment_behaviour(id, PaymentBehaviour::Accept);
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
-        .execute(&pool)
-        .await
-        .expect("age");
+    age(&pool, "payments").await;
     app.sim.set_error_rate(1.0);
     let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
         .await
@@ -251,10 +245,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     app.sim.set_error_rate(0.0);
 
     // The 503 was never stored: 404, resubmitted with the same key, accepted.
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
-        .execute(&pool)
-        .await
-        .expect("age");
+    age(&pool, "payments").await;
     let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
         .await
         .expect("recovery");

@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::harness::{
     spawn_app_prepared, spawn_app_with, test_config, wait_until, TestApp, TestDb, TestRedis,
 };
+use crate::money_support::age;
 
 fn calls(app: &TestApp, call: &str) -> u64 {
     app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
@@ -207,10 +208,7 @@ async fn a_payment_enqueued_and_lost_with_a_redis_flush_is_submitted_exactly_onc
 
     // A worker comes up on the empty Redis; recovery finds the payment in PostgreSQL.
     let app = spawn_app_prepared(db, redis, |_| {}).await;
-    sqlx::query("UPDATE payments SET updated_at = now() - interval '1 hour', attempt_deadline = now() - interval '1 hour' + interval '35 seconds'")
-        .execute(&app.db.pool)
-        .await
-        .expect("age");
+    age(&app.db.pool, "payments").await;
     sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
         .execute(&app.db.pool)
         .await
