@@ -39,6 +39,14 @@ async fn app(timeout_ms: u64) -> TestApp {
     .await
 }
 
+/// [`app`], its pool, and a payment for card `c-1` in it.
+async fn app_with_payment(timeout_ms: u64) -> (TestApp, sqlx::PgPool, Uuid) {
+    let app = app(timeout_ms).await;
+    let pool = app.db.pool.clone();
+    let id = insert_payment(&pool, "c-1").await;
+    (app, pool, id)
+}
+
 /// Recovery as if `recovery_after_secs` were 0: everything undecided is due at once.
 const AT_ONCE: Thresholds = Thresholds {
     undecided: Duration::ZERO,
@@ -70,6 +78,41 @@ fn calls(app: &TestApp, id: Uuid) -> Vec<&'static str> {
         .collect()
 }
 
+/// An app with card `c-1` and a Gateway timeout of 5 s, whose Gateway holds a POST `delay_ms`
+/// before it acts (a GET meanwhile answers 404) and answers 409 to a concurrent POST with the
+/// same key.
+async fn acting_late(delay_ms: u64) -> TestApp {
+    let app = app(5_000).await;
+    app.insert_card("c-1").await;
+    knobs(
+        &app,
+        SimConfigPatch {
+            post_act_delay_ms: Some(delay_ms),
+            conflict_concurrent_posts: Some(true),
+            ..SimConfigPatch::default()
+        },
+    );
+    app
+}
+
+/// Waits up to `limit_secs` until the Gateway calls about `id` are `want` ([`calls`]).
+async fn wait_for_calls(app: &TestApp, id: Uuid, want: &[&str], limit_secs: u64) {
+    let what = format!("the calls about {id} to be {want:?}");
+    wait_until(Duration::from_secs(limit_secs), &what, || async {
+        calls(app, id) == want
+    })
+    .await;
+}
+
+/// Sets the columns of payment `id` as `set` says (an SQL `SET` list).
+async fn set_payment(pool: &sqlx::PgPool, id: Uuid, set: &str) {
+    sqlx::query(&format!("UPDATE payments SET {set} WHERE payment_id = $1"))
+        .bind(id)
+        .execute(pool)
+        .await
+        .expect(set);
+}
+
 fn late_answers(app: &TestApp) {
     // The Gateway acts at once and answers after 3 s; the client gives up after 2 s.
     knobs(
@@ -83,10 +126,8 @@ fn late_answers(app: &TestApp) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_payment_again_on_an_unknown_payment_queries_it_and_never_posts_twice() {
-    let app = app(2_000).await;
-    let pool = app.db.pool.clone();
+    let (app, pool, id) = app_with_payment(2_000).await;
     late_answers(&app);
-    let id = insert_payment(&pool, "c-1").await;
 
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
@@ -126,18 +167,11 @@ async fn enqueue_approval_again_on_an_unknown_approval_queries_it_and_never_post
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_after_it() {
-    let app = app(2_000).await;
-    let pool = app.db.pool.clone();
-    let id = insert_payment(&pool, "c-1").await;
+    let (app, pool, id) = app_with_payment(2_000).await;
     // A worker took it and may still be calling (or died mid-call): pending, deadline ahead.
-    sqlx::query(
-        "UPDATE payments SET status = 'pending', submissions = 1,
-                attempt_deadline = now() + interval '1 hour' WHERE payment_id = $1",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .expect("pending");
+    let in_flight =
+        "status = 'pending', submissions = 1, attempt_deadline = now() + interval '1 hour'";
+    set_payment(&pool, id, in_flight).await;
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue on a pending payment exits 0");
@@ -145,13 +179,7 @@ async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_
     assert!(calls(&app, id).is_empty(), "{:?}", calls(&app, id));
 
     // Past its deadline the attempt has certainly ended: asked now; never seen, so resubmitted.
-    sqlx::query(
-        "UPDATE payments SET attempt_deadline = now() - interval '1 second' WHERE payment_id = $1",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .expect("deadline passed");
+    set_payment(&pool, id, "attempt_deadline = now() - interval '1 second'").await;
     cardworker::commands::payments::enqueue_payment(&app.ctx, id)
         .await
         .expect("enqueue after the deadline");
@@ -164,26 +192,13 @@ async fn enqueue_on_a_pending_row_posts_nothing_before_its_deadline_and_queries_
 async fn recovery_never_queries_or_resubmits_an_attempt_still_in_flight() {
     // The POST is held 2 s before the Gateway acts (a GET meanwhile answers 404), within the
     // client's 5 s timeout; a concurrent POST with the same key would be answered 409.
-    let app = app(5_000).await;
+    let app = acting_late(2_000).await;
     let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
-    knobs(
-        &app,
-        SimConfigPatch {
-            post_act_delay_ms: Some(2_000),
-            conflict_concurrent_posts: Some(true),
-            ..SimConfigPatch::default()
-        },
-    );
     let id = insert_approval(&pool, "c-1", "issue", None).await;
     let ctx: Arc<AppContext> = app.ctx.clone();
     let attempt = tokio::spawn(async move { submit_approval(&ctx, id).await });
-    wait_until(
-        Duration::from_secs(10),
-        "the POST is on the wire",
-        || async { calls(&app, id) == ["POST"] },
-    )
-    .await;
+    // Waits until the POST is on the wire.
+    wait_for_calls(&app, id, &["POST"], 10).await;
     assert_eq!(status_in(&pool, "approvals", id).await, "pending");
 
     // Recovery with recovery_after_secs at 0 leaves it alone: the attempt may still answer.
@@ -203,17 +218,8 @@ async fn recovery_never_queries_or_resubmits_an_attempt_still_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_failed() {
-    let app = app(5_000).await;
+    let app = acting_late(1_500).await;
     let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
-    knobs(
-        &app,
-        SimConfigPatch {
-            post_act_delay_ms: Some(1_500),
-            conflict_concurrent_posts: Some(true),
-            ..SimConfigPatch::default()
-        },
-    );
     let approval = insert_approval(&pool, "c-1", "issue", None).await;
     let payment = insert_payment(&pool, "c-1").await;
 
@@ -283,9 +289,7 @@ async fn a_409_to_an_idempotent_post_leaves_the_row_unknown_for_recovery_never_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() {
-    let mut app = app(2_000).await;
-    let pool = app.db.pool.clone();
-    let id = insert_payment(&pool, "c-1").await;
+    let (mut app, pool, id) = app_with_payment(2_000).await;
     // No worker takes the retry: what is scheduled stays in Redis for the test to count.
     app.stop().await.expect("stop the worker");
     let mut config = (*app.ctx.config).clone();
@@ -325,11 +329,7 @@ async fn a_retry_is_scheduled_only_after_the_outcome_it_follows_has_committed() 
         .execute(&pool)
         .await
         .expect("drop trigger");
-    sqlx::query("UPDATE payments SET status = 'requested' WHERE payment_id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .expect("requested");
+    set_payment(&pool, id, "status = 'requested'").await;
     let outcome = submit_payment(&ctx, id).await.expect("submission");
     assert!(
         matches!(
@@ -431,35 +431,22 @@ async fn a_404_to_a_query_sent_before_the_latest_post_never_resubmits() {
     // path POSTed it again meanwhile (its answer unreadable: still `unknown`), and the query's 404,
     // about the attempt before that POST, came back last and resubmitted: a second POST with no
     // 404 after the first.
-    let app = app(10_000).await;
-    let pool = app.db.pool.clone();
-    let id = insert_payment(&pool, "c-1").await;
-    sqlx::query(
-        "UPDATE payments SET status = 'unknown', submissions = 1,
-                updated_at = now() - interval '1 hour' WHERE payment_id = $1",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .expect("unknown");
+    let (app, pool, id) = app_with_payment(10_000).await;
+    let unknown = "status = 'unknown', submissions = 1, updated_at = now() - interval '1 hour'";
+    set_payment(&pool, id, unknown).await;
     app.sim.set_latency(1_500, 0);
     let ctx = app.ctx.clone();
     let run =
         tokio::spawn(async move { payment_recovery::recover(&ctx, Duration::ZERO, 50).await });
-    wait_until(
-        Duration::from_secs(10),
-        "the recovery query on the wire",
-        || async { calls(&app, id) == ["GET"] },
+    // Waits until the recovery query on the wire.
+    wait_for_calls(&app, id, &["GET"], 10).await;
+    // A second attempt goes out while the query is on the wire, its answer lost too.
+    set_payment(
+        &pool,
+        id,
+        "submissions = 2, updated_at = now() - interval '1 hour'",
     )
     .await;
-    // A second attempt goes out while the query is on the wire, its answer lost too.
-    sqlx::query(
-        "UPDATE payments SET submissions = 2, updated_at = now() - interval '1 hour' WHERE payment_id = $1",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .expect("second attempt");
     let report = run.await.expect("join").expect("recovery");
     assert_eq!(
         (report.resubmitted, report.skipped),
@@ -551,12 +538,8 @@ async fn each_row_is_posted_exactly_once_from_a_host_whose_clock_is_off_by(offse
     cardworker::commands::payments::enqueue_payment(&app.ctx, held)
         .await
         .expect("enqueue payment");
-    wait_until(
-        Duration::from_secs(20),
-        "the held payment's POST is on the wire",
-        || async { calls(&app, held) == ["POST"] },
-    )
-    .await;
+    // Waits until the held payment's POST is on the wire.
+    wait_for_calls(&app, held, &["POST"], 20).await;
     assert_eq!(status_in(&pool, "payments", held).await, "pending");
 
     let said = enqueue_from_a_skewed_host(&app, "payment", held, offset_secs).await;
