@@ -8,9 +8,9 @@ use cardworker::context::AppContext;
 use cardworker::gateway::{GatewayClient, PaymentResult, PaymentStatus};
 use cardworker::payments::callback::{self, Delivery};
 use cardworker::payments::recovery::{self, RecoveryReport};
-use cardworker::payments::submit::{self, Submitted};
+use cardworker::payments::submit::Submitted;
 use cardworker::sim::PaymentBehaviour;
-use cardworker_jobs::{ProcessCallback, SubmitPayment};
+use cardworker_jobs::ProcessCallback;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -37,6 +37,31 @@ async fn count(pool: &PgPool, sql: &str, id: &str) -> i64 {
 }
 
 /// States of the payment's integration log rows of one scenario, oldest first.
+/// [`app`], its pool, and a payment for card `c-1` in it.
+async fn app_with_payment() -> (TestApp, PgPool, Uuid) {
+    app_with_payment_of("c-1").await
+}
+
+/// [`app`], its pool, and a payment for `card_ref` in it.
+async fn app_with_payment_of(card_ref: &str) -> (TestApp, PgPool, Uuid) {
+    let app = app().await;
+    let pool = app.db.pool.clone();
+    let id = insert_payment(&pool, card_ref).await;
+    (app, pool, id)
+}
+
+/// A recovery pass of payments left 300 s.
+async fn recover(app: &TestApp) -> RecoveryReport {
+    recovery::recover(&app.ctx, Duration::from_secs(300), 50)
+        .await
+        .expect("recovery")
+}
+
+/// The states of the payment's submission logs, oldest first.
+async fn submit_log(pool: &PgPool, id: Uuid) -> Vec<String> {
+    log_states(pool, "payment", id, "payment_submit").await
+}
+
 fn distinct_keys(app: &TestApp, id: Uuid) -> Vec<String> {
     let mut keys = app
         .sim
@@ -62,13 +87,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
     for id in [accepted, rejected, forgotten] {
         app.sim.set_payment_behaviour(id, PaymentBehaviour::Hang);
         let ctx = app.ctx.clone();
-        let task = tokio::spawn(async move {
-            let job = SubmitPayment {
-                payment_id: id,
-                retries: 0,
-            };
-            submit::submit(&ctx, &job).await
-        });
+        let task = tokio::spawn(async move { submit_payment(&ctx, id).await });
         wait_until(
             Duration::from_secs(10),
             "the Gateway received the submission",
@@ -77,10 +96,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
         .await;
         // Which path writes pending: by the time the Gateway has the request, the pending row is
         // committed and visible to anyone.
-        assert_eq!(
-            log_states(&pool, "payment", id, "payment_submit").await,
-            ["pending"]
-        );
+        assert_eq!(submit_log(&pool, id).await, ["pending"]);
         assert_eq!(payment_status(&pool, id).await, "pending");
         task.abort();
         assert!(task.await.expect_err("aborted").is_cancelled());
@@ -92,10 +108,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
             "pending",
             "evidence survives the kill"
         );
-        assert_eq!(
-            log_states(&pool, "payment", *id, "payment_submit").await,
-            ["pending"]
-        );
+        assert_eq!(submit_log(&pool, *id).await, ["pending"]);
     }
 
     // What the Gateway knows afterwards: accepted (Hang stored it), rejected, never seen.
@@ -110,15 +123,11 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
     }
 
     // Not yet due: recovery leaves young payments alone.
-    let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report, RecoveryReport::default());
 
     age(&pool, "payments").await;
-    let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(
         report,
         RecoveryReport {
@@ -134,14 +143,8 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
     assert_eq!(payment_status(&pool, accepted).await, "accepted");
     assert_eq!(payment_status(&pool, rejected).await, "rejected");
     // The dead attempts' own logs are closed, each with the recovery query beside it.
-    assert_eq!(
-        log_states(&pool, "payment", accepted, "payment_submit").await,
-        ["succeeded"]
-    );
-    assert_eq!(
-        log_states(&pool, "payment", rejected, "payment_submit").await,
-        ["succeeded"]
-    );
+    assert_eq!(submit_log(&pool, accepted).await, ["succeeded"]);
+    assert_eq!(submit_log(&pool, rejected).await, ["succeeded"]);
     assert_eq!(
         log_states(&pool, "payment", accepted, "payment_recovery_query").await,
         ["succeeded"]
@@ -162,7 +165,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
     // Waits until the forgotten payment is resubmitted and accepted.
     wait_for_status(&pool, "payments", forgotten, "accepted", 20).await;
     assert_eq!(
-        log_states(&pool, "payment", forgotten, "payment_submit").await,
+        submit_log(&pool, forgotten).await,
         ["failed", "succeeded"],
         "the dead attempt closed as failed (never seen), the resubmission succeeded"
     );
@@ -208,9 +211,7 @@ async fn a_worker_killed_mid_call_leaves_a_pending_row_that_recovery_settles_for
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
-    let app = app().await;
-    let pool = app.db.pool.clone();
-    let id = insert_payment(&pool, "c-1").await;
+    let (app, pool, id) = app_with_payment().await;
     app.sim
         .set_payment_behaviour(id, PaymentBehaviour::ServerError);
 
@@ -219,10 +220,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
         .expect("enqueue payment");
     // Waits until a 5xx leaves the payment unknown.
     wait_for_status(&pool, "payments", id, "unknown", 15).await;
-    assert_eq!(
-        log_states(&pool, "payment", id, "payment_submit").await,
-        ["unknown"]
-    );
+    assert_eq!(submit_log(&pool, id).await, ["unknown"]);
     assert_eq!(
         app.sim.submissions(id),
         1,
@@ -233,9 +231,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
     app.sim.set_payment_behaviour(id, PaymentBehaviour::Accept);
     age(&pool, "payments").await;
     app.sim.set_error_rate(1.0);
-    let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report.left, 1);
     assert_eq!(payment_status(&pool, id).await, "unknown");
     assert_eq!(
@@ -246,9 +242,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
 
     // The 503 was never stored: 404, resubmitted with the same key, accepted.
     age(&pool, "payments").await;
-    let report = recovery::recover(&app.ctx, Duration::from_secs(300), 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report.resubmitted, 1);
     // Waits until resubmitted and accepted.
     wait_for_status(&pool, "payments", id, "accepted", 15).await;
@@ -273,9 +267,7 @@ async fn an_unknown_submission_stays_unknown_until_recovery_asks_the_gateway() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_same_key() {
-    let app = app().await;
-    let pool = app.db.pool.clone();
-    let id = insert_payment(&pool, "c-1").await;
+    let (app, pool, id) = app_with_payment().await;
     // A Gateway that refuses connections: nothing was sent.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = closed.local_addr().expect("addr").port();
@@ -295,11 +287,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
         card_reads: app.ctx.card_reads.clone(),
         running_polls: Default::default(),
     };
-    let job = SubmitPayment {
-        payment_id: id,
-        retries: 0,
-    };
-    let done = submit::submit(&ctx, &job).await.expect("submit");
+    let done = submit_payment(&ctx, id).await.expect("submit");
     let Submitted::Failed {
         status: after,
         retry_in,
@@ -311,10 +299,7 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
     assert_eq!(after, "requested");
     assert!(retry_in.is_some());
     assert_eq!(payment_status(&pool, id).await, "requested");
-    assert_eq!(
-        log_states(&pool, "payment", id, "payment_submit").await,
-        ["failed"]
-    );
+    assert_eq!(submit_log(&pool, id).await, ["failed"]);
     // The retry goes through the intake and the app's worker (real Gateway) submits it.
     // Waits until the retry is accepted.
     wait_for_status(&pool, "payments", id, "accepted", 20).await;
@@ -334,14 +319,68 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
     assert_eq!(refused, 1);
 }
 
-fn card_callback(id: &str, card_ref: &str, status: &str) -> ProcessCallback {
+/// A first delivery of callback `id` of channel `visa` with `body`.
+fn visa_callback(id: &str, body: String) -> ProcessCallback {
     ProcessCallback {
         channel: "visa".to_owned(),
         callback_id: id.to_owned(),
-        body: format!(r#"{{"type":"card.status","card_ref":"{card_ref}","status":"{status}"}}"#),
+        body,
         retries: 0,
         recorded: false,
     }
+}
+
+/// [`app`], its pool, and a payment of card `c-9` that callback `callback_id` accepted.
+async fn accepted_by_callback(callback_id: &str) -> (TestApp, PgPool, Uuid) {
+    let (app, pool, pid) = app_with_payment_of("c-9").await;
+    let decision = visa_callback(callback_id, payment_result(pid, "accepted"));
+    assert_eq!(
+        callback::process(&app.ctx, &decision)
+            .await
+            .expect("decision"),
+        Delivery::Applied { changed: true }
+    );
+    (app, pool, pid)
+}
+
+/// The body of a callback saying payment `pid` is `status` (channel ref `ch_9`).
+fn payment_result(pid: Uuid, status: &str) -> String {
+    format!(
+        r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
+    )
+}
+
+/// Callback `id` saying card `card_ref` is now `status`.
+fn card_callback(id: &str, card_ref: &str, status: &str) -> ProcessCallback {
+    let body = format!(r#"{{"type":"card.status","card_ref":"{card_ref}","status":"{status}"}}"#);
+    visa_callback(id, body)
+}
+
+/// The card `card_ref` as stored.
+async fn load_card(pool: &PgPool, card_ref: &str) -> cardworker::storage::cards::Card {
+    cardworker::storage::cards::load(pool, card_ref)
+        .await
+        .expect("load")
+        .expect("card")
+}
+
+/// The outbox events about `aggregate_id`.
+async fn outbox_count(pool: &PgPool, aggregate_id: &str) -> i64 {
+    let sql = "SELECT count(*) FROM outbox_events WHERE aggregate_id = $1";
+    count(pool, sql, aggregate_id).await
+}
+
+/// The integration logs of callbacks about `resource_id`.
+async fn callback_logs(pool: &PgPool, resource_id: &str) -> i64 {
+    let sql =
+        "SELECT count(*) FROM integration_logs WHERE resource_id = $1 AND scenario = 'callback'";
+    count(pool, sql, resource_id).await
+}
+
+/// How often callback `callback_id` was delivered.
+async fn delivery_count(pool: &PgPool, callback_id: &str) -> i64 {
+    let sql = "SELECT deliveries::bigint FROM inbound_callbacks WHERE callback_id = $1";
+    count(pool, sql, callback_id).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,29 +416,10 @@ async fn the_same_callback_delivered_twenty_times_concurrently_applies_once() {
     .await
     .expect("callbacks");
     assert_eq!((rows, deliveries, state.as_str()), (1, 20, "applied"));
-    let card = cardworker::storage::cards::load(&pool, "c-1")
-        .await
-        .expect("load")
-        .expect("card");
+    let card = load_card(&pool, "c-1").await;
     assert_eq!((card.status.as_str(), card.version), ("frozen", 1));
-    assert_eq!(
-        count(
-            &pool,
-            "SELECT count(*) FROM outbox_events WHERE aggregate_id = $1",
-            "c-1"
-        )
-        .await,
-        1
-    );
-    assert_eq!(
-        count(
-            &pool,
-            "SELECT count(*) FROM integration_logs WHERE resource_id = $1 AND scenario = 'callback'",
-            "c-1"
-        )
-        .await,
-        1
-    );
+    assert_eq!(outbox_count(&pool, "c-1").await, 1);
+    assert_eq!(callback_logs(&pool, "c-1").await, 1);
 
     // And through the queue: 20 more deliveries of the same callback via the intake (distinct
     // entry ids) are acknowledged without applying anything.
@@ -407,29 +427,12 @@ async fn the_same_callback_delivered_twenty_times_concurrently_applies_once() {
         app.producer().enqueue(&job).await.expect("enqueue");
     }
     wait_until(Duration::from_secs(20), "40 deliveries counted", || async {
-        count(
-            &pool,
-            "SELECT deliveries::bigint FROM inbound_callbacks WHERE callback_id = $1",
-            "cb-1",
-        )
-        .await
-            == 40
+        delivery_count(&pool, "cb-1").await == 40
     })
     .await;
-    let card = cardworker::storage::cards::load(&pool, "c-1")
-        .await
-        .expect("load")
-        .expect("card");
+    let card = load_card(&pool, "c-1").await;
     assert_eq!(card.version, 1);
-    assert_eq!(
-        count(
-            &pool,
-            "SELECT count(*) FROM outbox_events WHERE aggregate_id = $1",
-            "c-1"
-        )
-        .await,
-        1
-    );
+    assert_eq!(outbox_count(&pool, "c-1").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,20 +468,9 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
             == 1
     })
     .await;
-    let card = cardworker::storage::cards::load(&pool, "c-9")
-        .await
-        .expect("load")
-        .expect("card");
+    let card = load_card(&pool, "c-9").await;
     assert_eq!((card.status.as_str(), card.version), ("active", 1));
-    assert_eq!(
-        count(
-            &pool,
-            "SELECT deliveries::bigint FROM inbound_callbacks WHERE callback_id = $1",
-            "cb-7"
-        )
-        .await,
-        2
-    );
+    assert_eq!(delivery_count(&pool, "cb-7").await, 2);
 
     // Malformed bodies are kept as failed with the reason, never dropped.
     for (id, body) in [
@@ -489,13 +481,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
         ),
         ("cb-bad-3", r#"{"type":"refund"}"#),
     ] {
-        let job = ProcessCallback {
-            channel: "visa".to_owned(),
-            callback_id: id.to_owned(),
-            body: body.to_owned(),
-            retries: 0,
-            recorded: false,
-        };
+        let job = visa_callback(id, body.to_owned());
         let got = callback::process(&app.ctx, &job).await.expect("delivery");
         assert!(
             matches!(&got, Delivery::Failed(r) if r.starts_with("malformed body")),
@@ -509,15 +495,7 @@ async fn a_failed_callback_is_kept_with_its_reason_and_applied_when_delivered_ag
 
     // A payment result callback settles the payment once.
     let pid = insert_payment(&pool, "c-9").await;
-    let pay = ProcessCallback {
-        channel: "visa".to_owned(),
-        callback_id: "cb-pay".to_owned(),
-        body: format!(
-            r#"{{"type":"payment.result","payment_id":"{pid}","status":"accepted","channel_ref":"ch_9"}}"#
-        ),
-        retries: 0,
-        recorded: false,
-    };
+    let pay = visa_callback("cb-pay", payment_result(pid, "accepted"));
     assert_eq!(
         callback::process(&app.ctx, &pay).await.expect("pay"),
         Delivery::Applied { changed: true }
@@ -564,10 +542,7 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
         b.await.expect("join").expect("poll");
         assert!(matches!(delivery, Delivery::Applied { .. }), "{delivery:?}");
 
-        let card = cardworker::storage::cards::load(&pool, &card_ref)
-            .await
-            .expect("load")
-            .expect("card");
+        let card = load_card(&pool, &card_ref).await;
         let events: Vec<(String, i64)> = sqlx::query_as(
             "SELECT payload->>'status', (payload->>'version')::bigint FROM outbox_events
               WHERE aggregate_id = $1 AND event_type = 'card.status_changed' ORDER BY id",
@@ -601,15 +576,7 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
             .expect("investigate");
         assert_eq!(inv.callbacks.len(), 1);
         assert!(!inv.timeline.is_empty());
-        assert_eq!(
-            count(
-                &pool,
-                "SELECT count(*) FROM integration_logs WHERE resource_id = $1 AND scenario = 'callback'",
-                &card_ref
-            )
-            .await,
-            1
-        );
+        assert_eq!(callback_logs(&pool, &card_ref).await, 1);
     }
 
     // Failed polls are recorded too, terminally: polling never writes a pending row.
@@ -645,27 +612,8 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
 async fn a_contradicting_callback_delivered_twice_is_audited_as_one_conflict() {
     // Found by `make chaos` (seed 105): the same contradicting callback processed twice wrote two
     // conflict audit events for one contradiction.
-    let app = app().await;
-    let pool = app.db.pool.clone();
-    let pid = insert_payment(&pool, "c-9").await;
-    let body = |status: &str| {
-        format!(
-            r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
-        )
-    };
-    let job = |id: &str, status: &str| ProcessCallback {
-        channel: "visa".to_owned(),
-        callback_id: id.to_owned(),
-        body: body(status),
-        retries: 0,
-        recorded: false,
-    };
-    assert_eq!(
-        callback::process(&app.ctx, &job("cb-pay", "accepted"))
-            .await
-            .expect("decision"),
-        Delivery::Applied { changed: true }
-    );
+    let (app, pool, pid) = accepted_by_callback("cb-pay").await;
+    let job = |id: &str, status: &str| visa_callback(id, payment_result(pid, status));
     let contra = job("cb-pay-contra", "rejected");
     assert!(matches!(
         callback::process(&app.ctx, &contra).await.expect("contra"),
@@ -706,32 +654,37 @@ async fn callback_row(pool: &PgPool, callback_id: &str) -> (String, String, i32)
     .expect("callback row")
 }
 
+/// Ages every received callback by an hour: the sweep finds them due.
+async fn age_callbacks(pool: &PgPool) {
+    sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
+        .execute(pool)
+        .await
+        .expect("age");
+}
+
+/// A sweep of callbacks received more than 300 s ago: how many it re-enqueued.
+async fn sweep(app: &TestApp) -> usize {
+    callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
+        .await
+        .expect("sweep")
+}
+
+/// Waits up to 15 s until callback `callback_id` is failed.
+async fn wait_for_callback_failed(pool: &PgPool, callback_id: &str) {
+    let what = format!("callback {callback_id} failed");
+    wait_until(Duration::from_secs(15), &what, || async {
+        callback_row(pool, callback_id).await.0 == "failed"
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contradicting_callback_delivered_twice_through_enqueue_callback_stays_final_and_is_never_swept_again(
 ) {
     // Found by `make chaos` (seeds 401 and 402): the second delivery set the contradiction back to
     // `received`, its job took it for a duplicate, and the sweep re-enqueued it forever.
-    let app = app().await;
-    let pool = app.db.pool.clone();
-    let pid = insert_payment(&pool, "c-9").await;
-    let body = |status: &str| {
-        format!(
-            r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
-        )
-    };
-    let decision = ProcessCallback {
-        channel: "visa".to_owned(),
-        callback_id: "cb-decision".to_owned(),
-        body: body("accepted"),
-        retries: 0,
-        recorded: false,
-    };
-    assert_eq!(
-        callback::process(&app.ctx, &decision)
-            .await
-            .expect("decision"),
-        Delivery::Applied { changed: true }
-    );
+    let (app, pool, pid) = accepted_by_callback("cb-decision").await;
+    let body = |status: &str| payment_result(pid, status);
     let file = std::env::temp_dir().join(format!("cw-cb-{}", Uuid::new_v4()));
     std::fs::write(&file, body("rejected")).expect("body file");
     let deliver = || async {
@@ -741,12 +694,8 @@ async fn a_contradicting_callback_delivered_twice_through_enqueue_callback_stays
     };
 
     deliver().await;
-    wait_until(
-        Duration::from_secs(15),
-        "the first delivery is failed as a contradiction",
-        || async { callback_row(&pool, "cb-contra").await.0 == "failed" },
-    )
-    .await;
+    // Waits until the first delivery is failed as a contradiction.
+    wait_for_callback_failed(&pool, "cb-contra").await;
     let (_, reason, _) = callback_row(&pool, "cb-contra").await;
     assert!(reason.starts_with(callback::CONTRADICTION), "{reason}");
 
@@ -770,17 +719,8 @@ async fn a_contradicting_callback_delivered_twice_through_enqueue_callback_stays
         ("failed", reason.as_str(), 2),
         "the job leaves the contradiction final"
     );
-    sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
-        .execute(&pool)
-        .await
-        .expect("age");
-    assert_eq!(
-        callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
-            .await
-            .expect("sweep"),
-        0,
-        "a sweep re-enqueues nothing"
-    );
+    age_callbacks(&pool).await;
+    assert_eq!(sweep(&app).await, 0, "a sweep re-enqueues nothing");
     assert_eq!(
         count(
             &pool,
@@ -801,24 +741,8 @@ async fn a_contradiction_a_redelivery_left_received_is_failed_again_by_its_next_
     // A contradiction that a redelivery recorded as `received` without its final state (as a
     // release whose `enqueue callback` reset contradictions leaves it): the sweep's job makes it
     // `failed` again.
-    let app = app().await;
-    let pool = app.db.pool.clone();
-    let pid = insert_payment(&pool, "c-9").await;
-    let job = |id: &str, status: &str| ProcessCallback {
-        channel: "visa".to_owned(),
-        callback_id: id.to_owned(),
-        body: format!(
-            r#"{{"type":"payment.result","payment_id":"{pid}","status":"{status}","channel_ref":"ch_9"}}"#
-        ),
-        retries: 0,
-        recorded: false,
-    };
-    assert_eq!(
-        callback::process(&app.ctx, &job("cb-decision", "accepted"))
-            .await
-            .expect("decision"),
-        Delivery::Applied { changed: true }
-    );
+    let (app, pool, pid) = accepted_by_callback("cb-decision").await;
+    let job = |id: &str, status: &str| visa_callback(id, payment_result(pid, status));
     assert!(matches!(
         callback::process(&app.ctx, &job("cb-contra", "rejected")).await.expect("contra"),
         Delivery::Failed(r) if r.starts_with(callback::CONTRADICTION)
@@ -832,31 +756,14 @@ async fn a_contradiction_a_redelivery_left_received_is_failed_again_by_its_next_
     .await
     .expect("left received");
 
-    assert_eq!(
-        callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
-            .await
-            .expect("sweep"),
-        1
-    );
-    wait_until(
-        Duration::from_secs(15),
-        "the swept job makes the contradiction failed again",
-        || async { callback_row(&pool, "cb-contra").await.0 == "failed" },
-    )
-    .await;
+    assert_eq!(sweep(&app).await, 1);
+    // Waits until the swept job makes the contradiction failed again.
+    wait_for_callback_failed(&pool, "cb-contra").await;
     assert_eq!(
         callback_row(&pool, "cb-contra").await,
         ("failed".to_owned(), reason, 1),
         "kept with its reason; the sweep counts no delivery"
     );
-    sqlx::query("UPDATE inbound_callbacks SET queued_at = now() - interval '1 hour'")
-        .execute(&pool)
-        .await
-        .expect("age");
-    assert_eq!(
-        callback::sweep_received(&app.ctx, Duration::from_secs(300), 50)
-            .await
-            .expect("sweep"),
-        0
-    );
+    age_callbacks(&pool).await;
+    assert_eq!(sweep(&app).await, 0);
 }
