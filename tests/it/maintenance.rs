@@ -1,4 +1,4 @@
-//! Archive and retention (issue 5), measured against real PostgreSQL and Redis: off means no query
+//! Archive and retention, measured against real PostgreSQL and Redis: off means no query
 //! on the record tables; on means exactly one ended Shanghai day per run, crash-safe, pausable,
 //! one run across pods, one job per cron tick.
 
@@ -67,18 +67,23 @@ async fn seed_day(pool: &PgPool, k: u64) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap();
-        sqlx::query(
+        let link =
             "INSERT INTO audit_resources (audit_event_id, resource_type, resource_id, created_at)
-             VALUES ($1, 'card', $2, $3)",
-        )
-        .bind(event)
-        .bind(tag(k))
+             VALUES ($1, 'card', $2, $3)";
+        insert_tagged(pool, link, event, &tag(k), at).await;
+    }
+    finished.len() as i64
+}
+
+/// Runs the insert `sql` with `$1` = `id`, `$2` = `tag` and `$3` = `at`.
+async fn insert_tagged(pool: &PgPool, sql: &str, id: i64, tag: &str, at: DateTime<Utc>) {
+    sqlx::query(sql)
+        .bind(id)
+        .bind(tag)
         .bind(at)
         .execute(pool)
         .await
         .unwrap();
-    }
-    finished.len() as i64
 }
 
 async fn insert_log(pool: &PgPool, tag: &str, state: &str, at: DateTime<Utc>) {
@@ -144,35 +149,27 @@ async fn metrics(app: &TestApp) -> String {
     app.get("/metrics").await.1
 }
 
+/// One sample of the app's `/metrics`.
+async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_value(&metrics(app).await, name, labels)
+}
+
 async fn runs(app: &TestApp, job: &str, result: &str) -> f64 {
-    metric_value(
-        &metrics(app).await,
-        "cardworker_maintenance_runs_total",
-        &[("job", job), ("result", result)],
-    )
+    let labels = [("job", job), ("result", result)];
+    metric(app, "cardworker_maintenance_runs_total", &labels).await
 }
 
-/// Enqueues one archive run through the producer and waits until it was counted with `result`.
-async fn archive_via_job(app: &TestApp, result: &str) {
-    let before = runs(app, "archive", result).await;
-    app.producer()
-        .enqueue(&RunArchive::default())
-        .await
-        .unwrap();
-    wait_until(LIMIT, "the archive run", || async {
-        runs(app, "archive", result).await >= before + 1.0
-    })
-    .await;
-}
-
-async fn retention_via_job(app: &TestApp, result: &str) {
-    let before = runs(app, "retention", result).await;
-    app.producer()
-        .enqueue(&RunRetention::default())
-        .await
-        .unwrap();
-    wait_until(LIMIT, "the retention run", || async {
-        runs(app, "retention", result).await >= before + 1.0
+/// Enqueues one run of `job` through the producer and waits until it was counted with `result`.
+async fn run_via_job(app: &TestApp, job: JobKind, result: &str) {
+    let before = runs(app, job.label(), result).await;
+    let enqueued = match job {
+        JobKind::Archive => app.producer().enqueue(&RunArchive::default()).await,
+        JobKind::Retention => app.producer().enqueue(&RunRetention::default()).await,
+    };
+    enqueued.unwrap();
+    let what = format!("the {} run", job.label());
+    wait_until(LIMIT, &what, || async {
+        runs(app, job.label(), result).await >= before + 1.0
     })
     .await;
 }
@@ -249,13 +246,9 @@ async fn with_maintenance_off_queued_runs_are_acknowledged_without_touching_the_
             && runs(&app, "retention", "skipped_disabled").await == 1.0
     })
     .await;
-    let text = metrics(&app).await;
+    let dead = [("queue", "archive"), ("result", "dead")];
     assert_eq!(
-        metric_value(
-            &text,
-            "cardworker_jobs_finished_total",
-            &[("queue", "archive"), ("result", "dead")]
-        ),
+        metric(&app, "cardworker_jobs_finished_total", &dead).await,
         0.0,
         "no error, so no retry and no dead job"
     );
@@ -329,7 +322,7 @@ async fn each_archive_run_moves_exactly_the_oldest_due_shanghai_day() {
     }
 
     for (run, k) in [(1, 4), (2, 3), (3, 2)] {
-        archive_via_job(&app, "processed").await;
+        run_via_job(&app, JobKind::Archive, "processed").await;
         let p = placement(pool).await;
         for other in 0..=4 {
             assert_day(&p, other, other >= k);
@@ -365,7 +358,7 @@ async fn each_archive_run_moves_exactly_the_oldest_due_shanghai_day() {
         );
     }
     // Yesterday and today are not due; pending logs stay online.
-    archive_via_job(&app, "nothing_due").await;
+    run_via_job(&app, JobKind::Archive, "nothing_due").await;
     let p = placement(pool).await;
     for k in 0..=4 {
         assert_day(&p, k, k >= 2);
@@ -494,15 +487,7 @@ async fn a_run_killed_halfway_and_rerun_leaves_exactly_one_copy_of_each_row() {
         count(&pool, "SELECT count(*) FROM integration_logs").await,
         0
     );
-    let text = metrics(&app).await;
-    assert_eq!(
-        metric_value(
-            &text,
-            "cardworker_maintenance_runs_total",
-            &[("job", "archive"), ("result", "failed")]
-        ),
-        1.0
-    );
+    assert_eq!(runs(&app, "archive", "failed").await, 1.0);
 }
 
 #[tokio::test]
@@ -565,7 +550,7 @@ async fn a_pause_during_a_run_stops_it_at_the_next_batch_boundary() {
     );
 
     // Paused: later runs are no-ops that touch nothing.
-    archive_via_job(&app, "skipped_paused").await;
+    run_via_job(&app, JobKind::Archive, "skipped_paused").await;
     assert_eq!(
         count(&pool, "SELECT count(*) FROM integration_logs").await,
         4
@@ -598,11 +583,11 @@ async fn a_run_that_finds_another_in_progress_is_skipped_busy() {
         .execute(&mut other)
         .await
         .unwrap();
-    archive_via_job(&app, "skipped_busy").await;
-    retention_via_job(&app, "skipped_busy").await;
+    run_via_job(&app, JobKind::Archive, "skipped_busy").await;
+    run_via_job(&app, JobKind::Retention, "skipped_busy").await;
     assert_day(&placement(&pool).await, 4, false);
     other.close().await.unwrap();
-    archive_via_job(&app, "processed").await;
+    run_via_job(&app, JobKind::Archive, "processed").await;
     assert_day(&placement(&pool).await, 4, true);
 }
 
@@ -615,42 +600,23 @@ async fn seed_archive_day(pool: &PgPool, k: u64, first_id: i64) {
         start + chrono::Duration::hours(3),
         end - chrono::Duration::seconds(1),
     ];
-    for (i, t) in times.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO integration_logs_archive (id, correlation_id, resource_type, resource_id,
+    let log =
+        "INSERT INTO integration_logs_archive (id, correlation_id, resource_type, resource_id,
                scenario, state, started_at, finished_at, created_at)
-             VALUES ($1, gen_random_uuid(), 'card', $2, 'carddata_poll', 'failed', $3, $3, $3)",
-        )
-        .bind(first_id + i as i64)
-        .bind(tag(k))
-        .bind(t)
-        .execute(pool)
-        .await
-        .unwrap();
+             VALUES ($1, gen_random_uuid(), 'card', $2, 'carddata_poll', 'failed', $3, $3, $3)";
+    for (i, t) in times.into_iter().enumerate() {
+        insert_tagged(pool, log, first_id + i as i64, &tag(k), t).await;
     }
-    for (i, t) in [times[0], times[2]].iter().enumerate() {
-        let id = first_id + i as i64;
-        sqlx::query(
-            "INSERT INTO audit_events_archive (id, event_type, summary, created_at)
-             VALUES ($1, 'poll.failed', $2, $3)",
-        )
-        .bind(id)
-        .bind(tag(k))
-        .bind(t)
-        .execute(pool)
-        .await
-        .unwrap();
-        sqlx::query(
-            "INSERT INTO audit_resources_archive (id, audit_event_id, resource_type, resource_id,
+    let event = "INSERT INTO audit_events_archive (id, event_type, summary, created_at)
+             VALUES ($1, 'poll.failed', $2, $3)";
+    let link =
+        "INSERT INTO audit_resources_archive (id, audit_event_id, resource_type, resource_id,
                created_at)
-             VALUES ($1, $1, 'card', $2, $3)",
-        )
-        .bind(id)
-        .bind(tag(k))
-        .bind(t)
-        .execute(pool)
-        .await
-        .unwrap();
+             VALUES ($1, $1, 'card', $2, $3)";
+    for (i, t) in [times[0], times[2]].into_iter().enumerate() {
+        let id = first_id + i as i64;
+        insert_tagged(pool, event, id, &tag(k), t).await;
+        insert_tagged(pool, link, id, &tag(k), t).await;
     }
 }
 
@@ -672,7 +638,7 @@ async fn retention_deletes_nothing_with_cleanup_off_and_exactly_one_day_with_cle
 
     // Cleanup off: nothing deleted, the same day reported on every run.
     for run in 1..=2 {
-        retention_via_job(&app, "processed").await;
+        run_via_job(&app, JobKind::Retention, "processed").await;
         for k in [4, 3, 1] {
             assert_eq!(archived_rows(&pool, k).await, 7);
         }
