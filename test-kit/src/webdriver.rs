@@ -195,6 +195,13 @@ impl Browser {
         }
     }
 
+    /// Waits up to 15 s until the first element matching `css` reads `want`
+    /// ([`Browser::wait_text`]).
+    pub async fn wait_text_is(&self, css: &str, want: &str) -> String {
+        let what = format!("{want:?}");
+        self.wait_text(css, &what, |t| t == want).await
+    }
+
     /// The first element matching `css`.
     pub async fn find(&self, css: &str) -> String {
         let v = self

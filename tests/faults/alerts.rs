@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use cardworker::sim::{SimHandle, Simulator};
 use serde_json::Value;
 
+use crate::faults;
 use crate::harness::{TestDb, Worker};
 use crate::private::{free_port, PrivateRedis};
 
@@ -265,6 +266,14 @@ impl Prometheus {
         .await;
     }
 
+    /// Waits until alert `name` is neither pending nor firing any more.
+    async fn wait_cleared(&self, name: &str, limit: Duration) {
+        self.wait(&format!("{name} to clear"), limit, || async {
+            !self.alerts().await.iter().any(|(n, _, _)| n == name)
+        })
+        .await;
+    }
+
     /// Waits until Prometheus has scraped the worker `n` more times after Prometheus time `since`.
     async fn wait_scrapes(&self, since: f64, n: u32) {
         self.wait(
@@ -340,12 +349,7 @@ impl Rig {
         sim.set_latency(5, 5);
         sim.set_error_rate(0.0);
         sim.set_garbage_rate(0.0);
-        let cards: Vec<String> = (0..CARDS).map(|i| format!("c-{i:03}")).collect();
-        sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-            .bind(&cards)
-            .execute(&db.pool)
-            .await
-            .expect("insert cards");
+        faults::insert_cards(&db.pool, CARDS).await;
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("cardworker.toml");
         // The chains start by themselves: the worker's first probe finds the fresh Redis without
@@ -398,6 +402,12 @@ impl Rig {
         )
         .await;
         rig
+    }
+
+    /// `cardworker budget set`: `task`'s limit becomes `limit`, for `reason`.
+    fn set_limit(&self, task: &str, limit: &str, reason: &str) {
+        let args = ["budget", "set", "--task", task, "--limit", limit];
+        self.cli(&[&args[..], &["--reason", reason]].concat());
     }
 
     /// Runs `cardworker ARGS --config …` to its end and checks it succeeded.
@@ -488,20 +498,14 @@ async fn on_a_real_prometheus_budget_pause_fires_poll_task_paused_for_the_paused
 async fn on_a_real_prometheus_a_gateway_outage_fires_gateway_circuit_open() {
     let rig = Rig::start().await;
     rig.sim.set_error_rate(1.0);
-    rig.prometheus
-        .wait_firing(
-            "CardworkerGatewayCircuitOpen",
-            &[("task", "card_status")],
-            Duration::from_secs(90),
-        )
-        .await;
-    rig.prometheus
-        .wait_firing(
-            "CardworkerGatewayCircuitOpen",
-            &[("task", "carddata")],
-            Duration::from_secs(30),
-        )
-        .await;
+    // card_status opens first, within 90 s; carddata follows within 30 s.
+    for (task, limit) in [("card_status", 90), ("carddata", 30)] {
+        let labels = [("task", task)];
+        let limit = Duration::from_secs(limit);
+        rig.prometheus
+            .wait_firing("CardworkerGatewayCircuitOpen", &labels, limit)
+            .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,17 +588,8 @@ async fn on_a_real_prometheus_a_stalled_fleet_gauge_refresh_fires_fleet_gauges_s
         "Redis answered throughout"
     );
     lock.rollback().await.expect("release the lock");
-    p.wait(
-        "CardworkerFleetGaugesStale to clear",
-        Duration::from_secs(60),
-        || async {
-            !p.alerts()
-                .await
-                .iter()
-                .any(|(name, _, _)| name == "CardworkerFleetGaugesStale")
-        },
-    )
-    .await;
+    p.wait_cleared("CardworkerFleetGaugesStale", Duration::from_secs(60))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,16 +600,7 @@ async fn on_a_real_prometheus_polling_behind_fires_when_the_budget_is_too_low_fo
     // 30 cards every 2 s want 15 polls a second per task. At 100 ms a call, one token carries
     // 10 a second: carddata falls behind. card_status keeps its 4 tokens (40 a second).
     rig.sim.set_latency(100, 0);
-    rig.cli(&[
-        "budget",
-        "set",
-        "--task",
-        "carddata",
-        "--limit",
-        "1",
-        "--reason",
-        "alert test: too low",
-    ]);
+    rig.set_limit("carddata", "1", "alert test: too low");
     p.wait_firing(
         "CardworkerPollingBehind",
         &[("task", "carddata")],
@@ -632,27 +618,9 @@ async fn on_a_real_prometheus_polling_behind_fires_when_the_budget_is_too_low_fo
         "card_status keeps up"
     );
 
-    rig.cli(&[
-        "budget",
-        "set",
-        "--task",
-        "carddata",
-        "--limit",
-        "4",
-        "--reason",
-        "alert test: raised",
-    ]);
-    p.wait(
-        "CardworkerPollingBehind to clear",
-        Duration::from_secs(120),
-        || async {
-            !p.alerts()
-                .await
-                .iter()
-                .any(|(name, _, _)| name == "CardworkerPollingBehind")
-        },
-    )
-    .await;
+    rig.set_limit("carddata", "4", "alert test: raised");
+    p.wait_cleared("CardworkerPollingBehind", Duration::from_secs(120))
+        .await;
     let overdue = p
         .scalar("max(cardworker_poll_overdue_seconds{task=\"carddata\"})")
         .await

@@ -87,6 +87,21 @@ async fn dead_count(app: &TestApp, queue: &str) -> i64 {
         .expect("scard")
 }
 
+/// Enqueues archive entry `poison-1` with a `payload` no job can decode, and waits until it is
+/// dead.
+async fn poison_dead(app: &TestApp, payload: &str) {
+    app.producer()
+        .enqueue_raw(RunArchive::QUEUE, "poison-1", payload, Duration::ZERO)
+        .await
+        .expect("enqueue poison");
+    wait_until(
+        Duration::from_secs(30),
+        "the poison job is dead",
+        || async { dead_count(app, RunArchive::QUEUE).await == 1 },
+    )
+    .await;
+}
+
 /// The CSRF token the console issues to a browser whose `cw_csrf` cookie is `cookie` (as its
 /// login form carries it).
 async fn issued_csrf(console: &ConsoleProcess, cookie: &str) -> String {
@@ -105,6 +120,33 @@ async fn issued_csrf(console: &ConsoleProcess, cookie: &str) -> String {
         .unwrap_or_else(|| panic!("no CSRF token in {page}"))
         + field.len();
     page[at..at + 64].to_owned()
+}
+
+/// An admin of a console: the bearer token, and a CSRF cookie with the token the console issued
+/// for it.
+struct Admin<'a> {
+    console: &'a ConsoleProcess,
+    cookie: String,
+    issued: String,
+}
+
+impl<'a> Admin<'a> {
+    /// An admin of `console` whose CSRF cookie is 64 times `c`.
+    async fn of(console: &'a ConsoleProcess, c: char) -> Self {
+        let cookie = c.to_string().repeat(64);
+        let issued = issued_csrf(console, &cookie).await;
+        Self {
+            console,
+            cookie,
+            issued,
+        }
+    }
+
+    /// POSTs the form `fields`, after the issued CSRF token, to `path`.
+    async fn post(&self, path: &str, fields: &str) -> (u16, String) {
+        let body = format!("csrf={}&{fields}", self.issued);
+        post(self.console, path, &body, Some(&self.cookie), Some(TOKEN)).await
+    }
 }
 
 /// A POST of the form `body` with the CSRF cookie `csrf` (when given) and the bearer `token`.
@@ -142,8 +184,8 @@ async fn operator_events(app: &TestApp, event_type: &str) -> i64 {
 async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_changes_nothing() {
     let app = spawn_app_with(|_| {}).await;
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
-    let csrf = "a".repeat(64);
-    let issued = issued_csrf(&console, &csrf).await;
+    let admin = Admin::of(&console, 'a').await;
+    let (csrf, issued) = (admin.cookie.as_str(), admin.issued.as_str());
     let body = format!("csrf={issued}&op=pause&reason=test");
     let paused = || async {
         cardworker::maintenance::is_paused(&mut app.ctx.redis.clone(), app.ctx.prefix())
@@ -151,50 +193,46 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
             .expect("brake")
     };
 
-    let (status, page) = post(&console, "/actions/maintenance", &body, Some(&csrf), None).await;
-    assert_eq!(status, 403, "{page}");
-    assert!(page.contains("needs the admin token"), "{page}");
-    let (status, _) = post(
-        &console,
-        "/actions/maintenance",
-        &body,
-        Some(&csrf),
-        Some("console-test-token-wrong-guess"),
-    )
-    .await;
-    assert_eq!(status, 403, "a wrong token is refused");
-    let (status, page) = post(&console, "/actions/maintenance", &body, None, Some(TOKEN)).await;
-    assert_eq!(status, 403, "no CSRF cookie");
-    assert!(page.contains("CSRF"), "{page}");
-    let (status, _) = post(
-        &console,
-        "/actions/maintenance",
-        &body,
-        Some(&"b".repeat(64)),
-        Some(TOKEN),
-    )
-    .await;
-    assert_eq!(status, 403, "a token issued for another cookie");
-    let (status, _) = post(
-        &console,
-        "/actions/maintenance",
-        &format!("csrf={csrf}&op=pause"),
-        Some(&csrf),
-        Some(TOKEN),
-    )
-    .await;
-    assert_eq!(status, 403, "a field equal to the cookie, never issued");
+    // Each refused: the CSRF cookie, the bearer token, the form, why, and what the page says.
+    let other_cookie = "b".repeat(64);
+    let never_issued = format!("csrf={csrf}&op=pause");
+    let wrong_token = Some("console-test-token-wrong-guess");
+    let refused = [
+        (Some(csrf), None, &body, "no token", "needs the admin token"),
+        (
+            Some(csrf),
+            wrong_token,
+            &body,
+            "a wrong token is refused",
+            "",
+        ),
+        (None, Some(TOKEN), &body, "no CSRF cookie", "CSRF"),
+        (
+            Some(&other_cookie),
+            Some(TOKEN),
+            &body,
+            "a token issued for another cookie",
+            "",
+        ),
+        (
+            Some(csrf),
+            Some(TOKEN),
+            &never_issued,
+            "a field equal to the cookie, never issued",
+            "",
+        ),
+    ];
+    for (cookie, token, form, why, says) in refused {
+        let (status, page) = post(&console, "/actions/maintenance", form, cookie, token).await;
+        assert_eq!(status, 403, "{why}: {page}");
+        assert!(page.contains(says), "{why}: {page}");
+    }
     assert!(!paused().await, "nothing refused changed anything");
     assert_eq!(operator_events(&app, "operator.maintenance_pause").await, 0);
 
-    let (status, page) = post(
-        &console,
-        "/actions/maintenance",
-        &body,
-        Some(&csrf),
-        Some(TOKEN),
-    )
-    .await;
+    let (status, page) = admin
+        .post("/actions/maintenance", "op=pause&reason=test")
+        .await;
     assert_eq!(status, 200, "{page}");
     assert!(paused().await, "the console's pause took effect");
     let (actor, reason, via): (String, Option<String>, Option<String>) = sqlx::query_as(
@@ -217,7 +255,7 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
         &read_only,
         "/actions/maintenance",
         &resume,
-        Some(&csrf),
+        Some(csrf),
         Some(TOKEN),
     )
     .await;
@@ -230,21 +268,7 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
 async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a_discarded_one_is_gone(
 ) {
     let app = spawn_app_with(|_| {}).await;
-    app.producer()
-        .enqueue_raw(
-            RunArchive::QUEUE,
-            "poison-1",
-            "not json 4111 1111 1111 1111",
-            Duration::ZERO,
-        )
-        .await
-        .expect("enqueue poison");
-    wait_until(
-        Duration::from_secs(30),
-        "the poison job is dead",
-        || async { dead_count(&app, RunArchive::QUEUE).await == 1 },
-    )
-    .await;
+    poison_dead(&app, "not json 4111 1111 1111 1111").await;
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
     let page = reqwest::get(format!("{}/queues", console.url))
         .await
@@ -255,16 +279,9 @@ async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a
     assert!(page.contains("not json [redacted]"), "{page}");
     assert!(!page.contains("4111"), "no card number on the page");
 
-    let csrf = "c".repeat(64);
-    let issued = issued_csrf(&console, &csrf).await;
-    let (status, page) = post(
-        &console,
-        "/actions/dead",
-        &format!("csrf={issued}&queue=archive&requeue_all=1&reason=retry"),
-        Some(&csrf),
-        Some(TOKEN),
-    )
-    .await;
+    let admin = Admin::of(&console, 'c').await;
+    let requeue = "queue=archive&requeue_all=1&reason=retry";
+    let (status, page) = admin.post("/actions/dead", requeue).await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("1 dead jobs requeued"), "{page}");
     assert_eq!(operator_events(&app, "operator.dead_requeue").await, 1);
@@ -272,25 +289,12 @@ async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a
     wait_until(
         Duration::from_secs(30),
         "the requeued job ran and died again",
-        || async {
-            let dead: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(format!("{}:q:archive:dead", app.redis.prefix))
-                .query_async(&mut app.ctx.redis.clone())
-                .await
-                .expect("smembers");
-            dead.len() == 1
-        },
+        || async { dead_count(&app, RunArchive::QUEUE).await == 1 },
     )
     .await;
 
-    let (status, page) = post(
-        &console,
-        "/actions/dead",
-        &format!("csrf={issued}&queue=archive&discard_all=1"),
-        Some(&csrf),
-        Some(TOKEN),
-    )
-    .await;
+    let discard = "queue=archive&discard_all=1";
+    let (status, page) = admin.post("/actions/dead", discard).await;
     assert_eq!(status, 200, "{page}");
     assert_eq!(dead_count(&app, RunArchive::QUEUE).await, 0);
     assert_eq!(operator_events(&app, "operator.dead_discard").await, 1);
@@ -448,17 +452,25 @@ async fn chart_sums(browser: &Browser) -> Vec<u64> {
         .collect()
 }
 
+/// Whether this machine has no headless Chromium, so that a browser test is skipped (it says so).
+/// `make test` installs the browser first and sets `CARDWORKER_REQUIRE_BROWSER`: there a missing
+/// browser is a failure, never a silent pass.
+fn no_browser() -> bool {
+    let Some(why) = webdriver::unavailable() else {
+        return false;
+    };
+    assert!(
+        std::env::var_os("CARDWORKER_REQUIRE_BROWSER").is_none(),
+        "CARDWORKER_REQUIRE_BROWSER is set but {why}"
+    );
+    eprintln!("SKIPPED: the console's browser test needs headless Chromium: {why}");
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_html_is_text() {
     use cardworker::maintenance::status;
-    if let Some(why) = webdriver::unavailable() {
-        // `make test` installs the browser first and sets this: there a missing browser is a
-        // failure, never a silent pass.
-        assert!(
-            std::env::var_os("CARDWORKER_REQUIRE_BROWSER").is_none(),
-            "CARDWORKER_REQUIRE_BROWSER is set but {why}"
-        );
-        eprintln!("SKIPPED: the console's browser test needs headless Chromium: {why}");
+    if no_browser() {
         return;
     }
     let app = spawn_app_with(|c| {
@@ -496,16 +508,7 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     // A poison entry in the dead set, a paused task, a card whose card_ref is HTML, a payment
     // stuck `unknown`, an approval in review for too long and one decided through the reliable
     // path (with its history), and an old record that archive would move (maintenance is off).
-    app.producer()
-        .enqueue_raw(RunArchive::QUEUE, "poison-1", "not json", Duration::ZERO)
-        .await
-        .expect("enqueue poison");
-    wait_until(
-        Duration::from_secs(30),
-        "the poison job is dead",
-        || async { dead_count(&app, RunArchive::QUEUE).await == 1 },
-    )
-    .await;
+    poison_dead(&app, "not json").await;
     app.ctx
         .budget
         .pause(&[Task::CardStatus])
@@ -576,32 +579,18 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     // Fleet: the paused task, the dead archive job, the parked chain; both stores answer.
     browser.goto(&format!("{base}/")).await;
     browser
-        .wait_text(
-            "tr[data-task=card_status] td.paused",
-            "card_status paused",
-            |t| t == "paused",
-        )
+        .wait_text_is("tr[data-task=card_status] td.paused", "paused")
         .await;
     browser
-        .wait_text(
-            "tr[data-task=carddata] td.paused",
-            "carddata running",
-            |t| t == "running",
-        )
+        .wait_text_is("tr[data-task=carddata] td.paused", "running")
         .await;
+    // One dead archive job.
     browser
-        .wait_text(
-            "tr[data-queue=archive] td.dead",
-            "one dead archive job",
-            |t| t == "1",
-        )
+        .wait_text_is("tr[data-queue=archive] td.dead", "1")
         .await;
+    // One parked carddata chain.
     browser
-        .wait_text(
-            "tr[data-task=carddata] td.parked",
-            "one parked carddata chain",
-            |t| t == "1",
-        )
+        .wait_text_is("tr[data-task=carddata] td.parked", "1")
         .await;
     // Each task's running polls and idle kept slots, apart.
     for column in ["in-use", "kept"] {
@@ -671,18 +660,11 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         })
         .await;
     browser
-        .wait_text(
-            "section[data-queue=archive] code.payload",
-            "the payload",
-            |t| t == "not json",
-        )
+        .wait_text_is("section[data-queue=archive] code.payload", "not json")
         .await;
+    // An empty dead set says so.
     browser
-        .wait_text(
-            "section[data-queue=payment] .empty",
-            "an empty dead set says so",
-            |t| t == "No dead jobs.",
-        )
+        .wait_text_is("section[data-queue=payment] .empty", "No dead jobs.")
         .await;
     assert!(browser.screenshot(&shots.join("queues.png")).await > 10_000);
 
@@ -708,11 +690,7 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     // Parked: the card parked by one failure, with its last failure.
     browser.goto(&format!("{base}/parked")).await;
     browser
-        .wait_text(
-            "section[data-task=carddata] .parked-count",
-            "one parked",
-            |t| t == "1",
-        )
+        .wait_text_is("section[data-task=carddata] .parked-count", "1")
         .await;
     browser
         .wait_text(
@@ -721,12 +699,9 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
             |t| t.contains("c-parked"),
         )
         .await;
+    // No parked card_status chain, said so.
     browser
-        .wait_text(
-            "section[data-task=card_status] .empty",
-            "no parked card_status chain, said so",
-            |t| t == "No parked chains.",
-        )
+        .wait_text_is("section[data-task=card_status] .empty", "No parked chains.")
         .await;
     assert_eq!(operator_events(&app, "operator.unpark").await, 0);
 
@@ -861,10 +836,9 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         inv.approvals
     );
     browser
-        .wait_text(
+        .wait_text_is(
             &format!("#card-approvals tr.approval[data-approval='{decided}'] td.status"),
-            "the decided approval",
-            |t| t == "approved",
+            "approved",
         )
         .await;
     let due = inv
@@ -1067,6 +1041,40 @@ fn malformed_values() -> Vec<String> {
     ]
 }
 
+/// The inserts of [`insert_malformed_rows`] that take one value, `$1`, and what each row is.
+const ROWS_OF_ONE_VALUE: [(&str, &str); 3] = [
+    (
+        "INSERT INTO cards (card_ref, card_token, carddata_parked_at, card_status_parked_at)
+         VALUES ($1, $1, now(), now())",
+        "a malformed card",
+    ),
+    (
+        "INSERT INTO integration_logs
+           (correlation_id, resource_type, resource_id, scenario, state, request_summary,
+            response_summary, error, recovery_summary, started_at, finished_at)
+         VALUES (gen_random_uuid(), 'card', $1, 'carddata_poll', 'failed', $1, $1, $1, $1,
+                 now(), now())",
+        "a malformed log",
+    ),
+    (
+        "INSERT INTO integration_logs_archive
+           (correlation_id, resource_type, resource_id, scenario, state, request_summary,
+            response_summary, error, recovery_summary, started_at, finished_at, created_at)
+         VALUES (gen_random_uuid(), 'card', $1, $1, 'unknown', $1, $1, $1, $1,
+                 now() - interval '40 days', now() - interval '40 days', now() - interval '40 days')",
+        "a malformed archived log",
+    ),
+];
+
+/// Runs the insert `sql` with `$1` = `value`; `what` names the row.
+async fn insert_row(pool: &sqlx::PgPool, sql: &str, value: &str, what: &str) {
+    sqlx::query(sql)
+        .bind(value)
+        .execute(pool)
+        .await
+        .expect(what);
+}
+
 /// Inserts malformed rows into every table a console page reads: cards (parked), their failed
 /// polls online and archived, operator and other audit events with details of every JSON shape
 /// (online and archived), payments, approvals, and failed callbacks whose `resource_id` is no
@@ -1082,36 +1090,9 @@ async fn insert_malformed_rows(app: &TestApp, bad: &[String]) {
         "null",
     ];
     for (i, v) in bad.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO cards (card_ref, card_token, carddata_parked_at, card_status_parked_at)
-             VALUES ($1, $1, now(), now())",
-        )
-        .bind(v)
-        .execute(pool)
-        .await
-        .expect("a malformed card");
-        sqlx::query(
-            "INSERT INTO integration_logs
-               (correlation_id, resource_type, resource_id, scenario, state, request_summary,
-                response_summary, error, recovery_summary, started_at, finished_at)
-             VALUES (gen_random_uuid(), 'card', $1, 'carddata_poll', 'failed', $1, $1, $1, $1,
-                     now(), now())",
-        )
-        .bind(v)
-        .execute(pool)
-        .await
-        .expect("a malformed log");
-        sqlx::query(
-            "INSERT INTO integration_logs_archive
-               (correlation_id, resource_type, resource_id, scenario, state, request_summary,
-                response_summary, error, recovery_summary, started_at, finished_at, created_at)
-             VALUES (gen_random_uuid(), 'card', $1, $1, 'unknown', $1, $1, $1, $1,
-                     now() - interval '40 days', now() - interval '40 days', now() - interval '40 days')",
-        )
-        .bind(v)
-        .execute(pool)
-        .await
-        .expect("a malformed archived log");
+        for (sql, what) in ROWS_OF_ONE_VALUE {
+            insert_row(pool, sql, v, what).await;
+        }
         for (events, resources) in [
             ("audit_events", "audit_resources"),
             ("audit_events_archive", "audit_resources_archive"),
@@ -1190,12 +1171,7 @@ async fn insert_malformed_rows(app: &TestApp, bad: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_every_page_renders_whatever_malformed_rows_the_tables_hold_and_shows_them_as_text(
 ) {
-    if let Some(why) = webdriver::unavailable() {
-        assert!(
-            std::env::var_os("CARDWORKER_REQUIRE_BROWSER").is_none(),
-            "CARDWORKER_REQUIRE_BROWSER is set but {why}"
-        );
-        eprintln!("SKIPPED: the console's browser test needs headless Chromium: {why}");
+    if no_browser() {
         return;
     }
     let app = spawn_app_with(|c| {
