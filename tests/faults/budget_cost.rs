@@ -1,8 +1,10 @@
-//! What the polling budget sends to Redis per admitted poll (issue 16), counted by a private
+//! What the polling budget sends to Redis per admitted poll, counted by a private
 //! redis-server's `INFO commandstats` (the shared Redis would count other clients too), including
 //! the commands that run inside the script. Counted, never timed.
 
-use cardworker::budget::{Acquired, Budget, CallReport};
+use std::collections::BTreeMap;
+
+use cardworker::budget::{Acquired, Budget, CallReport, Slot};
 use cardworker::config::{Config, Task};
 use cardworker::context;
 use cardworker::limit::Limit;
@@ -28,8 +30,16 @@ async fn info_calls(conn: &mut redis::aio::ConnectionManager) -> u64 {
     all.saturating_sub(1)
 }
 
-#[tokio::test]
-async fn a_slot_that_turns_over_costs_one_call_of_eleven_commands() {
+/// The commands Redis ran since the last reset, by name, `INFO` included ([`info_calls`]).
+async fn commands(conn: &mut redis::aio::ConnectionManager) -> BTreeMap<String, u64> {
+    let (mut calls, _) = counted(conn).await;
+    calls.insert("info".to_owned(), info_calls(conn).await);
+    calls
+}
+
+/// A private redis-server, a budget of 8 tokens (4 per task) under prefix `cost` on it, and its
+/// connection.
+async fn budget_on() -> (PrivateRedis, Budget, redis::aio::ConnectionManager) {
     let redis = PrivateRedis::start_new(false);
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let mut c = Config::default();
@@ -37,17 +47,37 @@ async fn a_slot_that_turns_over_costs_one_call_of_eleven_commands() {
     c.polling.total_limit = Limit::new(8).expect("a limit");
     c.polling.carddata.limit = Limit::new(4).expect("a limit");
     c.polling.card_status.limit = Limit::new(4).expect("a limit");
-    let b = Budget::new(conn.clone(), &c);
+    (redis, Budget::new(conn.clone(), &c), conn)
+}
+
+/// The lease of a carddata slot acquired (`acquire_slot`), whose end the next acquire may carry.
+async fn acquired(b: &Budget) -> String {
+    let (got, lease) = b
+        .acquire_slot(Task::Carddata, &b.new_lease_id())
+        .await
+        .expect("acquire");
+    assert_eq!(got, Acquired::Acquired);
+    lease
+}
+
+/// A carddata poll admitted (`admit`): its slot.
+async fn admitted(b: &Budget) -> Slot {
+    let (got, slot) = b
+        .admit(Task::Carddata, &b.new_lease_id())
+        .await
+        .expect("admit");
+    assert_eq!(got, Acquired::Acquired);
+    slot
+}
+
+#[tokio::test]
+async fn a_slot_that_turns_over_costs_one_call_of_eleven_commands() {
+    let (_redis, b, conn) = budget_on().await;
     // Steady state: a few slots busy, then each poll's end is carried by the next acquire of the
     // same task, which takes its slot over.
     let mut held = Vec::new();
     for _ in 0..3 {
-        let (got, lease) = b
-            .acquire_slot(Task::Carddata, &b.new_lease_id())
-            .await
-            .unwrap();
-        assert_eq!(got, Acquired::Acquired);
-        held.push(lease);
+        held.push(acquired(&b).await);
     }
     let mut stats = conn.clone();
     reset(&mut stats).await;
@@ -55,15 +85,9 @@ async fn a_slot_that_turns_over_costs_one_call_of_eleven_commands() {
     for i in 0..POLLS as usize {
         let done = held.remove(0);
         b.finish_carried(Task::Carddata, done, CallReport::Ok, 0, &format!("c-{i}"));
-        let (got, lease) = b
-            .acquire_slot(Task::Carddata, &b.new_lease_id())
-            .await
-            .unwrap();
-        assert_eq!(got, Acquired::Acquired);
-        held.push(lease);
+        held.push(acquired(&b).await);
     }
-    let (mut calls, _) = counted(&mut stats).await;
-    calls.insert("info".to_owned(), info_calls(&mut stats).await);
+    let calls = commands(&mut stats).await;
     let per = |name: &str| calls.get(name).copied().unwrap_or(0) as f64 / POLLS as f64;
     let all: u64 = calls.values().sum();
     eprintln!("per poll: {calls:?}");
@@ -94,19 +118,11 @@ async fn a_slot_that_turns_over_costs_one_call_of_eleven_commands() {
 
 #[tokio::test]
 async fn polls_on_kept_slots_cost_the_budget_only_its_renewals() {
-    let redis = PrivateRedis::start_new(false);
-    let conn = context::connect_redis(&redis.url()).await.expect("redis");
-    let mut c = Config::default();
-    c.redis.key_prefix = "cost".to_owned();
-    c.polling.total_limit = Limit::new(8).expect("a limit");
-    c.polling.carddata.limit = Limit::new(4).expect("a limit");
-    c.polling.card_status.limit = Limit::new(4).expect("a limit");
-    let b = Budget::new(conn.clone(), &c);
+    let (_redis, b, conn) = budget_on().await;
     // Three polls at once, kept, then a renewal allows reuse.
     let mut held = Vec::new();
     for _ in 0..3 {
-        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
-        assert_eq!(got, Acquired::Acquired);
+        let slot = admitted(&b).await;
         held.push(slot);
     }
     for slot in held.drain(..) {
@@ -118,16 +134,14 @@ async fn polls_on_kept_slots_cost_the_budget_only_its_renewals() {
     let (trips, started) = (b.round_trips(), std::time::Instant::now());
     const POLLS: u64 = 1_000;
     for i in 0..POLLS {
-        let (got, slot) = b.admit(Task::Carddata, &b.new_lease_id()).await.unwrap();
-        assert_eq!(got, Acquired::Acquired);
+        let slot = admitted(&b).await;
         b.finish_poll(Task::Carddata, slot, CallReport::Ok, 0, &format!("c-{i}"));
         if i == POLLS / 2 {
             b.renew().await.unwrap();
         }
     }
     b.renew().await.unwrap();
-    let (mut calls, _) = counted(&mut stats).await;
-    calls.insert("info".to_owned(), info_calls(&mut stats).await);
+    let calls = commands(&mut stats).await;
     let all: u64 = calls.values().sum();
     eprintln!("{POLLS} polls: {calls:?}");
     // Our two renewals, plus the background loop's (one a second) on a slow machine: no call
