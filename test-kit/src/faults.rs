@@ -123,6 +123,20 @@ impl Child {
     pub fn running(&mut self) -> bool {
         self.0.try_wait().ok().flatten().is_none()
     }
+
+    /// Kills it with SIGKILL (no shutdown of its own, as `kill -9` does) and reaps it.
+    pub fn kill_9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The context of a process on the config file `file` (its endpoint on port 0), through which a
+/// test acts as the CLI on that deployment does.
+pub async fn context_of(file: &std::path::Path) -> Arc<AppContext> {
+    let mut config = Config::load(Some(file)).expect("config");
+    config.telemetry.listen = "127.0.0.1:0".to_owned();
+    AppContext::connect(config).await.expect("connect")
 }
 
 impl Drop for Child {

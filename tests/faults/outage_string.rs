@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cardworker::config::{Config, Task};
+use cardworker::config::Task;
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
 use redis::aio::ConnectionManager;
@@ -224,11 +224,7 @@ async fn six_short_redis_outages_in_two_minutes_stop_no_process_lose_no_job_and_
         Pod::run(&file, "pod-a", dir.path()),
         Pod::run(&file, "pod-b", dir.path()),
     ];
-    let ctx = {
-        let mut config = Config::load(Some(&file)).expect("config");
-        config.telemetry.listen = "127.0.0.1:0".to_owned();
-        AppContext::connect(config).await.expect("connect")
-    };
+    let ctx = faults::context_of(&file).await;
     faults::start_chains(&ctx).await;
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     every_card_polled(&conn, Duration::from_secs(60), "every card polled").await;

@@ -435,6 +435,24 @@ async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_e
     worker.stop().await.expect("clean stop");
 }
 
+/// Pod `pod-a` on the config file `file` ([`run_child`]), and a context of the same deployment
+/// for the test to act as the CLI.
+async fn pod_a(file: &std::path::Path) -> (Child, Arc<AppContext>) {
+    (run_child(file, "pod-a"), faults::context_of(file).await)
+}
+
+/// Pod `pod-b` on the config file `file`, the survivor of a killed pod: started, and waited for
+/// up to 60 s until its recovery did what `done` checks.
+async fn survivor<F, Fut>(file: &std::path::Path, what: &str, done: F) -> Child
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let pod = run_child(file, "pod-b");
+    wait_until(Duration::from_secs(60), what, done).await;
+    pod
+}
+
 /// `cardworker run --config CONFIG_FILE` as pod `pod`, killed when dropped.
 fn run_child(config_file: &std::path::Path, pod: &str) -> Child {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_cardworker"))
@@ -476,12 +494,7 @@ recovery_cron = "* * * * * *"
 listen = "127.0.0.1:0"
 "#,
     );
-    let mut first = run_child(&file, "pod-a");
-    let ctx = {
-        let mut config = Config::load(Some(&file)).expect("config");
-        config.telemetry.listen = "127.0.0.1:0".to_owned();
-        AppContext::connect(config).await.expect("connect")
-    };
+    let (mut first, ctx) = pod_a(&file).await;
     cardworker::commands::payments::enqueue_payment(&ctx, payment)
         .await
         .expect("enqueue");
@@ -498,18 +511,10 @@ listen = "127.0.0.1:0"
     let jobs: Vec<String> = conn.hkeys(queue.job_data_hash()).await.expect("hkeys");
     assert_eq!(jobs.len(), 1, "one payment job: {jobs:?}");
     let job = jobs[0].clone();
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &first.0.id().to_string()])
-        .status();
-    let _ = first.0.wait();
+    first.kill_9();
 
-    let mut second = run_child(&file, "pod-b");
-    wait_until(
-        Duration::from_secs(60),
-        "recovery settled the payment",
-        || async { payment_status(&db.pool, payment).await == "accepted" },
-    )
-    .await;
+    let settled = || async { payment_status(&db.pool, payment).await == "accepted" };
+    let mut second = survivor(&file, "recovery settled the payment", settled).await;
     // The killed pod's job comes back to the survivor once the payment queue's orphan window has
     // passed, and runs there: its acknowledgement deletes its data, which only a run does.
     let window =
@@ -825,12 +830,7 @@ async fn approval_killed_mid_post(acted: bool) {
         },
     );
     let (_dir, file) = kill_config(&db, &redis, &gw.url);
-    let mut first = run_child(&file, "pod-a");
-    let ctx = {
-        let mut config = Config::load(Some(&file)).expect("config");
-        config.telemetry.listen = "127.0.0.1:0".to_owned();
-        AppContext::connect(config).await.expect("connect")
-    };
+    let (mut first, ctx) = pod_a(&file).await;
     cardworker::commands::approvals::enqueue_approval(&ctx, id, None)
         .await
         .expect("enqueue");
@@ -840,10 +840,7 @@ async fn approval_killed_mid_post(acted: bool) {
         || async { gw.posts(id) == 1 },
     )
     .await;
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &first.0.id().to_string()])
-        .status();
-    let _ = first.0.wait();
+    first.kill_9();
     assert_eq!(
         approval_status(&db.pool, id).await,
         "pending",
@@ -854,13 +851,8 @@ async fn approval_killed_mid_post(acted: bool) {
     // the resubmission is approved).
     gw.script(id, Script::Answer("approved"));
     let expected = if acted { "declined" } else { "approved" };
-    let mut second = run_child(&file, "pod-b");
-    wait_until(
-        Duration::from_secs(60),
-        "recovery settled the approval",
-        || async { approval_status(&db.pool, id).await == expected },
-    )
-    .await;
+    let settled = || async { approval_status(&db.pool, id).await == expected };
+    let mut second = survivor(&file, "recovery settled the approval", settled).await;
     assert!(second.running(), "the survivor runs on");
     let seen = gw.seen(id);
     assert_eq!(seen.acted, 1, "the Gateway acted once");
