@@ -17,7 +17,7 @@ const SHORT_TASK: Acquired = Acquired::Short {
     reason: ShortReason::Task,
 };
 
-fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Config {
+pub(crate) fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Config {
     let mut c = Config::default();
     c.redis.url = redis_url().into();
     c.redis.key_prefix = redis.prefix.clone();
@@ -25,6 +25,32 @@ fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Con
     c.polling.carddata.limit = Limit::new(carddata).expect("a limit");
     c.polling.card_status.limit = Limit::new(card_status).expect("a limit");
     c
+}
+
+/// Asserts that `b` grants `task` a token for `lease`.
+pub(crate) async fn granted(b: &Budget, task: Task, lease: &str) {
+    let got = b.acquire(task, lease).await.unwrap();
+    assert_eq!(got, Acquired::Acquired, "{task} {lease}");
+}
+
+/// A fresh key prefix, a connection, and a budget on them of `total` tokens, `carddata` and
+/// `card_status` per task.
+pub(crate) async fn fresh_budget(
+    total: u32,
+    carddata: u32,
+    card_status: u32,
+) -> (TestRedis, ConnectionManager, Budget) {
+    let r = TestRedis::new().await;
+    let b = Budget::new(r.conn.clone(), &config(&r, total, carddata, card_status));
+    let conn = r.conn.clone();
+    (r, conn, b)
+}
+
+/// The lease sets of `r`'s prefix: the total's, carddata's and card_status's.
+fn lease_sets(r: &TestRedis) -> (String, String, String) {
+    let task = |t| budget::task_key(&r.prefix, t);
+    let total = budget::total_key(&r.prefix);
+    (total, task(Task::Carddata), task(Task::CardStatus))
 }
 
 async fn members(conn: &mut ConnectionManager, key: &str) -> Vec<String> {
@@ -48,20 +74,12 @@ async fn redis_now_ms(conn: &mut ConnectionManager) -> i64 {
 async fn both_tokens_are_taken_or_neither_when_either_budget_is_full() {
     let r = TestRedis::new().await;
     let mut conn = r.conn.clone();
-    let total = budget::total_key(&r.prefix);
-    let cd = budget::task_key(&r.prefix, Task::Carddata);
-    let cs = budget::task_key(&r.prefix, Task::CardStatus);
+    let (total, cd, cs) = lease_sets(&r);
 
     // Total full (2 of 2), carddata budget has room (1 of 2): nothing is added anywhere.
     let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
-    assert_eq!(
-        b.acquire(Task::Carddata, "a").await.unwrap(),
-        Acquired::Acquired
-    );
-    assert_eq!(
-        b.acquire(Task::CardStatus, "b").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "a").await;
+    granted(&b, Task::CardStatus, "b").await;
     assert_eq!(b.acquire(Task::Carddata, "c").await.unwrap(), SHORT_TOTAL);
     assert_eq!(members(&mut conn, &total).await, ["a", "b"]);
     assert_eq!(members(&mut conn, &cd).await, ["a"]);
@@ -79,10 +97,7 @@ async fn both_tokens_are_taken_or_neither_when_either_budget_is_full() {
 
     // Room in both: the same lease lands in both sets.
     let b = Budget::new(r.conn.clone(), &config(&r, 3, 2, 2));
-    assert_eq!(
-        b.acquire(Task::Carddata, "f").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "f").await;
     assert_eq!(members(&mut conn, &total).await, ["a", "b", "f"]);
     assert_eq!(members(&mut conn, &cd).await, ["a", "f"]);
     assert_eq!(members(&mut conn, &cs).await, ["b"]);
@@ -92,8 +107,7 @@ async fn both_tokens_are_taken_or_neither_when_either_budget_is_full() {
 async fn expired_leases_are_repaired_in_both_sets_by_the_same_call() {
     let r = TestRedis::new().await;
     let mut conn = r.conn.clone();
-    let total = budget::total_key(&r.prefix);
-    let cd = budget::task_key(&r.prefix, Task::Carddata);
+    let (total, cd, _) = lease_sets(&r);
     // A crashed worker's leases: expired long ago (score = expiry ms), in both sets.
     for key in [&total, &cd] {
         let _: i64 = redis::cmd("ZADD")
@@ -107,10 +121,7 @@ async fn expired_leases_are_repaired_in_both_sets_by_the_same_call() {
             .unwrap();
     }
     let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
-    assert_eq!(
-        b.acquire(Task::Carddata, "live").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "live").await;
     assert_eq!(members(&mut conn, &total).await, ["live"]);
     assert_eq!(members(&mut conn, &cd).await, ["live"]);
     let view = b.show().await.unwrap();
@@ -124,17 +135,9 @@ async fn expired_leases_are_repaired_in_both_sets_by_the_same_call() {
 
 #[tokio::test]
 async fn a_double_release_is_harmless() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
-    assert_eq!(
-        b.acquire(Task::Carddata, "x").await.unwrap(),
-        Acquired::Acquired
-    );
-    assert_eq!(
-        b.acquire(Task::CardStatus, "y").await.unwrap(),
-        Acquired::Acquired
-    );
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
+    granted(&b, Task::Carddata, "x").await;
+    granted(&b, Task::CardStatus, "y").await;
     assert_eq!(b.held_count(), 2);
     assert_eq!(b.release(&["x".to_owned()]).await.unwrap(), 1);
     assert_eq!(b.release(&["x".to_owned()]).await.unwrap(), 0);
@@ -179,7 +182,7 @@ async fn a_finished_poll_s_release_rides_on_the_next_acquire_so_each_admitted_jo
     .enumerate()
     {
         let lease = format!("l-{i}");
-        assert_eq!(b.acquire(task, &lease).await.unwrap(), Acquired::Acquired);
+        granted(&b, task, &lease).await;
         assert_eq!(
             members(&mut conn, &total).await,
             std::slice::from_ref(&lease)
@@ -213,13 +216,9 @@ async fn score(conn: &mut ConnectionManager, key: &str, member: &str) -> Option<
 
 #[tokio::test]
 async fn a_slot_that_turns_over_keeps_its_lease_id_re_scored_in_place_with_a_fresh_expiry() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let total = budget::total_key(&r.prefix);
-    let cd = budget::task_key(&r.prefix, Task::Carddata);
-    let cs = budget::task_key(&r.prefix, Task::CardStatus);
+    let (r, mut conn, b) = fresh_budget(1, 1, 1).await;
+    let (total, cd, cs) = lease_sets(&r);
     // One total token: each acquire is granted only because it takes the finished poll's slot.
-    let b = Budget::new(r.conn.clone(), &config(&r, 1, 1, 1));
     assert_eq!(
         b.acquire_slot(Task::Carddata, "l-0").await.unwrap(),
         (Acquired::Acquired, "l-0".to_owned())
@@ -256,10 +255,7 @@ async fn a_slot_that_turns_over_keeps_its_lease_id_re_scored_in_place_with_a_fre
     assert_eq!(b.carried_count(), 0);
     // `acquire` never takes a lease over: the poll holds the id it asked with.
     b.finish_carried(Task::CardStatus, "l-0".to_owned(), CallReport::Ok, 0, "c");
-    assert_eq!(
-        b.acquire(Task::Carddata, "l-3").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "l-3").await;
     assert_eq!(members(&mut conn, &total).await, ["l-3"]);
     assert_eq!(b.release_held().await.unwrap(), 1);
     assert_eq!(b.show().await.unwrap().total.in_use, 0);
@@ -267,9 +263,7 @@ async fn a_slot_that_turns_over_keeps_its_lease_id_re_scored_in_place_with_a_fre
 
 #[tokio::test]
 async fn an_acquire_carries_its_own_task_s_finishes_first_and_the_rest_are_flushed_within_ms() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
     for (task, lease) in [(Task::Carddata, "d"), (Task::CardStatus, "s")] {
         assert_eq!(
             b.acquire_slot(task, lease).await.unwrap(),
@@ -302,11 +296,8 @@ async fn an_acquire_carries_its_own_task_s_finishes_first_and_the_rest_are_flush
 
 #[tokio::test]
 async fn a_slot_taken_over_still_obeys_a_lowered_limit_a_pause_and_an_open_circuit() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let total = budget::total_key(&r.prefix);
-    let cd = budget::task_key(&r.prefix, Task::Carddata);
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
+    let (total, cd, _) = lease_sets(&r);
     for lease in ["a", "b"] {
         assert_eq!(
             b.acquire_slot(Task::Carddata, lease).await.unwrap(),
@@ -364,17 +355,9 @@ async fn a_slot_taken_over_still_obeys_a_lowered_limit_a_pause_and_an_open_circu
 
 #[tokio::test]
 async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_what_is_carried() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
-    assert_eq!(
-        b.acquire(Task::Carddata, "f").await.unwrap(),
-        Acquired::Acquired
-    );
-    assert_eq!(
-        b.acquire(Task::Carddata, "g").await.unwrap(),
-        Acquired::Acquired
-    );
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
+    granted(&b, Task::Carddata, "f").await;
+    granted(&b, Task::Carddata, "g").await;
     b.finish_carried(
         Task::Carddata,
         "f".to_owned(),
@@ -402,9 +385,7 @@ async fn a_carried_finish_counts_its_failure_in_the_circuit_and_shutdown_sends_w
 
 #[tokio::test]
 async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 8, 2, 2));
+    let (r, mut conn, b) = fresh_budget(8, 2, 2).await;
     for garbage in ["0", "-3", "abc", "1e9", "2.5", "999999999999999999999"] {
         let _: i64 = redis::cmd("HSET")
             .arg(budget::overrides_key(&r.prefix))
@@ -445,10 +426,7 @@ async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
     b.set_override(Task::Carddata, Limit::new(1).expect("a limit"))
         .await
         .unwrap();
-    assert_eq!(
-        b.acquire(Task::Carddata, "m1").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "m1").await;
     assert_eq!(b.acquire(Task::Carddata, "m2").await.unwrap(), SHORT_TASK);
     let small_total = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
     b.set_override(Task::CardStatus, Limit::new(8).expect("a limit"))
@@ -468,10 +446,7 @@ async fn an_invalid_override_in_redis_falls_back_to_the_config_limit() {
         }
     );
     b.resume(&[Task::Carddata]).await.unwrap();
-    assert_eq!(
-        b.acquire(Task::Carddata, "m3").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "m3").await;
 }
 
 /// Reads Redis's MONITOR stream on a raw connection until `until` appears in a line.
@@ -574,10 +549,7 @@ async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        b.acquire(Task::Carddata, "other").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "other").await;
     assert_eq!(
         members(&mut conn, &budget::total_key(&r.prefix)).await,
         ["other"]
@@ -689,18 +661,9 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
         "gateway asked us to slow down",
     ]);
     let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 3));
-    assert_eq!(
-        b.acquire(Task::Carddata, "p1").await.unwrap(),
-        Acquired::Acquired
-    );
-    assert_eq!(
-        b.acquire(Task::CardStatus, "p2").await.unwrap(),
-        Acquired::Acquired
-    );
-    assert_eq!(
-        b.acquire(Task::CardStatus, "p3").await.unwrap(),
-        Acquired::Acquired
-    );
+    granted(&b, Task::Carddata, "p1").await;
+    granted(&b, Task::CardStatus, "p2").await;
+    granted(&b, Task::CardStatus, "p3").await;
     // A pause stops new tokens; the ones held keep counting until released.
     ok(&["budget", "pause", "--task", "carddata"]);
 

@@ -6,21 +6,12 @@
 use std::time::Duration;
 
 use cardworker::budget::{self, Acquired, Budget, CallReport, ShortReason};
-use cardworker::config::{Config, Task};
+use cardworker::config::Task;
 use cardworker::limit::Limit;
 use redis::aio::ConnectionManager;
 
-use crate::harness::{redis_url, TestRedis};
-
-fn config(redis: &TestRedis, total: u32, carddata: u32, card_status: u32) -> Config {
-    let mut c = Config::default();
-    c.redis.url = redis_url().into();
-    c.redis.key_prefix = redis.prefix.clone();
-    c.polling.total_limit = Limit::new(total).expect("a limit");
-    c.polling.carddata.limit = Limit::new(carddata).expect("a limit");
-    c.polling.card_status.limit = Limit::new(card_status).expect("a limit");
-    c
-}
+use crate::budget::{config, fresh_budget};
+use crate::harness::TestRedis;
 
 async fn card(conn: &mut ConnectionManager, key: &str) -> u64 {
     redis::cmd("ZCARD")
@@ -63,9 +54,7 @@ async fn keep_slots(b: &Budget, task: Task, n: usize) {
 
 #[tokio::test]
 async fn after_a_renewal_allows_it_a_poll_starts_on_the_kept_slot_without_a_redis_call() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
     let first = poll_once(&b, Task::Carddata, CallReport::Ok).await;
     assert_eq!(b.idle_count(), 1, "the finished poll's slot is kept");
     b.renew().await.expect("renew");
@@ -122,9 +111,7 @@ async fn a_renewal_refreshes_a_kept_slot_s_expiry_from_redis_time() {
 
 #[tokio::test]
 async fn a_pause_reaches_a_process_that_keeps_slots_at_its_next_renewal_and_its_slots_go_back() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
     poll_once(&b, Task::Carddata, CallReport::Ok).await;
     b.renew().await.expect("renew");
     b.pause(&[Task::Carddata]).await.unwrap();
@@ -149,9 +136,7 @@ async fn a_pause_reaches_a_process_that_keeps_slots_at_its_next_renewal_and_its_
 
 #[tokio::test]
 async fn a_lowered_limit_makes_a_process_give_back_the_slots_it_keeps_over_it() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 8, 4, 4));
+    let (r, mut conn, b) = fresh_budget(8, 4, 4).await;
     // Three polls at once, then all three slots kept.
     keep_slots(&b, Task::Carddata, 3).await;
     b.renew().await.expect("renew");
@@ -253,9 +238,7 @@ async fn a_kept_slot_lost_with_redis_is_dropped_and_never_re_created_past_the_li
 #[tokio::test]
 async fn successes_on_kept_slots_are_counted_before_the_next_failure_so_the_window_keeps_their_order(
 ) {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
     let window = budget::circuit::window_key(&r.prefix, Task::Carddata);
     let read = |mut conn: ConnectionManager| {
         let window = window.clone();
@@ -298,9 +281,7 @@ async fn successes_on_kept_slots_are_counted_before_the_next_failure_so_the_wind
 
 #[tokio::test]
 async fn a_process_with_nothing_to_do_gives_its_kept_slots_back_and_stops_renewing() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 4, 2, 2));
+    let (r, mut conn, b) = fresh_budget(4, 2, 2).await;
     poll_once(&b, Task::Carddata, CallReport::Ok).await;
     until("the idle slot goes back", || b.idle_count() == 0).await;
     until("the slot is released in Redis", || b.carried_count() == 0).await;
@@ -325,9 +306,7 @@ async fn a_process_with_nothing_to_do_gives_its_kept_slots_back_and_stops_renewi
 #[tokio::test]
 async fn a_poll_refused_a_total_token_makes_its_own_process_give_back_the_other_task_s_idle_slots()
 {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let b = Budget::new(r.conn.clone(), &config(&r, 2, 2, 2));
+    let (r, mut conn, b) = fresh_budget(2, 2, 2).await;
     keep_slots(&b, Task::Carddata, 2).await;
     b.renew().await.expect("renew");
     assert_eq!(b.idle_count(), 2);
