@@ -12,7 +12,8 @@ use cardworker::sim::{SimHandle, Simulator};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 
-use crate::harness::{metric_value, start_in_process};
+use crate::harness::{metric_value, start_in_process, TestDb};
+use crate::private::PrivateRedis;
 
 /// The Redis key prefix of every fault test: its Redis is its own.
 pub const PREFIX: &str = "cw";
@@ -144,6 +145,16 @@ impl Drop for Child {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// What most fault tests start from: a fresh database, a redis-server of the test's own (no
+/// persistence) and the Gateway simulator on a free port, answering after `latency_ms`.
+pub async fn services(latency_ms: u64) -> (TestDb, PrivateRedis, Simulator, SimHandle) {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle) = simulator().await;
+    sim.set_latency(latency_ms, 0);
+    (db, redis, sim, sim_handle)
 }
 
 /// The Gateway simulator on a free port, answering at once.

@@ -9,11 +9,11 @@ use cardworker::config::{Config, Task};
 
 use cardworker::context;
 use cardworker::limit::Limit;
-use cardworker::sim::{SimStats, Simulator};
+use cardworker::sim::SimStats;
 use tokio::sync::oneshot;
 
-use crate::faults::{self, config_on, insert_cards, InProcess, NEVER};
-use crate::harness::{wait_until, TestDb};
+use crate::faults::{self, config_on, insert_cards, services, InProcess, NEVER};
+use crate::harness::wait_until;
 use crate::private::PrivateRedis;
 
 /// How long the simulator takes to answer every card read: past the client's timeout (1 s),
@@ -44,10 +44,7 @@ fn assert_within_limits(stats: &SimStats) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gateway_answers_it() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(ANSWER_AFTER_MS, 0);
+    let (db, redis, sim, sim_handle) = services(ANSWER_AFTER_MS).await;
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let mut config = config_on(&db.url, &redis.url(), &sim_handle.base_url());
@@ -248,11 +245,8 @@ async fn an_abandoned_call_that_outlasts_its_lease_keeps_its_tokens_until_its_de
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_while_its_polls_wait_for_the_gateway_leaves_their_tokens_held_while_the_calls_run(
 ) {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
     // Answered within the client's timeout (7 s), long after the shutdown grace (1 s).
-    sim.set_latency(5_000, 0);
+    let (db, redis, sim, sim_handle) = services(5_000).await;
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let mut config = faults::two_token_config(&db.url, &redis.url(), &sim_handle.base_url());

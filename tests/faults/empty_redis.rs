@@ -6,11 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use cardworker::sim::Simulator;
-
-use crate::faults::{self, insert_cards, two_token_config, InProcess};
-use crate::harness::{wait_until, TestDb};
-use crate::private::PrivateRedis;
+use crate::faults::{self, insert_cards, services, two_token_config, InProcess};
+use crate::harness::wait_until;
 
 /// Longer than Redis's down time and the worker's recovery of its chains, so that the polls in
 /// flight when Redis goes are still at the Gateway when new polls could be admitted.
@@ -19,10 +16,7 @@ const SLOW_MS: u64 = 25_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polls_in_flight_when_redis_comes_back_empty_still_count_against_the_limits_and_their_cards_are_not_polled_again_at_once(
 ) {
-    let db = TestDb::new().await;
-    let mut redis = PrivateRedis::start_new(false);
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(SLOW_MS, 0);
+    let (db, mut redis, sim, sim_handle) = services(SLOW_MS).await;
     let mut config = two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
     config.gateway.timeout_ms = 30_000;
     config.polling.handler_timeout_secs = 32;

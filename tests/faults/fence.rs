@@ -14,7 +14,7 @@ use cardworker::context;
 use cardworker::polling::reconcile;
 use cardworker::sim::{SimHandle, SimStats, Simulator};
 
-use crate::faults::{insert_cards, simulator, start_chains, two_token_config, InProcess};
+use crate::faults::{insert_cards, services, simulator, start_chains, two_token_config, InProcess};
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 
@@ -175,6 +175,26 @@ async fn polled_again_after_the_fence(sim: &Simulator, fence: Duration, since: I
     .await;
 }
 
+/// Waits up to 10 s until the Redis at `redis_url` holds the deployment's epoch marker (a
+/// worker's Redis probe wrote it, or wrote it again after a loss).
+pub(crate) async fn epoch_marker_written(redis_url: &str, what: &str) {
+    let admin = context::connect_redis(redis_url).await.expect("redis");
+    let epoch = cardworker::keys::epoch_key("cw");
+    wait_until(Duration::from_secs(10), what, || {
+        let mut admin = admin.clone();
+        let epoch = epoch.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&epoch)
+                .query_async::<i64>(&mut admin)
+                .await
+                .unwrap_or(0)
+                == 1
+        }
+    })
+    .await;
+}
+
 /// A pod of the test's own: admits polls of `cards` through the budget as a worker does and sends
 /// each admitted one to the simulator, holding its tokens until the answer. Runs until `stop`.
 fn pod(
@@ -277,21 +297,7 @@ async fn a_restart_from_an_append_only_file_that_missed_its_last_writes_admits_n
     ran_before(&db, &redis.url()).await;
     let worker = InProcess::start(config.clone()).await;
     let fence = worker.ctx.budget.fence_length();
-    let admin = context::connect_redis(&redis.url()).await.expect("redis");
-    let epoch = cardworker::runner::redis_watch::epoch_key("cw");
-    wait_until(Duration::from_secs(10), "the epoch marker", || {
-        let mut admin = admin.clone();
-        let epoch = epoch.clone();
-        async move {
-            redis::cmd("EXISTS")
-                .arg(&epoch)
-                .query_async::<i64>(&mut admin)
-                .await
-                .unwrap_or(0)
-                == 1
-        }
-    })
-    .await;
+    epoch_marker_written(&redis.url(), "the epoch marker").await;
     // The file as it stands before any poll is admitted: what survives the crash below.
     let aof = redis.aof();
     let kept = std::fs::metadata(&aof).expect("the append-only file").len();
@@ -426,10 +432,7 @@ async fn due_times(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_fenced_after_a_flushall_is_deferred_to_the_fence_s_end_not_again_and_again_within_it(
 ) {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(50, 0);
+    let (db, redis, sim, sim_handle) = services(50).await;
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let config = config(&db, &redis.url(), &sim_handle.base_url());

@@ -14,12 +14,10 @@ use cardworker::gateway::CardStatus;
 use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
-use crate::faults;
-use crate::harness::{wait_until, TestDb};
-use crate::private::PrivateRedis;
+use crate::faults::{self, services};
+use crate::harness::wait_until;
 use crate::scenarios::{
     assert_one_chain_each, count, insert_cards, insert_payment, payment_status, polls_per_card,
-    simulator,
 };
 
 /// One fault of the string.
@@ -211,9 +209,7 @@ async fn every_card_polled(conn: &ConnectionManager, limit: Duration, what: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_short_redis_outages_in_two_minutes_stop_no_process_lose_no_job_and_every_card_is_polled_again_within_45_s(
 ) {
-    let db = TestDb::new().await;
-    let mut redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
+    let (db, mut redis, sim, sim_handle) = services(0).await;
     let cards = insert_cards(&db.pool, CARDS).await;
     for card in &cards[CARDS - CALLBACK_CARDS..] {
         sim.set_card_status(card, CardStatus::Frozen);

@@ -14,7 +14,7 @@ use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
 use crate::faults::{
-    config_on, insert_cards, simulator, start_chains, two_token_config, Child, InProcess, NEVER,
+    config_on, insert_cards, services, start_chains, two_token_config, Child, InProcess, NEVER,
     PREFIX,
 };
 use crate::harness::{wait_until, TestDb};
@@ -137,10 +137,7 @@ async fn hold_within_limits(sim: &Simulator, d: Duration, when: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls_reach_the_gateway_than_the_limits(
 ) {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(SLOW_MS, 0);
+    let (db, redis, sim, sim_handle) = services(SLOW_MS).await;
     let mut config = two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
     slow_calls(&mut config, 25, 40);
     insert_cards(&db.pool, 6).await;
@@ -192,10 +189,7 @@ async fn a_stalled_reset_or_unregistered_worker_connection_never_lets_more_polls
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_an_acquire_is_under_way_leaves_no_token_in_use_after_the_exit() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(100, 0);
+    let (db, redis, sim, sim_handle) = services(100).await;
     insert_cards(&db.pool, 20).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("cardworker.toml");
@@ -462,10 +456,7 @@ async fn failure_records(pool: &PgPool) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_and_no_stale_poll_parks_it(
 ) {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(RESTART_LATENCY.as_millis() as u64, 0);
+    let (db, redis, sim, sim_handle) = services(RESTART_LATENCY.as_millis() as u64).await;
     let cards = insert_cards(&db.pool, 4).await;
     for card in &cards {
         sim.fail_card(card);
@@ -571,10 +562,7 @@ async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_
     // list. Here the job is put back by hand while its poll is at the Gateway (the orphan
     // recovery's `RPUSH` of the in-flight id, without waiting out the window): the second
     // delivery carries the card's live chain id and must still not call the Gateway.
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(12_000, 0);
+    let (db, redis, sim, sim_handle) = services(12_000).await;
     let config = second_delivery_config(&db, &redis, &sim_handle.base_url());
     insert_cards(&db.pool, 1).await;
     let worker = InProcess::start(config).await;
@@ -645,10 +633,7 @@ async fn a_second_delivery_deferred_while_its_first_is_at_the_gateway_leaves_the
     // not write a successor of the running poll's turn nor clear its run marker, else the
     // successor reaches the Gateway while the first call is still there, and the first poll's own
     // outcome is refused as stale.
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
-    sim.set_latency(12_000, 0);
+    let (db, redis, sim, sim_handle) = services(12_000).await;
     let mut config = second_delivery_config(&db, &redis, &sim_handle.base_url());
     config.polling.defer_delay_secs = 1;
     config.polling.defer_max_delay_secs = 1;

@@ -15,7 +15,7 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands as _;
 use sqlx::PgPool;
 
-use crate::faults::{self, Child, InProcess};
+use crate::faults::{self, services, Child, InProcess};
 use crate::harness::{wait_until, TestDb};
 use crate::private::{PrivatePg, PrivateRedis};
 
@@ -226,9 +226,7 @@ async fn redis_restarted_with_its_data_is_ridden_out_and_the_same_chains_go_on()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_longer_than_the_grace_still_stops_the_process_non_zero() {
-    let db = TestDb::new().await;
-    let mut redis = PrivateRedis::start_new(false);
-    let (_sim, sim_handle) = simulator().await;
+    let (db, mut redis, _sim, sim_handle) = services(0).await;
     let mut worker = InProcess::start(config_on(&db.url, &redis, &sim_handle.base_url(), 2)).await;
     redis.stop();
     let ended = worker
@@ -469,9 +467,7 @@ fn run_child(config_file: &std::path::Path, pod: &str) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_with_sigkill_mid_payment_leaves_one_submission_settled_by_recovery() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
+    let (db, redis, sim, sim_handle) = services(0).await;
     let payment = insert_payment(&db.pool).await;
     sim.set_payment_behaviour(payment, PaymentBehaviour::Hang);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -558,9 +554,7 @@ listen = "127.0.0.1:0"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_intake_entries_go_to_the_dead_set_with_a_reason_and_no_worker_stops() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (_sim, sim_handle) = simulator().await;
+    let (db, redis, _sim, sim_handle) = services(0).await;
     let worker = InProcess::start(config_on(&db.url, &redis, &sim_handle.base_url(), 60)).await;
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
     let poison: [(&str, &[u8]); 6] = [
@@ -696,9 +690,7 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_enqueued_before_redis_is_flushed_is_submitted_exactly_once_by_recovery() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle) = simulator().await;
+    let (db, redis, sim, sim_handle) = services(0).await;
     let mut config = config_on(&db.url, &redis, &sim_handle.base_url(), 60);
     config.approvals.recovery_after_secs = 10;
     config.approvals.recovery_cron = "* * * * * *".to_owned();
