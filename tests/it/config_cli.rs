@@ -47,6 +47,17 @@ fn assert_refused(toml: &str, key: &str, value: &str) {
     );
 }
 
+/// The error output of `check-config` with no file and the one env variable `var` = `value`,
+/// which it refuses (exit status 2).
+fn refused_env(var: &str, value: &str) -> String {
+    refused(&check_config("", &[(var, value)]))
+}
+
+/// Asserts that the error output `stderr` contains `part`.
+fn says(stderr: &str, part: &str) {
+    assert!(stderr.contains(part), "{stderr}");
+}
+
 #[test]
 fn a_total_limit_of_zero_is_refused_naming_the_key() {
     assert_refused("[polling]\ntotal_limit = 0\n", "polling.total_limit", "0");
@@ -112,7 +123,7 @@ fn an_invalid_env_override_is_refused_like_the_file() {
     let out = check_config("", &[("CARDWORKER__POLLING__TOTAL_LIMIT", "0")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("polling.total_limit"), "{stderr}");
+    says(&stderr, "polling.total_limit");
 }
 
 #[test]
@@ -181,16 +192,11 @@ fn a_usage_error_exits_with_status_two() {
 
 #[test]
 fn an_env_override_that_is_not_a_number_names_the_env_variable_as_its_source() {
-    let stderr = refused(&check_config(
-        "",
-        &[("CARDWORKER__POLLING__TOTAL_LIMIT", "abc")],
-    ));
-    assert!(
-        stderr.contains(
-            "polling.total_limit = \"abc\" (from env CARDWORKER__POLLING__TOTAL_LIMIT): \
-             must be an integer in 1..=256"
-        ),
-        "{stderr}"
+    let stderr = refused_env("CARDWORKER__POLLING__TOTAL_LIMIT", "abc");
+    says(
+        &stderr,
+        "polling.total_limit = \"abc\" (from env CARDWORKER__POLLING__TOTAL_LIMIT): \
+         must be an integer in 1..=256",
     );
 }
 
@@ -198,11 +204,9 @@ fn an_env_override_that_is_not_a_number_names_the_env_variable_as_its_source() {
 fn a_bad_value_in_the_file_names_the_file_as_given_on_the_command_line() {
     let (out, path) = check_config_file("[polling]\ntotal_limit = 0\n", &[]);
     let stderr = refused(&out);
-    assert!(
-        stderr.contains(&format!(
-            "polling.total_limit = 0 (from {path}): must be an integer in 1..=256"
-        )),
-        "{stderr}"
+    says(
+        &stderr,
+        &format!("polling.total_limit = 0 (from {path}): must be an integer in 1..=256"),
     );
 }
 
@@ -222,9 +226,9 @@ fn a_file_named_by_cardworker_config_is_named_as_written_there() {
         .output()
         .expect("run");
     let stderr = refused(&out);
-    assert!(
-        stderr.contains("polling.total_limt = 4 (from conf/x.toml): unknown key"),
-        "{stderr}"
+    says(
+        &stderr,
+        "polling.total_limt = 4 (from conf/x.toml): unknown key",
     );
 }
 
@@ -259,26 +263,22 @@ fn a_relation_between_a_file_value_and_an_env_value_names_the_source_of_each() {
         &[("CARDWORKER__GATEWAY__TIMEOUT_MS", "20000")],
     );
     let stderr = refused(&out);
-    assert!(
-        stderr.contains(&format!(
-            "polling.handler_timeout_secs = 10 (from {path}): "
-        )),
-        "{stderr}"
+    says(
+        &stderr,
+        &format!("polling.handler_timeout_secs = 10 (from {path}): "),
     );
-    assert!(
-        stderr.contains(
-            "checked against gateway.timeout_ms = 20000 (from env CARDWORKER__GATEWAY__TIMEOUT_MS)"
-        ),
-        "{stderr}"
+    says(
+        &stderr,
+        "checked against gateway.timeout_ms = 20000 (from env CARDWORKER__GATEWAY__TIMEOUT_MS)",
     );
 }
 
 #[test]
 fn an_unknown_env_override_names_the_env_variable_as_its_source() {
-    let stderr = refused(&check_config("", &[("CARDWORKER__POLLING__BOGUS", "1")]));
-    assert!(
-        stderr.contains("polling.bogus = 1 (from env CARDWORKER__POLLING__BOGUS): unknown key"),
-        "{stderr}"
+    let stderr = refused_env("CARDWORKER__POLLING__BOGUS", "1");
+    says(
+        &stderr,
+        "polling.bogus = 1 (from env CARDWORKER__POLLING__BOGUS): unknown key",
     );
 }
 
@@ -301,14 +301,11 @@ fn every_line_of_a_report_with_several_problems_starts_the_same_way() {
         assert!(line.starts_with("  - "), "{line:?} in {stderr}");
         assert!(line.contains(" (from "), "{line:?} names no source");
     }
-    assert!(
-        stderr.contains(&format!("  - polling.bogus = 1 (from {path}): unknown key")),
-        "{stderr}"
+    says(
+        &stderr,
+        &format!("  - polling.bogus = 1 (from {path}): unknown key"),
     );
-    assert!(
-        stderr.contains("(from env CARDWORKER__POLLING__RECONCILE_CRON)"),
-        "{stderr}"
-    );
+    says(&stderr, "(from env CARDWORKER__POLLING__RECONCILE_CRON)");
 }
 
 #[test]
@@ -328,15 +325,12 @@ fn the_console_refuses_an_admin_token_from_a_config_file_with_exit_2_naming_key_
         .output()
         .expect("run cardworker console");
     let stderr = refused(&out);
-    assert!(stderr.contains("console.admin_token"), "{stderr}");
+    says(&stderr, "console.admin_token");
     assert!(
         stderr.contains(&format!("(from {})", path.display())),
         "{stderr}"
     );
-    assert!(
-        stderr.contains("CARDWORKER__CONSOLE__ADMIN_TOKEN"),
-        "{stderr}"
-    );
+    says(&stderr, "CARDWORKER__CONSOLE__ADMIN_TOKEN");
     assert!(
         !stderr.contains("abcdefghijklmnop"),
         "the token is not echoed: {stderr}"
@@ -357,15 +351,10 @@ fn the_console_refuses_an_admin_token_from_a_config_file_with_exit_2_naming_key_
 
 #[test]
 fn a_misspelled_override_with_one_underscore_exits_2_naming_it_and_the_valid_one() {
-    let stderr = refused(&check_config(
-        "",
-        &[("CARDWORKER_POLLING__TOTAL_LIMIT", "abc")],
-    ));
-    assert!(
-        stderr.contains(
-            "CARDWORKER_POLLING__TOTAL_LIMIT = \"abc\" (from env CARDWORKER_POLLING__TOTAL_LIMIT): \
-             unknown variable; did you mean CARDWORKER__POLLING__TOTAL_LIMIT?"
-        ),
-        "{stderr}"
+    let stderr = refused_env("CARDWORKER_POLLING__TOTAL_LIMIT", "abc");
+    says(
+        &stderr,
+        "CARDWORKER_POLLING__TOTAL_LIMIT = \"abc\" (from env CARDWORKER_POLLING__TOTAL_LIMIT): \
+         unknown variable; did you mean CARDWORKER__POLLING__TOTAL_LIMIT?",
     );
 }

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use cardworker::config::{Config, ConfigError, LogFormat, Source, CONFIG_PATH_ENV};
 
-use crate::config_support::{bundled, env, file_source, from_str, from_str_env, problem_for};
+use crate::config_support::{
+    bundled, env, file_source, from_str, from_str_env, problem_for, refused, refused_as,
+    refused_with_env,
+};
 
 #[test]
 fn each_source_is_shown_as_the_message_names_it() {
@@ -28,32 +31,24 @@ fn each_source_is_shown_as_the_message_names_it() {
 
 #[test]
 fn unknown_key_is_refused_naming_the_dotted_key() {
-    let p = problem_for(from_str("[polling]\nbogus = 1"), "polling.bogus");
+    let p = refused("[polling]\nbogus = 1", "polling.bogus");
     assert_eq!(p.value, "1");
     assert!(p.allowed.starts_with("unknown key"), "{p}");
     assert!(p.allowed.contains("total_limit"), "{p}");
-    problem_for(
-        from_str("[polling.carddata]\nlimitt = 2"),
-        "polling.carddata.limitt",
-    );
+    refused("[polling.carddata]\nlimitt = 2", "polling.carddata.limitt");
 }
 
 #[test]
 fn unknown_section_is_refused_naming_the_dotted_key() {
-    let p = problem_for(from_str("[polling.foo]\nlimit = 1"), "polling.foo");
+    let p = refused("[polling.foo]\nlimit = 1", "polling.foo");
     assert!(p.allowed.starts_with("unknown key"), "{p}");
-    let p = problem_for(from_str("[bogus]\nx = 1"), "bogus");
-    assert!(p.allowed.contains("the top level"), "{p}");
+    refused_as("[bogus]\nx = 1", "bogus", "the top level");
 }
 
 #[test]
 fn a_value_where_a_section_is_due_is_refused() {
-    let p = problem_for(from_str("polling = 3"), "polling");
-    assert!(p.allowed.contains("section"), "{p}");
-    problem_for(
-        from_str("[polling.total_limit]\nx = 1"),
-        "polling.total_limit",
-    );
+    refused_as("polling = 3", "polling", "section");
+    refused("[polling.total_limit]\nx = 1", "polling.total_limit");
 }
 
 #[test]
@@ -90,10 +85,7 @@ fn env_override_of_the_wrong_type_is_refused_naming_the_key() {
 
 #[test]
 fn unknown_env_override_is_refused_naming_the_dotted_key() {
-    let p = problem_for(
-        from_str_env("", &[("CARDWORKER__POLLING__BOGUS", "1")]),
-        "polling.bogus",
-    );
+    let p = refused_with_env("", ("CARDWORKER__POLLING__BOGUS", "1"), "polling.bogus");
     assert_eq!(
         p.source,
         Source::Env("CARDWORKER__POLLING__BOGUS".to_owned()),
@@ -104,17 +96,15 @@ fn unknown_env_override_is_refused_naming_the_dotted_key() {
             .starts_with("polling.bogus = 1 (from env CARDWORKER__POLLING__BOGUS): unknown key"),
         "{p}"
     );
-    let p = problem_for(
-        from_str_env("", &[("CARDWORKER__POLLING__", "1")]),
-        "CARDWORKER__POLLING__",
-    );
+    let p = refused_with_env("", ("CARDWORKER__POLLING__", "1"), "CARDWORKER__POLLING__");
     assert_eq!(p.source, Source::Env("CARDWORKER__POLLING__".to_owned()));
 }
 
 #[test]
 fn a_misspelled_override_is_refused_naming_it_and_the_closest_valid_variable() {
-    let p = problem_for(
-        from_str_env("", &[("CARDWORKER_POLLING__TOTAL_LIMIT", "abc")]),
+    let p = refused_with_env(
+        "",
+        ("CARDWORKER_POLLING__TOTAL_LIMIT", "abc"),
         "CARDWORKER_POLLING__TOTAL_LIMIT",
     );
     assert_eq!(
@@ -129,10 +119,7 @@ fn a_misspelled_override_is_refused_naming_it_and_the_closest_valid_variable() {
         ),
         "{p}"
     );
-    let p = problem_for(
-        from_str_env("", &[("CARDWORKER_OPERATR", "ann")]),
-        "CARDWORKER_OPERATR",
-    );
+    let p = refused_with_env("", ("CARDWORKER_OPERATR", "ann"), "CARDWORKER_OPERATR");
     assert!(
         p.allowed.contains("did you mean CARDWORKER_OPERATOR?"),
         "{p}"
@@ -283,11 +270,9 @@ fn an_unknown_key_in_the_file_names_the_file() {
 
 #[test]
 fn the_env_wins_over_the_file_and_is_named_as_the_source() {
-    let p = problem_for(
-        from_str_env(
-            "[polling.carddata]\nlimit = 2",
-            &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "300")],
-        ),
+    let p = refused_with_env(
+        "[polling.carddata]\nlimit = 2",
+        ("CARDWORKER__POLLING__CARDDATA__LIMIT", "300"),
         "polling.carddata.limit",
     );
     assert_eq!(p.value, "300");
@@ -301,8 +286,8 @@ fn the_env_wins_over_the_file_and_is_named_as_the_source() {
 fn a_key_set_only_by_the_defaults_is_named_as_default() {
     // The file sets other keys of [polling]; lease_ttl_secs keeps its default 60, which
     // the file's handler timeout of 58 makes too short.
-    let p = problem_for(
-        from_str("[polling]\nhandler_timeout_secs = 58\ntotal_limit = 8"),
+    let p = refused(
+        "[polling]\nhandler_timeout_secs = 58\ntotal_limit = 8",
         "polling.lease_ttl_secs",
     );
     assert_eq!(p.source, Source::Default);

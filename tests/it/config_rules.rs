@@ -2,20 +2,29 @@
 //! refused value names its key, the value given and its source, and for a relation the other
 //! key and its source too.
 
-use cardworker::config::{Config, Source};
+use cardworker::config::{Config, Problem, Source};
 
 use cardworker::limit::{Limit, LIMIT_CEILING};
 
 use crate::config_support::{
-    bundled, env_source, file_source, from_str, from_str_env, problem_for, problems,
+    bundled, env_source, file_source, from_str, from_str_env, problem_for, problems, refused,
+    refused_as, refused_with_env,
 };
+
+/// The problem of `polling.total_limit = value`, which names the value as given and the range.
+fn total_limit_refused(value: &str) -> Problem {
+    let p = refused(
+        &format!("polling.total_limit = {value}"),
+        "polling.total_limit",
+    );
+    assert_eq!(p.value, value);
+    assert!(p.allowed.contains("integer in 1..=256"), "{p}");
+    p
+}
 
 #[test]
 fn total_limit_of_zero_is_refused_naming_the_key() {
-    let p = problem_for(
-        from_str("[polling]\ntotal_limit = 0"),
-        "polling.total_limit",
-    );
+    let p = refused("[polling]\ntotal_limit = 0", "polling.total_limit");
     assert_eq!(
         p.to_string(),
         "polling.total_limit = 0 (from test.toml): must be an integer in 1..=256"
@@ -24,34 +33,22 @@ fn total_limit_of_zero_is_refused_naming_the_key() {
 
 #[test]
 fn negative_total_limit_is_refused_naming_the_key() {
-    let p = problem_for(from_str("polling.total_limit = -1"), "polling.total_limit");
-    assert_eq!(p.value, "-1");
-    assert!(p.allowed.contains("1..=256"));
+    total_limit_refused("-1");
 }
 
 #[test]
 fn fractional_total_limit_is_refused_naming_the_key() {
-    let p = problem_for(from_str("polling.total_limit = 3.5"), "polling.total_limit");
-    assert_eq!(p.value, "3.5");
-    assert!(p.allowed.contains("integer in 1..=256"));
+    total_limit_refused("3.5");
 }
 
 #[test]
 fn non_numeric_total_limit_is_refused_naming_the_key() {
-    let p = problem_for(
-        from_str("polling.total_limit = \"abc\""),
-        "polling.total_limit",
-    );
-    assert_eq!(p.value, "\"abc\"");
-    assert!(p.allowed.contains("integer in 1..=256"));
+    total_limit_refused("\"abc\"");
 }
 
 #[test]
 fn total_limit_above_the_ceiling_is_refused_naming_the_key() {
-    let p = problem_for(
-        from_str("polling.total_limit = 100000"),
-        "polling.total_limit",
-    );
+    let p = total_limit_refused("100000");
     assert_eq!(
         p.to_string(),
         "polling.total_limit = 100000 (from test.toml): must be an integer in 1..=256"
@@ -60,9 +57,7 @@ fn total_limit_above_the_ceiling_is_refused_naming_the_key() {
 
 #[test]
 fn infinite_total_limit_is_refused_naming_the_key() {
-    let p = problem_for(from_str("polling.total_limit = inf"), "polling.total_limit");
-    assert_eq!(p.value, "inf");
-    assert!(p.allowed.contains("integer in 1..=256"));
+    total_limit_refused("inf");
 }
 
 #[test]
@@ -73,14 +68,14 @@ fn total_limit_at_the_ceiling_is_accepted() {
 
 #[test]
 fn bad_cron_is_refused_naming_the_key() {
-    let p = problem_for(
-        from_str("polling.reconcile_cron = \"every ten minutes\""),
+    refused_as(
+        "polling.reconcile_cron = \"every ten minutes\"",
         "polling.reconcile_cron",
+        "six or seven fields",
     );
-    assert!(p.allowed.contains("six or seven fields"), "{p}");
     // Five fields (no seconds) is refused.
-    problem_for(
-        from_str("maintenance.archive_cron = \"30 3 * * *\""),
+    refused(
+        "maintenance.archive_cron = \"30 3 * * *\"",
         "maintenance.archive_cron",
     );
     from_str("payments.recovery_cron = \"*/30 * * * * *\"").expect("valid");
@@ -102,10 +97,7 @@ fn urls_need_the_right_scheme() {
 
 #[test]
 fn a_refused_database_url_does_not_echo_its_password() {
-    let p = problem_for(
-        from_str("database.url = \"mysql://u:hunter2@db/x\""),
-        "database.url",
-    );
+    let p = refused("database.url = \"mysql://u:hunter2@db/x\"", "database.url");
     assert!(!p.value.contains("hunter2"), "{p}");
 }
 
@@ -116,17 +108,14 @@ fn key_prefix_and_listen_are_checked() {
     ));
     let keys: Vec<&str> = all.iter().map(|p| p.key.as_str()).collect();
     assert_eq!(keys, ["redis.key_prefix", "telemetry.listen"]);
-    problem_for(from_str("redis.key_prefix = \"\""), "redis.key_prefix");
-    problem_for(
-        from_str("telemetry.log_format = \"xml\""),
-        "telemetry.log_format",
-    );
+    refused("redis.key_prefix = \"\"", "redis.key_prefix");
+    refused("telemetry.log_format = \"xml\"", "telemetry.log_format");
 }
 
 #[test]
 fn the_console_admin_token_is_refused_from_a_file_and_accepted_from_the_env() {
-    let p = problem_for(
-        from_str("[console]\nadmin_token = \"0123456789abcdef-secret\""),
+    let p = refused(
+        "[console]\nadmin_token = \"0123456789abcdef-secret\"",
         "console.admin_token",
     );
     assert_eq!(p.source, file_source());
@@ -151,16 +140,14 @@ fn the_console_admin_token_is_refused_from_a_file_and_accepted_from_the_env() {
     );
     assert!(!format!("{c:?}").contains("0123456789abcdef"));
     assert_eq!(Config::default().console.admin_token.expose(), None);
-    let short = problem_for(
-        from_str_env("", &[("CARDWORKER__CONSOLE__ADMIN_TOKEN", "short")]),
+    let short = refused_with_env(
+        "",
+        ("CARDWORKER__CONSOLE__ADMIN_TOKEN", "short"),
         "console.admin_token",
     );
     assert_eq!(short.source, env_source("CARDWORKER__CONSOLE__ADMIN_TOKEN"));
     assert!(!short.to_string().contains("short\""), "{short}");
-    problem_for(
-        from_str("[console]\nlisten = \"localhost\""),
-        "console.listen",
-    );
+    refused("[console]\nlisten = \"localhost\"", "console.listen");
 }
 
 #[test]
@@ -200,18 +187,16 @@ fn a_limit_parses_only_from_plain_integers_in_range() {
 
 #[test]
 fn a_value_from_the_file_names_the_file_as_its_source() {
-    let p = problem_for(from_str("polling.total_limit = 0"), "polling.total_limit");
+    let p = refused("polling.total_limit = 0", "polling.total_limit");
     assert_eq!(p.source, file_source());
     assert!(p.to_string().contains("(from test.toml)"), "{p}");
 }
 
 #[test]
 fn a_value_from_the_env_names_the_env_variable_as_its_source() {
-    let p = problem_for(
-        from_str_env(
-            "polling.total_limit = 5",
-            &[("CARDWORKER__POLLING__TOTAL_LIMIT", "abc")],
-        ),
+    let p = refused_with_env(
+        "polling.total_limit = 5",
+        ("CARDWORKER__POLLING__TOTAL_LIMIT", "abc"),
         "polling.total_limit",
     );
     assert_eq!(
@@ -223,8 +208,9 @@ fn a_value_from_the_env_names_the_env_variable_as_its_source() {
 
 #[test]
 fn a_nested_env_override_names_its_own_variable() {
-    let p = problem_for(
-        from_str_env("", &[("CARDWORKER__POLLING__CARDDATA__LIMIT", "0")]),
+    let p = refused_with_env(
+        "",
+        ("CARDWORKER__POLLING__CARDDATA__LIMIT", "0"),
         "polling.carddata.limit",
     );
     assert_eq!(p.source, env_source("CARDWORKER__POLLING__CARDDATA__LIMIT"));
@@ -248,12 +234,10 @@ fn a_config_built_in_code_names_code_as_the_source() {
 
 #[test]
 fn task_limit_above_the_total_is_refused() {
-    let p = problem_for(
-        from_str("[polling]\ntotal_limit = 3\n[polling.carddata]\nlimit = 4"),
-        "polling.carddata.limit",
-    );
+    let text = "[polling]\ntotal_limit = 3\n[polling.carddata]\nlimit = 4";
+    let allowed = "at most polling.total_limit (3)";
+    let p = refused_as(text, "polling.carddata.limit", allowed);
     assert_eq!(p.value, "4");
-    assert!(p.allowed.contains("at most polling.total_limit (3)"), "{p}");
     // card_status keeps its default 4, also above 3.
     let all = problems(from_str("polling.total_limit = 3"));
     assert_eq!(all.len(), 2, "{all:?}");
@@ -262,68 +246,54 @@ fn task_limit_above_the_total_is_refused() {
 #[test]
 fn handler_timeout_must_exceed_gateway_timeout_plus_one_second() {
     // 5000 ms + 1 s = 6 s: 6 is refused, 7 accepted.
-    let p = problem_for(
-        from_str("polling.handler_timeout_secs = 6\npolling.lease_ttl_secs = 60"),
+    refused_as(
+        "polling.handler_timeout_secs = 6\npolling.lease_ttl_secs = 60",
         "polling.handler_timeout_secs",
+        "at least 7",
     );
-    assert!(p.allowed.contains("at least 7"), "{p}");
     from_str("polling.handler_timeout_secs = 7").expect("valid");
     // Raising the gateway timeout above the handler timeout is refused too.
-    let p = problem_for(
-        from_str("gateway.timeout_ms = 15000"),
+    refused_as(
+        "gateway.timeout_ms = 15000",
         "polling.handler_timeout_secs",
+        "15000 ms",
     );
-    assert!(p.allowed.contains("15000 ms"), "{p}");
 }
 
 #[test]
 fn lease_ttl_must_cover_handler_timeout_plus_five_seconds() {
-    let p = problem_for(
-        from_str("polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 19"),
+    refused_as(
+        "polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 19",
         "polling.lease_ttl_secs",
+        "15 + 5 = 20",
     );
-    assert!(p.allowed.contains("15 + 5 = 20"), "{p}");
     from_str("polling.handler_timeout_secs = 15\npolling.lease_ttl_secs = 20").expect("valid");
-    problem_for(
-        from_str("polling.lease_ttl_secs = 3601"),
-        "polling.lease_ttl_secs",
-    );
+    refused("polling.lease_ttl_secs = 3601", "polling.lease_ttl_secs");
 }
 
 #[test]
 fn circuit_min_calls_above_the_window_is_refused_naming_both_keys() {
-    let p = problem_for(
-        from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 11"),
+    let p = refused_as(
+        "[polling.circuit]\nwindow_calls = 10\nmin_calls = 11",
         "polling.circuit.min_calls",
+        "at most polling.circuit.window_calls (10)",
     );
     assert_eq!(p.value, "11");
-    assert!(
-        p.allowed
-            .contains("at most polling.circuit.window_calls (10)"),
-        "{p}"
-    );
     assert_eq!(p.related[0].key, "polling.circuit.window_calls");
     from_str("[polling.circuit]\nwindow_calls = 10\nmin_calls = 10").expect("valid");
-    let p = problem_for(
-        from_str("[polling.circuit]\nmin_calls = 4\nmin_failing_cards = 5"),
+    refused_as(
+        "[polling.circuit]\nmin_calls = 4\nmin_failing_cards = 5",
         "polling.circuit.min_failing_cards",
-    );
-    assert!(
-        p.allowed.contains("at most polling.circuit.min_calls (4)"),
-        "{p}"
+        "at most polling.circuit.min_calls (4)",
     );
 }
 
 #[test]
 fn circuit_max_cooldown_below_the_cooldown_is_refused() {
-    let p = problem_for(
-        from_str("polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 20"),
+    refused_as(
+        "polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 20",
         "polling.circuit.max_cooldown_secs",
-    );
-    assert!(
-        p.allowed
-            .contains("at least polling.circuit.cooldown_secs (30)"),
-        "{p}"
+        "at least polling.circuit.cooldown_secs (30)",
     );
     from_str("polling.circuit.cooldown_secs = 30\npolling.circuit.max_cooldown_secs = 30")
         .expect("valid");
@@ -393,8 +363,8 @@ fn circuit_and_parked_retry_keys_are_range_checked_naming_the_key() {
 
 #[test]
 fn defer_max_delay_below_defer_delay_is_refused() {
-    problem_for(
-        from_str("polling.defer_delay_secs = 10\npolling.defer_max_delay_secs = 5"),
+    refused(
+        "polling.defer_delay_secs = 10\npolling.defer_max_delay_secs = 5",
         "polling.defer_max_delay_secs",
     );
 }
@@ -402,11 +372,9 @@ fn defer_max_delay_below_defer_delay_is_refused() {
 #[test]
 fn a_relation_names_the_source_of_both_keys() {
     // The handler timeout comes from the file, the gateway timeout from the env.
-    let p = problem_for(
-        from_str_env(
-            "polling.handler_timeout_secs = 10",
-            &[("CARDWORKER__GATEWAY__TIMEOUT_MS", "20000")],
-        ),
+    let p = refused_with_env(
+        "polling.handler_timeout_secs = 10",
+        ("CARDWORKER__GATEWAY__TIMEOUT_MS", "20000"),
         "polling.handler_timeout_secs",
     );
     assert_eq!(p.source, file_source());

@@ -53,6 +53,23 @@ pub fn problem_for(r: Result<Config, ConfigError>, key: &str) -> Problem {
         .unwrap_or_else(|| panic!("no problem for {key} in {all:?}"))
 }
 
+/// The problem of `key` when the test file reads `text` (the file refused, naming that key).
+pub fn refused(text: &str, key: &str) -> Problem {
+    problem_for(from_str(text), key)
+}
+
+/// The problem of `key` when the test file reads `text` and the one env variable `var` is set.
+pub fn refused_with_env(text: &str, var: (&str, &str), key: &str) -> Problem {
+    problem_for(from_str_env(text, &[var]), key)
+}
+
+/// [`refused`], whose problem says what is allowed in words that contain `allowed`.
+pub fn refused_as(text: &str, key: &str, allowed: &str) -> Problem {
+    let p = refused(text, key);
+    assert!(p.allowed.contains(allowed), "{p}");
+    p
+}
+
 /// A file of the repository's `config/` directory.
 pub fn bundled(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
