@@ -58,6 +58,65 @@ async fn decided_events(pool: &PgPool, id: Uuid) -> i64 {
     .await
 }
 
+/// [`app`] with card `c-1`, and its pool.
+async fn app_with_card() -> (TestApp, ScriptedGateway, PgPool) {
+    let (app, gw) = app().await;
+    let pool = app.db.pool.clone();
+    app.insert_card("c-1").await;
+    (app, gw, pool)
+}
+
+/// Asserts that approval `id` kept its first decision, `status`, announced once, and that the
+/// other decision is on record as one conflict, however often it was delivered.
+async fn first_decision_won(pool: &PgPool, id: Uuid, status: &str) {
+    assert_eq!(
+        approval_status(pool, id).await,
+        status,
+        "the first decision wins"
+    );
+    assert_eq!(decided_events(pool, id).await, 1);
+    assert_eq!(
+        audit_count(pool, "approval", id, "approval.conflict").await,
+        1,
+        "one conflict naming both, however often the other decision is delivered"
+    );
+}
+
+/// A recovery pass of approvals as [`DUE`] says.
+async fn recover(app: &TestApp) -> cardworker::reliable::RecoveryReport {
+    recovery::recover(&app.ctx, DUE, 50)
+        .await
+        .expect("recovery")
+}
+
+/// The states of the approval's submission logs, oldest first.
+async fn submit_log(pool: &PgPool, id: Uuid) -> Vec<String> {
+    log_states(pool, "approval", id, "approval_submit").await
+}
+
+/// An approval of `kind` for card `c-1`, which the Gateway answers as `script` says, its
+/// submission spawned ([`spawn_submit`]) and its POST at the Gateway.
+async fn at_the_gateway(
+    app: &TestApp,
+    gw: &ScriptedGateway,
+    kind: &str,
+    script: Script,
+) -> (Uuid, tokio::task::JoinHandle<anyhow::Result<Submitted>>) {
+    let id = insert_approval(&app.db.pool, "c-1", kind, None).await;
+    gw.script(id, script);
+    let task = spawn_submit(app.ctx.clone(), id);
+    posted_once(gw, id, "the POST at the Gateway").await;
+    (id, task)
+}
+
+/// Waits up to 10 s until the Gateway has the one POST of `id` (`what` says which moment).
+async fn posted_once(gw: &ScriptedGateway, id: Uuid, what: &str) {
+    wait_until(Duration::from_secs(10), what, || async {
+        gw.posts(id) == 1
+    })
+    .await;
+}
+
 /// One run of the submission job for `id`, as the worker runs it.
 async fn submit_now(ctx: &AppContext, id: Uuid) -> Submitted {
     submit_approval(ctx, id).await.expect("submit")
@@ -96,9 +155,7 @@ fn approval_callback(callback_id: &str, id: Uuid, status: &str) -> ProcessCallba
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_asked_for_five_times_in_a_row_and_from_two_workers_at_once_is_posted_once_with_its_key(
 ) {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
+    let (app, gw, pool) = app_with_card().await;
 
     // Five `enqueue approval` in a row: one POST.
     let id = insert_approval(&pool, "c-1", "issue", None).await;
@@ -169,25 +226,11 @@ async fn an_approval_asked_for_five_times_in_a_row_and_from_two_workers_at_once_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_recovery_without_a_second_post(
 ) {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
-    let id = insert_approval(&pool, "c-1", "unfreeze", None).await;
-    gw.script(id, Script::ActThenHang("declined"));
-
-    let task = spawn_submit(app.ctx.clone(), id);
-    wait_until(
-        Duration::from_secs(10),
-        "the Gateway received the POST",
-        || async { gw.posts(id) == 1 },
-    )
-    .await;
+    let (app, gw, pool) = app_with_card().await;
+    let (id, task) = at_the_gateway(&app, &gw, "unfreeze", Script::ActThenHang("declined")).await;
     // By the time the Gateway has the request, the pending row is committed.
     assert_eq!(approval_status(&pool, id).await, "pending");
-    assert_eq!(
-        log_states(&pool, "approval", id, "approval_submit").await,
-        ["pending"]
-    );
+    assert_eq!(submit_log(&pool, id).await, ["pending"]);
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
     assert_eq!(
@@ -197,26 +240,19 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
     );
 
     // Not yet due.
-    let report = recovery::recover(&app.ctx, DUE, 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report, RecoveryReport::default());
     // A second submission while the attempt is open sends nothing.
     let again = submit_now(&app.ctx, id).await;
     assert!(matches!(again, Submitted::AttemptOpen { .. }), "{again:?}");
 
     age(&pool, "approvals").await;
-    let report = recovery::recover(&app.ctx, DUE, 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report.settled, 1, "{report:?}");
     assert_eq!(approval_status(&pool, id).await, "declined");
     assert_eq!(gw.posts(id), 1, "no second POST");
     assert_eq!(gw.seen(id).acted, 1);
-    assert_eq!(
-        log_states(&pool, "approval", id, "approval_submit").await,
-        ["succeeded"]
-    );
+    assert_eq!(submit_log(&pool, id).await, ["succeeded"]);
     assert_eq!(
         log_states(&pool, "approval", id, "approval_recovery_query").await,
         ["succeeded"]
@@ -238,17 +274,8 @@ async fn a_worker_killed_during_the_post_after_the_gateway_acted_is_settled_by_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_by_recovery_with_the_same_key(
 ) {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
-    let id = insert_approval(&pool, "c-1", "issue", None).await;
-    gw.script(id, Script::LoseThenHang);
-
-    let task = spawn_submit(app.ctx.clone(), id);
-    wait_until(Duration::from_secs(10), "the request left", || async {
-        gw.posts(id) == 1
-    })
-    .await;
+    let (app, gw, pool) = app_with_card().await;
+    let (id, task) = at_the_gateway(&app, &gw, "issue", Script::LoseThenHang).await;
     task.abort();
     let _ = task.await;
     assert_eq!(approval_status(&pool, id).await, "pending");
@@ -256,9 +283,7 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
 
     gw.script(id, Script::Answer("approved"));
     age(&pool, "approvals").await;
-    let report = recovery::recover(&app.ctx, DUE, 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report.resubmitted, 1, "{report:?}");
     // Waits until resubmitted by the app's worker and approved.
     wait_for_status(&pool, "approvals", id, "approved", 20).await;
@@ -266,7 +291,7 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
     assert_eq!(gw.posts(id), 2, "the lost request and the one resubmission");
     every_key_is_the_id(&gw, id);
     assert_eq!(
-        log_states(&pool, "approval", id, "approval_submit").await,
+        submit_log(&pool, id).await,
         ["failed", "succeeded"],
         "the dead attempt closed as never seen, the resubmission answered"
     );
@@ -277,9 +302,7 @@ async fn a_worker_killed_before_the_post_reached_the_gateway_is_submitted_once_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_times_is_applied_once()
 {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
+    let (app, gw, pool) = app_with_card().await;
     let id = insert_approval(&pool, "c-1", "limit_change", Some(900_000)).await;
     gw.script(id, Script::Answer("in_review"));
     let done = submit_now(&app.ctx, id).await;
@@ -301,9 +324,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
 
     // A recovery query while still in review changes nothing.
     age(&pool, "approvals").await;
-    let report = recovery::recover(&app.ctx, DUE, 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!((report.examined, report.left), (1, 1), "{report:?}");
     assert_eq!(approval_status(&pool, id).await, "in_review");
 
@@ -336,9 +357,7 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
     );
     // A later recovery run leaves the decided approval alone.
     age(&pool, "approvals").await;
-    let report = recovery::recover(&app.ctx, DUE, 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!(report.examined, 0);
     assert_eq!(decided_events(&pool, id).await, 1);
 }
@@ -346,18 +365,10 @@ async fn an_approval_in_review_then_approved_by_a_callback_delivered_twenty_time
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decision_and_keeps_the_other_as_one_conflict(
 ) {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
+    let (app, gw, pool) = app_with_card().await;
 
     // The callback first, while the POST is in flight; then the POST's answer.
-    let first = insert_approval(&pool, "c-1", "issue", None).await;
-    gw.script(first, Script::ActThenWait("declined"));
-    let post = spawn_submit(app.ctx.clone(), first);
-    wait_until(Duration::from_secs(10), "the POST is in flight", || async {
-        gw.posts(first) == 1
-    })
-    .await;
+    let (first, post) = at_the_gateway(&app, &gw, "issue", Script::ActThenWait("declined")).await;
     let delivered = callback::process(&app.ctx, &approval_callback("cb-1", first, "approved"))
         .await
         .expect("callback");
@@ -369,16 +380,7 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
         matches!(&answered, Submitted::Answered { status, .. } if status == "declined"),
         "{answered:?}"
     );
-    assert_eq!(
-        approval_status(&pool, first).await,
-        "approved",
-        "the first decision wins"
-    );
-    assert_eq!(decided_events(&pool, first).await, 1);
-    assert_eq!(
-        audit_count(&pool, "approval", first, "approval.conflict").await,
-        1
-    );
+    first_decision_won(&pool, first, "approved").await;
 
     // The POST's answer first, then the callback that contradicts it.
     let second = insert_approval(&pool, "c-1", "issue", None).await;
@@ -401,17 +403,7 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
             "{d:?}"
         );
     }
-    assert_eq!(
-        approval_status(&pool, second).await,
-        "declined",
-        "the first decision wins"
-    );
-    assert_eq!(decided_events(&pool, second).await, 1);
-    assert_eq!(
-        audit_count(&pool, "approval", second, "approval.conflict").await,
-        1,
-        "one conflict naming both, however often the callback is delivered"
-    );
+    first_decision_won(&pool, second, "declined").await;
     let details: serde_json::Value = sqlx::query_scalar(
         "SELECT e.details FROM audit_events e JOIN audit_resources r ON r.audit_event_id = e.id
           WHERE r.resource_id = $1 AND e.event_type = 'approval.conflict'",
@@ -426,9 +418,7 @@ async fn a_callback_approved_racing_the_post_answer_declined_applies_one_decisio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_post_answer_racing_a_callback_from_another_pod_applies_exactly_one_decision() {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
+    let (app, gw, pool) = app_with_card().await;
     let (second, _addr, stop_second, join_second) =
         start_in_process(app.ctx.config.as_ref().clone()).await;
     let mut ids = Vec::new();
@@ -497,9 +487,7 @@ async fn a_callback_for_an_approval_not_yet_known_is_failed_with_its_reason_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitted_twice() {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
+    let (app, gw, pool) = app_with_card().await;
     let garbled = insert_approval(&pool, "c-1", "issue", None).await;
     gw.script(garbled, Script::Garbled);
     let refused = insert_approval(&pool, "c-1", "issue", None).await;
@@ -526,9 +514,7 @@ async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitte
     // garbled one (the Gateway has no record of it); the failed one is final.
     gw.script(garbled, Script::Answer("approved"));
     age(&pool, "approvals").await;
-    let report = recovery::recover(&app.ctx, DUE, 50)
-        .await
-        .expect("recovery");
+    let report = recover(&app).await;
     assert_eq!((report.settled, report.resubmitted), (1, 1), "{report:?}");
     assert_eq!(approval_status(&pool, five_xx).await, "approved");
     // Waits until resubmitted and approved.
@@ -542,9 +528,7 @@ async fn a_garbled_answer_is_unknown_a_refusal_is_failed_and_neither_is_submitte
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_approval_or_an_unknown_card_is_refused_when_enqueued_and_nothing_is_queued() {
-    let (app, gw) = app().await;
-    let pool = app.db.pool.clone();
-    app.insert_card("c-1").await;
+    let (app, gw, pool) = app_with_card().await;
     let unknown_kind = insert_approval(&pool, "c-1", "raise_everything", None).await;
     let no_amount = insert_approval(&pool, "c-1", "limit_change", None).await;
     let no_card = insert_approval(&pool, "c-nobody", "issue", None).await;
