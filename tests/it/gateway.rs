@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use cardworker::gateway::{
-    CardData, CardStatus, GatewayClient, Outcome, PaymentQuery, PaymentRequest, PaymentResult,
-    PaymentStatus,
+    CallResult, CardData, CardStatus, GatewayClient, Outcome, PaymentQuery, PaymentRequest,
+    PaymentResult, PaymentStatus,
 };
 use cardworker::sim::{CardBehaviour, GarbageKind, PaymentBehaviour, SimHandle, Simulator};
 use uuid::Uuid;
@@ -35,13 +35,58 @@ fn reason<T: std::fmt::Debug>(o: &Outcome<T>) -> String {
         .clone()
 }
 
+/// [`start`], and a payment of card `c-1` that the simulator answers as `behaviour` says.
+async fn paying(
+    behaviour: PaymentBehaviour,
+) -> (Simulator, SimHandle, GatewayClient, PaymentRequest) {
+    let (sim, handle, client) = start().await;
+    let req = payment("c-1");
+    sim.set_payment_behaviour(req.payment_id, behaviour);
+    (sim, handle, client, req)
+}
+
+/// A POST of the JSON `body` to `url`: its response.
+async fn post_json(
+    http: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    http.post(url).json(body).send().await.unwrap()
+}
+
+/// The simulator answers card `c-1` with garbage of `kind`.
+fn garble(sim: &Simulator, kind: GarbageKind) {
+    sim.set_card_behaviour("c-1", CardBehaviour::Garbage(kind));
+}
+
+/// Card `c-1`'s data, read once.
+async fn data_of_c1(client: &GatewayClient) -> CallResult<CardData> {
+    client.card_data("c-1", Uuid::new_v4()).await
+}
+
+/// Card `c-1`'s status, read once.
+async fn status_of_c1(client: &GatewayClient) -> CallResult<CardStatus> {
+    client.card_status("c-1", Uuid::new_v4()).await
+}
+
+/// Asserts that `o` is unknown.
+fn assert_unknown<T: std::fmt::Debug>(o: &Outcome<T>) {
+    assert!(o.is_unknown(), "{o:?}");
+}
+
+/// Asserts that `o` is unknown for the reason `why`.
+fn unknown_because<T: std::fmt::Debug>(o: &Outcome<T>, why: &str) {
+    assert_unknown(o);
+    assert_eq!(reason(o), why);
+}
+
 #[tokio::test]
 async fn a_ready_card_is_a_valid_observation() {
     let (sim, _h, client) = start().await;
     sim.set_card_ready("c-1", "tok_abc", "4242", 12, 2030);
     sim.set_card_status("c-1", CardStatus::Active);
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
+    let data = data_of_c1(&client).await;
     assert_eq!(
         data.outcome,
         Outcome::Valid(CardData::Ready {
@@ -59,7 +104,7 @@ async fn a_ready_card_is_a_valid_observation() {
         data.response_summary
     );
 
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
+    let status = status_of_c1(&client).await;
     assert_eq!(status.outcome, Outcome::Valid(CardStatus::Active));
 
     // A card the simulator never heard of is created pending and inactive.
@@ -74,12 +119,12 @@ async fn a_503_on_a_card_call_is_failed() {
     let (sim, _h, client) = start().await;
     sim.fail_card("c-1");
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
+    let data = data_of_c1(&client).await;
     assert!(data.outcome.is_failed(), "{:?}", data.outcome);
     assert_eq!(reason(&data.outcome), "HTTP 503");
     assert_eq!(data.http_status, Some(503));
 
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
+    let status = status_of_c1(&client).await;
     assert!(status.outcome.is_failed(), "{:?}", status.outcome);
     assert_eq!(reason(&status.outcome), "HTTP 503");
 }
@@ -92,7 +137,7 @@ async fn a_card_call_timeout_is_failed() {
     sim.set_latency(ANSWER_AFTER.as_millis() as u64, 0);
     let client = GatewayClient::new(&h.base_url(), IMPATIENT).unwrap();
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
+    let data = data_of_c1(&client).await;
     assert!(data.outcome.is_failed(), "{:?}", data.outcome);
     assert_eq!(reason(&data.outcome), "timeout after 200 ms");
     assert_eq!(data.http_status, None);
@@ -103,7 +148,7 @@ async fn a_card_call_timeout_is_failed() {
         data.elapsed
     );
 
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
+    let status = status_of_c1(&client).await;
     assert!(status.outcome.is_failed(), "{:?}", status.outcome);
 }
 
@@ -115,7 +160,7 @@ async fn connection_refused_is_failed() {
     };
     let client = GatewayClient::new(&format!("http://127.0.0.1:{port}"), PATIENT).unwrap();
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
+    let data = data_of_c1(&client).await;
     assert!(data.outcome.is_failed(), "{:?}", data.outcome);
     assert_eq!(reason(&data.outcome), "connection refused");
 
@@ -133,9 +178,8 @@ async fn a_body_that_is_not_json_is_unknown() {
     let (sim, _h, client) = start().await;
     sim.garbage_card("c-1");
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
-    assert!(data.outcome.is_unknown(), "{:?}", data.outcome);
-    assert_eq!(reason(&data.outcome), "body is not JSON");
+    let data = data_of_c1(&client).await;
+    unknown_because(&data.outcome, "body is not JSON");
     assert_eq!(data.http_status, Some(200));
     assert!(
         data.response_summary.contains("upstream hiccup"),
@@ -143,56 +187,43 @@ async fn a_body_that_is_not_json_is_unknown() {
         data.response_summary
     );
 
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
-    assert!(status.outcome.is_unknown(), "{:?}", status.outcome);
+    assert_unknown(&status_of_c1(&client).await.outcome);
 }
 
 #[tokio::test]
 async fn another_card_ref_is_unknown() {
     let (sim, _h, client) = start().await;
-    sim.set_card_behaviour("c-1", CardBehaviour::Garbage(GarbageKind::OtherRef));
+    garble(&sim, GarbageKind::OtherRef);
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
-    assert!(data.outcome.is_unknown(), "{:?}", data.outcome);
-    assert_eq!(
-        reason(&data.outcome),
-        "card_ref mismatch: asked c-1, got c-1-other"
-    );
+    let mismatch = "card_ref mismatch: asked c-1, got c-1-other";
+    unknown_because(&data_of_c1(&client).await.outcome, mismatch);
 
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
-    assert!(status.outcome.is_unknown(), "{:?}", status.outcome);
+    assert_unknown(&status_of_c1(&client).await.outcome);
 }
 
 #[tokio::test]
 async fn a_status_outside_the_list_is_unknown() {
     let (sim, _h, client) = start().await;
-    sim.set_card_behaviour("c-1", CardBehaviour::Garbage(GarbageKind::BadValue));
+    garble(&sim, GarbageKind::BadValue);
 
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
-    assert!(status.outcome.is_unknown(), "{:?}", status.outcome);
-    assert_eq!(reason(&status.outcome), "unknown status value \"weird\"");
-
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
-    assert_eq!(reason(&data.outcome), "unknown state value \"weird\"");
-    assert!(data.outcome.is_unknown());
+    let status = status_of_c1(&client).await.outcome;
+    unknown_because(&status, "unknown status value \"weird\"");
+    let data = data_of_c1(&client).await.outcome;
+    unknown_because(&data, "unknown state value \"weird\"");
 
     // A missing field is unknown as well.
-    sim.set_card_behaviour("c-1", CardBehaviour::Garbage(GarbageKind::MissingField));
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
-    assert!(status.outcome.is_unknown(), "{:?}", status.outcome);
-    assert_eq!(reason(&status.outcome), "missing field status");
+    garble(&sim, GarbageKind::MissingField);
+    let status = status_of_c1(&client).await;
+    unknown_because(&status.outcome, "missing field status");
 }
 
 #[tokio::test]
 async fn a_payment_submit_timeout_is_unknown_not_failed() {
-    let (sim, h, patient) = start().await;
+    let (_sim, h, patient, req) = paying(PaymentBehaviour::Hang).await;
     let client = GatewayClient::new(&h.base_url(), IMPATIENT).unwrap();
-    let req = payment("c-1");
-    sim.set_payment_behaviour(req.payment_id, PaymentBehaviour::Hang);
 
     let submit = client.submit_payment(&req, Uuid::new_v4()).await;
-    assert!(submit.outcome.is_unknown(), "{:?}", submit.outcome);
-    assert_eq!(reason(&submit.outcome), "timeout after 200 ms");
+    unknown_because(&submit.outcome, "timeout after 200 ms");
 
     // And indeed the Gateway acted on it.
     let query = patient.query_payment(req.payment_id, Uuid::new_v4()).await;
@@ -208,13 +239,10 @@ async fn a_payment_submit_timeout_is_unknown_not_failed() {
 
 #[tokio::test]
 async fn a_payment_5xx_is_unknown() {
-    let (sim, _h, client) = start().await;
-    let req = payment("c-1");
-    sim.set_payment_behaviour(req.payment_id, PaymentBehaviour::ServerError);
+    let (sim, _h, client, req) = paying(PaymentBehaviour::ServerError).await;
 
     let submit = client.submit_payment(&req, Uuid::new_v4()).await;
-    assert!(submit.outcome.is_unknown(), "{:?}", submit.outcome);
-    assert_eq!(reason(&submit.outcome), "HTTP 503");
+    unknown_because(&submit.outcome, "HTTP 503");
     assert_eq!(submit.http_status, Some(503));
 
     // A 5xx on a query is merely failed: a read is safe to repeat.
@@ -227,7 +255,7 @@ async fn a_payment_5xx_is_unknown() {
     sim.set_garbage_rate(1.0);
     let other = payment("c-1");
     let submit = client.submit_payment(&other, Uuid::new_v4()).await;
-    assert!(submit.outcome.is_unknown(), "{:?}", submit.outcome);
+    assert_unknown(&submit.outcome);
 }
 
 #[tokio::test]
@@ -244,7 +272,7 @@ async fn a_payment_connection_dropped_after_sending_is_unknown() {
     let client = GatewayClient::new(&format!("http://{addr}"), PATIENT).unwrap();
 
     let submit = client.submit_payment(&payment("c-1"), Uuid::new_v4()).await;
-    assert!(submit.outcome.is_unknown(), "{:?}", submit.outcome);
+    assert_unknown(&submit.outcome);
     assert_eq!(submit.http_status, None);
 }
 
@@ -305,9 +333,7 @@ async fn the_correlation_header_reaches_the_gateway() {
 
 #[tokio::test]
 async fn the_idempotency_key_is_the_payment_id() {
-    let (sim, _h, client) = start().await;
-    let req = payment("c-1");
-    sim.set_payment_behaviour(req.payment_id, PaymentBehaviour::Reject);
+    let (sim, _h, client, req) = paying(PaymentBehaviour::Reject).await;
 
     let first = client.submit_payment(&req, Uuid::new_v4()).await;
     let again = client.submit_payment(&req, Uuid::new_v4()).await;
@@ -382,24 +408,19 @@ async fn the_control_api_speaks_http() {
         .unwrap()
         .status()
         .is_success());
-    let resp = http
-        .post(format!("{base}/sim/cards/c-9"))
-        .json(&serde_json::json!({"status": "frozen", "data": {"state": "ready", "card_token": "tok_9", "pan_last4": "0009", "expiry_month": 1, "expiry_year": 2031}}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&http, &format!("{base}/sim/cards/c-9"), &serde_json::json!({"status": "frozen", "data": {"state": "ready", "card_token": "tok_9", "pan_last4": "0009", "expiry_month": 1, "expiry_year": 2031}})).await;
     assert!(resp.status().is_success(), "{resp:?}");
     assert_eq!(
         client.card_status("c-9", Uuid::new_v4()).await.outcome,
         Outcome::Valid(CardStatus::Frozen)
     );
 
-    let resp = http
-        .post(format!("{base}/sim/config"))
-        .json(&serde_json::json!({"error_rate": 1.0}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &http,
+        &format!("{base}/sim/config"),
+        &serde_json::json!({"error_rate": 1.0}),
+    )
+    .await;
     assert!(resp.status().is_success());
     assert!(client
         .card_data("c-9", Uuid::new_v4())
@@ -407,12 +428,12 @@ async fn the_control_api_speaks_http() {
         .outcome
         .is_failed());
 
-    let bad = http
-        .post(format!("{base}/sim/config"))
-        .json(&serde_json::json!({"error_rate": 2.0}))
-        .send()
-        .await
-        .unwrap();
+    let bad = post_json(
+        &http,
+        &format!("{base}/sim/config"),
+        &serde_json::json!({"error_rate": 2.0}),
+    )
+    .await;
     assert_eq!(bad.status(), 400);
     assert_eq!(sim.config().error_rate, 1.0);
 
@@ -424,7 +445,7 @@ async fn a_changing_card_becomes_ready_and_active() {
     let (sim, _h, client) = start().await;
     sim.set_change_rate(1.0);
 
-    let data = client.card_data("c-1", Uuid::new_v4()).await;
+    let data = data_of_c1(&client).await;
     let Outcome::Valid(CardData::Ready {
         card_token,
         pan_last4,
@@ -435,7 +456,7 @@ async fn a_changing_card_becomes_ready_and_active() {
     };
     assert!(card_token.starts_with("tok_"));
     assert_eq!(pan_last4.len(), 4);
-    let status = client.card_status("c-1", Uuid::new_v4()).await;
+    let status = status_of_c1(&client).await;
     assert_eq!(status.outcome, Outcome::Valid(CardStatus::Active));
 }
 
@@ -450,8 +471,8 @@ fn every_call_records_its_duration() {
     metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
             let (_sim, _h, client) = start().await;
-            client.card_data("c-1", Uuid::new_v4()).await;
-            client.card_status("c-1", Uuid::new_v4()).await;
+            data_of_c1(&client).await;
+            status_of_c1(&client).await;
             client.submit_payment(&payment("c-1"), Uuid::new_v4()).await;
             client.query_payment(Uuid::new_v4(), Uuid::new_v4()).await;
         })
