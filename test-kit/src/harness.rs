@@ -615,6 +615,15 @@ where
     }
 }
 
+/// Asserts that the command `what` exited 0, showing its error output otherwise.
+pub fn assert_success(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The value of one Prometheus sample in a `/metrics` text (`name{labels}` exactly as rendered
 /// label subset match), or 0.
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {

@@ -17,7 +17,7 @@ use crate::faults::{
     config_on, insert_cards, services, start_chains, two_token_config, Child, InProcess, NEVER,
     PREFIX,
 };
-use crate::harness::{wait_until, TestDb};
+use crate::harness::{assert_success, wait_until, TestDb};
 use crate::private::PrivateRedis;
 
 /// How long the simulator takes to answer a card read in the stall scenario: longer than the
@@ -283,11 +283,7 @@ listen = "127.0.0.1:0"
         .env_remove("CARDWORKER_CONFIG")
         .output()
         .expect("budget show");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "cardworker budget show");
     let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(view["total"]["in_use"], 0, "no token left in use: {view}");
     for task in Task::ALL {

@@ -8,7 +8,7 @@ use cardworker::limit::Limit;
 use redis::aio::ConnectionManager;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
-use crate::harness::{redis_url, TestDb, TestRedis};
+use crate::harness::{assert_success, redis_url, TestDb, TestRedis};
 
 const SHORT_TOTAL: Acquired = Acquired::Short {
     reason: ShortReason::Total,
@@ -643,11 +643,7 @@ async fn budget_show_prints_the_spec_json_shape_with_overrides_pauses_and_leases
     let cfg_path = write_config(&dir, &r.prefix, Some(&db), "");
     let ok = |args: &[&str]| {
         let out = cardworker(args, &cfg_path);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out, &format!("{args:?}"));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     ok(&[

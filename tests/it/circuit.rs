@@ -7,7 +7,7 @@ use cardworker::budget::{Acquired, Budget, CallReport, CircuitState, Transition}
 use cardworker::config::{Config, Task};
 use cardworker::limit::Limit;
 
-use crate::harness::{redis_url, wait_until, TestDb, TestRedis};
+use crate::harness::{assert_success, redis_url, wait_until, TestDb, TestRedis};
 
 /// A budget with room for everything, and a circuit with a 1 s cool-down up to 4 s.
 fn config(redis: &TestRedis) -> Config {
@@ -352,11 +352,7 @@ async fn an_operator_forces_a_circuit_open_and_closed_and_each_action_is_on_reco
     std::fs::write(&path, c.to_toml_string().unwrap()).unwrap();
     let ok = |args: &[&str]| {
         let out = cardworker(args, &path);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out, &format!("{args:?}"));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let out = ok(&[

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use sqlx::{Connection as _, PgConnection};
 
-use crate::harness::{self, TestDb};
+use crate::harness::{self, assert_success, TestDb};
 
 #[tokio::test]
 async fn migrations_create_every_table_and_rerunning_them_is_a_no_op() {
@@ -41,11 +41,7 @@ async fn migrations_create_every_table_and_rerunning_them_is_a_no_op() {
             .env_remove("CARDWORKER_CONFIG")
             .output()
             .expect("run migrate");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out, "cardworker migrate");
     }
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
         .fetch_one(&db.pool)

@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use crate::harness::{redis_url, spawn_app_with, TestApp};
+use crate::harness::{assert_success, redis_url, spawn_app_with, TestApp};
 
 /// `cardworker ARGS` against `app`'s Redis prefix and the database at `database_url`.
 fn cli(app: &TestApp, database_url: &str, operator: &str, args: &[&str]) -> std::process::Output {
@@ -66,11 +66,7 @@ async fn a_cli_action_is_recorded_under_the_named_operator_via_the_cli_with_its_
             "incident 7",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "cardworker budget");
     assert!(paused(&app, "carddata").await);
     let (actor, via, reason): (String, Option<String>, Option<String>) = sqlx::query_as(
         "SELECT actor, details->>'via', details->>'reason' FROM audit_events
@@ -89,11 +85,7 @@ async fn a_cli_action_is_recorded_under_the_named_operator_via_the_cli_with_its_
         "Bob",
         &["budget", "clear", "--task", "carddata"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "cardworker budget");
     let (actor, had, status): (String, Option<bool>, Option<String>) = sqlx::query_as(
         "SELECT actor, (details->'outcome'->>'had_override')::bool, details->'outcome'->>'status'
            FROM audit_events WHERE event_type = 'operator.budget_clear'",

@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::console::ConsoleProcess;
 use crate::harness::{
-    spawn_app_with, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis,
+    assert_success, spawn_app_with, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis,
 };
 use crate::identifiers::status_callback;
 
@@ -193,11 +193,7 @@ fn pg_dump(url: &str) -> String {
         .args(["--data-only", "--no-owner", "--dbname", url])
         .output()
         .expect("pg_dump");
-    assert!(
-        out.status.success(),
-        "pg_dump: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "pg_dump");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
