@@ -615,6 +615,18 @@ where
     }
 }
 
+/// Waits up to `limit` until the query `sql` (one count) on `pool` answers `want`.
+pub async fn wait_for_count(pool: &PgPool, sql: &str, want: i64, limit: Duration, what: &str) {
+    wait_until(limit, what, || async {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .expect(sql)
+            == want
+    })
+    .await;
+}
+
 /// Asserts that the command `what` exited 0, showing its error output otherwise.
 pub fn assert_success(out: &std::process::Output, what: &str) {
     assert!(

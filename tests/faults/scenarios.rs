@@ -16,7 +16,7 @@ use redis::AsyncCommands as _;
 use sqlx::PgPool;
 
 use crate::faults::{self, services, Child, InProcess};
-use crate::harness::{wait_until, TestDb};
+use crate::harness::{wait_for_count, wait_until, TestDb};
 use crate::private::{PrivatePg, PrivateRedis};
 
 pub(crate) use crate::faults::{count, insert_cards, insert_payment, payment_status, simulator};
@@ -262,15 +262,9 @@ async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change
     }
     let worker = InProcess::start(config).await;
     faults::start_chains(&worker.ctx).await;
-    wait_until(Duration::from_secs(60), "card data recorded", || async {
-        count(
-            &pool,
-            "SELECT count(*) FROM cards WHERE data_state = 'ready'",
-        )
-        .await
-            == 20
-    })
-    .await;
+    let sql = "SELECT count(*) FROM cards WHERE data_state = 'ready'";
+    let limit = Duration::from_secs(60);
+    wait_for_count(&pool, sql, 20, limit, "card data recorded").await;
     pool.close().await;
 
     pg.stop();

@@ -11,7 +11,7 @@ use cardworker::polling::chain;
 use cardworker_jobs::{Job as _, RunArchive};
 use tokio::io::AsyncBufReadExt as _;
 
-use crate::harness::{redis_url, spawn_app_with, wait_until, TestApp};
+use crate::harness::{redis_url, spawn_app_with, wait_for_count, wait_until, TestApp};
 use crate::webdriver::{self, Browser};
 
 const TOKEN: &str = "console-test-token-0123456789";
@@ -496,15 +496,10 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     )
     .await
     .expect("start chain");
-    wait_until(Duration::from_secs(30), "c-parked is parked", || async {
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_ref = 'c-parked' AND carddata_parked_at IS NOT NULL",
-        )
-        .await
-            == 1
-    })
-    .await;
+    let sql =
+        "SELECT count(*) FROM cards WHERE card_ref = 'c-parked' AND carddata_parked_at IS NOT NULL";
+    let limit = Duration::from_secs(30);
+    wait_for_count(&app.db.pool, sql, 1, limit, "c-parked is parked").await;
     // A poison entry in the dead set, a paused task, a card whose card_ref is HTML, a payment
     // stuck `unknown`, an approval in review for too long and one decided through the reliable
     // path (with its history), and an old record that archive would move (maintenance is off).

@@ -10,7 +10,7 @@ use cardworker::gateway::CardStatus;
 use cardworker::polling::chain;
 use cardworker::storage::cards::ParkedSelector;
 
-use crate::harness::{metric_value, spawn_app_with, wait_until, TestApp};
+use crate::harness::{metric_value, spawn_app_with, wait_for_count, wait_until, TestApp};
 
 const CARDS: usize = 40;
 
@@ -207,15 +207,9 @@ async fn one_card_failing_alone_among_40_healthy_ones_parks_after_its_failures_a
     cards_polled_once(&app).await;
     let bad = card(7);
     app.sim.fail_card(&bad);
-    wait_until(Duration::from_secs(40), "the bad card is parked", || async {
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL AND carddata_parked_at IS NOT NULL",
-        )
-        .await
-            == 1
-    })
-    .await;
+    let sql = "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL AND carddata_parked_at IS NOT NULL";
+    let limit = Duration::from_secs(40);
+    wait_for_count(&app.db.pool, sql, 1, limit, "the bad card is parked").await;
     let per_card: Vec<(String, i64)> = sqlx::query_as(
         "SELECT resource_id, count(*) FROM integration_logs WHERE state = 'failed' GROUP BY 1",
     )

@@ -18,7 +18,7 @@ use redis::AsyncCommands as _;
 use sqlx::{Connection as _, PgConnection};
 use tokio::sync::oneshot;
 
-use crate::harness::{metric_value, spawn_app_with, wait_until, TestApp};
+use crate::harness::{metric_value, spawn_app_with, wait_for_count, wait_until, TestApp};
 
 const TABLES: &[&str] = &[
     "cards",
@@ -369,15 +369,9 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
     app.insert_card("c-1").await;
     app.sim.fail_card("c-1");
     start_chain(&app, Task::CardStatus, "c-1", Duration::ZERO).await;
-    wait_until(Duration::from_secs(30), "the chain is parked", || async {
-        scalar(
-            &app,
-            "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL",
-        )
-        .await
-            == 1
-    })
-    .await;
+    let sql = "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL";
+    let limit = Duration::from_secs(30);
+    wait_for_count(&app.db.pool, sql, 1, limit, "the chain is parked").await;
     assert_eq!(
         scalar(
             &app,
