@@ -552,6 +552,19 @@ impl TestApp {
         (status, resp.text().await.unwrap_or_default())
     }
 
+    /// Starts the chain of `card_ref`'s `task`, its first poll due after `delay`: its chain id.
+    pub async fn start_chain(
+        &self,
+        task: cardworker::config::Task,
+        card_ref: &str,
+        delay: Duration,
+    ) -> String {
+        let mut conn = self.ctx.redis.clone();
+        cardworker::polling::chain::start(&mut conn, self.ctx.prefix(), task, card_ref, delay)
+            .await
+            .expect("start chain")
+    }
+
     /// Inserts a card row.
     pub async fn insert_card(&self, card_ref: &str) {
         sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")

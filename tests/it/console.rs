@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use cardworker::config::Task;
-use cardworker::polling::chain;
 use cardworker_jobs::{Job as _, RunArchive};
 use tokio::io::AsyncBufReadExt as _;
 
@@ -487,15 +486,8 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
     // A card parked by one lone failure.
     app.insert_card("c-parked").await;
     app.sim.fail_card("c-parked");
-    chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::Carddata,
-        "c-parked",
-        Duration::ZERO,
-    )
-    .await
-    .expect("start chain");
+    app.start_chain(Task::Carddata, "c-parked", Duration::ZERO)
+        .await;
     let sql =
         "SELECT count(*) FROM cards WHERE card_ref = 'c-parked' AND carddata_parked_at IS NOT NULL";
     let limit = Duration::from_secs(30);
@@ -510,15 +502,8 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         .await
         .expect("pause");
     // c-parked's card_status chain: due in an hour (its task is paused anyway).
-    chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::CardStatus,
-        "c-parked",
-        Duration::from_secs(3600),
-    )
-    .await
-    .expect("start the card_status chain");
+    app.start_chain(Task::CardStatus, "c-parked", Duration::from_secs(3600))
+        .await;
     let evil = "<script>alert(1)</script>";
     app.insert_card(evil).await;
     sqlx::query(
@@ -894,15 +879,7 @@ async fn in_a_real_browser_the_pages_show_the_fleet_unpark_restarts_a_chain_and_
         let card = format!("c-busy-{i}");
         app.insert_card(&card).await;
         app.sim.set_card_latency(&card, Some(1_500));
-        chain::start(
-            &mut app.ctx.redis.clone(),
-            app.ctx.prefix(),
-            Task::Carddata,
-            &card,
-            Duration::ZERO,
-        )
-        .await
-        .expect("start chain");
+        app.start_chain(Task::Carddata, &card, Duration::ZERO).await;
     }
     let limit = u64::from(app.ctx.config.polling.carddata.limit);
     let (running, waiting) = reload_until(

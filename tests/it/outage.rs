@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use cardworker::commands::polling as cli;
 use cardworker::config::{Config, Task};
 use cardworker::gateway::CardStatus;
-use cardworker::polling::chain;
 use cardworker::storage::cards::ParkedSelector;
 
 use crate::harness::{metric_value, spawn_app_with, wait_for_count, wait_until, TestApp};
@@ -72,15 +71,7 @@ async fn cards_polled_once(app: &TestApp) {
         app.insert_card(&card(i)).await;
         for task in Task::ALL {
             let delay = Duration::from_millis((i as u64 * 50) % 2000);
-            chain::start(
-                &mut app.ctx.redis.clone(),
-                app.ctx.prefix(),
-                task,
-                &card(i),
-                delay,
-            )
-            .await
-            .expect("start chain");
+            app.start_chain(task, &card(i), delay).await;
         }
     }
     wait_until(
@@ -284,15 +275,8 @@ async fn one_failing_card(retry_secs: u64) -> TestApp {
     .await;
     app.insert_card("c-1").await;
     app.sim.fail_card("c-1");
-    chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::CardStatus,
-        "c-1",
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
+    app.start_chain(Task::CardStatus, "c-1", Duration::ZERO)
+        .await;
     app
 }
 
@@ -377,15 +361,7 @@ async fn unpark_all_restarts_every_parked_chain_once_and_a_second_run_is_a_no_op
         app.sim.fail_card(c);
     }
     for c in bad.iter().chain(&["c-ok"]) {
-        chain::start(
-            &mut app.ctx.redis.clone(),
-            app.ctx.prefix(),
-            Task::CardStatus,
-            c,
-            Duration::ZERO,
-        )
-        .await
-        .unwrap();
+        app.start_chain(Task::CardStatus, c, Duration::ZERO).await;
     }
     wait_parked(&app, 4, Duration::from_secs(20)).await;
     cardworker::polling::publish_parked_chains(&app.ctx)

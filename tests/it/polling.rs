@@ -138,18 +138,6 @@ fn calls(app: &TestApp, call: &str) -> u64 {
     app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
 }
 
-async fn start_chain(app: &TestApp, task: Task, card_ref: &str, delay: Duration) -> String {
-    chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        task,
-        card_ref,
-        delay,
-    )
-    .await
-    .expect("start chain")
-}
-
 async fn chain_of(app: &TestApp, task: Task, card_ref: &str) -> Option<String> {
     chain::live_chains(
         &mut app.ctx.redis.clone(),
@@ -195,7 +183,8 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     let baseline = counters_when(&mut stats, &app.db.name, false, |c| c["cards"].1 == 50).await;
     for i in 1..=50 {
         for task in Task::ALL {
-            start_chain(&app, task, &format!("c-{i}"), Duration::ZERO).await;
+            app.start_chain(task, &format!("c-{i}"), Duration::ZERO)
+                .await;
         }
     }
     wait_until(Duration::from_secs(60), "500 unchanged polls", || async {
@@ -305,7 +294,8 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
     let mut app = spawn_app_with(|cfg| cfg.polling.card_status.interval_secs = 60).await;
     app.insert_card("c-1").await;
     app.sim.fail_card("c-1");
-    start_chain(&app, Task::CardStatus, "c-1", Duration::ZERO).await;
+    app.start_chain(Task::CardStatus, "c-1", Duration::ZERO)
+        .await;
     wait_until(
         Duration::from_secs(20),
         "the failure is recorded",
@@ -368,7 +358,8 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
     .await;
     app.insert_card("c-1").await;
     app.sim.fail_card("c-1");
-    start_chain(&app, Task::CardStatus, "c-1", Duration::ZERO).await;
+    app.start_chain(Task::CardStatus, "c-1", Duration::ZERO)
+        .await;
     let sql = "SELECT count(*) FROM cards WHERE card_status_parked_at IS NOT NULL";
     let limit = Duration::from_secs(30);
     wait_for_count(&app.db.pool, sql, 1, limit, "the chain is parked").await;
@@ -457,7 +448,9 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
 async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
     let app = spawn_app_with(|_| {}).await;
     app.insert_card("c-1").await;
-    let live = start_chain(&app, Task::CardStatus, "c-1", Duration::from_secs(3600)).await;
+    let live = app
+        .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+        .await;
     // A job of a replaced chain, written raw into the intake (the producer API would merge it
     // into the live chain instead).
     let stale = PollCardStatus {

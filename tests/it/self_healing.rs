@@ -49,15 +49,9 @@ async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_liv
 ) {
     let app = spawn_app_with(|cfg| cfg.polling.card_status.interval_secs = 1).await;
     app.insert_card("c-1").await;
-    let live = chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::CardStatus,
-        "c-1",
-        Duration::from_secs(3600),
-    )
-    .await
-    .expect("start");
+    let live = app
+        .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+        .await;
     // The documented producer API, with no chain (the bug: it overwrote the chain's entry).
     let id = app
         .producer()
@@ -311,15 +305,9 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
     })
     .await;
     app.insert_card("c-1").await;
-    let live = chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::CardStatus,
-        "c-1",
-        Duration::from_secs(3600),
-    )
-    .await
-    .expect("start");
+    let live = app
+        .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+        .await;
     let job = PollCardStatus {
         card_ref: "c-1".into(),
         state: ChainState {
@@ -401,15 +389,7 @@ async fn a_change_postgres_refuses_is_a_counted_failure_that_parks_instead_of_re
     // A token with a NUL byte: valid JSON, refused by PostgreSQL's text (SQLSTATE 22021).
     app.sim
         .set_card_ready("c-1", "tok_\u{0}x", "4242", 12, 2030);
-    chain::start(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::Carddata,
-        "c-1",
-        Duration::ZERO,
-    )
-    .await
-    .expect("start");
+    app.start_chain(Task::Carddata, "c-1", Duration::ZERO).await;
     wait_until(Duration::from_secs(30), "the chain is parked", || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM cards WHERE carddata_parked_at IS NOT NULL",

@@ -6,7 +6,6 @@ use std::time::Duration;
 use cardworker::commands::sim::{seed, SeedReport};
 use cardworker::config::Task;
 use cardworker::gateway::{CardData, CardStatus};
-use cardworker::polling::chain;
 
 use crate::harness::{metric_value, spawn_app_with, wait_until, TestApp};
 
@@ -65,15 +64,8 @@ async fn a_simulator_seeded_from_the_database_answers_every_card_as_stored_so_po
     assert_eq!(app.sim.card("c-1").unwrap().status, CardStatus::Inactive);
 
     for card_ref in ["c-1", "c-2", "c-3"] {
-        chain::start(
-            &mut app.ctx.redis.clone(),
-            app.ctx.prefix(),
-            Task::CardStatus,
-            card_ref,
-            Duration::ZERO,
-        )
-        .await
-        .unwrap();
+        app.start_chain(Task::CardStatus, card_ref, Duration::ZERO)
+            .await;
     }
     // Two rounds of polls of every card.
     wait_until(

@@ -236,15 +236,7 @@ async fn investigate_counts_unchanged_polls_since_the_last_change_and_says_the_c
     for card in ["c-changes", "c-steady"] {
         app.insert_card(card).await;
         for task in Task::ALL {
-            chain::start(
-                &mut app.ctx.redis.clone(),
-                app.ctx.prefix(),
-                task,
-                card,
-                Duration::ZERO,
-            )
-            .await
-            .expect("start");
+            app.start_chain(task, card, Duration::ZERO).await;
         }
     }
     // The fleet totals lag the polls by up to one flush (unchanged::FLUSH_EVERY).
