@@ -380,20 +380,12 @@ async fn a_gateway_blackhole_gives_failed_polls_an_unknown_payment_and_returns_e
         .await
         .expect("enqueue payment");
 
-    wait_until(
-        Duration::from_secs(60),
-        "two failed polls per chain",
-        || async {
-            count(
-                &db.pool,
-                "SELECT count(*) FROM (SELECT 1 FROM integration_logs WHERE resource_type = 'card'
-               AND state = 'failed' GROUP BY resource_id, scenario HAVING count(*) >= 2) t",
-            )
-            .await
-                == 8
-        },
-    )
-    .await;
+    let chains_failed_twice = "SELECT count(*) FROM (SELECT 1 FROM integration_logs
+          WHERE resource_type = 'card' AND state = 'failed'
+          GROUP BY resource_id, scenario HAVING count(*) >= 2) t";
+    let limit = Duration::from_secs(60);
+    let what = "two failed polls per chain";
+    wait_for_count(&db.pool, chains_failed_twice, 8, limit, what).await;
     wait_until(
         Duration::from_secs(30),
         "the payment is unknown",

@@ -10,7 +10,7 @@ use cardworker::config::Task;
 use cardworker_jobs::{Job as _, RunArchive};
 use tokio::io::AsyncBufReadExt as _;
 
-use crate::harness::{redis_url, spawn_app_with, wait_for_count, wait_until, TestApp};
+use crate::harness::{redis_url, spawn_app, spawn_app_with, wait_for_count, wait_until, TestApp};
 use crate::webdriver::{self, Browser};
 
 const TOKEN: &str = "console-test-token-0123456789";
@@ -181,7 +181,7 @@ async fn operator_events(app: &TestApp, event_type: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_changes_nothing() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
     let admin = Admin::of(&console, 'a').await;
     let (csrf, issued) = (admin.cookie.as_str(), admin.issued.as_str());
@@ -266,7 +266,7 @@ async fn an_action_without_the_admin_token_or_the_csrf_token_is_refused_and_chan
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_job_requeued_from_the_console_goes_back_through_the_intake_and_a_discarded_one_is_gone(
 ) {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     poison_dead(&app, "not json 4111 1111 1111 1111").await;
     let console = ConsoleProcess::start(&app, Some(TOKEN)).await;
     let page = reqwest::get(format!("{}/queues", console.url))

@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
 use rand::{Rng as _, SeedableRng as _};
 
-use crate::harness::{spawn_app_with, TestApp};
+use crate::harness::{spawn_app, TestApp};
 
 /// A `card.status` callback, delivered by the ingress straight to the job (not yet recorded).
 pub fn status_callback(channel: &str, id: &str, card_ref: &str, status: &str) -> ProcessCallback {
@@ -41,7 +41,7 @@ async fn stored_callbacks(app: &TestApp, channel: &str) -> HashMap<String, (Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_numeric_callback_ids_that_pass_luhn_are_each_applied_under_their_own_id() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     let ids = ["4111111111111111", "4012888888881881", "5555555555554444"];
     for (i, id) in ids.iter().enumerate() {
         let card = format!("c-{i}");
@@ -89,7 +89,7 @@ fn numeric_id(rng: &mut StdRng, len: usize, passes: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn property_a_thousand_numeric_callback_ids_delivered_twice_are_each_applied_once_under_their_exact_id(
 ) {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     let cards: Vec<String> = (0..8).map(|i| format!("c-{i}")).collect();
     for card in &cards {
         app.insert_card(card).await;
@@ -159,7 +159,7 @@ async fn property_a_thousand_numeric_callback_ids_delivered_twice_are_each_appli
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callback_whose_key_the_contract_forbids_is_refused_once_with_its_reason() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-1").await;
     let long = "9".repeat(cardworker::storage::ident::MAX_CHARS + 1);
     for (id, why) in [
@@ -204,7 +204,7 @@ async fn a_callback_whose_key_the_contract_forbids_is_refused_once_with_its_reas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_callback_refuses_a_forbidden_key_with_exit_2_and_records_nothing() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let body = dir.path().join("body.json");
     std::fs::write(

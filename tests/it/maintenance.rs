@@ -15,7 +15,7 @@ use cardworker_jobs::{RunArchive, RunRetention};
 use chrono::{DateTime, Days, NaiveDate, Utc};
 use sqlx::{Connection as _, PgConnection, PgPool};
 
-use crate::harness::{metric_value, spawn_app_with, wait_until, TestApp};
+use crate::harness::{metric_value, spawn_app, spawn_app_with, wait_until, TestApp};
 
 const LIMIT: Duration = Duration::from_secs(20);
 /// A schedule that does not fire during a test.
@@ -202,7 +202,7 @@ async fn table_stats(url: &str) -> Vec<(String, Vec<i64>)> {
 
 #[tokio::test]
 async fn with_maintenance_off_queued_runs_are_acknowledged_without_touching_the_tables() {
-    let mut app = spawn_app_with(|_| {}).await;
+    let mut app = spawn_app().await;
     // Seed through a connection of its own that then exits, so its counters are published.
     let mut seeder = PgConnection::connect(&app.db.url).await.unwrap();
     for k in [3, 4] {

@@ -11,7 +11,7 @@ use cardworker::payments::callback;
 use cardworker::telemetry::pan::contains_pan;
 use cardworker_jobs::ProcessCallback;
 
-use crate::harness::{spawn_app_with, wait_until, TestApp};
+use crate::harness::{spawn_app, wait_until, TestApp};
 
 /// Every text the database keeps about anything, as one string.
 async fn everything_stored(app: &TestApp) -> String {
@@ -31,7 +31,7 @@ async fn everything_stored(app: &TestApp) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callback_keeps_its_card_ref_exactly_and_stores_no_pan_in_its_free_fields() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     for (i, card_ref) in [
         "4111.1111.1111.1111",
         "4111 / 1111 / 1111 / 1111",
@@ -93,24 +93,23 @@ async fn a_callback_keeps_its_card_ref_exactly_and_stores_no_pan_in_its_free_fie
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_card_token_that_looks_like_a_pan_makes_the_answer_unknown_and_is_never_stored() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-9").await;
     app.sim
         .set_card_ready("c-9", "tok_4111-1111-1111-1111", "1111", 12, 2030);
     cardworker::commands::polling::enqueue(&app.ctx, Task::Carddata, "c-9", None)
         .await
         .expect("enqueue");
+    let unknown_polls = "SELECT count(*) FROM integration_logs WHERE resource_id = 'c-9'
+          AND scenario = 'carddata_poll' AND state = 'unknown'";
     wait_until(
         Duration::from_secs(30),
         "the poll is recorded unknown",
         || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM integration_logs WHERE resource_id = 'c-9'
-               AND scenario = 'carddata_poll' AND state = 'unknown'",
-            )
-            .fetch_one(&app.db.pool)
-            .await
-            .expect("count")
+            sqlx::query_scalar::<_, i64>(unknown_polls)
+                .fetch_one(&app.db.pool)
+                .await
+                .expect("count")
                 >= 1
         },
     )
@@ -132,7 +131,7 @@ async fn a_payment_and_its_callback_whose_ids_hold_a_luhn_passing_digit_run_are_
     // `08263-5281-4469` inside this id is 13 digits with dashes that pass Luhn: the masker must
     // see the id, not a card number, or the callback's row and the payment's outbox event are
     // stored under a redacted id nobody can look up.
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-9").await;
     let pid: uuid::Uuid = "ffa08263-5281-4469-a0b7-9b403e676268"
         .parse()

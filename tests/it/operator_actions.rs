@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use crate::harness::{assert_success, redis_url, spawn_app_with, TestApp};
+use crate::harness::{assert_success, redis_url, spawn_app, TestApp};
 
 /// `cardworker ARGS` against `app`'s Redis prefix and the database at `database_url`.
 fn cli(app: &TestApp, database_url: &str, operator: &str, args: &[&str]) -> std::process::Output {
@@ -28,7 +28,7 @@ async fn paused(app: &TestApp, task: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_whose_audit_event_cannot_be_written_is_not_carried_out_and_says_so() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     // Nothing listens on port 9: PostgreSQL is unreachable for this command.
     let out = cli(
         &app,
@@ -52,7 +52,7 @@ async fn an_action_whose_audit_event_cannot_be_written_is_not_carried_out_and_sa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cli_action_is_recorded_under_the_named_operator_via_the_cli_with_its_outcome() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     let out = cli(
         &app,
         &app.db.url,
@@ -125,7 +125,7 @@ async fn operator_events(app: &TestApp, event_type: &str) -> Vec<serde_json::Val
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_whose_request_postgresql_refuses_at_commit_is_not_carried_out_and_says_so() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     // PostgreSQL takes the event's INSERT and refuses the transaction at its commit.
     refuse_in_postgres(
         &app,
@@ -156,7 +156,7 @@ async fn an_action_whose_request_postgresql_refuses_at_commit_is_not_carried_out
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_whose_outcome_cannot_be_recorded_stands_on_record_as_requested_and_investigate_and_the_console_say_its_outcome_is_unknown(
 ) {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-1").await;
     // PostgreSQL takes the request and refuses every later write to an operator event: it fails
     // between the action and its outcome.

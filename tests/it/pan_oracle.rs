@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::console::ConsoleProcess;
 use crate::harness::{
-    assert_success, spawn_app_with, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis,
+    assert_success, spawn_app, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis,
 };
 use crate::identifiers::status_callback;
 
@@ -459,7 +459,7 @@ async fn oracle_no_test_card_number_written_into_free_text_is_found_anywhere_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oracle_numeric_identifiers_that_look_like_card_numbers_are_found_stored_exactly() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     let card = TEST_PANS[0];
     app.insert_card(card).await;
     // A card keyed by a number, a callback id, a channel and a channel_ref that are numbers.

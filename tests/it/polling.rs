@@ -18,7 +18,9 @@ use redis::AsyncCommands as _;
 use sqlx::{Connection as _, PgConnection};
 use tokio::sync::oneshot;
 
-use crate::harness::{metric_value, spawn_app_with, wait_for_count, wait_until, TestApp};
+use crate::harness::{
+    metric_value, spawn_app, spawn_app_with, wait_for_count, wait_until, TestApp,
+};
 
 const TABLES: &[&str] = &[
     "cards",
@@ -446,7 +448,7 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-1").await;
     let live = app
         .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
@@ -481,7 +483,7 @@ async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.producer()
         .enqueue(&PollCardStatus {
             card_ref: "c-nobody".into(),
@@ -503,7 +505,7 @@ async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_twice_leaves_one_chain() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-1").await;
     cli::enqueue(&app.ctx, Task::CardStatus, "c-1", None)
         .await
@@ -554,7 +556,7 @@ async fn enqueue_twice_leaves_one_chain() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_polling_cli_enqueues_reconciles_and_investigates() {
-    let app = spawn_app_with(|_| {}).await;
+    let app = spawn_app().await;
     app.insert_card("c-1").await;
     app.insert_card("c-2").await;
     let dir = tempfile::tempdir().expect("tempdir");
