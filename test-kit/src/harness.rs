@@ -552,6 +552,18 @@ impl TestApp {
         (status, resp.text().await.unwrap_or_default())
     }
 
+    /// Inserts card `card_ref` and starts its `task` chain, its first poll due after `delay`: its
+    /// chain id.
+    pub async fn card_with_chain(
+        &self,
+        task: cardworker::config::Task,
+        card_ref: &str,
+        delay: Duration,
+    ) -> String {
+        self.insert_card(card_ref).await;
+        self.start_chain(task, card_ref, delay).await
+    }
+
     /// Starts the chain of `card_ref`'s `task`, its first poll due after `delay`: its chain id.
     pub async fn start_chain(
         &self,

@@ -86,6 +86,15 @@ async fn dead_count(app: &TestApp, queue: &str) -> i64 {
         .expect("scard")
 }
 
+/// The audit events of `event_type`.
+async fn operator_events(app: &TestApp, event_type: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE event_type = $1")
+        .bind(event_type)
+        .fetch_one(&app.db.pool)
+        .await
+        .expect("count audit events")
+}
+
 /// Enqueues archive entry `poison-1` with a `payload` no job can decode, and waits until it is
 /// dead.
 async fn poison_dead(app: &TestApp, payload: &str) {
@@ -169,14 +178,6 @@ async fn post(
     let resp = req.send().await.expect("console answers");
     let status = resp.status().as_u16();
     (status, resp.text().await.unwrap_or_default())
-}
-
-async fn operator_events(app: &TestApp, event_type: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE event_type = $1")
-        .bind(event_type)
-        .fetch_one(&app.db.pool)
-        .await
-        .expect("count audit events")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

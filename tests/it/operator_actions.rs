@@ -26,6 +26,15 @@ async fn paused(app: &TestApp, task: &str) -> bool {
     serde_json::to_value(view).expect("json")["tasks"][task]["paused"] == serde_json::json!(true)
 }
 
+/// The details of the audit events of `event_type`, oldest first.
+async fn operator_events(app: &TestApp, event_type: &str) -> Vec<serde_json::Value> {
+    sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = $1 ORDER BY id")
+        .bind(event_type)
+        .fetch_all(&app.db.pool)
+        .await
+        .expect("the operator events")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_whose_audit_event_cannot_be_written_is_not_carried_out_and_says_so() {
     let app = spawn_app().await;
@@ -113,14 +122,6 @@ async fn refuse_in_postgres(app: &TestApp, name: &str, trigger: &str) {
             .await
             .expect("install the refusing trigger");
     }
-}
-
-async fn operator_events(app: &TestApp, event_type: &str) -> Vec<serde_json::Value> {
-    sqlx::query_scalar("SELECT details FROM audit_events WHERE event_type = $1 ORDER BY id")
-        .bind(event_type)
-        .fetch_all(&app.db.pool)
-        .await
-        .expect("the operator events")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

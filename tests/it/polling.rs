@@ -449,9 +449,8 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
     let app = spawn_app().await;
-    app.insert_card("c-1").await;
     let live = app
-        .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+        .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
     // A job of a replaced chain, written raw into the intake (the producer API would merge it
     // into the live chain instead).

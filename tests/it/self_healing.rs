@@ -48,9 +48,8 @@ async fn flush_prefix(redis: &TestRedis) {
 async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_live_chain_that_keeps_polling(
 ) {
     let app = spawn_app_with(|cfg| cfg.polling.card_status.interval_secs = 1).await;
-    app.insert_card("c-1").await;
     let live = app
-        .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+        .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
     // The documented producer API, with no chain (the bug: it overwrote the chain's entry).
     let id = app
@@ -304,9 +303,8 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
         cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     })
     .await;
-    app.insert_card("c-1").await;
     let live = app
-        .start_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+        .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
     let job = PollCardStatus {
         card_ref: "c-1".into(),
