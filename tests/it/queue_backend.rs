@@ -46,16 +46,7 @@ async fn leftovers(conn: &mut redis::aio::ConnectionManager, apalis: &str) -> Ve
 #[tokio::test]
 async fn a_done_job_leaves_no_payload_meta_hash_or_done_entry_in_apalis() {
     let app = spawn_app().await;
-    for _ in 0..3 {
-        app.producer()
-            .enqueue(&RunArchive::default())
-            .await
-            .expect("enqueue");
-    }
-    wait_until(Duration::from_secs(20), "three archive runs", || async {
-        finished(&app).await >= 3.0
-    })
-    .await;
+    archive_runs(&app, 3).await;
     let apalis = QueueName::new(&app.redis.prefix, RunArchive::QUEUE).apalis;
     let conn = app.redis.conn.clone();
     // The acknowledgement follows the handler's metric by a round trip: wait until no worker
@@ -67,6 +58,41 @@ async fn a_done_job_leaves_no_payload_meta_hash_or_done_entry_in_apalis() {
     .await;
     let left = leftovers(&mut conn.clone(), &apalis).await;
     assert!(left.is_empty(), "{left:#?}");
+}
+
+/// Enqueues `n` archive runs through the producer and waits up to 20 s until `n` runs finished.
+async fn archive_runs(app: &crate::harness::TestApp, n: u32) {
+    for _ in 0..n {
+        enqueue_archive(app.producer()).await;
+    }
+    let what = format!("{n} archive runs");
+    wait_until(Duration::from_secs(20), &what, || async {
+        finished(app).await >= f64::from(n)
+    })
+    .await;
+}
+
+/// A fresh prefix, a connection, and its archive queue with `n` runs enqueued through the
+/// producer and fed into apalis.
+async fn fed_archive_queue(n: usize) -> (TestRedis, redis::aio::ConnectionManager, QueueName) {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let queue = QueueName::new(&redis.prefix, RunArchive::QUEUE);
+    let producer = cardworker_jobs::Producer::new(conn.clone(), &redis.prefix);
+    for _ in 0..n {
+        enqueue_archive(&producer).await;
+    }
+    let fed = intake::feed_once(&mut conn, &queue).await.expect("feed");
+    assert_eq!(fed.moved, n);
+    (redis, conn, queue)
+}
+
+/// Enqueues one archive run through `producer`.
+async fn enqueue_archive(producer: &cardworker_jobs::Producer<redis::aio::ConnectionManager>) {
+    producer
+        .enqueue(&RunArchive::default())
+        .await
+        .expect("enqueue");
 }
 
 /// Jobs in the inflight sets of queue `apalis`'s workers.
@@ -97,14 +123,8 @@ async fn a_job_id_without_a_payload_is_dropped_and_its_worker_runs_the_next_job(
         .rpush(format!("{apalis}:active"), ulid::Ulid::new().to_string())
         .await
         .expect("rpush");
-    app.producer()
-        .enqueue(&RunArchive::default())
-        .await
-        .expect("enqueue");
-    wait_until(Duration::from_secs(20), "the real job ran", || async {
-        finished(&app).await >= 1.0
-    })
-    .await;
+    // The real job runs.
+    archive_runs(&app, 1).await;
     assert!(
         app.exited_within(Duration::from_millis(500))
             .await
@@ -144,18 +164,7 @@ fn config_of(queue: &QueueName) -> apalis_redis::Config {
 
 #[tokio::test]
 async fn a_job_a_peer_took_back_is_left_to_the_peer_and_the_others_are_acknowledged() {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
-    let queue = QueueName::new(&redis.prefix, RunArchive::QUEUE);
-    let producer = cardworker_jobs::Producer::new(conn.clone(), &redis.prefix);
-    for _ in 0..2 {
-        producer
-            .enqueue(&RunArchive::default())
-            .await
-            .expect("enqueue");
-    }
-    let fed = intake::feed_once(&mut conn, &queue).await.expect("feed");
-    assert_eq!(fed.moved, 2);
+    let (_redis, mut conn, queue) = fed_archive_queue(2).await;
 
     let worker = WorkerContext::new("archive-test-1");
     register(&mut conn, &queue, worker.name()).await;
@@ -223,15 +232,7 @@ async fn a_job_a_peer_took_back_is_left_to_the_peer_and_the_others_are_acknowled
 
 #[tokio::test]
 async fn a_killed_job_is_acknowledged_into_the_dead_set_with_its_reason() {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
-    let queue = QueueName::new(&redis.prefix, RunArchive::QUEUE);
-    let producer = cardworker_jobs::Producer::new(conn.clone(), &redis.prefix);
-    producer
-        .enqueue(&RunArchive::default())
-        .await
-        .expect("enqueue");
-    intake::feed_once(&mut conn, &queue).await.expect("feed");
+    let (_redis, mut conn, queue) = fed_archive_queue(1).await;
     let worker = WorkerContext::new("archive-test-2");
     register(&mut conn, &queue, worker.name()).await;
     let config = config_of(&queue);
@@ -296,10 +297,7 @@ async fn a_wake_up_during_a_fetch_that_came_back_empty_is_fetched_without_waitin
         .expect("fetch");
     assert!(none.is_empty());
     let producer = cardworker_jobs::Producer::new(conn.clone(), &redis.prefix);
-    producer
-        .enqueue(&RunArchive::default())
-        .await
-        .expect("enqueue");
+    enqueue_archive(&producer).await;
 
     let wake = cardworker::queue::wake::handle(&queue.apalis);
     let storage = apalis_redis::RedisStorage::<String>::new(conn.clone()).with_config(config);
