@@ -14,6 +14,7 @@ use cardworker_jobs::{keys, ChainState, Job as _, PollCardData, PollCardStatus};
 use redis::AsyncCommands as _;
 
 use crate::harness::{spawn_app_with, wait_until, TestRedis};
+use crate::unchanged::chain_a_minute_out;
 
 /// The payloads apalis holds for `queue`, decoded (the feeder stores each as a JSON string).
 async fn apalis_payloads(redis: &TestRedis, queue: &str) -> Vec<PollCardData> {
@@ -93,12 +94,8 @@ async fn liveness(
 
 #[tokio::test]
 async fn a_polling_entry_fed_without_a_payload_hash_carries_the_chains_state() {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
+    let (redis, mut conn, id) = chain_a_minute_out(Task::Carddata, "c-1").await;
     let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
-    let id = chain::start(&mut conn, prefix, task, "c-1", Duration::from_secs(60))
-        .await
-        .expect("start");
     assert_eq!(id.len(), 8, "a short chain id: {id}");
     // A deferred retry after two failures: its state goes into the chain entry, no payload.
     let next = ChainState {

@@ -28,15 +28,31 @@ async fn tally(redis: &TestRedis, task: Task, card: &str) -> Option<unchanged::T
         .and_then(|e| e.tally)
 }
 
+/// A fresh prefix with `card`'s `task` chain started, its first poll due in a minute: the prefix,
+/// a connection to it and the chain id.
+pub(crate) async fn chain_a_minute_out(
+    task: Task,
+    card: &str,
+) -> (TestRedis, redis::aio::ConnectionManager, String) {
+    let redis = TestRedis::new().await;
+    let mut conn = redis.conn.clone();
+    let id = chain::start(
+        &mut conn,
+        &redis.prefix,
+        task,
+        card,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("start");
+    (redis, conn, id)
+}
+
 #[tokio::test]
 async fn an_unchanged_poll_adds_one_to_the_cards_tally_and_the_hours_fleet_counter_in_the_scheduling_call(
 ) {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
+    let (redis, mut conn, id) = chain_a_minute_out(Task::CardStatus, "c-1").await;
     let (prefix, task) = (redis.prefix.as_str(), Task::CardStatus);
-    let id = chain::start(&mut conn, prefix, task, "c-1", Duration::from_secs(60))
-        .await
-        .expect("start");
     let started = tally(&redis, task, "c-1")
         .await
         .expect("a fresh chain has a tally");
@@ -96,12 +112,8 @@ async fn an_unchanged_poll_adds_one_to_the_cards_tally_and_the_hours_fleet_count
 
 #[tokio::test]
 async fn a_recorded_change_or_failure_resets_the_count_and_a_deferral_keeps_it() {
-    let redis = TestRedis::new().await;
-    let mut conn = redis.conn.clone();
+    let (redis, mut conn, id) = chain_a_minute_out(Task::Carddata, "c-2").await;
     let (prefix, task) = (redis.prefix.as_str(), Task::Carddata);
-    let id = chain::start(&mut conn, prefix, task, "c-2", Duration::from_secs(60))
-        .await
-        .expect("start");
     let base = conn.clone();
     let schedule = |count: Count| {
         let mut conn = base.clone();
