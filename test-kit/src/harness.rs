@@ -552,6 +552,16 @@ impl TestApp {
         (status, resp.text().await.unwrap_or_default())
     }
 
+    /// A card_status poll of `card_ref` through the producer API, with no chain of its own: the
+    /// id of the chain it joined or started.
+    pub async fn enqueue_status_poll(&self, card_ref: &str) -> String {
+        let job = cardworker_jobs::PollCardStatus {
+            card_ref: card_ref.into(),
+            state: cardworker_jobs::ChainState::default(),
+        };
+        self.producer().enqueue(&job).await.expect("enqueue")
+    }
+
     /// Inserts card `card_ref` and starts its `task` chain, its first poll due after `delay`: its
     /// chain id.
     pub async fn card_with_chain(

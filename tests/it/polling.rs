@@ -136,14 +136,16 @@ async fn finished_jobs(app: &TestApp, queue: &str) -> f64 {
     )
 }
 
-fn calls(app: &TestApp, call: &str) -> u64 {
+/// The calls of kind `call` the simulator served.
+pub(crate) fn calls(app: &TestApp, call: &str) -> u64 {
     app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
 }
 
-async fn chain_of(app: &TestApp, task: Task, card_ref: &str) -> Option<String> {
+/// The live chain of `card_ref`'s `task` in the deployment of `ctx`, if any.
+pub(crate) async fn chain_of(ctx: &AppContext, task: Task, card_ref: &str) -> Option<String> {
     chain::live_chains(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
+        &mut ctx.redis.clone(),
+        ctx.prefix(),
         task,
         &[card_ref.to_owned()],
     )
@@ -163,6 +165,17 @@ async fn scalar(app: &TestApp, sql: &str) -> i64 {
         .fetch_one(&app.db.pool)
         .await
         .expect(sql)
+}
+
+/// The first card_status poll of chain `chain` of `card_ref`, as a job.
+pub(crate) fn first_poll_of(card_ref: &str, chain: &str) -> PollCardStatus {
+    PollCardStatus {
+        card_ref: card_ref.into(),
+        state: ChainState {
+            chain: chain.into(),
+            ..ChainState::default()
+        },
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,7 +348,7 @@ async fn a_failed_poll_writes_one_failed_log_and_one_audit_pair() {
     assert_eq!(scalar(&app, "SELECT count(*) FROM outbox_events").await, 0);
     assert_eq!(scalar(&app, "SELECT version FROM cards").await, 0);
     // The chain lives on, with its failure count, for the back-off retry.
-    assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
+    assert!(chain_of(&app.ctx, Task::CardStatus, "c-1").await.is_some());
 
     // No UPDATE of integration_logs, ever, on the polling path.
     app.stop().await.expect("stops cleanly");
@@ -410,7 +423,7 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
         "{last}"
     );
     // The parked chain stays scheduled: its next job is the retry, 6 h from now.
-    let parked_chain = chain_of(&app, Task::CardStatus, "c-1").await;
+    let parked_chain = chain_of(&app.ctx, Task::CardStatus, "c-1").await;
     assert!(parked_chain.is_some());
     let calls_when_parked = calls(&app, "card_status");
     assert_eq!(calls_when_parked, 3);
@@ -420,7 +433,10 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
         .await
         .expect("reconcile");
     assert_eq!((examined, started), (0, 0));
-    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, parked_chain);
+    assert_eq!(
+        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
+        parked_chain
+    );
 
     // An explicit enqueue restarts it now.
     app.sim.heal_card("c-1");
@@ -439,7 +455,7 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
         outcome(&app, "card_status", "skipped_unchanged").await >= 1.0
     })
     .await;
-    assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
+    assert!(chain_of(&app.ctx, Task::CardStatus, "c-1").await.is_some());
     assert_eq!(
         scalar(&app, "SELECT count(*) FROM integration_logs").await,
         3
@@ -454,15 +470,7 @@ async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
         .await;
     // A job of a replaced chain, written raw into the intake (the producer API would merge it
     // into the live chain instead).
-    let stale = PollCardStatus {
-        card_ref: "c-1".into(),
-        state: ChainState {
-            chain: "01OLDCHAIN".into(),
-            failures: 0,
-            deferrals: 0,
-            turn: 0,
-        },
-    };
+    let stale = first_poll_of("c-1", "01OLDCHAIN");
     app.producer()
         .enqueue_raw(
             PollCardStatus::QUEUE,
@@ -477,25 +485,22 @@ async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
     })
     .await;
     assert_eq!(calls(&app, "card_status"), 0);
-    assert_eq!(chain_of(&app, Task::CardStatus, "c-1").await, Some(live));
+    assert_eq!(
+        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
+        Some(live)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
     let app = spawn_app().await;
-    app.producer()
-        .enqueue(&PollCardStatus {
-            card_ref: "c-nobody".into(),
-            state: ChainState::default(),
-        })
-        .await
-        .expect("enqueue");
+    app.enqueue_status_poll("c-nobody").await;
     wait_until(Duration::from_secs(20), "the job ran", || async {
         finished_jobs(&app, PollCardStatus::QUEUE).await >= 1.0
     })
     .await;
     assert_eq!(calls(&app, "card_status"), 0);
-    assert_eq!(chain_of(&app, Task::CardStatus, "c-nobody").await, None);
+    assert_eq!(chain_of(&app.ctx, Task::CardStatus, "c-nobody").await, None);
     assert_eq!(
         scalar(&app, "SELECT count(*) FROM integration_logs").await,
         0
@@ -550,7 +555,7 @@ async fn enqueue_twice_leaves_one_chain() {
     // A job of the replaced chain may have reached apalis before the second enqueue: it was
     // acknowledged without a call.
     assert_eq!(calls(&app, "card_status"), 1);
-    assert!(chain_of(&app, Task::CardStatus, "c-1").await.is_some());
+    assert!(chain_of(&app.ctx, Task::CardStatus, "c-1").await.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

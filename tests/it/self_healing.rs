@@ -14,26 +14,10 @@ use redis::AsyncCommands as _;
 use uuid::Uuid;
 
 use crate::harness::{
-    spawn_app_prepared, spawn_app_with, test_config, wait_until, TestApp, TestDb, TestRedis,
+    spawn_app_prepared, spawn_app_with, test_config, wait_until, TestDb, TestRedis,
 };
 use crate::money_support::age;
-
-fn calls(app: &TestApp, call: &str) -> u64 {
-    app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
-}
-
-async fn chain_of(ctx: &AppContext, task: Task, card_ref: &str) -> Option<String> {
-    chain::live_chains(
-        &mut ctx.redis.clone(),
-        ctx.prefix(),
-        task,
-        &[card_ref.to_owned()],
-    )
-    .await
-    .expect("chains")
-    .pop()
-    .flatten()
-}
+use crate::polling::{calls, chain_of};
 
 /// Deletes every key of the prefix: what a Redis flush does to one deployment (never FLUSHALL
 /// on the shared Redis).
@@ -52,14 +36,7 @@ async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_liv
         .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
     // The documented producer API, with no chain (the bug: it overwrote the chain's entry).
-    let id = app
-        .producer()
-        .enqueue(&PollCardStatus {
-            card_ref: "c-1".into(),
-            state: ChainState::default(),
-        })
-        .await
-        .expect("enqueue");
+    let id = app.enqueue_status_poll("c-1").await;
     assert_eq!(id, live, "the job merged into the live chain");
     wait_until(Duration::from_secs(20), "polled now and again", || async {
         calls(&app, "card_status") >= 3
@@ -95,14 +72,7 @@ async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_liv
 
     // Without a live chain, the producer's job starts one.
     app.insert_card("c-2").await;
-    let started = app
-        .producer()
-        .enqueue(&PollCardStatus {
-            card_ref: "c-2".into(),
-            state: ChainState::default(),
-        })
-        .await
-        .expect("enqueue");
+    let started = app.enqueue_status_poll("c-2").await;
     assert_eq!(
         chain_of(&app.ctx, Task::CardStatus, "c-2").await,
         Some(started)
@@ -306,16 +276,8 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
     let live = app
         .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
-    let job = PollCardStatus {
-        card_ref: "c-1".into(),
-        state: ChainState {
-            chain: live.clone(),
-            failures: 0,
-            deferrals: 0,
-            turn: 0,
-        },
-    };
-    // The successor waits as the chain's entry (issue 19: its state is there, not in a payload).
+    let job = crate::polling::first_poll_of("c-1", &live);
+    // The successor waits as the chain's entry (its state is there, not in a payload).
     let waiting_payload = || async {
         let entry = cardworker::polling::unchanged::entry(
             &mut app.redis.conn.clone(),
