@@ -36,6 +36,25 @@ pub fn config_on(db_url: &str, redis_url: &str, gateway: &str) -> Config {
     config
 }
 
+/// Calls may take `call_secs` at the Gateway (`gateway.timeout_ms`), their polls 2 s more
+/// (`polling.handler_timeout_secs`), and a lease lives `lease_ttl_secs`.
+pub fn slow_calls(config: &mut Config, call_secs: u64, lease_ttl_secs: u64) {
+    config.gateway.timeout_ms = call_secs * 1000;
+    config.polling.handler_timeout_secs = call_secs + 2;
+    config.polling.lease_ttl_secs = lease_ttl_secs;
+}
+
+/// Waits up to 60 s until two polls are at the simulator at once (both tokens of a two-token
+/// budget held).
+pub async fn two_polls_at_the_gateway(sim: &Simulator) {
+    crate::harness::wait_until(
+        Duration::from_secs(60),
+        "two polls at the Gateway",
+        || async { sim.stats().in_flight_polls == 2 },
+    )
+    .await;
+}
+
 /// A worker run in the test's process, on whatever services its config names; stopped (and its
 /// task aborted) when dropped.
 pub struct InProcess {

@@ -48,9 +48,7 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let mut config = config_on(&db.url, &redis.url(), &sim_handle.base_url());
-    config.gateway.timeout_ms = 1_000;
-    config.polling.handler_timeout_secs = 3;
-    config.polling.lease_ttl_secs = 10;
+    faults::slow_calls(&mut config, 1, 10);
     config.polling.total_limit = Limit::new(2).expect("a limit");
     for task in [
         &mut config.polling.carddata,
@@ -250,19 +248,13 @@ async fn a_worker_stopped_while_its_polls_wait_for_the_gateway_leaves_their_toke
     sim.set_error_rate(0.0);
     sim.set_garbage_rate(0.0);
     let mut config = faults::two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
-    config.gateway.timeout_ms = 7_000;
-    config.polling.handler_timeout_secs = 9;
-    config.polling.lease_ttl_secs = 20;
+    faults::slow_calls(&mut config, 7, 20);
     config.worker.shutdown_grace_secs = 1;
     insert_cards(&db.pool, 6).await;
     let stopping = InProcess::start(config.clone()).await;
     faults::start_chains(&stopping.ctx).await;
-    wait_until(
-        Duration::from_secs(60),
-        "two polls of the stopping worker at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
+    // Both polls of the stopping worker at the Gateway.
+    faults::two_polls_at_the_gateway(&sim).await;
     let other = InProcess::start(config).await;
     let stopped_at = std::time::Instant::now();
     let stopped = stopping.stop().await;

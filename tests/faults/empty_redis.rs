@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use crate::faults::{self, insert_cards, services, two_token_config, InProcess};
-use crate::harness::wait_until;
 
 /// Longer than Redis's down time and the worker's recovery of its chains, so that the polls in
 /// flight when Redis goes are still at the Gateway when new polls could be admitted.
@@ -18,18 +17,11 @@ async fn polls_in_flight_when_redis_comes_back_empty_still_count_against_the_lim
 ) {
     let (db, mut redis, sim, sim_handle) = services(SLOW_MS).await;
     let mut config = two_token_config(&db.url, &redis.url(), &sim_handle.base_url());
-    config.gateway.timeout_ms = 30_000;
-    config.polling.handler_timeout_secs = 32;
-    config.polling.lease_ttl_secs = 45;
+    faults::slow_calls(&mut config, 30, 45);
     insert_cards(&db.pool, 6).await;
     let worker = InProcess::start(config).await;
     faults::start_chains(&worker.ctx).await;
-    wait_until(
-        Duration::from_secs(60),
-        "two polls at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
+    faults::two_polls_at_the_gateway(&sim).await;
 
     // Redis goes and comes back empty while both polls are at the Gateway.
     tokio::task::block_in_place(|| {

@@ -14,7 +14,10 @@ use cardworker::context;
 use cardworker::polling::reconcile;
 use cardworker::sim::{SimHandle, SimStats, Simulator};
 
-use crate::faults::{insert_cards, services, simulator, start_chains, two_token_config, InProcess};
+use crate::faults::{
+    self, insert_cards, services, simulator, start_chains, two_polls_at_the_gateway,
+    two_token_config, InProcess,
+};
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
 
@@ -28,9 +31,7 @@ pub(crate) const CARDS: usize = 6;
 /// gives up after 7 s (a poll after 9 s, its lease after 20 s).
 pub(crate) fn config(db: &TestDb, redis_url: &str, gateway: &str) -> Config {
     let mut config = two_token_config(&db.url, redis_url, gateway);
-    config.gateway.timeout_ms = 7_000;
-    config.polling.handler_timeout_secs = 9;
-    config.polling.lease_ttl_secs = 20;
+    faults::slow_calls(&mut config, 7, 20);
     config
 }
 
@@ -134,15 +135,6 @@ async fn worker_at_the_gateway(
     start_chains(&worker.ctx).await;
     two_polls_at_the_gateway(&sim).await;
     (sim, sim_handle, config, worker)
-}
-
-async fn two_polls_at_the_gateway(sim: &Simulator) {
-    wait_until(
-        Duration::from_secs(60),
-        "two polls at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
 }
 
 /// Empties the private Redis at `url`; answers when.

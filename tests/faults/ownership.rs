@@ -14,8 +14,8 @@ use redis::aio::ConnectionManager;
 use sqlx::PgPool;
 
 use crate::faults::{
-    config_on, insert_cards, services, start_chains, two_token_config, Child, InProcess, NEVER,
-    PREFIX,
+    config_on, insert_cards, services, slow_calls, start_chains, two_token_config, Child,
+    InProcess, NEVER, PREFIX,
 };
 use crate::harness::{assert_success, wait_until, TestDb};
 use crate::private::PrivateRedis;
@@ -46,14 +46,6 @@ fn worker_config(
     config.approvals.recovery_cron = NEVER.to_owned();
     slow_calls(&mut config, call_secs, lease_ttl_secs);
     config
-}
-
-/// A call may take `call_secs` at the Gateway and its poll 2 s more; a lease lives
-/// `lease_ttl_secs`.
-fn slow_calls(config: &mut Config, call_secs: u64, lease_ttl_secs: u64) {
-    config.gateway.timeout_ms = call_secs * 1000;
-    config.polling.handler_timeout_secs = call_secs + 2;
-    config.polling.lease_ttl_secs = lease_ttl_secs;
 }
 
 /// The second-delivery tests' worker: calls of up to 14 s, and each chain's own next poll far
