@@ -222,18 +222,7 @@ async fn money(world: &World, calls: &[Call], report: &mut Report) {
                 posts_since_404 = 0;
             }
         }
-        let (table, key) = if *kind == "payment" {
-            ("payments", "payment_id")
-        } else {
-            ("approvals", "approval_id")
-        };
-        let recorded: Option<String> =
-            sqlx::query_scalar(&format!("SELECT status FROM {table} WHERE {key} = $1"))
-                .bind(id)
-                .fetch_optional(&world.pool)
-                .await
-                .ok()
-                .flatten();
+        let recorded = world.money_status(kind, *id).await;
         let Some(recorded) = recorded else {
             continue;
         };

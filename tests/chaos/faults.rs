@@ -289,53 +289,70 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
     }
     // The losses of Redis data that fail no call (FLUSHALL, a restart from the append-only
     // file, a pod started during the fence that follows), drawn from a stream of their own so
-    // that the rest of every seed's schedule stays as it was: in runs of five minutes or more,
-    // one of each per five minutes of the phase. (The two-minute run of `make test` keeps its
-    // schedule: each such loss holds every poll for two handler timeouts.)
-    if phase_ms >= 240_000 {
-        let mut lost = StdRng::seed_from_u64(seed ^ 0x6c6f_7374_5f64_6174);
-        for _ in 0..(phase_ms / 300_000).max(1) {
-            for fault in [
+    // that the rest of every seed's schedule stays as it was. (The two-minute run of `make test`
+    // keeps its schedule: each such loss holds every poll for two handler timeouts.)
+    each_per_five_minutes(
+        &mut plan,
+        seed ^ 0x6c6f_7374_5f64_6174,
+        phase_ms,
+        warm,
+        |rng| {
+            vec![
                 Fault::RedisFlushAll,
                 Fault::RedisKillAof {
-                    down_ms: lost.random_range(500..3_000),
+                    down_ms: rng.random_range(500..3_000),
                 },
                 Fault::PodStartedInFence {
-                    slot: lost.random_range(0..workers),
+                    slot: rng.random_range(0..workers),
                 },
-            ] {
-                let latest = phase_ms.saturating_sub(fault.duration_ms());
-                if latest <= warm {
-                    continue;
-                }
-                plan.push((lost.random_range(warm..=latest), fault));
-            }
-        }
-    }
+            ]
+        },
+    );
     // The losses that come through the network (a worker cut off while Redis restarts empty,
     // a failover to a replica that lagged), from a third stream, on the same terms.
-    if phase_ms >= 240_000 {
-        let mut net = StdRng::seed_from_u64(seed ^ 0x6e65_7477_6f72_6b73);
-        for _ in 0..(phase_ms / 300_000).max(1) {
-            for fault in [
+    each_per_five_minutes(
+        &mut plan,
+        seed ^ 0x6e65_7477_6f72_6b73,
+        phase_ms,
+        warm,
+        |rng| {
+            vec![
                 Fault::RedisCutOffWhileEmpty {
-                    slot: net.random_range(0..workers),
-                    down_ms: net.random_range(500..3_000),
+                    slot: rng.random_range(0..workers),
+                    down_ms: rng.random_range(500..3_000),
                 },
                 Fault::RedisFailover {
-                    lag_ms: net.random_range(2_000..8_000),
+                    lag_ms: rng.random_range(2_000..8_000),
                 },
-            ] {
-                let latest = phase_ms.saturating_sub(fault.duration_ms());
-                if latest <= warm {
-                    continue;
-                }
-                plan.push((net.random_range(warm..=latest), fault));
-            }
-        }
-    }
+            ]
+        },
+    );
     plan.sort_by_key(|(at, _)| *at);
     plan
+}
+
+/// In runs whose fault phase is four minutes or more: each fault `kinds` draws, once per five
+/// minutes of the phase, at a time of its own, all from the stream seeded with `stream`.
+fn each_per_five_minutes(
+    plan: &mut Vec<(u64, Fault)>,
+    stream: u64,
+    phase_ms: u64,
+    warm: u64,
+    kinds: impl Fn(&mut StdRng) -> Vec<Fault>,
+) {
+    if phase_ms < 240_000 {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(stream);
+    for _ in 0..(phase_ms / 300_000).max(1) {
+        for fault in kinds(&mut rng) {
+            let latest = phase_ms.saturating_sub(fault.duration_ms());
+            if latest <= warm {
+                continue;
+            }
+            plan.push((rng.random_range(warm..=latest), fault));
+        }
+    }
 }
 
 /// Plays the schedule from now; returns when every fault has ended (and been undone).

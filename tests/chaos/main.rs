@@ -88,6 +88,22 @@ impl World {
             .push((kind, id));
     }
 
+    /// The status recorded for payment or approval `id` (`kind` `payment` or `approval`), if its
+    /// row can be read now.
+    pub async fn money_status(&self, kind: &str, id: Uuid) -> Option<String> {
+        let (table, key) = if kind == "payment" {
+            ("payments", "payment_id")
+        } else {
+            ("approvals", "approval_id")
+        };
+        sqlx::query_scalar(&format!("SELECT status FROM {table} WHERE {key} = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .ok()
+            .flatten()
+    }
+
     pub fn created_rows(&self) -> Vec<(&'static str, Uuid)> {
         self.created
             .lock()

@@ -291,25 +291,9 @@ async fn decision_callback(
     }
     // Only once the row is final in PostgreSQL: a contradiction that came first would be the
     // decision the worker applies, and the Gateway's would be the conflict.
-    let table = if kind == "payment" {
-        "payments"
-    } else {
-        "approvals"
-    };
-    let key = if kind == "payment" {
-        "payment_id"
-    } else {
-        "approval_id"
-    };
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let recorded: Option<String> =
-            sqlx::query_scalar(&format!("SELECT status FROM {table} WHERE {key} = $1"))
-                .bind(id)
-                .fetch_optional(&world.pool)
-                .await
-                .ok()
-                .flatten();
+        let recorded = world.money_status(kind, id).await;
         if recorded.as_deref() == Some(status.as_str()) {
             let other = match status.as_str() {
                 "accepted" => PaymentStatus::Rejected.as_str(),

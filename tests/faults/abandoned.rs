@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use cardworker::budget::Budget;
 use cardworker::config::{Config, Task};
 
 use cardworker::context;
@@ -40,6 +41,26 @@ fn assert_within_limits(stats: &SimStats) {
             "{peak} {kind} polls at the Gateway at once, task limit 2: {stats:?}"
         );
     }
+}
+
+/// Two budgets on `redis` with the given handler timeout and lease TTL (seconds): the process
+/// `name` under test, and an observer that reads the fleet's leases.
+async fn budgets(
+    redis: &PrivateRedis,
+    handler_secs: u64,
+    lease_secs: u64,
+    name: &str,
+) -> (Budget, Budget) {
+    let mut config = Config::default();
+    config.redis.url = redis.url().into();
+    config.redis.key_prefix = "cw".to_owned();
+    config.polling.handler_timeout_secs = handler_secs;
+    config.polling.lease_ttl_secs = lease_secs;
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    (
+        Budget::new(conn.clone(), &config).with_process_id(name),
+        Budget::new(conn, &config).with_process_id("observer"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,18 +147,11 @@ async fn a_call_abandoned_at_the_client_timeout_keeps_its_tokens_until_the_gatew
 /// the Gateway answers them (or at their deadline), not with the rest of the process's leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_keeps_an_abandoned_call_s_tokens_until_the_gateway_answers_it() {
-    use cardworker::budget::{Acquired, Budget, Slot};
+    use cardworker::budget::{Acquired, Slot};
     use std::time::Instant;
 
     let redis = PrivateRedis::start_new(false);
-    let mut config = Config::default();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
-    config.polling.handler_timeout_secs = 20;
-    config.polling.lease_ttl_secs = 30;
-    let conn = context::connect_redis(&redis.url()).await.expect("redis");
-    let budget = Budget::new(conn.clone(), &config).with_process_id("stopping");
-    let observer = Budget::new(conn, &config).with_process_id("observer");
+    let (budget, observer) = budgets(&redis, 20, 30, "stopping").await;
     let lease = budget.new_lease_id();
     let granted = budget
         .acquire(Task::Carddata, &lease)
@@ -185,19 +199,12 @@ async fn shutdown_keeps_an_abandoned_call_s_tokens_until_the_gateway_answers_it(
 /// extended, so that it neither expires nor goes back before the call's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_call_that_outlasts_its_lease_keeps_its_tokens_until_its_deadline() {
-    use cardworker::budget::{Budget, Slot};
+    use cardworker::budget::Slot;
     use std::time::Instant;
 
     let redis = PrivateRedis::start_new(false);
-    let mut config = Config::default();
-    config.redis.url = redis.url().into();
-    config.redis.key_prefix = "cw".to_owned();
     // A short lease, so that the call's deadline comes after its expiry.
-    config.polling.lease_ttl_secs = 4;
-    config.polling.handler_timeout_secs = 8;
-    let conn = context::connect_redis(&redis.url()).await.expect("redis");
-    let budget = Budget::new(conn.clone(), &config).with_process_id("late");
-    let observer = Budget::new(conn, &config).with_process_id("observer");
+    let (budget, observer) = budgets(&redis, 8, 4, "late").await;
     let lease = budget.new_lease_id();
     let acquired_at = Instant::now();
     budget

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cardworker::config::Task;
 use cardworker::context;
-use cardworker::polling::due_queue::{DueQueue, Held, Leased, ShardKeys};
+use cardworker::polling::due_queue::{DueQueue, Held, Lease, Leased, ShardKeys};
 use redis::aio::ConnectionManager;
 
 use crate::cluster::PrivateCluster;
@@ -35,6 +35,19 @@ async fn due_since(queue: &DueQueue, conn: &mut ConnectionManager, card_ref: &st
         .query_async(conn)
         .await
         .unwrap();
+}
+
+/// Acknowledges the poll of `card_ref` under `lease`, the card due again at once.
+async fn ack_now(
+    queue: &DueQueue,
+    conn: &mut ConnectionManager,
+    card_ref: &str,
+    lease: Lease,
+) -> Held<()> {
+    queue
+        .ack(conn, card_ref, lease, Duration::ZERO)
+        .await
+        .unwrap()
 }
 
 fn cards(leased: &[Leased]) -> Vec<&str> {
@@ -69,10 +82,7 @@ async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_hol
     let [leased] = <[Leased; 1]>::try_from(queue.fetch(&mut conn, 5, LONG).await.unwrap()).unwrap();
 
     assert_eq!(
-        queue
-            .ack(&mut conn, "c-1", leased.lease, Duration::ZERO)
-            .await
-            .unwrap(),
+        ack_now(&queue, &mut conn, "c-1", leased.lease).await,
         Held::Yes(())
     );
     assert_eq!(
@@ -130,10 +140,7 @@ async fn a_lease_that_ends_makes_the_card_due_again_and_its_late_acknowledgement
         "due again as of the ended lease's deadline"
     );
     assert_eq!(
-        queue
-            .ack(&mut conn, "c-1", first[0].lease, Duration::ZERO)
-            .await
-            .unwrap(),
+        ack_now(&queue, &mut conn, "c-1", first[0].lease).await,
         Held::Stale,
         "the dead holder's late acknowledgement"
     );
@@ -186,18 +193,12 @@ async fn an_extended_lease_outlives_its_first_deadline_and_only_its_new_name_hol
         "past the first deadline, the extended lease still holds the card"
     );
     assert_eq!(
-        queue
-            .ack(&mut conn, "c-1", first[0].lease, Duration::ZERO)
-            .await
-            .unwrap(),
+        ack_now(&queue, &mut conn, "c-1", first[0].lease).await,
         Held::Stale,
         "the lease's old name"
     );
     assert_eq!(
-        queue
-            .ack(&mut conn, "c-1", extended, Duration::ZERO)
-            .await
-            .unwrap(),
+        ack_now(&queue, &mut conn, "c-1", extended).await,
         Held::Yes(())
     );
 }
@@ -218,10 +219,7 @@ async fn adding_a_card_leaves_an_entry_it_has_as_it_is_and_a_removed_card_s_poll
 
     assert!(queue.remove(&mut conn, "c-1").await.unwrap());
     assert_eq!(
-        queue
-            .ack(&mut conn, "c-1", leased[0].lease, Duration::ZERO)
-            .await
-            .unwrap(),
+        ack_now(&queue, &mut conn, "c-1", leased[0].lease).await,
         Held::Stale
     );
     let left: u64 = redis::cmd("ZCARD")
@@ -306,10 +304,7 @@ async fn workers_fetching_and_acknowledging_at_once_never_hold_one_card_twice_an
                     }
                     tokio::time::sleep(Duration::from_millis(n % 5)).await;
                     let sent = Instant::now();
-                    let held = queue
-                        .ack(&mut conn, &leased.card_ref, leased.lease, Duration::ZERO)
-                        .await
-                        .unwrap();
+                    let held = ack_now(&queue, &mut conn, &leased.card_ref, leased.lease).await;
                     holds.lock().unwrap().push((
                         (leased.card_ref, fetched, Some(sent)),
                         held == Held::Yes(()),
@@ -435,10 +430,7 @@ async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_nam
         }
         names.push(lease);
         assert_eq!(
-            queue
-                .ack(&mut conn, "c-1", lease, Duration::ZERO)
-                .await
-                .unwrap(),
+            ack_now(&queue, &mut conn, "c-1", lease).await,
             Held::Yes(())
         );
     }
@@ -462,10 +454,7 @@ async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
     let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
     let (one, two) = (&leased[0], &leased[1]);
     assert_eq!(
-        queue
-            .ack(&mut conn, &one.card_ref, one.lease, Duration::ZERO)
-            .await
-            .unwrap(),
+        ack_now(&queue, &mut conn, &one.card_ref, one.lease).await,
         Held::Yes(())
     );
     let held = queue

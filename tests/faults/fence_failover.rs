@@ -16,7 +16,8 @@ use redis::aio::ConnectionManager;
 
 use crate::faults::{insert_cards, start_chains, InProcess};
 use crate::fence::{
-    assert_within_limits, config, every_card_polled_again, ran_before, ANSWER_AFTER_MS, CARDS,
+    assert_within_limits, config, epoch_marker_written, every_card_polled_again, ran_before,
+    ANSWER_AFTER_MS, CARDS,
 };
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
@@ -61,6 +62,26 @@ async fn within_limits_until(sim: &Simulator, until: Instant, when: &str) {
     }
 }
 
+/// The Gateway is quick again: every card is polled again soon after the fence that began at
+/// `lost`, and both workers ride the loss out.
+async fn polled_again_after_the_fence(
+    sim: &Simulator,
+    fence: Duration,
+    lost: Instant,
+    workers: [InProcess; 2],
+) {
+    sim.set_latency(200, 0);
+    every_card_polled_again(
+        sim,
+        fence.saturating_sub(lost.elapsed()),
+        fence + Duration::from_secs(60),
+    )
+    .await;
+    for (name, worker) in ["A", "B"].iter().zip(&workers) {
+        assert!(!worker.exited(), "worker {name} rides out the loss");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_redis_while_it_restarts_empty_admits_no_poll_beside_those_at_the_gateway_and_nor_does_any_other(
 ) {
@@ -98,25 +119,8 @@ async fn a_worker_cut_off_from_redis_while_it_restarts_empty_admits_no_poll_besi
     let cut = Instant::now();
     tokio::task::block_in_place(|| redis.restart_empty());
     let restarted = Instant::now();
+    epoch_marker_written(&redis.url(), "worker B noticing the loss").await;
     let admin = context::connect_redis(&redis.url()).await.expect("redis");
-    let epoch = cardworker::runner::redis_watch::epoch_key("cw");
-    wait_until(
-        Duration::from_secs(10),
-        "worker B noticing the loss",
-        || {
-            let mut admin = admin.clone();
-            let epoch = epoch.clone();
-            async move {
-                redis::cmd("EXISTS")
-                    .arg(&epoch)
-                    .query_async::<i64>(&mut admin)
-                    .await
-                    .unwrap_or(0)
-                    == 1
-            }
-        },
-    )
-    .await;
     restore_chains(&b.ctx, "worker B's chains restored after the restart").await;
 
     // Nothing is admitted beside A's calls while they are at the Gateway, nor after, while A is
@@ -146,18 +150,7 @@ async fn a_worker_cut_off_from_redis_while_it_restarts_empty_admits_no_poll_besi
         "with worker A back",
     )
     .await;
-    sim.set_latency(200, 0);
-    every_card_polled_again(
-        &sim,
-        fence.saturating_sub(restarted.elapsed()),
-        fence + Duration::from_secs(60),
-    )
-    .await;
-    for (name, worker) in [("A", &a), ("B", &b)] {
-        assert!(!worker.exited(), "worker {name} rides out the loss");
-    }
-    drop(b);
-    drop(a);
+    polled_again_after_the_fence(&sim, fence, restarted, [a, b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,16 +252,5 @@ async fn a_failover_to_a_replica_that_lagged_admits_no_poll_beside_those_at_the_
         "after the failover",
     )
     .await;
-    sim.set_latency(200, 0);
-    every_card_polled_again(
-        &sim,
-        fence.saturating_sub(failed_over.elapsed()),
-        fence + Duration::from_secs(60),
-    )
-    .await;
-    for (name, worker) in [("A", &a), ("B", &b)] {
-        assert!(!worker.exited(), "worker {name} rides out the failover");
-    }
-    drop(b);
-    drop(a);
+    polled_again_after_the_fence(&sim, fence, failed_over, [a, b]).await;
 }
