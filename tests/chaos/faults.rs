@@ -444,7 +444,16 @@ async fn redis_failover(world: &World, lag_ms: u64) -> anyhow::Result<()> {
     services.route_all(replica.port);
     std::mem::swap(&mut *primary, &mut *replica);
     services.link.route_to(primary.port);
-    crate::world::follow(&replica, &services.link).await
+    // The old primary may be under a `CLIENT PAUSE` of another fault: it takes the `REPLICAOF`
+    // once the pause is over.
+    let mut tries = 0;
+    loop {
+        match crate::world::follow(&replica, &services.link).await {
+            Ok(()) => return Ok(()),
+            Err(e) if tries >= 3 => return Err(e),
+            Err(_) => tries += 1,
+        }
+    }
 }
 
 /// Stops Redis for `down_ms` and starts it again, with its data or empty.
