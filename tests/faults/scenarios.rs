@@ -425,6 +425,27 @@ async fn pod_a(file: &std::path::Path) -> (Child, Arc<AppContext>) {
     (run_child(file, "pod-a"), faults::context_of(file).await)
 }
 
+/// [`pod_a`] with one call of its under way at the Gateway: `enqueue` puts the job on the queue
+/// through the context, then the test waits up to 30 s until `at_gateway` (described by `what`)
+/// sees the call arrive.
+async fn pod_a_mid_call<E, EFut, G, GFut>(
+    file: &std::path::Path,
+    enqueue: E,
+    what: &str,
+    at_gateway: G,
+) -> (Child, Arc<AppContext>)
+where
+    E: FnOnce(Arc<AppContext>) -> EFut,
+    EFut: std::future::Future<Output = Result<(), cardworker::commands::CommandError>>,
+    G: FnMut() -> GFut,
+    GFut: std::future::Future<Output = bool>,
+{
+    let (pod, ctx) = pod_a(file).await;
+    enqueue(Arc::clone(&ctx)).await.expect("enqueue");
+    wait_until(Duration::from_secs(30), what, at_gateway).await;
+    (pod, ctx)
+}
+
 /// Pod `pod-b` on the config file `file`, the survivor of a killed pod: started, and waited for
 /// up to 60 s until its recovery did what `done` checks.
 async fn survivor<F, Fut>(file: &std::path::Path, what: &str, done: F) -> Child
@@ -435,6 +456,19 @@ where
     let pod = run_child(file, "pod-b");
     wait_until(Duration::from_secs(60), what, done).await;
     pod
+}
+
+/// Asserts that no integration log is pending: the attempt of the killed pod has been closed.
+async fn assert_killed_attempts_log_closed(pool: &PgPool) {
+    assert_eq!(
+        count(
+            pool,
+            "SELECT count(*) FROM integration_logs WHERE state = 'pending'"
+        )
+        .await,
+        0,
+        "the killed attempt's log is closed"
+    );
 }
 
 /// `cardworker run --config CONFIG_FILE` as pod `pod`, killed when dropped.
@@ -456,32 +490,10 @@ async fn a_worker_killed_with_sigkill_mid_payment_leaves_one_submission_settled_
     let (db, redis, sim, sim_handle) = services(0).await;
     let payment = insert_payment(&db.pool).await;
     sim.set_payment_behaviour(payment, PaymentBehaviour::Hang);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = faults::config_file(
-        dir.path(),
-        &db.url,
-        &redis.url(),
-        &sim_handle.base_url(),
-        r#"timeout_ms = 20000
-[worker]
-shutdown_grace_secs = 5
-[polling]
-handler_timeout_secs = 25
-lease_ttl_secs = 30
-reconcile_cron = "0 0 0 1 1 *"
-[payments]
-recovery_after_secs = 10
-recovery_cron = "* * * * * *"
-[telemetry]
-listen = "127.0.0.1:0"
-"#,
-    );
-    let (mut first, ctx) = pod_a(&file).await;
-    cardworker::commands::payments::enqueue_payment(&ctx, payment)
-        .await
-        .expect("enqueue");
-    wait_until(
-        Duration::from_secs(30),
+    let (_dir, file) = kill_config(&db, &redis, &sim_handle.base_url(), "payments");
+    let (mut first, ctx) = pod_a_mid_call(
+        &file,
+        |ctx| async move { cardworker::commands::payments::enqueue_payment(&ctx, payment).await },
         "the Gateway has the submission",
         || async { sim.submissions(payment) == 1 },
     )
@@ -527,15 +539,7 @@ listen = "127.0.0.1:0"
         1,
         "one settlement"
     );
-    assert_eq!(
-        count(
-            &db.pool,
-            "SELECT count(*) FROM integration_logs WHERE state = 'pending'"
-        )
-        .await,
-        0,
-        "the killed attempt's log is closed"
-    );
+    assert_killed_attempts_log_closed(&db.pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -739,12 +743,14 @@ async fn an_approval_enqueued_before_redis_is_flushed_is_submitted_exactly_once_
     worker.stop().await.expect("clean stop");
 }
 
-/// The worker's config for the SIGKILL scenarios: recovery every second, 10 s after the row was
-/// last touched.
+/// The worker's config for the SIGKILL scenarios, in a new temporary directory: the recovery of
+/// the `[recovering]` section (`payments` or `approvals`) runs every second and takes up a row
+/// 10 s after it was last touched.
 fn kill_config(
     db: &TestDb,
     redis: &PrivateRedis,
     gateway: &str,
+    recovering: &str,
 ) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = faults::config_file(
@@ -752,19 +758,21 @@ fn kill_config(
         &db.url,
         &redis.url(),
         gateway,
-        r#"timeout_ms = 20000
+        &format!(
+            r#"timeout_ms = 20000
 [worker]
 shutdown_grace_secs = 5
 [polling]
 handler_timeout_secs = 25
 lease_ttl_secs = 30
 reconcile_cron = "0 0 0 1 1 *"
-[approvals]
+[{recovering}]
 recovery_after_secs = 10
 recovery_cron = "* * * * * *"
 [telemetry]
 listen = "127.0.0.1:0"
-"#,
+"#
+        ),
     );
     (dir, file)
 }
@@ -807,13 +815,10 @@ async fn approval_killed_mid_post(acted: bool) {
             Script::LoseThenHang
         },
     );
-    let (_dir, file) = kill_config(&db, &redis, &gw.url);
-    let (mut first, ctx) = pod_a(&file).await;
-    cardworker::commands::approvals::enqueue_approval(&ctx, id, None)
-        .await
-        .expect("enqueue");
-    wait_until(
-        Duration::from_secs(30),
+    let (_dir, file) = kill_config(&db, &redis, &gw.url, "approvals");
+    let (mut first, _ctx) = pod_a_mid_call(
+        &file,
+        |ctx| async move { cardworker::commands::approvals::enqueue_approval(&ctx, id, None).await },
         "the POST is at the Gateway",
         || async { gw.posts(id) == 1 },
     )
@@ -851,15 +856,7 @@ async fn approval_killed_mid_post(acted: bool) {
         .await,
         1
     );
-    assert_eq!(
-        count(
-            &db.pool,
-            "SELECT count(*) FROM integration_logs WHERE state = 'pending'"
-        )
-        .await,
-        0,
-        "the killed attempt's log is closed"
-    );
+    assert_killed_attempts_log_closed(&db.pool).await;
     gw.release();
 }
 
