@@ -745,9 +745,8 @@ mod fleet {
     use cardworker::polling::chain;
     use cardworker::sim::{SimHandle, Simulator};
 
-    use crate::harness::{
-        metric_value, spawn_worker, wait_until, worker_config_file, TestDb, TestRedis, Worker,
-    };
+    use crate::harness::{metric_value, spawn_worker, wait_until, TestDb, TestRedis, Worker};
+    use crate::worker_support::{polling_env, Polling, PollingEnv};
 
     pub struct Fleet {
         pub workers: Vec<Worker>,
@@ -761,37 +760,28 @@ mod fleet {
     /// `n` processes: total_limit 4, task limits 3 and 3, lease 8 s, handler 3 s, gateway 1 s;
     /// `cards` cards per task with a pending chain each (interval 1 h: each card polled once).
     pub async fn start(n: usize, cards: usize, latency_ms: u64) -> Fleet {
-        let db = TestDb::new().await;
-        let redis = TestRedis::new().await;
-        let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-        sim.set_latency(latency_ms, 0);
-        let dir = tempfile::tempdir().unwrap();
-        let path = worker_config_file(
-            &dir,
-            (&db, 4),
-            &redis,
-            &sim_handle.base_url(),
-            r#"timeout_ms = 1000
-
-[worker]
-shutdown_grace_secs = 10
-
-[polling]
-total_limit = 4
-handler_timeout_secs = 3
-lease_ttl_secs = 8
-defer_delay_secs = 1
-defer_max_delay_secs = 3
-
-[polling.carddata]
-limit = 3
-interval_secs = 3600
-
-[polling.card_status]
-limit = 3
-interval_secs = 3600
-"#,
-        );
+        let PollingEnv {
+            db,
+            redis,
+            sim,
+            sim_handle,
+            dir,
+            config: path,
+        } = polling_env(
+            latency_ms,
+            4,
+            &Polling {
+                gateway_timeout_ms: 1000,
+                shutdown_grace_secs: 10,
+                total_limit: 4,
+                handler_timeout_secs: 3,
+                lease_ttl_secs: 8,
+                task_limit: 3,
+                interval_secs: 3600,
+                more_polling: "",
+            },
+        )
+        .await;
         for i in 0..cards {
             for r in [format!("d-{i:04}"), format!("s-{i:04}")] {
                 sqlx::query("INSERT INTO cards (card_ref) VALUES ($1)")

@@ -11,6 +11,7 @@ use cardworker_test_kit::{harness, plan_drive, plan_guard, scripted_gateway, web
 
 mod config_support;
 mod money_support;
+mod worker_support;
 
 mod approvals;
 mod budget;

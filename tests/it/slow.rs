@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use cardworker::config::Task;
 use cardworker::polling::chain;
 use cardworker::runner::spawn::{orphan_window, HEARTBEAT};
-use cardworker::sim::Simulator;
 
-use crate::harness::{spawn_worker, wait_until, worker_config_file, TestDb, TestRedis};
+use crate::harness::{spawn_worker, wait_until};
+use crate::worker_support::{polling_env, Polling, PollingEnv};
 
 const SLOW_MS: u64 = 20_000;
 const RUN_FOR: Duration = Duration::from_secs(35);
@@ -26,40 +26,31 @@ async fn two_workers_whose_slots_all_hold_20_s_polls_stay_alive_and_never_poll_a
     // The scenario is only meaningful when a slow call outlasts apalis's own 3-heartbeat window.
     assert!(Duration::from_millis(SLOW_MS) > HEARTBEAT * 3);
     assert!(orphan_window(Duration::from_secs(27), HEARTBEAT) > Duration::from_secs(27));
-    let db = TestDb::new().await;
-    let redis = TestRedis::new().await;
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(5, 0);
-    let dir = tempfile::tempdir().unwrap();
-    let path = worker_config_file(
-        &dir,
-        (&db, 8),
-        &redis,
-        &sim_handle.base_url(),
-        r#"timeout_ms = 25000
-
-[worker]
-shutdown_grace_secs = 5
-
-[polling]
-total_limit = 8
-handler_timeout_secs = 27
-# Only the chains this test starts: a scheduled reconcile (every 10 minutes by default) crossed
-# by the run would start chains of its own for these cards (seen once: peak 8 where 4 expected).
-reconcile_cron = "0 0 0 1 1 *"
-lease_ttl_secs = 40
-defer_delay_secs = 1
-defer_max_delay_secs = 3
-
-[polling.carddata]
-limit = 4
-interval_secs = 2
-
-[polling.card_status]
-limit = 4
-interval_secs = 2
-"#,
-    );
+    let PollingEnv {
+        db,
+        redis,
+        sim,
+        sim_handle: _sim_handle,
+        dir: _dir,
+        config: path,
+    } = polling_env(
+        5,
+        8,
+        &Polling {
+            gateway_timeout_ms: 25_000,
+            shutdown_grace_secs: 5,
+            total_limit: 8,
+            handler_timeout_secs: 27,
+            lease_ttl_secs: 40,
+            task_limit: 4,
+            interval_secs: 2,
+            // Only the chains this test starts: a scheduled reconcile (every 10 minutes by
+            // default) crossed by the run would start chains of its own for these cards (seen
+            // once: peak 8 where 4 expected).
+            more_polling: "reconcile_cron = \"0 0 0 1 1 *\"\n",
+        },
+    )
+    .await;
     // c-00 answers at once, c-01..c-07 after 20 s.
     for i in 0..8 {
         let card = format!("c-{i:02}");
