@@ -113,7 +113,7 @@ pub(crate) async fn every_card_polled_again(sim: &Simulator, after: Duration, li
 }
 
 /// The simulator, answering every card read well after [`ANSWER_AFTER_MS`].
-async fn slow_simulator() -> (Simulator, SimHandle) {
+pub(crate) async fn slow_simulator() -> (Simulator, SimHandle) {
     let (sim, sim_handle) = simulator().await;
     sim.set_latency(ANSWER_AFTER_MS, 0);
     sim.set_error_rate(0.0);
@@ -137,6 +137,25 @@ async fn worker_at_the_gateway(
     (sim, sim_handle, config, worker)
 }
 
+/// A [`worker_at_the_gateway`] on a new test database and private Redis, whose Redis is then
+/// emptied while both polls are at the Gateway: the database, the Redis, the simulator (and its
+/// handle), the worker's config, the worker, and when the Redis was emptied.
+async fn flushed_at_the_gateway() -> (
+    TestDb,
+    PrivateRedis,
+    Simulator,
+    SimHandle,
+    Config,
+    InProcess,
+    Instant,
+) {
+    let db = TestDb::new().await;
+    let redis = PrivateRedis::start_new(false);
+    let (sim, sim_handle, config, worker) = worker_at_the_gateway(&db, &redis.url()).await;
+    let flushed = flushall(&redis.url()).await;
+    (db, redis, sim, sim_handle, config, worker, flushed)
+}
+
 /// Empties the private Redis at `url`; answers when.
 async fn flushall(url: &str) -> Instant {
     let mut admin = context::connect_redis(url).await.expect("redis");
@@ -157,7 +176,7 @@ async fn hold_within_limits(sim: &Simulator, since: Instant, hold: Duration, whe
 
 /// Makes the Gateway quick again and waits until every chain has had its turn after the fence
 /// of length `fence` that began at `since`.
-async fn polled_again_after_the_fence(sim: &Simulator, fence: Duration, since: Instant) {
+pub(crate) async fn polled_again_after_the_fence(sim: &Simulator, fence: Duration, since: Instant) {
     sim.set_latency(200, 0);
     every_card_polled_again(
         sim,
@@ -171,17 +190,27 @@ async fn polled_again_after_the_fence(sim: &Simulator, fence: Duration, since: I
 /// worker's Redis probe wrote it, or wrote it again after a loss).
 pub(crate) async fn epoch_marker_written(redis_url: &str, what: &str) {
     let admin = context::connect_redis(redis_url).await.expect("redis");
-    let epoch = cardworker::keys::epoch_key("cw");
-    wait_until(Duration::from_secs(10), what, || {
+    let epoch = [cardworker::keys::epoch_key("cw")];
+    keys_exist(&admin, &epoch, Duration::from_secs(10), what).await;
+}
+
+/// Waits up to `limit` until every one of `keys` exists on the Redis behind `admin`; `what`
+/// describes the wait.
+pub(crate) async fn keys_exist(
+    admin: &redis::aio::ConnectionManager,
+    keys: &[String],
+    limit: Duration,
+    what: &str,
+) {
+    wait_until(limit, what, || {
         let mut admin = admin.clone();
-        let epoch = epoch.clone();
         async move {
             redis::cmd("EXISTS")
-                .arg(&epoch)
-                .query_async::<i64>(&mut admin)
+                .arg(keys)
+                .query_async::<usize>(&mut admin)
                 .await
                 .unwrap_or(0)
-                == 1
+                == keys.len()
         }
     })
     .await;
@@ -230,13 +259,9 @@ fn pod(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until_they_are_over() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, sim_handle, config, worker) = worker_at_the_gateway(&db, &redis.url()).await;
-
     // Redis loses everything while both polls are at the Gateway. Another pod of the deployment
     // asks for tokens at once, and the worker's chains are restored as a reconcile would.
-    let flushed = flushall(&redis.url()).await;
+    let (_db, redis, sim, sim_handle, config, worker, flushed) = flushed_at_the_gateway().await;
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
     let other = Budget::new(conn, &config)
         .with_process_id("other-pod")
@@ -260,10 +285,7 @@ async fn after_a_flushall_no_pod_admits_a_poll_beside_those_at_the_gateway_until
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_started_during_the_fence_admits_nothing_until_it_ends() {
-    let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let (sim, _sim_handle, config, worker) = worker_at_the_gateway(&db, &redis.url()).await;
-    let flushed = flushall(&redis.url()).await;
+    let (_db, _redis, sim, _sim_handle, config, worker, flushed) = flushed_at_the_gateway().await;
 
     // A second worker process starts while the calls are still at the Gateway, and the chains
     // are restored at once (its own reconcile, or any other).

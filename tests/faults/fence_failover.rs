@@ -14,10 +14,10 @@ use cardworker::polling::reconcile;
 use cardworker::sim::Simulator;
 use redis::aio::ConnectionManager;
 
-use crate::faults::{insert_cards, start_chains, InProcess};
+use crate::faults::{insert_cards, start_chains, two_polls_at_the_gateway, InProcess};
 use crate::fence::{
-    assert_within_limits, config, epoch_marker_written, every_card_polled_again, ran_before,
-    ANSWER_AFTER_MS, CARDS,
+    self, assert_within_limits, config, epoch_marker_written, keys_exist, ran_before,
+    slow_simulator, ANSWER_AFTER_MS, CARDS,
 };
 use crate::harness::{wait_until, TestDb};
 use crate::private::PrivateRedis;
@@ -70,13 +70,7 @@ async fn polled_again_after_the_fence(
     lost: Instant,
     workers: [InProcess; 2],
 ) {
-    sim.set_latency(200, 0);
-    every_card_polled_again(
-        sim,
-        fence.saturating_sub(lost.elapsed()),
-        fence + Duration::from_secs(60),
-    )
-    .await;
+    fence::polled_again_after_the_fence(sim, fence, lost).await;
     for (name, worker) in ["A", "B"].iter().zip(&workers) {
         assert!(!worker.exited(), "worker {name} rides out the loss");
     }
@@ -88,10 +82,7 @@ async fn a_worker_cut_off_from_redis_while_it_restarts_empty_admits_no_poll_besi
     let db = TestDb::new().await;
     let mut redis = PrivateRedis::start_new(false);
     let proxy = Proxy::start(redis.port).await;
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(ANSWER_AFTER_MS, 0);
-    sim.set_error_rate(0.0);
-    sim.set_garbage_rate(0.0);
+    let (sim, sim_handle) = slow_simulator().await;
     let direct = config(&db, &redis.url(), &sim_handle.base_url());
     let mut through_proxy = direct.clone();
     through_proxy.redis.url = proxy.url().into();
@@ -170,10 +161,7 @@ async fn a_failover_to_a_replica_that_lagged_admits_no_poll_beside_those_at_the_
         .expect("replicaof");
     // Every worker reaches Redis through the proxy, which points at the primary.
     let proxy = Proxy::start(primary.port).await;
-    let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await.expect("simulator");
-    sim.set_latency(ANSWER_AFTER_MS, 0);
-    sim.set_error_rate(0.0);
-    sim.set_garbage_rate(0.0);
+    let (sim, sim_handle) = slow_simulator().await;
     let config = config(&db, &proxy.url(), &sim_handle.base_url());
     insert_cards(&db.pool, CARDS).await;
     ran_before(&db, &primary.url()).await;
@@ -197,31 +185,16 @@ async fn a_failover_to_a_replica_that_lagged_admits_no_poll_beside_those_at_the_
         cardworker::budget::fence_key("cw"),
         cardworker::runner::redis_watch::epoch_key("cw"),
     ];
-    wait_until(
+    keys_exist(
+        &replica_admin,
+        &keys,
         Duration::from_secs(20),
         "the replica in step with the primary",
-        || {
-            let mut replica_admin = replica_admin.clone();
-            let keys = keys.clone();
-            async move {
-                redis::cmd("EXISTS")
-                    .arg(&keys)
-                    .query_async::<usize>(&mut replica_admin)
-                    .await
-                    .unwrap_or(0)
-                    == keys.len()
-            }
-        },
     )
     .await;
     link.cut();
     start_chains(&a.ctx).await;
-    wait_until(
-        Duration::from_secs(60),
-        "two polls at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
+    two_polls_at_the_gateway(&sim).await;
     let leases: usize = redis::cmd("ZCARD")
         .arg(cardworker::budget::total_key("cw"))
         .query_async(&mut replica_admin)
