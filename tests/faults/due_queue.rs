@@ -37,6 +37,17 @@ async fn due_since(queue: &DueQueue, conn: &mut ConnectionManager, card_ref: &st
         .unwrap();
 }
 
+/// A private Redis and a queue on it that holds each of `due` (a card and how many ms ago it
+/// became due), with a connection to that Redis.
+async fn queue_with_due(due: &[(&str, i64)]) -> (PrivateRedis, DueQueue, ConnectionManager) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for (card_ref, ms_ago) in due {
+        due_since(&queue, &mut conn, card_ref, *ms_ago).await;
+    }
+    (redis, queue, conn)
+}
+
 /// Acknowledges the poll of `card_ref` under `lease`, the card due again at once.
 async fn ack_now(
     queue: &DueQueue,
@@ -56,11 +67,8 @@ fn cards(leased: &[Leased]) -> Vec<&str> {
 
 #[tokio::test]
 async fn a_fetch_leases_the_earliest_due_cards_first_and_none_that_is_not_due_yet() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    due_since(&queue, &mut conn, "c-late", 30_000).await;
-    due_since(&queue, &mut conn, "c-later", 60_000).await;
-    due_since(&queue, &mut conn, "c-just", 10).await;
+    let (_redis, queue, mut conn) =
+        queue_with_due(&[("c-late", 30_000), ("c-later", 60_000), ("c-just", 10)]).await;
     due_since(&queue, &mut conn, "c-future", -60_000).await;
 
     let first = queue.fetch(&mut conn, 2, LONG).await.unwrap();
@@ -76,9 +84,7 @@ async fn a_fetch_leases_the_earliest_due_cards_first_and_none_that_is_not_due_ye
 
 #[tokio::test]
 async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_holds_the_card() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    due_since(&queue, &mut conn, "c-1", 1_000).await;
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-1", 1_000)]).await;
     let [leased] = <[Leased; 1]>::try_from(queue.fetch(&mut conn, 5, LONG).await.unwrap()).unwrap();
 
     assert_eq!(
@@ -112,9 +118,7 @@ async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_hol
 
 #[tokio::test]
 async fn a_lease_that_ends_makes_the_card_due_again_and_its_late_acknowledgement_changes_nothing() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    due_since(&queue, &mut conn, "c-1", 1_000).await;
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-1", 1_000)]).await;
     let short = Duration::from_millis(200);
     let first = queue.fetch(&mut conn, 5, short).await.unwrap();
     assert_eq!(cards(&first), ["c-1"]);
@@ -152,10 +156,7 @@ async fn a_lease_that_ends_makes_the_card_due_again_and_its_late_acknowledgement
 
 #[tokio::test]
 async fn a_card_given_back_unpolled_keeps_its_place_by_due_time() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    due_since(&queue, &mut conn, "c-old", 50_000).await;
-    due_since(&queue, &mut conn, "c-new", 1_000).await;
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-old", 50_000), ("c-new", 1_000)]).await;
     let old = queue.fetch(&mut conn, 1, LONG).await.unwrap();
     assert_eq!(cards(&old), ["c-old"]);
     due_since(&queue, &mut conn, "c-newer", 500).await;
@@ -172,9 +173,7 @@ async fn a_card_given_back_unpolled_keeps_its_place_by_due_time() {
 
 #[tokio::test]
 async fn an_extended_lease_outlives_its_first_deadline_and_only_its_new_name_holds_the_card() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    due_since(&queue, &mut conn, "c-1", 1_000).await;
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-1", 1_000)]).await;
     let first = queue
         .fetch(&mut conn, 1, Duration::from_millis(300))
         .await
