@@ -50,24 +50,28 @@ async fn budget_on() -> (PrivateRedis, Budget, redis::aio::ConnectionManager) {
     (redis, Budget::new(conn.clone(), &c), conn)
 }
 
+/// What a budget answered, asserted to be [`Acquired::Acquired`]: the slot or lease it grants.
+fn granted<T>((got, grant): (Acquired, T)) -> T {
+    assert_eq!(got, Acquired::Acquired);
+    grant
+}
+
 /// The lease of a carddata slot acquired (`acquire_slot`), whose end the next acquire may carry.
 async fn acquired(b: &Budget) -> String {
-    let (got, lease) = b
-        .acquire_slot(Task::Carddata, &b.new_lease_id())
-        .await
-        .expect("acquire");
-    assert_eq!(got, Acquired::Acquired);
-    lease
+    granted(
+        b.acquire_slot(Task::Carddata, &b.new_lease_id())
+            .await
+            .expect("acquire"),
+    )
 }
 
 /// A carddata poll admitted (`admit`): its slot.
 async fn admitted(b: &Budget) -> Slot {
-    let (got, slot) = b
-        .admit(Task::Carddata, &b.new_lease_id())
-        .await
-        .expect("admit");
-    assert_eq!(got, Acquired::Acquired);
-    slot
+    granted(
+        b.admit(Task::Carddata, &b.new_lease_id())
+            .await
+            .expect("admit"),
+    )
 }
 
 #[tokio::test]
