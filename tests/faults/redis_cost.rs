@@ -66,6 +66,27 @@ pub(crate) async fn reset(conn: &mut ConnectionManager) {
         .expect("resetstat");
 }
 
+/// A private redis-server and a connection to it.
+async fn private_redis() -> (PrivateRedis, ConnectionManager) {
+    let redis = PrivateRedis::start_new(false);
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    (redis, conn)
+}
+
+/// One reconcile pass of carddata (from the first card, 2000 a batch) with the Redis statistics
+/// reset before it: the pass, and the calls and input it cost as [`counted`] reads them.
+async fn counted_pass(
+    ctx: &AppContext,
+    conn: &mut ConnectionManager,
+) -> (reconcile::Pass, BTreeMap<String, u64>, u64) {
+    reset(conn).await;
+    let pass = reconcile::pass(ctx, Task::Carddata, 0, 2000)
+        .await
+        .expect("pass");
+    let (calls, input) = counted(conn).await;
+    (pass, calls, input)
+}
+
 /// The feeder of every queue of deployment `prefix`, at the product's tick.
 fn feeder(conn: &ConnectionManager, prefix: &str, announcements: Option<Announcements>) -> Feeder {
     Feeder {
@@ -137,8 +158,7 @@ async fn nothing_due_for_an_hour(
 #[tokio::test]
 async fn an_idle_pod_s_feeder_reads_the_due_hint_once_a_second_and_a_job_that_becomes_due_is_fed_at_the_next_tick(
 ) {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (redis, mut conn) = private_redis().await;
     let prefix = "idle";
     let producer = nothing_due_for_an_hour(&mut conn, prefix).await;
     let announcements = subscribed(&redis, prefix).await;
@@ -183,8 +203,7 @@ async fn an_idle_pod_s_feeder_reads_the_due_hint_once_a_second_and_a_job_that_be
 
 #[tokio::test]
 async fn without_announcements_the_feeder_reads_the_due_hint_on_every_tick() {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (_redis, mut conn) = private_redis().await;
     let prefix = "deaf";
     let producer = nothing_due_for_an_hour(&mut conn, prefix).await;
     let mut feeder = feeder(&conn, prefix, None);
@@ -206,8 +225,7 @@ async fn without_announcements_the_feeder_reads_the_due_hint_on_every_tick() {
 
 #[tokio::test]
 async fn an_entry_written_without_the_due_hint_is_fed_by_the_next_sweep() {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (_redis, mut conn) = private_redis().await;
     let prefix = "nohint";
     let mut feeder = feeder(&conn, prefix, None);
     let mut state = FeedState::default();
@@ -385,8 +403,7 @@ async fn an_idle_cardworker_run_process_sends_at_most_20_commands_and_2000_bytes
 ) {
     const WINDOW: Duration = Duration::from_secs(60);
     let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (redis, mut conn) = private_redis().await;
     let prefix = "cw";
     cards_due_in_an_hour(&db, &mut conn, prefix, 200).await;
     epoch_marker(&mut conn, prefix).await;
@@ -425,8 +442,7 @@ async fn an_idle_cardworker_run_process_sends_at_most_20_commands_and_2000_bytes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_enqueued_into_a_quiet_queue_runs_before_the_worker_s_next_heartbeat() {
     let db = TestDb::new().await;
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (redis, mut conn) = private_redis().await;
     let prefix = "quiet";
     epoch_marker(&mut conn, prefix).await;
     let (mut worker, _dir) = idle_pod(&db, &redis, &mut conn, prefix).await;
@@ -494,8 +510,7 @@ async fn a_job_enqueued_into_a_quiet_queue_runs_before_the_worker_s_next_heartbe
 async fn a_probe_that_finds_the_epoch_marker_sends_one_get_and_writes_nothing_and_the_first_probe_after_a_flush_re_creates_it(
 ) {
     use cardworker::runner::redis_watch::{epoch_key, Probe, RedisWatch};
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (_redis, mut conn) = private_redis().await;
     let probe_conn = conn.clone();
     let watch_on = |answered_before| RedisWatch {
         conn: probe_conn.clone(),
@@ -588,12 +603,8 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
     let batches = 1201_u64.div_ceil(chain::LIVENESS_BATCH as u64);
     assert_eq!(batches, 3);
 
-    reset(&mut conn).await;
-    let pass = reconcile::pass(&ctx, Task::Carddata, 0, 2000)
-        .await
-        .expect("pass");
+    let (pass, calls, _) = counted_pass(&ctx, &mut conn).await;
     assert_eq!((pass.examined, pass.started), (1201, 1));
-    let (calls, _) = counted(&mut conn).await;
     assert_eq!(calls.get("hmget"), Some(&batches), "{calls:?}");
     assert_eq!(calls.get("zmscore"), Some(&batches), "{calls:?}");
     assert_eq!(
@@ -611,12 +622,8 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
     );
 
     // Every chain live now: the next pass is the three filter calls and nothing else.
-    reset(&mut conn).await;
-    let pass = reconcile::pass(&ctx, Task::Carddata, 0, 2000)
-        .await
-        .expect("pass");
+    let (pass, calls, input) = counted_pass(&ctx, &mut conn).await;
     assert_eq!((pass.examined, pass.started), (1201, 0));
-    let (calls, input) = counted(&mut conn).await;
     assert_eq!(
         calls,
         BTreeMap::from([
@@ -634,8 +641,7 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
 #[tokio::test]
 async fn reconcile_s_filter_passes_every_chain_the_chain_script_could_restart_or_index_and_no_live_one(
 ) {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
+    let (_redis, mut conn) = private_redis().await;
     let (prefix, task) = ("filter", Task::Carddata);
     let (hash, due) = (chain::chain_key(prefix, task), chain::due_key(prefix, task));
     let grace = Duration::from_secs(60);
