@@ -106,6 +106,14 @@ async fn twenty_thousand_due_jobs_all_run_and_no_worker_stops() {
     app.stop().await.expect("clean stop");
 }
 
+/// How many payloads the archive queue's data hash holds (apalis's per-job hash).
+async fn archive_payloads(app: &crate::harness::TestApp) -> usize {
+    let mut conn = app.redis.conn.clone();
+    conn.hlen(backlog_key(app, RunArchive::QUEUE, "data"))
+        .await
+        .expect("hlen")
+}
+
 /// Keys under the test prefix once every finished job has been trimmed.
 async fn settled_key_count(app: &crate::harness::TestApp) -> usize {
     let mut conn = app.redis.conn.clone();
@@ -158,14 +166,7 @@ async fn redis_keys_after_ten_thousand_finished_jobs_stay_within_a_constant_of_o
         app.redis.keys().await
     );
     // And apalis's per-job hashes are gone, not merely few.
-    let data_fields: usize = app
-        .redis
-        .conn
-        .clone()
-        .hlen(backlog_key(&app, RunArchive::QUEUE, "data"))
-        .await
-        .expect("hlen");
-    assert_eq!(data_fields, 0);
+    assert_eq!(archive_payloads(&app).await, 0);
     app.stop().await.expect("clean stop");
 }
 
@@ -216,10 +217,8 @@ async fn a_payload_that_does_not_decode_is_dead_and_the_worker_goes_on() {
     .await;
 
     // The bad payloads are kept as dead jobs for inspection.
-    let dead: Vec<String> = app
-        .redis
-        .conn
-        .clone()
+    let mut conn = app.redis.conn.clone();
+    let dead: Vec<String> = conn
         .smembers(backlog_key(&app, RunArchive::QUEUE, "dead"))
         .await
         .expect("dead set");
@@ -230,7 +229,6 @@ async fn a_payload_that_does_not_decode_is_dead_and_the_worker_goes_on() {
 
     // Dead jobs stay inspectable through the retention period, and are trimmed after it.
     let queue = cardworker::queue::QueueName::new(&app.redis.prefix, RunArchive::QUEUE);
-    let mut conn = app.redis.conn.clone();
     let kept = intake::trim(&mut conn, &queue, intake::DEAD_RETENTION)
         .await
         .expect("trim");
@@ -239,11 +237,11 @@ async fn a_payload_that_does_not_decode_is_dead_and_the_worker_goes_on() {
         .await
         .expect("trim");
     assert_eq!(expired.dead, 2, "past retention both dead jobs are trimmed");
-    let data_fields: usize = conn
-        .hlen(backlog_key(&app, RunArchive::QUEUE, "data"))
-        .await
-        .expect("hlen");
-    assert_eq!(data_fields, 0, "their payloads are gone too");
+    assert_eq!(
+        archive_payloads(&app).await,
+        0,
+        "their payloads are gone too"
+    );
 }
 
 #[tokio::test]
