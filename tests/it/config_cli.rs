@@ -32,6 +32,13 @@ fn refused(out: &Output) -> String {
     stderr
 }
 
+/// Checks `toml` as a config file (with the env pairs `env`): the stderr of the refusal, after
+/// checking the exit status, and the file's path as the messages name it.
+fn refused_file(toml: &str, env: &[(&str, &str)]) -> (String, String) {
+    let (out, path) = check_config_file(toml, env);
+    (refused(&out), path)
+}
+
 fn assert_refused(toml: &str, key: &str, value: &str) {
     let out = check_config(toml, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -202,8 +209,7 @@ fn an_env_override_that_is_not_a_number_names_the_env_variable_as_its_source() {
 
 #[test]
 fn a_bad_value_in_the_file_names_the_file_as_given_on_the_command_line() {
-    let (out, path) = check_config_file("[polling]\ntotal_limit = 0\n", &[]);
-    let stderr = refused(&out);
+    let (stderr, path) = refused_file("[polling]\ntotal_limit = 0\n", &[]);
     says(
         &stderr,
         &format!("polling.total_limit = 0 (from {path}): must be an integer in 1..=256"),
@@ -235,11 +241,10 @@ fn a_file_named_by_cardworker_config_is_named_as_written_there() {
 #[test]
 fn a_default_in_conflict_with_a_file_value_names_the_source_of_both_keys() {
     // card_status keeps its default limit of 4, above the file's total_limit of 3.
-    let (out, path) = check_config_file(
+    let (stderr, path) = refused_file(
         "[polling]\ntotal_limit = 3\n[polling.carddata]\nlimit = 2\n",
         &[],
     );
-    let stderr = refused(&out);
     let line = stderr
         .lines()
         .find(|l| l.contains("polling.card_status.limit"))
@@ -258,11 +263,10 @@ fn a_default_in_conflict_with_a_file_value_names_the_source_of_both_keys() {
 
 #[test]
 fn a_relation_between_a_file_value_and_an_env_value_names_the_source_of_each() {
-    let (out, path) = check_config_file(
+    let (stderr, path) = refused_file(
         "[polling]\nhandler_timeout_secs = 10\n",
         &[("CARDWORKER__GATEWAY__TIMEOUT_MS", "20000")],
     );
-    let stderr = refused(&out);
     says(
         &stderr,
         &format!("polling.handler_timeout_secs = 10 (from {path}): "),
@@ -284,11 +288,10 @@ fn an_unknown_env_override_names_the_env_variable_as_its_source() {
 
 #[test]
 fn every_line_of_a_report_with_several_problems_starts_the_same_way() {
-    let (out, path) = check_config_file(
+    let (stderr, path) = refused_file(
         "[polling]\ntotal_limit = 0\nbogus = 1\n[gateway]\ntimeout_ms = 5\n",
         &[("CARDWORKER__POLLING__RECONCILE_CRON", "30 3 * * *")],
     );
-    let stderr = refused(&out);
     let mut lines = stderr.lines();
     assert_eq!(
         lines.next(),
