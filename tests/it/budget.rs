@@ -40,10 +40,22 @@ pub(crate) async fn fresh_budget(
     carddata: u32,
     card_status: u32,
 ) -> (TestRedis, ConnectionManager, Budget) {
-    let r = TestRedis::new().await;
-    let b = Budget::new(r.conn.clone(), &config(&r, total, carddata, card_status));
-    let conn = r.conn.clone();
+    let (r, conn, c) = fresh_config(total, carddata, card_status).await;
+    let b = Budget::new(r.conn.clone(), &c);
     (r, conn, b)
+}
+
+/// A fresh key prefix, a connection, and the [`config`] on them of `total` tokens, `carddata` and
+/// `card_status` per task.
+pub(crate) async fn fresh_config(
+    total: u32,
+    carddata: u32,
+    card_status: u32,
+) -> (TestRedis, ConnectionManager, Config) {
+    let r = TestRedis::new().await;
+    let c = config(&r, total, carddata, card_status);
+    let conn = r.conn.clone();
+    (r, conn, c)
 }
 
 /// The lease sets of `r`'s prefix: the total's, carddata's and card_status's.
@@ -483,9 +495,7 @@ async fn monitor_lines(until: &str, run: impl std::future::Future<Output = ()>) 
 
 #[tokio::test]
 async fn a_skewed_worker_clock_changes_nothing_because_leases_run_on_redis_time() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let mut c = config(&r, 1, 1, 1);
+    let (r, mut conn, mut c) = fresh_config(1, 1, 1).await;
     c.polling.lease_ttl_secs = 1;
     let b = Budget::new(r.conn.clone(), &c);
     let lease = format!("skew-{}", ulid::Ulid::new());

@@ -10,7 +10,7 @@ use cardworker::config::Task;
 use cardworker::limit::Limit;
 use redis::aio::ConnectionManager;
 
-use crate::budget::{config, fresh_budget};
+use crate::budget::{config, fresh_budget, fresh_config};
 use crate::harness::TestRedis;
 
 async fn card(conn: &mut ConnectionManager, key: &str) -> u64 {
@@ -80,9 +80,7 @@ async fn after_a_renewal_allows_it_a_poll_starts_on_the_kept_slot_without_a_redi
 
 #[tokio::test]
 async fn a_renewal_refreshes_a_kept_slot_s_expiry_from_redis_time() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let mut c = config(&r, 4, 2, 2);
+    let (r, mut conn, mut c) = fresh_config(4, 2, 2).await;
     c.polling.lease_ttl_secs = 30;
     let b = Budget::new(r.conn.clone(), &c);
     let lease = poll_once(&b, Task::Carddata, CallReport::Ok).await;
@@ -164,9 +162,7 @@ async fn a_lowered_limit_makes_a_process_give_back_the_slots_it_keeps_over_it() 
 
 #[tokio::test]
 async fn another_process_refused_a_token_makes_the_others_give_their_idle_slots_back() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let c = config(&r, 2, 2, 2);
+    let (r, mut conn, c) = fresh_config(2, 2, 2).await;
     let busy = Budget::new(r.conn.clone(), &c).with_process_id("pod-a-1");
     let starved = Budget::new(r.conn.clone(), &c).with_process_id("pod-b-2");
     let mut slots = Vec::new();
@@ -210,9 +206,7 @@ async fn another_process_refused_a_token_makes_the_others_give_their_idle_slots_
 
 #[tokio::test]
 async fn a_kept_slot_lost_with_redis_is_dropped_and_never_re_created_past_the_limit() {
-    let r = TestRedis::new().await;
-    let mut conn = r.conn.clone();
-    let c = config(&r, 1, 1, 1);
+    let (r, mut conn, c) = fresh_config(1, 1, 1).await;
     let b = Budget::new(r.conn.clone(), &c).with_process_id("pod-a-1");
     poll_once(&b, Task::Carddata, CallReport::Ok).await;
     b.renew().await.expect("renew");
