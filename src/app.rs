@@ -23,12 +23,26 @@ use crate::workers;
 
 /// Runs every worker of this process and the HTTP endpoint until `shutdown` resolves. Returns an
 /// error when a worker stopped unexpectedly, so that `main` exits non-zero.
+///
+/// `shutdown` is listened to from the first moment, not only once the process has started: a
+/// start can wait long on PostgreSQL or Redis, and a pod asked to stop meanwhile (a rolling
+/// deploy, a node drain) stops at once and exits 0, with nothing admitted yet.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let ctx = AppContext::connect(config).await?;
-    let running = start(ctx.clone()).await?;
+    let mut shutdown = Box::pin(shutdown);
+    let starting = async {
+        let ctx = AppContext::connect(config).await?;
+        start(ctx).await
+    };
+    let running = tokio::select! {
+        running = starting => running?,
+        () = &mut shutdown => {
+            tracing::info!("asked to stop while starting; stopped before any worker ran");
+            return Ok(());
+        }
+    };
     running.wait(shutdown).await
 }
 

@@ -23,6 +23,7 @@ mod outage_string;
 mod ownership;
 mod redis_cost;
 mod scenarios;
+mod startup;
 
 // The shared machinery (test-kit/), under the names the tests use: `crate::harness`, ….
 use cardworker_test_kit::{cluster, faults, harness, private, process, proxy, scripted_gateway};
