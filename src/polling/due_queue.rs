@@ -95,7 +95,7 @@ pub struct Head {
 /// An acknowledgement's, a release's or an extension's answer: whether the lease still held its
 /// card.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Held<T> {
+pub enum StillHeld<T> {
     /// It did, and the call took effect.
     Yes(T),
     /// It did not (the lease ended and the card was leased again, or it was acknowledged or
@@ -158,9 +158,9 @@ impl DueQueue {
         card_ref: &str,
         lease: Lease,
         next_in: Duration,
-    ) -> anyhow::Result<Held<()>> {
+    ) -> anyhow::Result<StillHeld<()>> {
         let held = self.ack_many(conn, &[(card_ref, lease, next_in)]).await?;
-        Ok(held.into_iter().next().unwrap_or(Held::Stale))
+        Ok(held.into_iter().next().unwrap_or(StillHeld::Stale))
     }
 
     /// Ends several polls in one call ([`DueQueue::ack`] for each, in order).
@@ -168,7 +168,7 @@ impl DueQueue {
         &self,
         conn: &mut impl ConnectionLike,
         polls: &[(&str, Lease, Duration)],
-    ) -> anyhow::Result<Vec<Held<()>>> {
+    ) -> anyhow::Result<Vec<StillHeld<()>>> {
         let mut inv = self.call("ack");
         for (card_ref, lease, next_in) in polls {
             inv.arg(*card_ref).arg(lease.score()).arg(millis(*next_in));
@@ -185,7 +185,13 @@ impl DueQueue {
         );
         Ok(done
             .into_iter()
-            .map(|d| if d == 1 { Held::Yes(()) } else { Held::Stale })
+            .map(|d| {
+                if d == 1 {
+                    StillHeld::Yes(())
+                } else {
+                    StillHeld::Stale
+                }
+            })
             .collect())
     }
 
@@ -195,16 +201,16 @@ impl DueQueue {
         &self,
         conn: &mut impl ConnectionLike,
         leased: &Leased,
-    ) -> anyhow::Result<Held<()>> {
+    ) -> anyhow::Result<StillHeld<()>> {
         let mut inv = self.call("release");
         inv.arg(&leased.card_ref)
             .arg(leased.lease.score())
             .arg(leased.due_ms);
         let done: u8 = inv.invoke_async(conn).await.context("releasing a lease")?;
         Ok(if done == 1 {
-            Held::Yes(())
+            StillHeld::Yes(())
         } else {
-            Held::Stale
+            StillHeld::Stale
         })
     }
 
@@ -216,14 +222,14 @@ impl DueQueue {
         card_ref: &str,
         lease: Lease,
         by: Duration,
-    ) -> anyhow::Result<Held<Lease>> {
+    ) -> anyhow::Result<StillHeld<Lease>> {
         let mut inv = self.call("extend");
         inv.arg(card_ref).arg(lease.score()).arg(millis(by));
         let score: u64 = inv.invoke_async(conn).await.context("extending a lease")?;
         Ok(if score == 0 {
-            Held::Stale
+            StillHeld::Stale
         } else {
-            Held::Yes(Lease(score))
+            StillHeld::Yes(Lease(score))
         })
     }
 

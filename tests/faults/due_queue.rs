@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cardworker::config::Task;
 use cardworker::context;
-use cardworker::polling::due_queue::{DueQueue, Held, Lease, Leased, ShardKeys};
+use cardworker::polling::due_queue::{DueQueue, Lease, Leased, ShardKeys, StillHeld};
 use redis::aio::ConnectionManager;
 
 use crate::cluster::PrivateCluster;
@@ -54,7 +54,7 @@ async fn ack_now(
     conn: &mut ConnectionManager,
     card_ref: &str,
     lease: Lease,
-) -> Held<()> {
+) -> StillHeld<()> {
     queue
         .ack(conn, card_ref, lease, Duration::ZERO)
         .await
@@ -89,14 +89,14 @@ async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_hol
 
     assert_eq!(
         ack_now(&queue, &mut conn, "c-1", leased.lease).await,
-        Held::Yes(())
+        StillHeld::Yes(())
     );
     assert_eq!(
         queue
             .ack(&mut conn, "c-1", leased.lease, Duration::from_secs(3600))
             .await
             .unwrap(),
-        Held::Stale,
+        StillHeld::Stale,
         "a repeated acknowledgement changes nothing"
     );
     let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
@@ -111,7 +111,7 @@ async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_hol
     );
     assert_eq!(
         queue.release(&mut conn, &leased).await.unwrap(),
-        Held::Stale,
+        StillHeld::Stale,
         "the first lease no longer holds the card"
     );
 }
@@ -145,7 +145,7 @@ async fn a_lease_that_ends_makes_the_card_due_again_and_its_late_acknowledgement
     );
     assert_eq!(
         ack_now(&queue, &mut conn, "c-1", first[0].lease).await,
-        Held::Stale,
+        StillHeld::Stale,
         "the dead holder's late acknowledgement"
     );
     assert!(
@@ -164,7 +164,7 @@ async fn a_card_given_back_unpolled_keeps_its_place_by_due_time() {
     // No token was free: the card goes back as due as it was, ahead of the later ones.
     assert_eq!(
         queue.release(&mut conn, &old[0]).await.unwrap(),
-        Held::Yes(())
+        StillHeld::Yes(())
     );
     let next = queue.fetch(&mut conn, 3, LONG).await.unwrap();
     assert_eq!(cards(&next), ["c-old", "c-new", "c-newer"]);
@@ -178,7 +178,7 @@ async fn an_extended_lease_outlives_its_first_deadline_and_only_its_new_name_hol
         .fetch(&mut conn, 1, Duration::from_millis(300))
         .await
         .unwrap();
-    let Held::Yes(extended) = queue
+    let StillHeld::Yes(extended) = queue
         .extend(&mut conn, "c-1", first[0].lease, LONG)
         .await
         .unwrap()
@@ -193,12 +193,12 @@ async fn an_extended_lease_outlives_its_first_deadline_and_only_its_new_name_hol
     );
     assert_eq!(
         ack_now(&queue, &mut conn, "c-1", first[0].lease).await,
-        Held::Stale,
+        StillHeld::Stale,
         "the lease's old name"
     );
     assert_eq!(
         ack_now(&queue, &mut conn, "c-1", extended).await,
-        Held::Yes(())
+        StillHeld::Yes(())
     );
 }
 
@@ -219,7 +219,7 @@ async fn adding_a_card_leaves_an_entry_it_has_as_it_is_and_a_removed_card_s_poll
     assert!(queue.remove(&mut conn, "c-1").await.unwrap());
     assert_eq!(
         ack_now(&queue, &mut conn, "c-1", leased[0].lease).await,
-        Held::Stale
+        StillHeld::Stale
     );
     let left: u64 = redis::cmd("ZCARD")
         .arg(&queue.keys().due)
@@ -306,7 +306,7 @@ async fn workers_fetching_and_acknowledging_at_once_never_hold_one_card_twice_an
                     let held = ack_now(&queue, &mut conn, &leased.card_ref, leased.lease).await;
                     holds.lock().unwrap().push((
                         (leased.card_ref, fetched, Some(sent)),
-                        held == Held::Yes(()),
+                        held == StillHeld::Yes(()),
                     ));
                 }
                 if n % 3 == 0 {
@@ -393,7 +393,7 @@ async fn the_due_queue_script_runs_on_a_three_master_redis_cluster_with_a_shard_
                 .ack(&mut conn, "c-1", leased[0].lease, LONG)
                 .await
                 .unwrap(),
-            Held::Yes(())
+            StillHeld::Yes(())
         );
         assert_eq!(queue.head(&mut conn).await.unwrap().due_now, 0);
 
@@ -424,13 +424,13 @@ async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_nam
             // end this one, however soon after it this one began.
             assert_eq!(
                 queue.ack(&mut conn, "c-1", previous, LONG).await.unwrap(),
-                Held::Stale
+                StillHeld::Stale
             );
         }
         names.push(lease);
         assert_eq!(
             ack_now(&queue, &mut conn, "c-1", lease).await,
-            Held::Yes(())
+            StillHeld::Yes(())
         );
     }
     let mut distinct = names.clone();
@@ -454,7 +454,7 @@ async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
     let (one, two) = (&leased[0], &leased[1]);
     assert_eq!(
         ack_now(&queue, &mut conn, &one.card_ref, one.lease).await,
-        Held::Yes(())
+        StillHeld::Yes(())
     );
     let held = queue
         .ack_many(
@@ -466,7 +466,7 @@ async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
         )
         .await
         .unwrap();
-    assert_eq!(held, [Held::Stale, Held::Yes(())]);
+    assert_eq!(held, [StillHeld::Stale, StillHeld::Yes(())]);
     let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
     assert_eq!(
         cards(&again).len(),
