@@ -8,14 +8,14 @@
 //! in one call, each due again at once, for `BENCH_WINDOW_SECS` (default 10). It prints Redis
 //! commands and CPU per poll, both beside plain apalis-redis running no-op jobs on the same Redis
 //! in the same run (the yardstick of `make bench-redis`: the median of three runs of 2,000 jobs),
-//! and the due set's memory per card.
+//! and the due queue's memory per card (its due entry and its state).
 //! Prints markdown.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cardworker::config::Task;
-use cardworker::polling::due_queue::{DueQueue, ShardKeys};
+use cardworker::polling::due_queue::{DueQueue, ShardKeys, Step, Successor};
 use cardworker_test_kit::bench::{env_or, private_redis};
 use cardworker_test_kit::redis_stats::{info, raw_apalis_median, redis_sample};
 
@@ -46,13 +46,21 @@ async fn main() -> anyhow::Result<()> {
 
     let queue = DueQueue::new(ShardKeys::new("bench", Task::Carddata, 0));
     let empty = used_memory(&mut conn).await?;
+    // Each card as a poll leaves it: its due entry and its state after one unchanged poll.
+    let state = "1|t0gmqo|st0gmqo|0";
     for chunk in (0..cards).collect::<Vec<_>>().chunks(1_000) {
         let mut pipe = redis::pipe();
         for i in chunk {
+            let card = format!("c-{i:06}");
             pipe.cmd("ZADD")
                 .arg(&queue.keys().due)
                 .arg(0)
-                .arg(format!("c-{i:06}"))
+                .arg(&card)
+                .ignore();
+            pipe.cmd("HSET")
+                .arg(&queue.keys().state)
+                .arg(&card)
+                .arg(state)
                 .ignore();
         }
         let _: () = pipe.query_async(&mut conn).await?;
@@ -73,7 +81,13 @@ async fn main() -> anyhow::Result<()> {
                     .await?;
                 let acks: Vec<_> = leased
                     .iter()
-                    .map(|l| (l.card_ref.as_str(), l.lease, Duration::ZERO))
+                    .map(|l| Successor {
+                        card_ref: &l.card_ref,
+                        lease: l.lease,
+                        next_in: Duration::ZERO,
+                        failures: 0,
+                        step: Step::Unchanged,
+                    })
                     .collect();
                 if !acks.is_empty() {
                     queue.ack_many(&mut conn, &acks).await?;
@@ -113,7 +127,7 @@ async fn main() -> anyhow::Result<()> {
         raw.cpu_us,
         cpu_us / raw.cpu_us.max(1e-9)
     );
-    println!("| the due set's Redis memory per card | {per_card:.0} B |");
+    println!("| the due queue's Redis memory per card (due entry and state) | {per_card:.0} B |");
     let by_name: Vec<String> = after
         .calls
         .iter()

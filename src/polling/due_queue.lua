@@ -1,23 +1,91 @@
--- The due queue of one polling task shard: one sorted set, one record per card. Every key a
--- call touches is in KEYS and carries the shard's hash tag, so the script runs on a Redis Cluster.
+-- The due queue of one polling task shard: one sorted set and one hash, one record per card in
+-- each. Every key a call touches is in KEYS and carries the shard's hash tag, so the script runs
+-- on a Redis Cluster.
 --
 -- KEYS[1] the due set: card_ref -> score. A waiting entry's score is its due time (unix ms,
 --         Redis clock), below LEASED; a leased entry's is LEASED + its lease's deadline.
 -- KEYS[2] the shard's last lease score (a string).
+-- KEYS[3] the poll state: card_ref -> `unchanged|last|since|state`, what the card's next poll
+--         needs and what `investigate` shows (the chain entry's fields without its id):
+--         `unchanged` polls counted since `since`, the `last` one (base-36 unix seconds, '0' for
+--         none), `since` as a kind letter ('c' the last recorded change or failure, 's' the
+--         card's first poll here: nothing before it is known) plus base-36 unix seconds; then
+--         the next poll's `failures`, or `failures.deferrals` once the budget deferred it.
+--         Written with the due entry, removed with it: a card has both or neither.
 -- ARGV[1] the op; the rest per op, below.
 --
 -- A lease is named by its score, and no two leases of a card ever share one: every lease score
 -- the shard writes (a fetch's, an extension's) is above the last one it wrote (KEYS[2]), so a
 -- card's later lease always scores above its earlier ones, even when the card was acknowledged
 -- and fetched again within one millisecond. Every op that names a lease acts only while that
--- lease holds the card, so a stale or repeated acknowledgement, release or extension changes
--- nothing, and a fetch takes only a card that waits and is due, or whose lease has ended: one
--- lease holds a card at a time.
+-- lease holds the card, so a stale or repeated acknowledgement, release, extension or finish
+-- changes nothing, and a fetch takes only a card that waits and is due, or whose lease has ended:
+-- one lease holds a card at a time.
 local LEASED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
 
+local now, now_b36
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
+
+local DIGITS = '0123456789abcdefghijklmnopqrstuvwxyz'
+-- The Redis clock's whole seconds in base 36 (the state's times).
+local function stamp()
+  if not now_b36 then
+    local n = math.floor(now_ms() / 1000)
+    local s = ''
+    while n > 0 do
+      local d = n % 36
+      s = string.sub(DIGITS, d + 1, d + 1) .. s
+      n = math.floor(n / 36)
+    end
+    now_b36 = s
+  end
+  return now_b36
+end
+
+-- The state of a card polled here for the first time (or whose state is unreadable).
+local function fresh()
+  return '0|0|s' .. stamp() .. '|0'
+end
+
+-- The next poll's state field: `failures`, or `failures.deferrals` when it was deferred (most
+-- states end in `|0`: a value's size class is what costs memory).
+local function state_field(failures, deferrals)
+  if deferrals > 0 then return failures .. '.' .. deferrals end
+  return tostring(failures)
+end
+
+-- The card's state after a poll that ends by `step`, its next poll having `failures`:
+-- 'u' one more unchanged poll, 'r' a recorded change or failure (the count starts again),
+-- 'd' deferred by the budget (one more deferral, failures as they were), anything else keeps
+-- the tally. Every step but 'd' clears the deferrals.
+local function stepped(raw, step, failures)
+  local u, l, s, st = string.match(raw or '', '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  if not u then
+    u, l, s, st = string.match(fresh(), '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  end
+  local f, d = string.match(st, '^(%d+)%.(%d+)$')
+  if not f then f, d = st, '0' end
+  d = tonumber(d) or 0
+  if step == 'u' then
+    u = tostring((tonumber(u) or 0) + 1)
+    l = stamp()
+  elseif step == 'r' then
+    u = '0'
+    s = 'c' .. stamp()
+  end
+  if step == 'd' then
+    d = d + 1
+    failures = tonumber(f) or 0
+  else
+    d = 0
+  end
+  return u .. '|' .. l .. '|' .. s .. '|' .. state_field(tonumber(failures) or 0, d)
 end
 
 -- The score of a lease written now that must end no earlier than `at`: above the shard's last.
@@ -39,16 +107,17 @@ local op = ARGV[1]
 
 -- fetch(max, lease_ms): leases at most `max` due entries, the earliest due first, each until
 -- now + lease_ms. An entry whose lease ended is due again, as of its lease's deadline. Returns a
--- flat array: card_ref, lease (its score), due ms, for each entry taken.
+-- flat array: card_ref, lease (its score), due ms, state ('' when the card has none), for each
+-- entry taken.
 if op == 'fetch' then
   local max = tonumber(ARGV[2])
   local lease_ms = tonumber(ARGV[3])
-  local now = now_ms()
-  local waiting = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, max, 'WITHSCORES')
-  local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + now, 'BYSCORE', 'LIMIT', 0, max,
+  local at = now_ms()
+  local waiting = redis.call('ZRANGE', KEYS[1], '-inf', at, 'BYSCORE', 'LIMIT', 0, max, 'WITHSCORES')
+  local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + at, 'BYSCORE', 'LIMIT', 0, max,
     'WITHSCORES')
   if #waiting == 0 and #ended == 0 then return {} end
-  local lease = next_lease(LEASED + now + lease_ms)
+  local lease = next_lease(LEASED + at + lease_ms)
   local out = {}
   local i, j, taken = 1, 1, 0
   while taken < max and (i <= #waiting or j <= #ended) do
@@ -66,22 +135,25 @@ if op == 'fetch' then
     out[#out + 1] = card
     out[#out + 1] = lease
     out[#out + 1] = due
+    out[#out + 1] = redis.call('HGET', KEYS[3], card) or ''
     taken = taken + 1
   end
   return out
 end
 
--- ack(card, lease, next_in_ms, ...): for each triple, the poll under `lease` is over and its
--- card is due again next_in_ms from now (the successor). Returns one number a triple: 1, or 0
--- when `lease` no longer holds the card (it ended and the card was leased again, or it was
--- acknowledged already), and nothing changed for it.
+-- ack(card, lease, next_in_ms, step, failures, ...): for each group of five, the poll under
+-- `lease` is over, its card is due again next_in_ms from now (the successor) and its state
+-- follows `step` (see stepped()) with `failures` for the next poll. Returns one number a group:
+-- 1, or 0 when `lease` no longer holds the card (it ended and the card was leased again, it was
+-- acknowledged already, or the card was removed), and nothing changed for it.
 if op == 'ack' then
-  local now = now_ms()
   local out = {}
-  for i = 2, #ARGV, 3 do
+  for i = 2, #ARGV, 5 do
     local card = ARGV[i]
     if holds(card, ARGV[i + 1]) then
-      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[i + 2]), card)
+      redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[i + 2]), card)
+      redis.call('HSET', KEYS[3], card,
+        stepped(redis.call('HGET', KEYS[3], card), ARGV[i + 3], ARGV[i + 4]))
       out[#out + 1] = 1
     else
       out[#out + 1] = 0
@@ -91,11 +163,22 @@ if op == 'ack' then
 end
 
 -- release(card, lease, due): gives the card back unpolled (no token was free), at the due time
--- it was fetched with, so it keeps its place among the due entries. Returns 1, or 0 as ack.
+-- it was fetched with, so it keeps its place among the due entries; its state is left as it is.
+-- Returns 1, or 0 as ack.
 if op == 'release' then
   local card = ARGV[2]
   if not holds(card, ARGV[3]) then return 0 end
   redis.call('ZADD', KEYS[1], tonumber(ARGV[4]), card)
+  return 1
+end
+
+-- finish(card, lease): the card needs no more polls (its data is ready, its status final, or it
+-- is unknown): both its records go. Returns 1, or 0 as ack.
+if op == 'finish' then
+  local card = ARGV[2]
+  if not holds(card, ARGV[3]) then return 0 end
+  redis.call('ZREM', KEYS[1], card)
+  redis.call('HDEL', KEYS[3], card)
   return 1
 end
 
@@ -113,33 +196,54 @@ if op == 'extend' then
   return lease
 end
 
--- add(card, in_ms): the card's first poll is due in_ms from now, unless the card has an entry
--- already (waiting or leased), which is left as it is. Returns 1 when added.
+-- add(card, in_ms): the card's first poll is due in_ms from now, with a fresh state, unless the
+-- card has an entry already (waiting or leased), which is left as it is. Returns 1 when added.
 if op == 'add' then
-  return redis.call('ZADD', KEYS[1], 'NX', now_ms() + tonumber(ARGV[3]), ARGV[2])
+  local card = ARGV[2]
+  if redis.call('ZADD', KEYS[1], 'NX', now_ms() + tonumber(ARGV[3]), card) == 0 then return 0 end
+  redis.call('HSET', KEYS[3], card, fresh())
+  return 1
+end
+
+-- merge(card, in_ms): a producer asks for a poll of the card in_ms from now. A card that waits
+-- is brought forward to then (never put back); a leased card is being polled, and is left as it
+-- is; a card without an entry is added, as by add. Returns 'started' when added, else 'merged'.
+if op == 'merge' then
+  local card = ARGV[2]
+  local due = now_ms() + tonumber(ARGV[3])
+  local s = redis.call('ZSCORE', KEYS[1], card)
+  if not s then
+    redis.call('ZADD', KEYS[1], due, card)
+    redis.call('HSET', KEYS[3], card, fresh())
+    return 'started'
+  end
+  s = tonumber(s)
+  if s < LEASED and s > due then redis.call('ZADD', KEYS[1], due, card) end
+  return 'merged'
 end
 
 -- remove(card): the card is polled no more. A running poll's acknowledgement then changes
 -- nothing. Returns 1 when the card had an entry.
 if op == 'remove' then
+  redis.call('HDEL', KEYS[3], ARGV[2])
   return redis.call('ZREM', KEYS[1], ARGV[2])
 end
 
 -- head(): what the lateness gauges read: {now, the earliest due ms of an entry that waits or
 -- whose lease ended (-1 when none), how many are due now}.
 if op == 'head' then
-  local now = now_ms()
-  local first = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-  local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + now, 'BYSCORE', 'LIMIT', 0, 1,
+  local at = now_ms()
+  local first = redis.call('ZRANGE', KEYS[1], '-inf', at, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + at, 'BYSCORE', 'LIMIT', 0, 1,
     'WITHSCORES')
   local earliest = first[2] and tonumber(first[2])
   if ended[2] then
     local e = tonumber(ended[2]) - LEASED
     if not earliest or e < earliest then earliest = e end
   end
-  local due = redis.call('ZCOUNT', KEYS[1], '-inf', now)
-    + redis.call('ZCOUNT', KEYS[1], LEASED, LEASED + now)
-  return {now, earliest or -1, due}
+  local due = redis.call('ZCOUNT', KEYS[1], '-inf', at)
+    + redis.call('ZCOUNT', KEYS[1], LEASED, LEASED + at)
+  return {at, earliest or -1, due}
 end
 
 return redis.error_reply('due_queue.lua: unknown op ' .. tostring(op))

@@ -2,13 +2,17 @@
 //! under a lease and acknowledge by writing the card's next due time
 //! ([`due_queue.lua`](./due_queue.lua)).
 //!
-//! One sorted set holds it all. A waiting card is scored by its due time; a leased card by
-//! `LEASED` + its lease's deadline, both on Redis's clock. So:
+//! One sorted set holds when each card is due. A waiting card is scored by its due time; a leased
+//! card by `LEASED` + its lease's deadline, both on Redis's clock. One hash beside it holds what
+//! the card's next poll needs ([`PollState`]: its failures, its deferrals and the unchanged-poll
+//! tally); the script writes and removes both together. So:
 //! - **one poll per card at a time** is a property of the script alone: a fetch takes only cards
 //!   that wait and are due, or whose lease ended, and every op that names a lease acts only while
 //!   that lease holds the card ([`Lease`]): a stale or repeated acknowledgement changes nothing;
 //! - **a lease that ends makes the card due again**, as of the lease's deadline: no heartbeat, no
 //!   orphan sweep, no per-job hash and no run marker;
+//! - **the acknowledgement is the successor**: one call per batch of finished polls writes each
+//!   card's next due time and its state ([`Successor`]);
 //! - **under a backlog the oldest due cards go first** (a fetch takes the earliest), and a card
 //!   given back unpolled keeps its place ([`DueQueue::release`]);
 //! - **the lateness gauges** read the head in one call ([`DueQueue::head`]).
@@ -25,6 +29,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::config::Task;
+use crate::polling::unchanged::{parse_job_state, parse_tally, Tally};
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("due_queue.lua")));
 
@@ -40,6 +45,8 @@ pub struct ShardKeys {
     /// The last lease score the shard wrote: every new one is above it, so no two leases of a
     /// card share a score.
     pub last_lease: String,
+    /// The poll state (card_ref -> `unchanged|last|since|failures[.deferrals]`, [`PollState`]).
+    pub state: String,
 }
 
 impl ShardKeys {
@@ -49,6 +56,7 @@ impl ShardKeys {
         Self {
             due: format!("{tag}:due"),
             last_lease: format!("{tag}:last_lease"),
+            state: format!("{tag}:state"),
         }
     }
 }
@@ -71,6 +79,38 @@ impl Lease {
     }
 }
 
+/// What a card's next poll needs from Redis, and what `investigate` shows of its polling.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PollState {
+    /// Consecutive failures before the next poll (its back-off, and when it parks).
+    pub failures: u32,
+    /// Consecutive budget deferrals of the next poll (the deferral back-off).
+    pub deferrals: u32,
+    /// The unchanged polls since the last recorded change or failure, or since the card's first
+    /// poll here; `None` when the card has no state (the script then writes a fresh one with
+    /// the poll's acknowledgement).
+    pub tally: Option<Tally>,
+}
+
+impl PollState {
+    /// Parses the state the script keeps (`unchanged|last|since|failures[.deferrals]`); an empty
+    /// or malformed one is the state of a card polled for the first time.
+    pub fn parse(raw: &str) -> Self {
+        let fields: Vec<&str> = raw.split('|').collect();
+        match fields.as_slice() {
+            [count, last, since, state] => {
+                let (failures, deferrals) = parse_job_state(state);
+                Self {
+                    failures,
+                    deferrals,
+                    tally: parse_tally(count, last, since),
+                }
+            }
+            _ => Self::default(),
+        }
+    }
+}
+
 /// A card a fetch leased.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leased {
@@ -79,6 +119,66 @@ pub struct Leased {
     /// When the card came due (unix ms, Redis clock): its due time, or the deadline of a lease
     /// that ended without an acknowledgement.
     pub due_ms: u64,
+    /// What its poll needs: failures, deferrals, tally.
+    pub state: PollState,
+}
+
+/// What a finished poll does to its card's state ([`Successor::step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The tally is kept (a retry after an infrastructure error, a parked card waiting).
+    Keep,
+    /// A change or a failure was recorded: the tally starts again from 0, now.
+    Reset,
+    /// The poll was unchanged: one more in the tally, the last one now.
+    Unchanged,
+    /// The budget deferred the poll before its call: one more deferral, failures and tally kept
+    /// ([`Successor::failures`] is ignored).
+    Deferred,
+}
+
+impl Step {
+    fn letter(self) -> &'static str {
+        match self {
+            Step::Keep => "k",
+            Step::Reset => "r",
+            Step::Unchanged => "u",
+            Step::Deferred => "d",
+        }
+    }
+}
+
+/// One finished poll's acknowledgement: the card's next poll, fenced by the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Successor<'a> {
+    pub card_ref: &'a str,
+    /// The lease the poll ran under: nothing is written unless it still holds the card.
+    pub lease: Lease,
+    /// When the next poll is due, from the acknowledgement on.
+    pub next_in: Duration,
+    /// The next poll's consecutive failures (its deferrals start again from 0, except after a
+    /// deferral).
+    pub failures: u32,
+    pub step: Step,
+}
+
+/// Where a card stands in its shard ([`DueQueue::entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// It waits for its next poll, due then (unix ms, Redis clock; in the past: overdue).
+    Waiting { due_ms: u64 },
+    /// A poll holds it until then (unix ms, Redis clock), unless acknowledged or extended first;
+    /// after it the card is due again.
+    Leased { deadline_ms: u64 },
+}
+
+/// What [`DueQueue::merge`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merged {
+    /// The card had no entry: it was added, its first poll due when asked.
+    Started,
+    /// The card had one: a waiting card is due no later than asked, a leased one is being polled.
+    IntoLive,
 }
 
 /// What the head of the due set says (for the lateness gauges).
@@ -113,6 +213,15 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The script's answer for one lease-fenced call: 1 done, 0 stale.
+fn still_held(done: u8) -> StillHeld<()> {
+    if done == 1 {
+        StillHeld::Yes(())
+    } else {
+        StillHeld::Stale
+    }
+}
+
 impl DueQueue {
     pub fn new(keys: ShardKeys) -> Self {
         Self { keys }
@@ -125,7 +234,7 @@ impl DueQueue {
 
     fn call(&self, op: &str) -> redis::ScriptInvocation<'static> {
         let mut inv = SCRIPT.key(&self.keys.due);
-        inv.key(&self.keys.last_lease).arg(op);
+        inv.key(&self.keys.last_lease).key(&self.keys.state).arg(op);
         inv
     }
 
@@ -139,27 +248,26 @@ impl DueQueue {
         let mut inv = self.call("fetch");
         inv.arg(max).arg(millis(lease));
         let raw: Vec<redis::Value> = inv.invoke_async(conn).await.context("fetching due cards")?;
-        raw.chunks(3)
+        raw.chunks(4)
             .map(|entry| match entry {
-                [card, lease, due] => Ok(Leased {
+                [card, lease, due, state] => Ok(Leased {
                     card_ref: redis::from_redis_value_ref(card)?,
                     lease: Lease(redis::from_redis_value_ref(lease)?),
                     due_ms: redis::from_redis_value_ref(due)?,
+                    state: PollState::parse(&redis::from_redis_value_ref::<String>(state)?),
                 }),
                 _ => anyhow::bail!("due_queue.lua fetch answered {} values", raw.len()),
             })
             .collect()
     }
 
-    /// Ends the poll under `lease`: its card is due again `next_in` from now.
+    /// Ends the poll under `successor.lease` with its card's next poll.
     pub async fn ack(
         &self,
         conn: &mut impl ConnectionLike,
-        card_ref: &str,
-        lease: Lease,
-        next_in: Duration,
+        successor: &Successor<'_>,
     ) -> anyhow::Result<StillHeld<()>> {
-        let held = self.ack_many(conn, &[(card_ref, lease, next_in)]).await?;
+        let held = self.ack_many(conn, std::slice::from_ref(successor)).await?;
         Ok(held.into_iter().next().unwrap_or(StillHeld::Stale))
     }
 
@@ -167,11 +275,15 @@ impl DueQueue {
     pub async fn ack_many(
         &self,
         conn: &mut impl ConnectionLike,
-        polls: &[(&str, Lease, Duration)],
+        polls: &[Successor<'_>],
     ) -> anyhow::Result<Vec<StillHeld<()>>> {
         let mut inv = self.call("ack");
-        for (card_ref, lease, next_in) in polls {
-            inv.arg(*card_ref).arg(lease.score()).arg(millis(*next_in));
+        for poll in polls {
+            inv.arg(poll.card_ref)
+                .arg(poll.lease.score())
+                .arg(millis(poll.next_in))
+                .arg(poll.step.letter())
+                .arg(poll.failures);
         }
         let done: Vec<u8> = inv
             .invoke_async(conn)
@@ -183,16 +295,23 @@ impl DueQueue {
             done.len(),
             polls.len()
         );
-        Ok(done
-            .into_iter()
-            .map(|d| {
-                if d == 1 {
-                    StillHeld::Yes(())
-                } else {
-                    StillHeld::Stale
-                }
-            })
-            .collect())
+        Ok(done.into_iter().map(still_held).collect())
+    }
+
+    /// Ends the card's polling under `lease`: its due entry and state go.
+    pub async fn finish(
+        &self,
+        conn: &mut impl ConnectionLike,
+        card_ref: &str,
+        lease: Lease,
+    ) -> anyhow::Result<StillHeld<()>> {
+        let mut inv = self.call("finish");
+        inv.arg(card_ref).arg(lease.score());
+        let done: u8 = inv
+            .invoke_async(conn)
+            .await
+            .context("finishing a card's polling")?;
+        Ok(still_held(done))
     }
 
     /// Gives the card under `lease` back unpolled, at the due time it was fetched with (so it
@@ -207,11 +326,7 @@ impl DueQueue {
             .arg(leased.lease.score())
             .arg(leased.due_ms);
         let done: u8 = inv.invoke_async(conn).await.context("releasing a lease")?;
-        Ok(if done == 1 {
-            StillHeld::Yes(())
-        } else {
-            StillHeld::Stale
-        })
+        Ok(still_held(done))
     }
 
     /// Extends `lease` to end `by` from now (never earlier than it does); the lease is named by
@@ -233,8 +348,8 @@ impl DueQueue {
         })
     }
 
-    /// Adds `card_ref`, due `after` from now, unless it has an entry already (which is left as
-    /// it is). Returns whether it was added.
+    /// Adds `card_ref`, due `after` from now with a fresh state, unless it has an entry already
+    /// (which is left as it is). Returns whether it was added.
     pub async fn add(
         &self,
         conn: &mut impl ConnectionLike,
@@ -245,6 +360,57 @@ impl DueQueue {
         inv.arg(card_ref).arg(millis(after));
         let added: u8 = inv.invoke_async(conn).await.context("adding a card")?;
         Ok(added == 1)
+    }
+
+    /// A producer's request for a poll of `card_ref` `after` from now: a waiting card is brought
+    /// forward to then (never put back), a leased one is left to its running poll, and a card
+    /// without an entry is added.
+    pub async fn merge(
+        &self,
+        conn: &mut impl ConnectionLike,
+        card_ref: &str,
+        after: Duration,
+    ) -> anyhow::Result<Merged> {
+        let mut inv = self.call("merge");
+        inv.arg(card_ref).arg(millis(after));
+        let verdict: String = inv
+            .invoke_async(conn)
+            .await
+            .context("merging a poll request")?;
+        Ok(if verdict == "started" {
+            Merged::Started
+        } else {
+            Merged::IntoLive
+        })
+    }
+
+    /// Where `card_ref` stands and its state, or `None` when it has no entry (two commands on
+    /// the shard's keys, not a script: a read for `investigate` and the console).
+    pub async fn entry(
+        &self,
+        conn: &mut impl ConnectionLike,
+        card_ref: &str,
+    ) -> anyhow::Result<Option<(Standing, PollState)>> {
+        let (score, state): (Option<u64>, Option<String>) = redis::pipe()
+            .cmd("ZSCORE")
+            .arg(&self.keys.due)
+            .arg(card_ref)
+            .cmd("HGET")
+            .arg(&self.keys.state)
+            .arg(card_ref)
+            .query_async(conn)
+            .await
+            .with_context(|| format!("reading the due entry of {card_ref}"))?;
+        Ok(score.map(|score| {
+            let standing = if score >= LEASED {
+                Standing::Leased {
+                    deadline_ms: score - LEASED,
+                }
+            } else {
+                Standing::Waiting { due_ms: score }
+            };
+            (standing, PollState::parse(state.as_deref().unwrap_or("")))
+        }))
     }
 
     /// Removes `card_ref`: it is polled no more, and a running poll's acknowledgement changes
@@ -272,5 +438,22 @@ impl DueQueue {
             earliest_due_ms: u64::try_from(earliest).ok(),
             due_now,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_parses_its_failures_deferrals_and_tally_and_a_missing_or_malformed_one_is_fresh() {
+        let state = PollState::parse("3|t0gmqo|ct0gmqa|2.4");
+        assert_eq!((state.failures, state.deferrals), (2, 4));
+        let tally = state.tally.unwrap_or_else(|| panic!("a tally"));
+        assert_eq!(tally.count, 3);
+        assert!(tally.last.is_some());
+        for raw in ["", "garbage", "1|2|3", "1|2|3|4|5"] {
+            assert_eq!(PollState::parse(raw), PollState::default(), "{raw:?}");
+        }
     }
 }

@@ -212,29 +212,11 @@ pub fn parse_entry(raw: &str) -> Entry {
     let fields: Vec<&str> = raw.split('|').collect();
     let chain = fields.first().copied().unwrap_or_default().to_owned();
     let tally = match fields.as_slice() {
-        [_, count, last, since, ..] => {
-            let (kind, at) = match since.split_at_checked(1) {
-                Some(("c", at)) => (Since::ChangeOrFailure, at),
-                Some((_, at)) => (Since::ChainStart, at),
-                None => (Since::ChainStart, ""),
-            };
-            seconds36(at).map(|since| Tally {
-                count: count.parse().unwrap_or(0),
-                last: seconds36(last),
-                since,
-                since_kind: kind,
-            })
-        }
+        [_, count, last, since, ..] => parse_tally(count, last, since),
         _ => None,
     };
     let next_job = match fields.as_slice() {
-        [_, _, _, _, state, ..] => {
-            let (failures, deferrals) = state.split_once('.').unwrap_or((state, "0"));
-            Some((
-                failures.parse().unwrap_or(0),
-                deferrals.parse().unwrap_or(0),
-            ))
-        }
+        [_, _, _, _, state, ..] => Some(parse_job_state(state)),
         _ => None,
     };
     Entry {
@@ -242,6 +224,32 @@ pub fn parse_entry(raw: &str) -> Entry {
         tally,
         next_job,
     }
+}
+
+/// A tally from its three fields: the count, the last unchanged poll and `since` (a kind letter,
+/// `c` or `s`, then base-36 unix seconds). `None` when `since` holds no time.
+pub fn parse_tally(count: &str, last: &str, since: &str) -> Option<Tally> {
+    let (kind, at) = match since.split_at_checked(1) {
+        Some(("c", at)) => (Since::ChangeOrFailure, at),
+        Some((_, at)) => (Since::ChainStart, at),
+        None => (Since::ChainStart, ""),
+    };
+    seconds36(at).map(|since| Tally {
+        count: count.parse().unwrap_or(0),
+        last: seconds36(last),
+        since,
+        since_kind: kind,
+    })
+}
+
+/// The next job's failures and deferrals from their field (`failures` or
+/// `failures.deferrals`); a part that does not parse counts as 0.
+pub fn parse_job_state(state: &str) -> (u32, u32) {
+    let (failures, deferrals) = state.split_once('.').unwrap_or((state, "0"));
+    (
+        failures.parse().unwrap_or(0),
+        deferrals.parse().unwrap_or(0),
+    )
 }
 
 /// The card's chain entry for `task` (`None` when the card has no chain in Redis).

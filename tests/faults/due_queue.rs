@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use cardworker::config::Task;
 use cardworker::context;
-use cardworker::polling::due_queue::{DueQueue, Lease, Leased, ShardKeys, StillHeld};
+use cardworker::polling::due_queue::{
+    DueQueue, Lease, Leased, Merged, PollState, ShardKeys, Standing, Step, StillHeld, Successor,
+};
 use redis::aio::ConnectionManager;
 
 use crate::cluster::PrivateCluster;
@@ -48,6 +50,18 @@ async fn queue_with_due(due: &[(&str, i64)]) -> (PrivateRedis, DueQueue, Connect
     (redis, queue, conn)
 }
 
+/// The successor of a poll of `card_ref` under `lease` that leaves its state as it is, due
+/// `next_in` from the acknowledgement.
+fn keep(card_ref: &str, lease: Lease, next_in: Duration) -> Successor<'_> {
+    Successor {
+        card_ref,
+        lease,
+        next_in,
+        failures: 0,
+        step: Step::Keep,
+    }
+}
+
 /// Acknowledges the poll of `card_ref` under `lease`, the card due again at once.
 async fn ack_now(
     queue: &DueQueue,
@@ -56,7 +70,7 @@ async fn ack_now(
     lease: Lease,
 ) -> StillHeld<()> {
     queue
-        .ack(conn, card_ref, lease, Duration::ZERO)
+        .ack(conn, &keep(card_ref, lease, Duration::ZERO))
         .await
         .unwrap()
 }
@@ -93,7 +107,10 @@ async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_hol
     );
     assert_eq!(
         queue
-            .ack(&mut conn, "c-1", leased.lease, Duration::from_secs(3600))
+            .ack(
+                &mut conn,
+                &keep("c-1", leased.lease, Duration::from_secs(3600))
+            )
             .await
             .unwrap(),
         StillHeld::Stale,
@@ -390,7 +407,7 @@ async fn the_due_queue_script_runs_on_a_three_master_redis_cluster_with_a_shard_
         assert_eq!(cards(&leased), ["c-1"], "shard {shard} on master {port}");
         assert_eq!(
             queue
-                .ack(&mut conn, "c-1", leased[0].lease, LONG)
+                .ack(&mut conn, &keep("c-1", leased[0].lease, LONG))
                 .await
                 .unwrap(),
             StillHeld::Yes(())
@@ -423,7 +440,10 @@ async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_nam
             // The previous lease's repeated acknowledgement (a retry after a lost reply) must not
             // end this one, however soon after it this one began.
             assert_eq!(
-                queue.ack(&mut conn, "c-1", previous, LONG).await.unwrap(),
+                queue
+                    .ack(&mut conn, &keep("c-1", previous, LONG))
+                    .await
+                    .unwrap(),
                 StillHeld::Stale
             );
         }
@@ -460,8 +480,8 @@ async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
         .ack_many(
             &mut conn,
             &[
-                (one.card_ref.as_str(), one.lease, LONG),
-                (two.card_ref.as_str(), two.lease, Duration::ZERO),
+                keep(&one.card_ref, one.lease, LONG),
+                keep(&two.card_ref, two.lease, Duration::ZERO),
             ],
         )
         .await
@@ -472,5 +492,190 @@ async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
         cards(&again).len(),
         2,
         "the stale acknowledgement did not move c-1 an hour out"
+    );
+}
+
+/// Fetches `card_ref` (due now) and acknowledges its poll with `step` and `failures`, due again
+/// at once; answers the state the fetch handed out.
+async fn poll_once(
+    queue: &DueQueue,
+    conn: &mut ConnectionManager,
+    card_ref: &str,
+    step: Step,
+    failures: u32,
+) -> PollState {
+    let leased = queue.fetch(conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&leased), [card_ref]);
+    let successor = Successor {
+        card_ref,
+        lease: leased[0].lease,
+        next_in: Duration::ZERO,
+        failures,
+        step,
+    };
+    assert_eq!(
+        queue.ack(conn, &successor).await.unwrap(),
+        StillHeld::Yes(())
+    );
+    leased[0].state.clone()
+}
+
+#[tokio::test]
+async fn an_acknowledgement_writes_the_next_poll_s_state_with_its_due_time_and_the_fetch_hands_it_out(
+) {
+    use cardworker::polling::unchanged::Since;
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    assert!(queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap());
+
+    let first = poll_once(&queue, &mut conn, "c-1", Step::Unchanged, 0).await;
+    assert_eq!((first.failures, first.deferrals), (0, 0));
+    let tally = first.tally.expect("an added card has a fresh tally");
+    assert_eq!(
+        (tally.count, tally.last, tally.since_kind),
+        (0, None, Since::ChainStart)
+    );
+
+    let after_unchanged = poll_once(&queue, &mut conn, "c-1", Step::Reset, 2).await;
+    let tally = after_unchanged.tally.unwrap();
+    assert_eq!(tally.count, 1, "one unchanged poll counted");
+    assert!(tally.last.is_some());
+
+    let after_failure = poll_once(&queue, &mut conn, "c-1", Step::Deferred, 9).await;
+    assert_eq!((after_failure.failures, after_failure.deferrals), (2, 0));
+    let tally = after_failure.tally.unwrap();
+    assert_eq!(
+        (tally.count, tally.since_kind),
+        (0, Since::ChangeOrFailure),
+        "a recorded failure starts the count again"
+    );
+
+    let deferred = poll_once(&queue, &mut conn, "c-1", Step::Deferred, 9).await;
+    assert_eq!(
+        (deferred.failures, deferred.deferrals),
+        (2, 1),
+        "a deferral keeps the failures and counts itself"
+    );
+    let twice = poll_once(&queue, &mut conn, "c-1", Step::Keep, 0).await;
+    assert_eq!((twice.failures, twice.deferrals), (2, 2));
+    let (standing, state) = queue.entry(&mut conn, "c-1").await.unwrap().unwrap();
+    assert!(matches!(standing, Standing::Waiting { .. }), "{standing:?}");
+    assert_eq!(
+        (state.failures, state.deferrals),
+        (0, 0),
+        "a poll that ran clears the deferrals"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_acknowledgement_or_finish_writes_nothing_to_the_card_s_state_or_due_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    let first = queue
+        .fetch(&mut conn, 1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    // The first lease ends; a second holder takes the card.
+    let second = loop {
+        let got = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+        if let Some(leased) = got.into_iter().next() {
+            break leased;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let late = Successor {
+        card_ref: "c-1",
+        lease: first[0].lease,
+        next_in: Duration::ZERO,
+        failures: 5,
+        step: Step::Reset,
+    };
+    assert_eq!(queue.ack(&mut conn, &late).await.unwrap(), StillHeld::Stale);
+    assert_eq!(
+        queue
+            .finish(&mut conn, "c-1", first[0].lease)
+            .await
+            .unwrap(),
+        StillHeld::Stale
+    );
+    let (standing, state) = queue.entry(&mut conn, "c-1").await.unwrap().unwrap();
+    assert_eq!(
+        standing,
+        Standing::Leased {
+            deadline_ms: second.lease.deadline_ms()
+        },
+        "the second holder still holds the card"
+    );
+    assert_eq!(
+        state.failures, 0,
+        "the stale acknowledgement wrote no state"
+    );
+
+    assert_eq!(
+        queue.finish(&mut conn, "c-1", second.lease).await.unwrap(),
+        StillHeld::Yes(())
+    );
+    assert_eq!(queue.entry(&mut conn, "c-1").await.unwrap(), None);
+    let left: usize = redis::cmd("HLEN")
+        .arg(&queue.keys().state)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "a finished card's state goes with its due entry");
+}
+
+#[tokio::test]
+async fn a_merge_brings_a_waiting_card_forward_leaves_a_leased_one_to_its_poll_and_starts_one_without_an_entry(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-wait", LONG).await.unwrap();
+    queue
+        .add(&mut conn, "c-held", Duration::ZERO)
+        .await
+        .unwrap();
+    let held = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&held), ["c-held"]);
+
+    assert_eq!(
+        queue
+            .merge(&mut conn, "c-wait", Duration::ZERO)
+            .await
+            .unwrap(),
+        Merged::IntoLive
+    );
+    assert_eq!(
+        queue
+            .merge(&mut conn, "c-held", Duration::ZERO)
+            .await
+            .unwrap(),
+        Merged::IntoLive
+    );
+    assert_eq!(
+        queue
+            .merge(&mut conn, "c-new", Duration::ZERO)
+            .await
+            .unwrap(),
+        Merged::Started
+    );
+    // A later request never puts a waiting card back.
+    queue.merge(&mut conn, "c-wait", LONG).await.unwrap();
+
+    let due = queue.fetch(&mut conn, 10, LONG).await.unwrap();
+    let mut got = cards(&due);
+    got.sort();
+    assert_eq!(
+        got,
+        ["c-new", "c-wait"],
+        "the leased card is not handed out"
+    );
+    assert_eq!(
+        queue
+            .ack(&mut conn, &keep("c-held", held[0].lease, LONG))
+            .await
+            .unwrap(),
+        StillHeld::Yes(()),
+        "the merge left the running poll's lease in place"
     );
 }
