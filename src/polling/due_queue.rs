@@ -77,6 +77,11 @@ impl Lease {
     pub fn score(self) -> u64 {
         self.0
     }
+
+    /// The lease named by `score` (a score a fetch or an extension answered).
+    pub fn from_score(score: u64) -> Self {
+        Self(score)
+    }
 }
 
 /// What a card's next poll needs from Redis, and what `investigate` shows of its polling.

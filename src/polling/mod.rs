@@ -17,10 +17,13 @@
 //! - [`due_queue`]: one record per card and task shard that workers fetch under a lease and
 //!   acknowledge with the card's next due time; its script is Redis Cluster safe. The polling
 //!   workers do not fetch from it yet: they run on the chains above.
+//! - [`backend`]: the apalis backend that fetches a polling worker's cards straight from its due
+//!   queue, as many as it has free slots (not wired into the workers yet).
 //!
 //! Applying an observed change is `crate::cards` (shared with channel callbacks); the commands
 //! (`enqueue carddata|card_status`, `reconcile`, `investigate`) are in `crate::commands`.
 
+pub mod backend;
 pub mod budget_layer;
 pub mod card_status;
 pub mod carddata;

@@ -9,7 +9,8 @@
 //! runs a string of short Redis outages under load against two `cardworker run` processes.
 //! [`alerts`] runs the project's alert rules on a real Prometheus scraping a real worker through
 //! those faults. [`due_queue`] holds the polling due queue's script to its promises, on a
-//! redis-server of its own and on a three-master Redis Cluster.
+//! redis-server of its own and on a three-master Redis Cluster; [`poll_backend`] runs a real apalis
+//! worker on the polling backend that fetches from it.
 
 mod abandoned;
 mod alerts;
@@ -21,6 +22,7 @@ mod fence;
 mod fence_failover;
 mod outage_string;
 mod ownership;
+mod poll_backend;
 mod redis_cost;
 mod scenarios;
 mod startup;

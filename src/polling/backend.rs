@@ -1,0 +1,281 @@
+//! [`PollBackend`]: the apalis backend of a polling worker that fetches straight from its task
+//! shard's due queue ([`super::due_queue`]), with no apalis-redis job in between.
+//!
+//! Each fetch leases at most as many due cards as the worker has free slots (its concurrency
+//! less the polls it runs and the cards it holds unstarted), so that a card is leased only to be
+//! polled at once, and its lease does not run down in a buffer. A fetched card becomes one task
+//! whose payload is a [`LeasedPoll`]: the card, its lease and its state. What ends the lease is
+//! the poll's own acknowledgement (the successor, [`super::due_queue::DueQueue::ack`]): there is
+//! no heartbeat, no in-flight set and no orphan recovery, because a lease that ends unacknowledged
+//! makes its card due again by itself. On close, the cards fetched and never started are given
+//! back at their due time ([`super::due_queue::DueQueue::release`]), so they keep their place.
+//!
+//! When a fetch finds nothing due, the next one waits [`PollFetch::idle`]: the one cost of an
+//! idle worker (a script call that reads two ranges of the due set).
+//!
+//! # Layout
+//! - [`LeasedPoll`]: the payload of a fetched card.
+//! - [`PollFetch`]: how a worker fetches.
+//! - [`PollBackend`]: the backend (`Backend`, `BackendConfig`, `WireFormatBackend`).
+
+use std::collections::VecDeque;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::str::FromStr as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use apalis::prelude::Task;
+use apalis_core::backend::{Backend, BackendConfig, WireFormatBackend};
+use apalis_core::task::builder::TaskBuilder;
+use apalis_core::task::task_id::TaskId;
+use apalis_core::worker::context::WorkerContext;
+use apalis_redis::RedisStorage;
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use tower::layer::util::Identity;
+
+use super::due_queue::{DueQueue, Lease, Leased, PollState};
+
+/// The codec apalis decodes payloads with: JSON into `String`, as every other queue's.
+type Codec = <RedisStorage<String> as WireFormatBackend>::Codec;
+
+/// The payload of one fetched card: what its poll needs, and the lease it runs under (which
+/// every write of its successor names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasedPoll {
+    pub card_ref: String,
+    /// The lease's score ([`Lease::score`]).
+    pub lease: u64,
+    /// When the card came due (unix ms, Redis clock).
+    pub due_ms: u64,
+    /// Consecutive failures before this poll.
+    pub failures: u32,
+    /// Consecutive budget deferrals of this poll.
+    pub deferrals: u32,
+}
+
+impl LeasedPoll {
+    fn of(leased: &Leased) -> Self {
+        let PollState {
+            failures,
+            deferrals,
+            ..
+        } = leased.state;
+        Self {
+            card_ref: leased.card_ref.clone(),
+            lease: leased.lease.score(),
+            due_ms: leased.due_ms,
+            failures,
+            deferrals,
+        }
+    }
+
+    /// The lease the poll runs under.
+    pub fn lease(&self) -> Lease {
+        Lease::from_score(self.lease)
+    }
+}
+
+/// How a polling worker fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollFetch {
+    /// The most polls the worker runs at once (its concurrency): a fetch never leases more
+    /// cards than are free of these.
+    pub slots: usize,
+    /// How long a fetched card's lease lasts: no shorter than the poll's handler limit plus its
+    /// acknowledgement, so that a running poll's card is never due again under it.
+    pub lease: Duration,
+    /// The wait after a fetch that found nothing due.
+    pub idle: Duration,
+}
+
+/// The backend of one polling worker.
+pub struct PollBackend {
+    queue: DueQueue,
+    conn: ConnectionManager,
+    fetch: PollFetch,
+    /// The worker's polls under way (the job service counts them): the slots they take are not
+    /// fetched for.
+    running: Arc<AtomicUsize>,
+    /// The fetch under way, if any.
+    fetching: Option<BoxFuture<'static, anyhow::Result<Vec<Leased>>>>,
+    /// Cards fetched and not yet handed to the worker.
+    buffer: VecDeque<Leased>,
+    /// The wait before the next fetch, after one that found nothing due.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Handing the unstarted cards back on close, while under way.
+    releasing: Option<BoxFuture<'static, ()>>,
+    /// A fetch failed: the stream ends (the supervisor builds the worker again).
+    dead: bool,
+    codec: Codec,
+}
+
+impl PollBackend {
+    /// The backend of a worker that polls `queue`'s cards on `conn`, fetching by `fetch`, with
+    /// `running` counting its polls under way.
+    pub fn new(
+        queue: DueQueue,
+        conn: ConnectionManager,
+        fetch: PollFetch,
+        running: Arc<AtomicUsize>,
+    ) -> Self {
+        Self {
+            queue,
+            conn,
+            fetch,
+            running,
+            fetching: None,
+            buffer: VecDeque::new(),
+            idle: None,
+            releasing: None,
+            dead: false,
+            codec: Codec::default(),
+        }
+    }
+
+    /// How many cards a fetch may lease now.
+    fn free_slots(&self) -> usize {
+        self.fetch
+            .slots
+            .saturating_sub(self.running.load(Ordering::Acquire))
+            .saturating_sub(self.buffer.len())
+    }
+
+    fn task(leased: &Leased) -> Result<Task<Vec<u8>>, std::io::Error> {
+        // apalis decodes the bytes as a JSON string, which holds the job's own JSON.
+        let payload = serde_json::to_string(&LeasedPoll::of(leased))?;
+        let id = TaskId::from_str(&ulid::Ulid::new().to_string()).map_err(std::io::Error::other)?;
+        Ok(TaskBuilder::new(serde_json::to_vec(&payload)?)
+            .task_id(id)
+            .build())
+    }
+}
+
+impl Backend for PollBackend {
+    type Task = Task<Vec<u8>>;
+    type Error = std::io::Error;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut Context<'_>,
+        _worker: &WorkerContext,
+    ) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+        _worker: &WorkerContext,
+    ) -> Poll<Option<Result<Self::Task, Self::Error>>> {
+        loop {
+            if let Some(leased) = self.buffer.pop_front() {
+                return Poll::Ready(Some(Self::task(&leased)));
+            }
+            if self.dead {
+                return Poll::Ready(None);
+            }
+            if let Some(idle) = self.idle.as_mut() {
+                futures::ready!(idle.as_mut().poll(cx));
+                self.idle = None;
+            }
+            if self.fetching.is_none() {
+                let max = self.free_slots();
+                if max == 0 {
+                    // Every slot is busy: look again shortly (a poll ending frees one, and the
+                    // worker drives this stream again when it has room).
+                    self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.idle)));
+                    continue;
+                }
+                let (queue, mut conn, lease) =
+                    (self.queue.clone(), self.conn.clone(), self.fetch.lease);
+                self.fetching =
+                    Some(async move { queue.fetch(&mut conn, max, lease).await }.boxed());
+            }
+            let Some(fetching) = self.fetching.as_mut() else {
+                continue;
+            };
+            match futures::ready!(fetching.poll_unpin(cx)) {
+                Ok(leased) => {
+                    self.fetching = None;
+                    if leased.is_empty() {
+                        self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.idle)));
+                    }
+                    self.buffer.extend(leased);
+                }
+                Err(e) => {
+                    self.fetching = None;
+                    self.dead = true;
+                    return Poll::Ready(Some(Err(std::io::Error::other(format!("{e:#}")))));
+                }
+            }
+        }
+    }
+
+    fn poll_close(
+        &mut self,
+        cx: &mut Context<'_>,
+        worker: &WorkerContext,
+    ) -> Poll<Result<(), Self::Error>> {
+        // A fetch under way finishes first, so that what it leased is given back with the rest
+        // instead of waiting for its lease to end.
+        if let Some(fetching) = self.fetching.as_mut() {
+            let fetched = futures::ready!(fetching.poll_unpin(cx));
+            self.fetching = None;
+            if let Ok(leased) = fetched {
+                self.buffer.extend(leased);
+            }
+        }
+        if !self.buffer.is_empty() {
+            let unstarted: Vec<Leased> = self.buffer.drain(..).collect();
+            let (queue, mut conn) = (self.queue.clone(), self.conn.clone());
+            let name = worker.name().to_owned();
+            self.releasing = Some(
+                async move {
+                    for leased in &unstarted {
+                        if let Err(e) = queue.release(&mut conn, leased).await {
+                            // Its lease ends by itself; the card is due again then.
+                            tracing::warn!(worker = %name, card_ref = %leased.card_ref, error = %format!("{e:#}"), "a fetched card not given back on close; it is due again when its lease ends");
+                        }
+                    }
+                }
+                .boxed(),
+            );
+        }
+        if let Some(releasing) = self.releasing.as_mut() {
+            futures::ready!(releasing.poll_unpin(cx));
+            self.releasing = None;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl BackendConfig for PollBackend {
+    type Args = String;
+    type Id = ulid::Ulid;
+    type Kind = apalis_core::backend::finalize::Durable;
+    type Config = PollFetch;
+    type Layer = Identity;
+
+    fn config(&self) -> &Self::Config {
+        &self.fetch
+    }
+
+    fn middleware(&mut self, _worker: &mut WorkerContext) -> Self::Layer {
+        Identity::new()
+    }
+}
+
+impl WireFormatBackend for PollBackend {
+    type Codec = Codec;
+    type Compact = Vec<u8>;
+
+    fn codec(&self) -> &Self::Codec {
+        &self.codec
+    }
+}

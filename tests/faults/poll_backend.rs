@@ -1,0 +1,239 @@
+//! The polling workers' apalis backend (`polling::backend`): a real apalis worker fetching
+//! straight from a due queue on a redis-server of the test's own.
+
+// An unwrap() that fails is the test failing, at its line.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apalis::prelude::*;
+use cardworker::config::Task;
+use cardworker::context;
+use cardworker::polling::backend::{LeasedPoll, PollBackend, PollFetch};
+use cardworker::polling::due_queue::{DueQueue, ShardKeys, Step, Successor, LEASED};
+use redis::aio::ConnectionManager;
+
+use crate::private::PrivateRedis;
+
+/// What the test's handler shares: the queue, a connection, the worker's polls under way (the
+/// count the backend fetches by), and what it saw.
+#[derive(Clone)]
+struct Seen {
+    queue: DueQueue,
+    conn: ConnectionManager,
+    running: Arc<AtomicUsize>,
+    /// Per card, the payloads of its polls.
+    polls: Arc<Mutex<BTreeMap<String, Vec<LeasedPoll>>>>,
+    /// The most cards leased in Redis at once, read at each poll's start.
+    most_leased: Arc<AtomicUsize>,
+    done: Arc<tokio::sync::Notify>,
+}
+
+async fn poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
+    seen.running.fetch_add(1, Ordering::AcqRel);
+    let poll: LeasedPoll = serde_json::from_str(&raw)?;
+    let mut conn = seen.conn.clone();
+    let leased: usize = redis::cmd("ZCOUNT")
+        .arg(&seen.queue.keys().due)
+        .arg(LEASED)
+        .arg("+inf")
+        .query_async(&mut conn)
+        .await?;
+    seen.most_leased.fetch_max(leased, Ordering::AcqRel);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let successor = Successor {
+        card_ref: &poll.card_ref,
+        lease: poll.lease(),
+        next_in: Duration::from_secs(3600),
+        failures: poll.failures + 1,
+        step: Step::Unchanged,
+    };
+    seen.queue.ack(&mut conn, &successor).await?;
+    seen.polls
+        .lock()
+        .unwrap()
+        .entry(poll.card_ref.clone())
+        .or_default()
+        .push(poll);
+    seen.running.fetch_sub(1, Ordering::AcqRel);
+    seen.done.notify_one();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_each_due_card_once()
+{
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
+    let queue = DueQueue::new(ShardKeys::new("cw", Task::CardStatus, 0));
+    const CARDS: usize = 30;
+    const SLOTS: usize = 4;
+    for i in 0..CARDS {
+        queue
+            .add(&mut conn, &format!("c-{i:02}"), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let seen = Seen {
+        queue: queue.clone(),
+        conn: conn.clone(),
+        running: Arc::default(),
+        polls: Arc::default(),
+        most_leased: Arc::default(),
+        done: Arc::default(),
+    };
+    let fetch = PollFetch {
+        slots: SLOTS,
+        lease: Duration::from_secs(30),
+        idle: Duration::from_millis(20),
+    };
+    let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
+    let worker = WorkerBuilder::new("poll-backend-test")
+        .backend(backend)
+        .data(seen.clone())
+        .concurrency(SLOTS)
+        .build(poll);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = {
+        let stop = stop.clone();
+        async move {
+            stop.notified().await;
+            Ok::<(), std::io::Error>(())
+        }
+    };
+    let run = tokio::spawn(worker.run_until(stopped));
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while seen
+            .polls
+            .lock()
+            .unwrap()
+            .values()
+            .map(Vec::len)
+            .sum::<usize>()
+            < CARDS
+        {
+            seen.done.notified().await;
+        }
+    })
+    .await
+    .expect("every due card polled within 30 s");
+    // A little longer: a card polled twice would show now (each is due again in an hour).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.notify_one();
+    run.await.unwrap().unwrap();
+
+    let polls = seen.polls.lock().unwrap().clone();
+    assert_eq!(polls.len(), CARDS, "every card polled");
+    for (card, ps) in &polls {
+        assert_eq!(ps.len(), 1, "{card} polled {} times", ps.len());
+        assert_eq!(ps[0].failures, 0, "{card}: the state the fetch handed out");
+    }
+    let most = seen.most_leased.load(Ordering::Acquire);
+    assert!(
+        (1..=SLOTS).contains(&most),
+        "at most {SLOTS} cards leased at once (one per free slot), saw {most}"
+    );
+    let head = queue.head(&mut conn).await.unwrap();
+    assert_eq!(
+        head.due_now, 0,
+        "every poll acknowledged with its successor"
+    );
+    let (_, state) = queue.entry(&mut conn, "c-00").await.unwrap().unwrap();
+    assert_eq!(
+        state.failures, 1,
+        "the acknowledgement wrote the successor's state"
+    );
+}
+
+async fn slow_poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
+    let poll: LeasedPoll = serde_json::from_str(&raw)?;
+    seen.done.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let successor = Successor {
+        card_ref: &poll.card_ref,
+        lease: poll.lease(),
+        next_in: Duration::from_secs(3600),
+        failures: 0,
+        step: Step::Unchanged,
+    };
+    seen.queue.ack(&mut seen.conn.clone(), &successor).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back_at_their_due_time()
+{
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
+    let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0));
+    for i in 0..4 {
+        queue
+            .add(&mut conn, &format!("c-{i}"), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let mut due_before = BTreeMap::new();
+    for i in 0..4 {
+        let card = format!("c-{i}");
+        let (standing, _) = queue.entry(&mut conn, &card).await.unwrap().unwrap();
+        due_before.insert(card, standing);
+    }
+    let seen = Seen {
+        queue: queue.clone(),
+        conn: conn.clone(),
+        running: Arc::default(),
+        polls: Arc::default(),
+        most_leased: Arc::default(),
+        done: Arc::default(),
+    };
+    // The backend leases for four slots, the worker runs one poll at a time: three cards wait
+    // fetched and unstarted while the first poll runs.
+    let fetch = PollFetch {
+        slots: 4,
+        lease: Duration::from_secs(60),
+        idle: Duration::from_millis(20),
+    };
+    let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
+    let worker = WorkerBuilder::new("poll-backend-close-test")
+        .backend(backend)
+        .data(seen.clone())
+        .concurrency(1)
+        .build(slow_poll);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = {
+        let stop = stop.clone();
+        async move {
+            stop.notified().await;
+            Ok::<(), std::io::Error>(())
+        }
+    };
+    let run = tokio::spawn(worker.run_until(stopped));
+    tokio::time::timeout(Duration::from_secs(10), seen.done.notified())
+        .await
+        .expect("a first poll starts");
+    stop.notify_one();
+    run.await.unwrap().unwrap();
+
+    let leased: usize = redis::cmd("ZCOUNT")
+        .arg(&queue.keys().due)
+        .arg(LEASED)
+        .arg("+inf")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(leased, 0, "no card stays leased once the worker stopped");
+    let mut given_back = 0;
+    for (card, before) in &due_before {
+        let (standing, _) = queue.entry(&mut conn, card).await.unwrap().unwrap();
+        if standing == *before {
+            given_back += 1;
+        }
+    }
+    assert_eq!(
+        given_back, 3,
+        "the three unstarted cards wait again at their own due time"
+    );
+}
