@@ -79,14 +79,14 @@ async fn main() -> anyhow::Result<()> {
                 let leased = queue
                     .fetch(&mut conn, batch, Duration::from_secs(30))
                     .await?;
+                let now = chrono::Utc::now();
                 let acks: Vec<_> = leased
                     .iter()
                     .map(|l| Successor {
                         card_ref: &l.card_ref,
                         lease: l.lease,
                         next_in: Duration::ZERO,
-                        failures: 0,
-                        step: Step::Unchanged,
+                        next: l.state.after(Step::Unchanged, 0, now),
                     })
                     .collect();
                 if !acks.is_empty() {

@@ -53,26 +53,23 @@ pub struct LeasedPoll {
     pub lease: u64,
     /// When the card came due (unix ms, Redis clock).
     pub due_ms: u64,
-    /// Consecutive failures before this poll.
-    pub failures: u32,
-    /// Consecutive budget deferrals of this poll.
-    pub deferrals: u32,
+    /// Its state as the due queue keeps it ([`PollState::to_raw`]).
+    pub state: String,
 }
 
 impl LeasedPoll {
     fn of(leased: &Leased) -> Self {
-        let PollState {
-            failures,
-            deferrals,
-            ..
-        } = leased.state;
         Self {
             card_ref: leased.card_ref.clone(),
             lease: leased.lease.score(),
             due_ms: leased.due_ms,
-            failures,
-            deferrals,
+            state: leased.state.to_raw(),
         }
+    }
+
+    /// The card's state before this poll: its failures, deferrals and tally.
+    pub fn state(&self) -> PollState {
+        PollState::parse(&self.state)
     }
 
     /// The lease the poll runs under.

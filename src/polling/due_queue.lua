@@ -53,41 +53,6 @@ local function fresh()
   return '0|0|s' .. stamp() .. '|0'
 end
 
--- The next poll's state field: `failures`, or `failures.deferrals` when it was deferred (most
--- states end in `|0`: a value's size class is what costs memory).
-local function state_field(failures, deferrals)
-  if deferrals > 0 then return failures .. '.' .. deferrals end
-  return tostring(failures)
-end
-
--- The card's state after a poll that ends by `step`, its next poll having `failures`:
--- 'u' one more unchanged poll, 'r' a recorded change or failure (the count starts again),
--- 'd' deferred by the budget (one more deferral, failures as they were), anything else keeps
--- the tally. Every step but 'd' clears the deferrals.
-local function stepped(raw, step, failures)
-  local u, l, s, st = string.match(raw or '', '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  if not u then
-    u, l, s, st = string.match(fresh(), '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  end
-  local f, d = string.match(st, '^(%d+)%.(%d+)$')
-  if not f then f, d = st, '0' end
-  d = tonumber(d) or 0
-  if step == 'u' then
-    u = tostring((tonumber(u) or 0) + 1)
-    l = stamp()
-  elseif step == 'r' then
-    u = '0'
-    s = 'c' .. stamp()
-  end
-  if step == 'd' then
-    d = d + 1
-    failures = tonumber(f) or 0
-  else
-    d = 0
-  end
-  return u .. '|' .. l .. '|' .. s .. '|' .. state_field(tonumber(failures) or 0, d)
-end
-
 -- The score of a lease written now that must end no earlier than `at`: above the shard's last.
 local function next_lease(at)
   local lease = math.max(at, (tonumber(redis.call('GET', KEYS[2])) or 0) + 1)
@@ -141,19 +106,19 @@ if op == 'fetch' then
   return out
 end
 
--- ack(card, lease, next_in_ms, step, failures, ...): for each group of five, the poll under
--- `lease` is over, its card is due again next_in_ms from now (the successor) and its state
--- follows `step` (see stepped()) with `failures` for the next poll. Returns one number a group:
--- 1, or 0 when `lease` no longer holds the card (it ended and the card was leased again, it was
--- acknowledged already, or the card was removed), and nothing changed for it.
+-- ack(card, lease, next_in_ms, state, ...): for each group of four, the poll under `lease` is
+-- over, its card is due again next_in_ms from now (the successor) with `state` (the worker works
+-- it out from the state the fetch handed it: the lease fences the write, so no other write of the
+-- card's state came between). Returns one number a group: 1, or 0 when `lease` no longer holds
+-- the card (it ended and the card was leased again, it was acknowledged already, or the card was
+-- removed), and nothing changed for it.
 if op == 'ack' then
   local out = {}
-  for i = 2, #ARGV, 5 do
+  for i = 2, #ARGV, 4 do
     local card = ARGV[i]
     if holds(card, ARGV[i + 1]) then
       redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[i + 2]), card)
-      redis.call('HSET', KEYS[3], card,
-        stepped(redis.call('HGET', KEYS[3], card), ARGV[i + 3], ARGV[i + 4]))
+      redis.call('HSET', KEYS[3], card, ARGV[i + 3])
       out[#out + 1] = 1
     else
       out[#out + 1] = 0
@@ -203,6 +168,23 @@ if op == 'add' then
   if redis.call('ZADD', KEYS[1], 'NX', now_ms() + tonumber(ARGV[3]), card) == 0 then return 0 end
   redis.call('HSET', KEYS[3], card, fresh())
   return 1
+end
+
+-- adopt(card, due_ms, state, ...): for each group of three, a card moved over from a polling
+-- chain: due at due_ms with the chain's state ('' a fresh one), unless the card has an entry
+-- already, which is left as it is. Returns how many were added.
+if op == 'adopt' then
+  local added = 0
+  for i = 2, #ARGV, 3 do
+    local card = ARGV[i]
+    if redis.call('ZADD', KEYS[1], 'NX', tonumber(ARGV[i + 1]), card) == 1 then
+      local state = ARGV[i + 2]
+      if state == '' then state = fresh() end
+      redis.call('HSET', KEYS[3], card, state)
+      added = added + 1
+    end
+  end
+  return added
 end
 
 -- merge(card, in_ms): a producer asks for a poll of the card in_ms from now. A card that waits

@@ -12,7 +12,8 @@
 //! - **a lease that ends makes the card due again**, as of the lease's deadline: no heartbeat, no
 //!   orphan sweep, no per-job hash and no run marker;
 //! - **the acknowledgement is the successor**: one call per batch of finished polls writes each
-//!   card's next due time and its state ([`Successor`]);
+//!   card's next due time and its next state, which the worker works out from the state the
+//!   fetch handed it ([`Successor`], [`PollState::after`]): the script reads no state back;
 //! - **under a backlog the oldest due cards go first** (a fetch takes the earliest), and a card
 //!   given back unpolled keeps its place ([`DueQueue::release`]);
 //! - **the lateness gauges** read the head in one call ([`DueQueue::head`]).
@@ -29,7 +30,8 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::config::Task;
-use crate::polling::unchanged::{parse_job_state, parse_tally, Tally};
+use crate::polling::unchanged::{parse_job_state, parse_tally, Since, Tally};
+use chrono::{DateTime, Utc};
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("due_queue.lua")));
 
@@ -128,7 +130,7 @@ pub struct Leased {
     pub state: PollState,
 }
 
-/// What a finished poll does to its card's state ([`Successor::step`]).
+/// What a finished poll does to its card's state ([`PollState::after`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// The tally is kept (a retry after an infrastructure error, a parked card waiting).
@@ -137,20 +139,88 @@ pub enum Step {
     Reset,
     /// The poll was unchanged: one more in the tally, the last one now.
     Unchanged,
-    /// The budget deferred the poll before its call: one more deferral, failures and tally kept
-    /// ([`Successor::failures`] is ignored).
+    /// The budget deferred the poll before its call: one more deferral, failures and tally kept.
     Deferred,
 }
 
-impl Step {
-    fn letter(self) -> &'static str {
-        match self {
-            Step::Keep => "k",
-            Step::Reset => "r",
-            Step::Unchanged => "u",
-            Step::Deferred => "d",
+impl PollState {
+    /// The state of the card's next poll, after a poll with this state ended by `step` at `now`
+    /// with `failures` consecutive failures (ignored for [`Step::Deferred`], which keeps them).
+    /// Every step but a deferral clears the deferrals.
+    pub fn after(&self, step: Step, failures: u32, now: DateTime<Utc>) -> PollState {
+        let now = DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
+        let mut tally = self.tally.clone().unwrap_or(Tally {
+            count: 0,
+            last: None,
+            since: now,
+            since_kind: Since::ChainStart,
+        });
+        match step {
+            Step::Unchanged => {
+                tally.count += 1;
+                tally.last = Some(now);
+            }
+            Step::Reset => {
+                tally.count = 0;
+                tally.since = now;
+                tally.since_kind = Since::ChangeOrFailure;
+            }
+            Step::Keep | Step::Deferred => {}
+        }
+        let (failures, deferrals) = match step {
+            Step::Deferred => (self.failures, self.deferrals.saturating_add(1)),
+            _ => (failures, 0),
+        };
+        PollState {
+            failures,
+            deferrals,
+            tally: Some(tally),
         }
     }
+
+    /// The state as the script keeps it (`unchanged|last|since|failures[.deferrals]`, times in
+    /// base-36 unix seconds), [`PollState::parse`]'s inverse.
+    pub fn to_raw(&self) -> String {
+        let (count, last, since) = match &self.tally {
+            Some(t) => {
+                let kind = match t.since_kind {
+                    Since::ChangeOrFailure => 'c',
+                    Since::ChainStart => 's',
+                };
+                let last = t
+                    .last
+                    .map_or_else(|| "0".to_owned(), |l| base36(l.timestamp()));
+                (
+                    t.count,
+                    last,
+                    format!("{kind}{}", base36(t.since.timestamp())),
+                )
+            }
+            None => (0, "0".to_owned(), "s0".to_owned()),
+        };
+        let state = if self.deferrals > 0 {
+            format!("{}.{}", self.failures, self.deferrals)
+        } else {
+            self.failures.to_string()
+        };
+        format!("{count}|{last}|{since}|{state}")
+    }
+}
+
+/// `n` in base 36 (lower case), `0` for anything not above 0.
+fn base36(n: i64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut n = u64::try_from(n).unwrap_or(0);
+    if n == 0 {
+        return "0".to_owned();
+    }
+    let mut out = Vec::new();
+    while n > 0 {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// One finished poll's acknowledgement: the card's next poll, fenced by the lease.
@@ -161,10 +231,8 @@ pub struct Successor<'a> {
     pub lease: Lease,
     /// When the next poll is due, from the acknowledgement on.
     pub next_in: Duration,
-    /// The next poll's consecutive failures (its deferrals start again from 0, except after a
-    /// deferral).
-    pub failures: u32,
-    pub step: Step,
+    /// The next poll's state ([`PollState::after`]).
+    pub next: PollState,
 }
 
 /// Where a card stands in its shard ([`DueQueue::entry`]).
@@ -287,8 +355,7 @@ impl DueQueue {
             inv.arg(poll.card_ref)
                 .arg(poll.lease.score())
                 .arg(millis(poll.next_in))
-                .arg(poll.step.letter())
-                .arg(poll.failures);
+                .arg(poll.next.to_raw());
         }
         let done: Vec<u8> = inv
             .invoke_async(conn)
@@ -365,6 +432,24 @@ impl DueQueue {
         inv.arg(card_ref).arg(millis(after));
         let added: u8 = inv.invoke_async(conn).await.context("adding a card")?;
         Ok(added == 1)
+    }
+
+    /// Adds each card of `cards` (card_ref, due ms on Redis's clock, raw state or `""` for a
+    /// fresh one) that has no entry yet; a card that has one keeps it. Returns how many were
+    /// added. Moving chains over ([`super::takeover`]).
+    pub async fn adopt(
+        &self,
+        conn: &mut impl ConnectionLike,
+        cards: &[(String, u64, String)],
+    ) -> anyhow::Result<usize> {
+        if cards.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = self.call("adopt");
+        for (card_ref, due_ms, state) in cards {
+            inv.arg(card_ref).arg(*due_ms).arg(state);
+        }
+        inv.invoke_async(conn).await.context("adopting cards")
     }
 
     /// A producer's request for a poll of `card_ref` `after` from now: a waiting card is brought
@@ -454,9 +539,14 @@ mod tests {
     fn a_state_parses_its_failures_deferrals_and_tally_and_a_missing_or_malformed_one_is_fresh() {
         let state = PollState::parse("3|t0gmqo|ct0gmqa|2.4");
         assert_eq!((state.failures, state.deferrals), (2, 4));
-        let tally = state.tally.unwrap_or_else(|| panic!("a tally"));
+        let tally = state.tally.clone().unwrap_or_else(|| panic!("a tally"));
         assert_eq!(tally.count, 3);
         assert!(tally.last.is_some());
+        assert_eq!(
+            PollState::parse(&state.to_raw()),
+            state,
+            "to_raw is parse's inverse"
+        );
         for raw in ["", "garbage", "1|2|3", "1|2|3|4|5"] {
             assert_eq!(PollState::parse(raw), PollState::default(), "{raw:?}");
         }

@@ -19,6 +19,8 @@
 //!   workers do not fetch from it yet: they run on the chains above.
 //! - [`backend`]: the apalis backend that fetches a polling worker's cards straight from its due
 //!   queue, as many as it has free slots (not wired into the workers yet).
+//! - [`takeover`]: moves a task's chains into its due queue, keeping each card's due time and
+//!   state (for the release that polls from the due queue).
 //!
 //! Applying an observed change is `crate::cards` (shared with channel callbacks); the commands
 //! (`enqueue carddata|card_status`, `reconcile`, `investigate`) are in `crate::commands`.
@@ -33,6 +35,7 @@ pub mod due_queue;
 pub mod poll;
 pub mod reconcile;
 mod run_job;
+pub mod takeover;
 pub mod unchanged;
 
 use anyhow::Context as _;

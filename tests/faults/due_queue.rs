@@ -57,8 +57,7 @@ fn keep(card_ref: &str, lease: Lease, next_in: Duration) -> Successor<'_> {
         card_ref,
         lease,
         next_in,
-        failures: 0,
-        step: Step::Keep,
+        next: PollState::default(),
     }
 }
 
@@ -510,8 +509,7 @@ async fn poll_once(
         card_ref,
         lease: leased[0].lease,
         next_in: Duration::ZERO,
-        failures,
-        step,
+        next: leased[0].state.after(step, failures, chrono::Utc::now()),
     };
     assert_eq!(
         queue.ack(conn, &successor).await.unwrap(),
@@ -588,8 +586,7 @@ async fn a_stale_acknowledgement_or_finish_writes_nothing_to_the_card_s_state_or
         card_ref: "c-1",
         lease: first[0].lease,
         next_in: Duration::ZERO,
-        failures: 5,
-        step: Step::Reset,
+        next: first[0].state.after(Step::Reset, 5, chrono::Utc::now()),
     };
     assert_eq!(queue.ack(&mut conn, &late).await.unwrap(), StillHeld::Stale);
     assert_eq!(

@@ -44,12 +44,12 @@ async fn poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
         .await?;
     seen.most_leased.fetch_max(leased, Ordering::AcqRel);
     tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = poll.state();
     let successor = Successor {
         card_ref: &poll.card_ref,
         lease: poll.lease(),
         next_in: Duration::from_secs(3600),
-        failures: poll.failures + 1,
-        step: Step::Unchanged,
+        next: before.after(Step::Unchanged, before.failures + 1, chrono::Utc::now()),
     };
     seen.queue.ack(&mut conn, &successor).await?;
     seen.polls
@@ -129,7 +129,11 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
     assert_eq!(polls.len(), CARDS, "every card polled");
     for (card, ps) in &polls {
         assert_eq!(ps.len(), 1, "{card} polled {} times", ps.len());
-        assert_eq!(ps[0].failures, 0, "{card}: the state the fetch handed out");
+        assert_eq!(
+            ps[0].state().failures,
+            0,
+            "{card}: the state the fetch handed out"
+        );
     }
     let most = seen.most_leased.load(Ordering::Acquire);
     assert!(
@@ -156,8 +160,7 @@ async fn slow_poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
         card_ref: &poll.card_ref,
         lease: poll.lease(),
         next_in: Duration::from_secs(3600),
-        failures: 0,
-        step: Step::Unchanged,
+        next: poll.state().after(Step::Unchanged, 0, chrono::Utc::now()),
     };
     seen.queue.ack(&mut seen.conn.clone(), &successor).await?;
     Ok(())
