@@ -49,6 +49,29 @@ pub fn late_key(prefix: &str, task: Task) -> String {
     format!("{}:late", chain_key(prefix, task))
 }
 
+// The polling due queue (src/polling/due_queue.rs): every key of one task shard carries the hash
+// tag `{poll:<task>:<shard>}`, so that one script reaches them all on a Redis Cluster.
+
+/// The hash tag of shard `shard` of `task`'s due queue, with the prefix before it.
+fn poll_shard(prefix: &str, task: Task, shard: u16) -> String {
+    format!("{prefix}:{{poll:{}:{shard}}}", task.label())
+}
+
+/// A due-queue shard's due set: card_ref -> due ms, or `LEASED` + a lease's deadline.
+pub fn poll_due_key(prefix: &str, task: Task, shard: u16) -> String {
+    format!("{}:due", poll_shard(prefix, task, shard))
+}
+
+/// A due-queue shard's last lease score (every new lease scores above it).
+pub fn poll_last_lease_key(prefix: &str, task: Task, shard: u16) -> String {
+    format!("{}:last_lease", poll_shard(prefix, task, shard))
+}
+
+/// A due-queue shard's poll state: card_ref -> `unchanged|last|since|failures[.deferrals]`.
+pub fn poll_state_key(prefix: &str, task: Task, shard: u16) -> String {
+    format!("{}:state", poll_shard(prefix, task, shard))
+}
+
 /// A task's reconcile cursor (the last card id examined).
 pub fn cursor_key(prefix: &str, task: Task) -> String {
     format!("{prefix}:reconcile:cursor:{}", task.label())

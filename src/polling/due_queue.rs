@@ -30,6 +30,7 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 
 use crate::config::Task;
+use crate::keys;
 use crate::polling::unchanged::{parse_job_state, parse_tally, Since, Tally};
 use chrono::{DateTime, Utc};
 
@@ -54,11 +55,10 @@ pub struct ShardKeys {
 impl ShardKeys {
     /// The keys of shard `shard` of `task` in the deployment with key prefix `prefix`.
     pub fn new(prefix: &str, task: Task, shard: u16) -> Self {
-        let tag = format!("{prefix}:{{poll:{}:{shard}}}", task.label());
         Self {
-            due: format!("{tag}:due"),
-            last_lease: format!("{tag}:last_lease"),
-            state: format!("{tag}:state"),
+            due: keys::poll_due_key(prefix, task, shard),
+            last_lease: keys::poll_last_lease_key(prefix, task, shard),
+            state: keys::poll_state_key(prefix, task, shard),
         }
     }
 }

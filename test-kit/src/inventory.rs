@@ -13,8 +13,9 @@
 //! table is mirrored for operators in docs/RUNBOOK.md ("Redis keys"), which a test here keeps in
 //! step.
 //!
-//! Pattern syntax: the deployment prefix is `<prefix>`; any other `<name>` stands for one
-//! `:`-free segment; everything else is literal (`{budget}` is a literal Redis hash tag).
+//! Pattern syntax: the deployment prefix is `<prefix>`; any other `<name>` stands for a
+//! non-empty, `:`-free part of one segment; everything else is literal (`{budget}` is a literal
+//! Redis hash tag, and so are the braces of `{poll:<task>:<shard>}`).
 
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands as _;
@@ -79,6 +80,23 @@ pub const INVENTORY: &[KeyPattern] = &[
         "<prefix>:chain:<task>:late",
         "polling lateness (chain.rs, lateness.lua): card -> the due ms of a deferred poll, written at its first deferral, removed by the fleet-wide gauges' read once its chain polled or ended",
         PerChain,
+    ),
+    // The polling due queue (src/polling/due_queue.rs): written by moving chains over
+    // (src/polling/takeover.rs); the polling workers do not fetch from it yet.
+    k(
+        "<prefix>:{poll:<task>:<shard>}:due",
+        "polling due queue: card -> due ms, or 2^50 + a lease's deadline while a poll holds the card",
+        PerChain,
+    ),
+    k(
+        "<prefix>:{poll:<task>:<shard>}:state",
+        "polling due queue: card -> unchanged-poll tally + next poll's failures and deferrals",
+        PerChain,
+    ),
+    k(
+        "<prefix>:{poll:<task>:<shard>}:last_lease",
+        "polling due queue: the shard's last lease score",
+        Deployment,
     ),
     k(
         "<prefix>:reconcile:cursor:<task>",
@@ -243,11 +261,18 @@ pub const INVENTORY: &[KeyPattern] = &[
     ),
 ];
 
+/// A segment matches a literal segment exactly, and a segment with a placeholder (`<name>`,
+/// with literal text before or after it, as in `<shard>}`) when it has that text around a
+/// non-empty middle.
 fn segment_matches(pattern: &str, segment: &str) -> bool {
-    if pattern.starts_with('<') && pattern.ends_with('>') {
-        !segment.is_empty()
-    } else {
-        pattern == segment
+    match (pattern.find('<'), pattern.find('>')) {
+        (Some(open), Some(close)) if open < close => {
+            let (before, after) = (&pattern[..open], &pattern[close + 1..]);
+            segment.len() > before.len() + after.len()
+                && segment.starts_with(before)
+                && segment.ends_with(after)
+        }
+        _ => pattern == segment,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::harness::inventory::{classify, matches, violations, INVENTORY};
 use crate::harness::{spawn_app_with, wait_until};
 
 #[test]
-fn patterns_match_whole_segments_and_placeholders_one_segment_each() {
+fn patterns_match_whole_segments_and_a_placeholder_only_within_one_segment() {
     assert!(matches("<prefix>:chain:<task>", "<prefix>:chain:carddata"));
     assert!(!matches(
         "<prefix>:chain:<task>",
@@ -35,6 +35,18 @@ fn patterns_match_whole_segments_and_placeholders_one_segment_each() {
         "the old per-card hourly hash is not written any more"
     );
     assert!(classify("cw", "other:chain:carddata").is_none());
+    assert!(matches(
+        "<prefix>:{poll:<task>:<shard>}:due",
+        "<prefix>:{poll:carddata:0}:due"
+    ));
+    assert!(!matches(
+        "<prefix>:{poll:<task>:<shard>}:due",
+        "<prefix>:{poll:carddata:}:due"
+    ));
+    assert!(!matches(
+        "<prefix>:{poll:<task>:<shard>}:due",
+        "<prefix>:poll:carddata:0:due"
+    ));
 }
 
 #[test]
@@ -82,6 +94,9 @@ fn every_named_key() -> Vec<String> {
             task_key(p, task),
             circuit_key(p, task),
             window_key(p, task),
+            poll_due_key(p, task, 0),
+            poll_last_lease_key(p, task, 0),
+            poll_state_key(p, task, 0),
         ]);
     }
     for queue in cardworker::workers::QUEUES {

@@ -1,6 +1,7 @@
 //! Self-healing (issue 11) on the shared services, within one test prefix: producer poll jobs
 //! merge into live chains, reconcile finds overdue chains through the chain due set, money queued
-//! before a Redis loss is recovered from PostgreSQL, and text PostgreSQL refuses is cleaned.
+//! before a Redis loss is recovered from PostgreSQL, text PostgreSQL refuses is cleaned, and the
+//! release before gets back, from its reconcile, the chains moved into the due queue.
 
 use std::time::Duration;
 
@@ -387,4 +388,49 @@ async fn a_change_postgres_refuses_is_a_counted_failure_that_parks_instead_of_re
     .expect("card");
     assert!(parked, "the chain is parked");
     assert!(chain_of(&app.ctx, Task::Carddata, "c-1").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_its_chains_moved_into_the_due_queue_the_release_before_gets_every_chain_back_from_its_reconcile(
+) {
+    use cardworker::polling::due_queue::{DueQueue, ShardKeys};
+    use cardworker::polling::takeover::take_over;
+
+    let app = spawn_app_with(|cfg| {
+        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
+    })
+    .await;
+    let cards = ["c-roll-1", "c-roll-2", "c-roll-3"];
+    for card in cards {
+        app.insert_card(card).await;
+        app.start_chain(Task::CardStatus, card, Duration::from_secs(3600))
+            .await;
+    }
+    let queue = DueQueue::new(ShardKeys::new(&app.redis.prefix, Task::CardStatus, 0));
+    let mut conn = app.redis.conn.clone();
+    let moved = take_over(
+        &mut conn,
+        &app.redis.prefix,
+        Task::CardStatus,
+        &queue,
+        Duration::from_secs(20),
+    )
+    .await
+    .expect("take over");
+    assert_eq!(moved.added, 3);
+    for card in cards {
+        assert_eq!(chain_of(&app.ctx, Task::CardStatus, card).await, None);
+    }
+
+    // The rollback: the release before finds no chain and starts one for every card.
+    let (examined, started) = reconcile::sweep(&app.ctx, Task::CardStatus)
+        .await
+        .expect("reconcile");
+    assert_eq!((examined, started), (3, 3));
+    for card in cards {
+        assert!(
+            chain_of(&app.ctx, Task::CardStatus, card).await.is_some(),
+            "{card} has its chain back"
+        );
+    }
 }
