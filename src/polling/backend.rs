@@ -10,8 +10,9 @@
 //! makes its card due again by itself. On close, the cards fetched and never started are given
 //! back at their due time ([`super::due_queue::DueQueue::release`]), so they keep their place.
 //!
-//! When a fetch finds nothing due, the next one waits [`PollFetch::idle`]: the one cost of an
-//! idle worker (a script call that reads two ranges of the due set).
+//! When a fetch finds nothing due, it says how soon the shard's next card is, and the worker
+//! waits that long, at most [`PollFetch::idle_max`]: an idle worker costs a script call per due
+//! time, and one per `idle_max` while nothing is due for longer.
 //!
 //! # Layout
 //! - [`LeasedPoll`]: the payload of a fetched card.
@@ -39,7 +40,7 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tower::layer::util::Identity;
 
-use super::due_queue::{DueQueue, Lease, Leased, PollState};
+use super::due_queue::{DueQueue, Fetched, Lease, Leased, PollState};
 
 /// The codec apalis decodes payloads with: JSON into `String`, as every other queue's.
 type Codec = <RedisStorage<String> as WireFormatBackend>::Codec;
@@ -87,8 +88,10 @@ pub struct PollFetch {
     /// How long a fetched card's lease lasts: no shorter than the poll's handler limit plus its
     /// acknowledgement, so that a running poll's card is never due again under it.
     pub lease: Duration,
-    /// The wait after a fetch that found nothing due.
-    pub idle: Duration,
+    /// The longest wait after a fetch that found nothing due. The wait ends sooner when the
+    /// shard's next card is due sooner (the fetch says when); this bounds how long a card that
+    /// another process makes due earlier (a producer's request) waits for an idle worker.
+    pub idle_max: Duration,
 }
 
 /// The backend of one polling worker.
@@ -100,7 +103,7 @@ pub struct PollBackend {
     /// fetched for.
     running: Arc<AtomicUsize>,
     /// The fetch under way, if any.
-    fetching: Option<BoxFuture<'static, anyhow::Result<Vec<Leased>>>>,
+    fetching: Option<BoxFuture<'static, anyhow::Result<Fetched>>>,
     /// Cards fetched and not yet handed to the worker.
     buffer: VecDeque<Leased>,
     /// The wait before the next fetch, after one that found nothing due.
@@ -186,24 +189,26 @@ impl Backend for PollBackend {
                 if max == 0 {
                     // Every slot is busy: look again shortly (a poll ending frees one, and the
                     // worker drives this stream again when it has room).
-                    self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.idle)));
+                    self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.idle_max)));
                     continue;
                 }
                 let (queue, mut conn, lease) =
                     (self.queue.clone(), self.conn.clone(), self.fetch.lease);
                 self.fetching =
-                    Some(async move { queue.fetch(&mut conn, max, lease).await }.boxed());
+                    Some(async move { queue.fetch_or_wait(&mut conn, max, lease).await }.boxed());
             }
             let Some(fetching) = self.fetching.as_mut() else {
                 continue;
             };
             match futures::ready!(fetching.poll_unpin(cx)) {
-                Ok(leased) => {
+                Ok(Fetched::Leased(leased)) => {
                     self.fetching = None;
-                    if leased.is_empty() {
-                        self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.idle)));
-                    }
                     self.buffer.extend(leased);
+                }
+                Ok(Fetched::NoneDue { next_in }) => {
+                    self.fetching = None;
+                    let wait = next_in.map_or(self.fetch.idle_max, |d| d.min(self.fetch.idle_max));
+                    self.idle = Some(Box::pin(tokio::time::sleep(wait)));
                 }
                 Err(e) => {
                     self.fetching = None;
@@ -224,7 +229,7 @@ impl Backend for PollBackend {
         if let Some(fetching) = self.fetching.as_mut() {
             let fetched = futures::ready!(fetching.poll_unpin(cx));
             self.fetching = None;
-            if let Ok(leased) = fetched {
+            if let Ok(Fetched::Leased(leased)) = fetched {
                 self.buffer.extend(leased);
             }
         }

@@ -73,7 +73,8 @@ local op = ARGV[1]
 -- fetch(max, lease_ms): leases at most `max` due entries, the earliest due first, each until
 -- now + lease_ms. An entry whose lease ended is due again, as of its lease's deadline. Returns a
 -- flat array: card_ref, lease (its score), due ms, state ('' when the card has none), for each
--- entry taken.
+-- entry taken; when none is due, {ms until the next one is} ({} for an empty shard), so that an
+-- idle worker sleeps until then.
 if op == 'fetch' then
   local max = tonumber(ARGV[2])
   local lease_ms = tonumber(ARGV[3])
@@ -81,7 +82,21 @@ if op == 'fetch' then
   local waiting = redis.call('ZRANGE', KEYS[1], '-inf', at, 'BYSCORE', 'LIMIT', 0, max, 'WITHSCORES')
   local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + at, 'BYSCORE', 'LIMIT', 0, max,
     'WITHSCORES')
-  if #waiting == 0 and #ended == 0 then return {} end
+  if #waiting == 0 and #ended == 0 then
+    -- The earliest waiting entry is the set's first; the earliest lease to end, the first at or
+    -- above LEASED.
+    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    if not first[2] then return {} end
+    local next_at = tonumber(first[2])
+    if next_at >= LEASED then
+      next_at = next_at - LEASED
+    else
+      local held = redis.call('ZRANGE', KEYS[1], LEASED, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+        'WITHSCORES')
+      if held[2] then next_at = math.min(next_at, tonumber(held[2]) - LEASED) end
+    end
+    return {math.max(next_at - at, 0)}
+  end
   local lease = next_lease(LEASED + at + lease_ms)
   local out = {}
   local i, j, taken = 1, 1, 0

@@ -245,6 +245,16 @@ pub enum Standing {
     Leased { deadline_ms: u64 },
 }
 
+/// What [`DueQueue::fetch_or_wait`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    /// The cards it leased (at least one).
+    Leased(Vec<Leased>),
+    /// No card was due; the next one is due after `next_in` (its due time, or the end of a
+    /// lease), `None` when the shard is empty.
+    NoneDue { next_in: Option<Duration> },
+}
+
 /// What [`DueQueue::merge`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Merged {
@@ -318,9 +328,32 @@ impl DueQueue {
         max: usize,
         lease: Duration,
     ) -> anyhow::Result<Vec<Leased>> {
+        Ok(match self.fetch_or_wait(conn, max, lease).await? {
+            Fetched::Leased(leased) => leased,
+            Fetched::NoneDue { .. } => Vec::new(),
+        })
+    }
+
+    /// [`DueQueue::fetch`], telling, when no card is due, how soon one is.
+    pub async fn fetch_or_wait(
+        &self,
+        conn: &mut impl ConnectionLike,
+        max: usize,
+        lease: Duration,
+    ) -> anyhow::Result<Fetched> {
         let mut inv = self.call("fetch");
         inv.arg(max).arg(millis(lease));
         let raw: Vec<redis::Value> = inv.invoke_async(conn).await.context("fetching due cards")?;
+        match raw.as_slice() {
+            [] => return Ok(Fetched::NoneDue { next_in: None }),
+            [next_in] => {
+                let ms: u64 = redis::from_redis_value_ref(next_in)?;
+                return Ok(Fetched::NoneDue {
+                    next_in: Some(Duration::from_millis(ms)),
+                });
+            }
+            _ => {}
+        }
         raw.chunks(4)
             .map(|entry| match entry {
                 [card, lease, due, state] => Ok(Leased {
@@ -331,7 +364,8 @@ impl DueQueue {
                 }),
                 _ => anyhow::bail!("due_queue.lua fetch answered {} values", raw.len()),
             })
-            .collect()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(Fetched::Leased)
     }
 
     /// Ends the poll under `successor.lease` with its card's next poll.

@@ -676,3 +676,45 @@ async fn a_merge_brings_a_waiting_card_forward_leaves_a_leased_one_to_its_poll_a
         "the merge left the running poll's lease in place"
     );
 }
+
+#[tokio::test]
+async fn a_fetch_that_finds_nothing_due_tells_how_soon_the_next_card_is() {
+    use cardworker::polling::due_queue::Fetched;
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    assert_eq!(
+        queue.fetch_or_wait(&mut conn, 5, LONG).await.unwrap(),
+        Fetched::NoneDue { next_in: None },
+        "an empty shard"
+    );
+    queue.add(&mut conn, "c-later", LONG).await.unwrap();
+    let Fetched::NoneDue {
+        next_in: Some(wait),
+    } = queue.fetch_or_wait(&mut conn, 5, LONG).await.unwrap()
+    else {
+        panic!("nothing is due yet");
+    };
+    assert!(
+        (LONG - Duration::from_secs(2)..=LONG).contains(&wait),
+        "the waiting card is due in {wait:?}"
+    );
+    queue
+        .add(&mut conn, "c-held", Duration::ZERO)
+        .await
+        .unwrap();
+    let held = queue
+        .fetch(&mut conn, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(cards(&held), ["c-held"]);
+    let Fetched::NoneDue {
+        next_in: Some(wait),
+    } = queue.fetch_or_wait(&mut conn, 5, LONG).await.unwrap()
+    else {
+        panic!("nothing is due yet");
+    };
+    assert!(
+        (Duration::from_secs(3)..=Duration::from_secs(5)).contains(&wait),
+        "the lease ends in {wait:?}, before the waiting card is due"
+    );
+}

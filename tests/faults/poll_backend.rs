@@ -88,7 +88,7 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
     let fetch = PollFetch {
         slots: SLOTS,
         lease: Duration::from_secs(30),
-        idle: Duration::from_millis(20),
+        idle_max: Duration::from_millis(20),
     };
     let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
     let worker = WorkerBuilder::new("poll-backend-test")
@@ -197,7 +197,7 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
     let fetch = PollFetch {
         slots: 4,
         lease: Duration::from_secs(60),
-        idle: Duration::from_millis(20),
+        idle_max: Duration::from_millis(20),
     };
     let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
     let worker = WorkerBuilder::new("poll-backend-close-test")
@@ -238,5 +238,61 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
     assert_eq!(
         given_back, 3,
         "the three unstarted cards wait again at their own due time"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longest_wait() {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
+    let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0));
+    for i in 0..3 {
+        queue
+            .add(&mut conn, &format!("c-{i}"), Duration::from_millis(400))
+            .await
+            .unwrap();
+    }
+    let seen = Seen {
+        queue: queue.clone(),
+        conn: conn.clone(),
+        running: Arc::default(),
+        polls: Arc::default(),
+        most_leased: Arc::default(),
+        done: Arc::default(),
+    };
+    // The first fetch finds nothing due: the worker must come back when the cards are, not
+    // after its longest wait.
+    let fetch = PollFetch {
+        slots: 4,
+        lease: Duration::from_secs(30),
+        idle_max: Duration::from_secs(60),
+    };
+    let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
+    let worker = WorkerBuilder::new("poll-backend-idle-test")
+        .backend(backend)
+        .data(seen.clone())
+        .concurrency(4)
+        .build(poll);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = {
+        let stop = stop.clone();
+        async move {
+            stop.notified().await;
+            Ok::<(), std::io::Error>(())
+        }
+    };
+    let run = tokio::spawn(worker.run_until(stopped));
+    let polled = tokio::time::timeout(Duration::from_secs(10), async {
+        while seen.polls.lock().unwrap().len() < 3 {
+            seen.done.notified().await;
+        }
+    })
+    .await;
+    stop.notify_one();
+    run.await.unwrap().unwrap();
+    assert!(
+        polled.is_ok(),
+        "cards due 400 ms after the start polled within 10 s (the longest idle wait is 60 s); polled: {:?}",
+        seen.polls.lock().unwrap().keys().collect::<Vec<_>>()
     );
 }
