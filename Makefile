@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-lua browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-burst bench-lua browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -183,3 +183,10 @@ bench-lua:
 ## figures are memory, not speed, so the driving code builds in the dev profile.
 bench-redis-memory: services
 	$(CARGO) bench --profile dev --bench bench_redis_memory
+
+## A due burst: a private redis-server, one release worker, BENCH_CARDS (default 20,000) cards with
+## both tasks due at the same moment (total limit 128, 64 per task, 0 ms Gateway); the last card's
+## first poll against polls needed ÷ the steady polls/s (goal ≤ 1.25×), every card within 120 s,
+## raw apalis-redis in the same run. About 4 minutes after the build; BENCH_CARDS=2000 about 1.
+bench-burst: services
+	$(CARGO) bench --bench bench_burst

@@ -24,15 +24,12 @@
 //! its defaults for the rest). `CARDWORKER_BENCH_PG_ADMIN` and `CARDWORKER_BENCH_REDIS` as for
 //! the other benches.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cardworker::config::Task;
 use cardworker::gateway::CardStatus;
-use cardworker::polling::chain;
 use cardworker::sim::Simulator;
-use sqlx::PgPool;
 
 use support::env_or;
 
@@ -42,76 +39,38 @@ fn binary() -> String {
 
 /// A fresh database, a fresh Redis prefix and a simulator; removed by [`Stage::drop_all`].
 struct Stage {
-    admin_url: String,
-    db: String,
-    db_url: String,
-    pool: PgPool,
-    redis_url: String,
-    prefix: String,
+    base: worker_stage::Stage,
     redis: redis::aio::ConnectionManager,
     sim: Simulator,
-    sim_url: String,
     _sim_handle: cardworker::sim::SimHandle,
-    dir: tempfile::TempDir,
 }
 
 impl Stage {
     async fn new() -> anyhow::Result<Self> {
-        let (admin_url, redis_url) = (support::admin_url(), support::redis_url());
-        let id = ulid::Ulid::new().to_string().to_lowercase();
-        let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
+        let redis_url = support::redis_url();
         let redis = cardworker::context::connect_redis(&redis_url).await?;
         let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
-        let sim_url = sim_handle.base_url();
-        let stage = Self {
-            pool: PgPool::connect(&db_url).await?,
-            admin_url,
-            db,
-            db_url,
-            redis_url,
-            prefix: format!("cwbench-{id}"),
+        let base = worker_stage::Stage::new(binary(), redis_url, sim_handle.base_url()).await?;
+        Ok(Self {
+            base,
             redis,
             sim,
-            sim_url,
             _sim_handle: sim_handle,
-            dir: tempfile::tempdir()?,
-        };
-        Ok(stage)
+        })
     }
 
     /// Writes the config file (only keys main knows) and migrates with the binary under test.
     fn config(&self, body: &str) -> anyhow::Result<std::path::PathBuf> {
-        self.config_on(&self.redis_url, body)
+        self.config_on(&self.base.redis_url, body)
     }
 
     /// [`Stage::config`] on another Redis (a private one).
     fn config_on(&self, redis_url: &str, body: &str) -> anyhow::Result<std::path::PathBuf> {
-        let path = self.dir.path().join("bench.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[database]\nurl = \"{}\"\nmax_connections = 10\n\n[redis]\nurl = \"{}\"\n\
-                 key_prefix = \"{}\"\n\n[telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n\n\
-                 [gateway]\nbase_url = \"{}\"\n{body}",
-                self.db_url, redis_url, self.prefix, self.sim_url
-            ),
-        )?;
-        let out = Command::new(binary())
-            .arg("migrate")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .context("running migrate")?;
-        anyhow::ensure!(out.status.success(), "migrate failed: {out:?}");
-        Ok(path)
+        self.base.write_config(redis_url, 10, body)
     }
 
     async fn insert_cards(&self, cards: &[String]) -> anyhow::Result<()> {
-        sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-            .bind(cards)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.base.insert_cards(cards).await
     }
 
     async fn start_chains(
@@ -120,21 +79,19 @@ impl Stage {
         tasks: &[Task],
         spread: Duration,
     ) -> anyhow::Result<()> {
-        let mut conn = self.redis.clone();
-        let n = cards.len().max(1) as u128;
-        for (i, card) in cards.iter().enumerate() {
-            let delay = Duration::from_millis(
-                u64::try_from(spread.as_millis() * i as u128 / n).unwrap_or(0),
-            );
-            for task in tasks {
-                chain::start(&mut conn, &self.prefix, *task, card, delay).await?;
-            }
-        }
-        Ok(())
+        worker_stage::start_chains(
+            &self.redis,
+            &self.base.prefix,
+            cards,
+            tasks,
+            Instant::now(),
+            spread,
+        )
+        .await
     }
 
     async fn scalar(&self, sql: &str) -> anyhow::Result<i64> {
-        Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar(sql).fetch_one(&self.base.pool).await?)
     }
 
     fn calls(&self, call: &str) -> u64 {
@@ -142,15 +99,15 @@ impl Stage {
     }
 
     async fn drop_all(self) {
-        self.pool.close().await;
         let mut conn = self.redis.clone();
-        support::delete_prefix(&mut conn, &self.prefix).await;
-        support::drop_database(&self.admin_url, &self.db).await;
+        support::delete_prefix(&mut conn, &self.base.prefix).await;
+        self.base.remove().await;
     }
 }
 
 use cardworker_test_kit::bench as support;
 use cardworker_test_kit::process::Worker;
+use cardworker_test_kit::worker_stage::{self, stop};
 
 /// The sum of the samples of `name` whose labels contain `label`, or `None` when there is none
 /// (an older build may not export it).
@@ -162,12 +119,6 @@ async fn metric(worker: &Worker, name: &str, label: &str) -> Option<f64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
         .collect();
     (!samples.is_empty()).then(|| samples.iter().sum())
-}
-
-/// SIGTERM, then waits for the exit.
-fn stop(mut worker: Worker) {
-    worker.terminate();
-    let _ = worker.child.wait();
 }
 
 async fn wait_for(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> Option<Duration> {

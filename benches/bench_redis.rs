@@ -27,19 +27,18 @@
 //! `CARDWORKER_BIN` runs another build (main's, for the "before" figures). Prints markdown.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use cardworker::config::Task;
-use cardworker::polling::chain;
 use cardworker::sim::Simulator;
 use redis::aio::ConnectionManager;
 
-use cardworker_test_kit::bench as support;
+use cardworker_test_kit::bench::{env_or, private_redis};
 use cardworker_test_kit::process::Worker;
 use cardworker_test_kit::redis_stats::{info, raw_apalis_median, redis_sample, Raw, RedisSample};
-use support::{env_or, private_redis};
+use cardworker_test_kit::worker_stage::{
+    gateway_calls, process_cpu, start_chains, stop, wait_for_calls, Stage,
+};
 
 fn binary() -> String {
     std::env::var("CARDWORKER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cardworker").to_owned())
@@ -71,24 +70,6 @@ async fn memory_over(
     let min = samples.iter().copied().min().unwrap_or(0);
     let max = samples.iter().copied().max().unwrap_or(0);
     Ok((mean, min, max))
-}
-
-/// CPU seconds (user + system) of process `pid` so far.
-fn process_cpu(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // The fields after the command name (which may hold spaces) start after the last ')'.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the state field.
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|i| f.get(*i)?.parse::<f64>().ok())
-        .sum();
-    ticks / 100.0
 }
 
 /// PostgreSQL's own counters of one database.
@@ -235,67 +216,6 @@ fn per_name(
         .join(", ")
 }
 
-struct Stage {
-    admin_url: String,
-    db: String,
-    db_url: String,
-    pool: sqlx::PgPool,
-    redis_url: String,
-    prefix: String,
-    dir: tempfile::TempDir,
-    sim_url: String,
-}
-
-impl Stage {
-    fn config(&self, cards: usize) -> anyhow::Result<std::path::PathBuf> {
-        let _ = cards;
-        let path = self.dir.path().join("bench.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[database]\nurl = \"{}\"\nmax_connections = 20\n\n[redis]\nurl = \"{}\"\n\
-                 key_prefix = \"{}\"\n\n[telemetry]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n\n\
-                 [gateway]\nbase_url = \"{}\"\ntimeout_ms = 2000\n\n[polling]\ntotal_limit = 128\n\
-                 handler_timeout_secs = 10\nlease_ttl_secs = 30\n\n[polling.carddata]\nlimit = 64\n\
-                 interval_secs = 1\n\n[polling.card_status]\nlimit = 64\ninterval_secs = 1\n",
-                self.db_url, self.redis_url, self.prefix, self.sim_url
-            ),
-        )?;
-        let out = Command::new(binary())
-            .arg("migrate")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .context("running migrate")?;
-        anyhow::ensure!(out.status.success(), "migrate failed: {out:?}");
-        Ok(path)
-    }
-}
-
-async fn start_chains(
-    conn: &ConnectionManager,
-    prefix: &str,
-    cards: &[String],
-    delay: Duration,
-    spread: Duration,
-) -> anyhow::Result<()> {
-    let mut c = conn.clone();
-    let n = cards.len().max(1) as u128;
-    for (i, card) in cards.iter().enumerate() {
-        let d = delay
-            + Duration::from_millis(u64::try_from(spread.as_millis() * i as u128 / n).unwrap_or(0));
-        for task in Task::ALL {
-            chain::start(&mut c, prefix, task, card, d).await?;
-        }
-    }
-    Ok(())
-}
-
-fn stop(mut worker: Worker) {
-    worker.terminate();
-    let _ = worker.child.wait();
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let short = std::env::var("BENCH_SHORT").is_ok_and(|v| v == "1");
@@ -326,22 +246,10 @@ async fn main() -> anyhow::Result<()> {
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
 
     // 2. The worker.
-    let admin_url = support::admin_url();
-    let id = ulid::Ulid::new().to_string().to_lowercase();
-    let (db, db_url) = support::create_database(&admin_url, &format!("cw_bench_{id}")).await?;
     let (_, sim, sim_handle) = Simulator::spawn_on("127.0.0.1:0").await?;
     sim.set_latency(0, 0);
     sim.set_change_rate(0.0);
-    let stage = Stage {
-        pool: sqlx::PgPool::connect(&db_url).await?,
-        admin_url,
-        db,
-        db_url,
-        redis_url: redis.url(),
-        prefix: format!("cwbench-{id}"),
-        dir: tempfile::tempdir()?,
-        sim_url: sim_handle.base_url(),
-    };
+    let stage = Stage::new(binary(), redis.url(), sim_handle.base_url()).await?;
     let result = if idle_only {
         run_idle_only(&stage, &sim, &mut conn, cards, idle_window).await
     } else if let Ok(before) = std::env::var("BENCH_AB") {
@@ -362,8 +270,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .await
     };
-    stage.pool.close().await;
-    support::drop_database(&stage.admin_url, &stage.db).await;
+    stage.remove().await;
     drop(redis);
     result
 }
@@ -567,21 +474,6 @@ impl Turn {
     }
 }
 
-/// Waits until the simulator has answered `target` calls in all (at most `limit`).
-async fn wait_for_calls(
-    calls: impl Fn() -> u64,
-    target: u64,
-    limit: Duration,
-    what: &str,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
-    while calls() < target {
-        anyhow::ensure!(started.elapsed() < limit, "{what} did not finish");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
 /// `BENCH_AB=<binary>` (`make bench-redis-ab BEFORE=<binary>`): phase 2's steady window only, for
 /// two builds in turns on the same Redis, database, cards and chains, `BENCH_AB_ROUNDS` (default 3)
 /// rounds of one window each, the other build first. This VM's speed drifts by tens of per cent
@@ -696,40 +588,24 @@ async fn run_ab(
     Ok(())
 }
 
-/// Migrates the stage's database and inserts `cards` cards; returns the config and the card refs.
-async fn seed(stage: &Stage, cards: usize) -> anyhow::Result<(std::path::PathBuf, Vec<String>)> {
-    let path = stage.config(cards)?;
-    let refs: Vec<String> = (0..cards).map(|i| format!("r-{i:06}")).collect();
-    sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
-        .bind(&refs)
-        .execute(&stage.pool)
-        .await?;
-    Ok((path, refs))
-}
+/// Both tasks every second.
+const INTERVAL_SECS: u64 = 1;
 
-/// [`seed`], and both tasks' chains of every card started, due over the next second.
+/// The cards, and both tasks' chains of every card started, due over the next second.
 async fn seed_polling(
     stage: &Stage,
     conn: &ConnectionManager,
     cards: usize,
 ) -> anyhow::Result<(std::path::PathBuf, Vec<String>)> {
-    let (path, refs) = seed(stage, cards).await?;
-    start_chains(
-        conn,
-        &stage.prefix,
-        &refs,
-        Duration::ZERO,
-        Duration::from_secs(1),
-    )
-    .await?;
-    Ok((path, refs))
-}
-
-/// Gateway calls of both tasks so far.
-fn gateway_calls(sim: &Simulator) -> u64 {
-    let s = sim.stats();
-    s.calls_total.get("carddata").copied().unwrap_or(0)
-        + s.calls_total.get("card_status").copied().unwrap_or(0)
+    stage
+        .seed_chains(
+            conn,
+            cards,
+            INTERVAL_SECS,
+            Instant::now(),
+            Duration::from_secs(1),
+        )
+        .await
 }
 
 /// What phase 4 measured.
@@ -789,7 +665,8 @@ async fn idle(
         conn,
         &stage.prefix,
         refs,
-        Duration::from_secs(3600),
+        &Task::ALL,
+        Instant::now() + Duration::from_secs(3600),
         Duration::from_secs(60),
     )
     .await?;
@@ -829,7 +706,7 @@ async fn run_idle_only(
     cards: usize,
     window: Duration,
 ) -> anyhow::Result<()> {
-    let (path, refs) = seed(stage, cards).await?;
+    let (path, refs) = stage.seed(cards, INTERVAL_SECS).await?;
     let idle = idle(stage, sim, conn, &path, &refs, window).await?;
     println!(
         "| measure ({cards} cards, every chain due in an hour, window {:.0} s) | value |",

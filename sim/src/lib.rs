@@ -43,7 +43,8 @@
 //!   after.
 //! - `answer.rs`: what one call answers, without HTTP: the latency / outage / bad-body dice and
 //!   the card and bad payment bodies.
-//! - `stats.rs`: in-flight accounting and peaks ([`SimStats`]).
+//! - `stats.rs`: in-flight accounting and peaks ([`SimStats`]), and, once started, each card's
+//!   first read and read count per poll kind ([`CardReads`]).
 //! - `simulator.rs`: [`Simulator`], the shared state under its locks, and the control methods.
 //! - `reply.rs`: the HTTP responses the handlers share (an answer rendered, `409`, `400`).
 //! - `approval_routes.rs`: `POST /v1/approvals` and `GET /v1/approvals/{id}`, over the book.
@@ -70,4 +71,4 @@ pub use config::{CardBehaviour, GarbageKind, PaymentBehaviour, SimConfig, SimCon
 pub use server::SimHandle;
 pub use simulator::Simulator;
 pub use state::{PaymentRecord, RequestRecord, SimCard, SimCardPatch, REQUEST_LOG_CAPACITY};
-pub use stats::SimStats;
+pub use stats::{CardReads, SimStats};

@@ -14,7 +14,7 @@ use super::config::{
     clamp01, CardBehaviour, GarbageKind, PaymentBehaviour, SimConfig, SimConfigPatch,
 };
 use super::state::{PaymentRecord, RequestRecord, SimCard, SimCardPatch, SimState};
-use super::stats::{Counters, SimStats};
+use super::stats::{CardReads, Counters, SimStats};
 use cardworker_wire::{
     CallKind, CardData, CardStatus, PaymentResult, CORRELATION_HEADER, IDEMPOTENCY_HEADER,
 };
@@ -231,6 +231,18 @@ impl Simulator {
     /// Sets every peak to the current in-flight count.
     pub fn reset_peaks(&self) {
         lock(&self.inner.counters).reset_peaks();
+    }
+
+    /// Starts recording, from now on, when each card was first read per poll kind and how often
+    /// (dropping what an earlier call recorded): the per-card view a bench needs to time a burst.
+    /// Off until called, since the record keeps one entry per card and kind.
+    pub fn record_card_reads(&self) {
+        lock(&self.inner.counters).record_card_reads();
+    }
+
+    /// The reads of `call` recorded since [`Simulator::record_card_reads`], by card.
+    pub fn card_reads(&self, call: CallKind) -> std::collections::HashMap<String, CardReads> {
+        lock(&self.inner.counters).card_reads(call)
     }
 
     // ----- for the routes -----

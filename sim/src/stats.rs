@@ -8,6 +8,7 @@
 //! error or garbage answer to a poll is one failed or unknown poll on the worker's side.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +65,17 @@ pub struct SimStats {
     pub in_flight_per_card: BTreeMap<String, HashMap<String, u64>>,
 }
 
+/// One card's reads of one poll kind since the record started ([`Simulator::record_card_reads`]).
+///
+/// [`Simulator::record_card_reads`]: super::Simulator::record_card_reads
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CardReads {
+    /// When the first read arrived (before any simulated latency).
+    pub first: Instant,
+    /// How many reads arrived.
+    pub count: u64,
+}
+
 /// The counters behind [`SimStats`], keyed by [`CallKind`].
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -81,6 +93,9 @@ pub(crate) struct Counters {
     /// Card reads in flight now, and their peak.
     polls: u64,
     peak_polls: u64,
+    /// Every card's reads per poll kind while recording (`None`: not recording, so that a
+    /// long-running simulator keeps no entry per card and kind).
+    card_reads: Option<HashMap<(CallKind, String), CardReads>>,
 }
 
 impl Counters {
@@ -129,7 +144,31 @@ impl Counters {
         if matches!(call, CallKind::Carddata | CallKind::CardStatus) {
             self.polls += 1;
             self.peak_polls = self.peak_polls.max(self.polls);
+            if let Some(reads) = &mut self.card_reads {
+                reads
+                    .entry((call, card_ref.to_owned()))
+                    .or_insert(CardReads {
+                        first: Instant::now(),
+                        count: 0,
+                    })
+                    .count += 1;
+            }
         }
+    }
+
+    /// Starts recording every card's reads afresh (what was recorded before is dropped).
+    pub(crate) fn record_card_reads(&mut self) {
+        self.card_reads = Some(HashMap::new());
+    }
+
+    /// The recorded reads of `call`, by card (empty when not recording).
+    pub(crate) fn card_reads(&self, call: CallKind) -> HashMap<String, CardReads> {
+        self.card_reads
+            .iter()
+            .flatten()
+            .filter(|((kind, _), _)| *kind == call)
+            .map(|((_, card), reads)| (card.clone(), *reads))
+            .collect()
     }
 
     /// One call of `call` about `card_ref` is done.
@@ -239,6 +278,27 @@ mod tests {
         assert_eq!(get(&s.peak_same_card_per_call, CallKind::CardStatus), 1);
         assert_eq!(get(&s.peak_same_card_per_call, CallKind::Carddata), 0);
         assert!(!s.in_flight_per_card.contains_key("c-2"));
+    }
+
+    #[test]
+    fn card_reads_are_recorded_per_kind_and_card_only_once_started() {
+        let mut c = Counters::default();
+        c.enter_card(CallKind::Carddata, "c-0");
+        assert!(c.card_reads(CallKind::Carddata).is_empty());
+        c.record_card_reads();
+        c.enter_card(CallKind::Carddata, "c-1");
+        c.enter_card(CallKind::CardStatus, "c-1");
+        c.enter_card(CallKind::Carddata, "c-1");
+        c.enter_card(CallKind::PaymentQuery, "c-1");
+        let data = c.card_reads(CallKind::Carddata);
+        assert_eq!(data.len(), 1);
+        assert_eq!(data["c-1"].count, 2);
+        let status = c.card_reads(CallKind::CardStatus);
+        assert_eq!(status["c-1"].count, 1);
+        assert!(data["c-1"].first <= status["c-1"].first);
+        assert!(c.card_reads(CallKind::PaymentQuery).is_empty());
+        c.record_card_reads();
+        assert!(c.card_reads(CallKind::Carddata).is_empty());
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //! - [`plan_drive`] and [`plan_guard`]: every statement path of `src/`, driven and judged by its
 //!   plans (the plan guard test and `make bench-plans`).
 //! - [`bench`](mod@bench): what the benchmarks share; [`redis_stats`], Redis's counters and the
-//!   raw apalis-redis yardstick of the Redis-cost benches.
+//!   raw apalis-redis yardstick of the Redis-cost benches; [`worker_stage`], the database, config,
+//!   cards and chains of the benches that run a `cardworker run` process against the simulator.
 
 // Test code: an unwrap() that fails is the test failing, at its line (the workspace's
 // `clippy::unwrap_used` is for product code).
@@ -35,6 +36,7 @@ pub mod proxy;
 pub mod redis_stats;
 pub mod scripted_gateway;
 pub mod webdriver;
+pub mod worker_stage;
 
 use std::path::PathBuf;
 
