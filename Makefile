@@ -187,6 +187,6 @@ bench-redis-memory: services
 ## A due burst: a private redis-server, one release worker, BENCH_CARDS (default 20,000) cards with
 ## both tasks due at the same moment (total limit 128, 64 per task, 0 ms Gateway); the last card's
 ## first poll against polls needed ÷ the steady polls/s (goal ≤ 1.25×), every card within 120 s,
-## raw apalis-redis in the same run. About 4 minutes after the build; BENCH_CARDS=2000 about 1.
+## raw apalis-redis in the same run. About a minute after the release build.
 bench-burst: services
 	$(CARGO) bench --bench bench_burst
