@@ -23,7 +23,7 @@ use cardworker::config::{Config, Task};
 use cardworker::gateway::GatewayClient;
 use cardworker::limit::Limit;
 use cardworker::polling::budget_layer::PollingBudgetLayer;
-use cardworker::polling::chain;
+use cardworker::polling::lease;
 use cardworker::queue::{intake, QueueName};
 use cardworker::sim::Simulator;
 use cardworker_jobs::{Job, PollCardData, PollCardStatus};
@@ -160,7 +160,7 @@ async fn fill(
     n: usize,
 ) -> anyhow::Result<()> {
     for i in 0..n {
-        chain::start(conn, prefix, task, &format!("c-{i:05}"), Duration::ZERO).await?;
+        lease::start(conn, prefix, task, &format!("c-{i:05}"), Duration::ZERO).await?;
     }
     let q = QueueName::new(prefix, queue);
     while intake::feed(conn, &q).await?.waiting > 0 {}
@@ -260,7 +260,7 @@ async fn utilisation(
     let budget = Budget::new(conn.clone(), &cfg);
     // Cards in the intake, not yet in apalis: the feeder moves them, as in production.
     for i in 0..per_task {
-        chain::start(
+        lease::start(
             &mut c,
             &prefix,
             Task::Carddata,
@@ -268,7 +268,7 @@ async fn utilisation(
             Duration::ZERO,
         )
         .await?;
-        chain::start(
+        lease::start(
             &mut c,
             &prefix,
             Task::CardStatus,

@@ -97,7 +97,7 @@ async fn pg_sample(pool: &sqlx::PgPool, db: &str) -> anyhow::Result<PgSample> {
 
 /// Redis's time per poll by call over `span`, from its slow log with every command logged: a
 /// script call is labelled by its first key (the deployment prefix and worker names left out) and
-/// its first argument when that names an op (the chain script's `check`, `schedule`, `batch`).
+/// its first argument when that names an op (the due queue's `fetch`, `batch`).
 async fn time_by_call(
     conn: &mut ConnectionManager,
     prefix: &str,

@@ -6,15 +6,15 @@
 //!    in-process Gateway simulator at 0 ms answering every card as stored (every poll unchanged).
 //! 2. One worker (the product's `app::start`, in process) and a full reconcile sweep of both tasks
 //!    (`reconcile::sweep`: first polls spread over a minute), then the first round: every card
-//!    polled once per task, every successor waiting (in the chain due set), apalis's finished jobs trimmed.
-//!    used_memory is read then (minus the empty deployment's, read after the worker started and
-//!    before any chain existed), with `MEMORY USAGE` per key pattern.
+//!    polled once per task, every successor waiting (in its task's due queue). used_memory is read
+//!    then (minus the empty deployment's, read after the worker started and before any card was
+//!    added), with `MEMORY USAGE` per key pattern.
 //! 3. 48 hours of hour boundaries, with the clock pushed ahead instead of waited for: for each
 //!    simulated hour h = 1..=48, `BENCH_HOUR_SAMPLE` cards per task (default 2000) have an
-//!    unchanged poll counted at now + h hours through the product's own successor write
-//!    (`chain::schedule_counted` with `Count::Unchanged`, exactly what a poll does), so every
-//!    hour's fleet counter is written; at h = 48 every card has one (so each chain entry holds its
-//!    grown tally). Counters written ahead all live (49 h TTL), so this is the most a real 48 h
+//!    unchanged poll counted at now + h hours: the state its acknowledgement writes
+//!    (`PollState::after` with `Step::Unchanged`, exactly what a poll's successor holds) and the
+//!    fleet counter it adds to, so every hour's fleet counter is written; at h = 48 every card has
+//!    one (so each card's state holds its grown tally). Counters written ahead all live (49 h TTL), so this is the most a real 48 h
 //!    can hold. used_memory and the breakdown again: the steady state.
 //!
 //! Env: `BENCH_CARDS`, `BENCH_HOUR_SAMPLE`, `CARDWORKER_BENCH_PG_ADMIN` (default
@@ -30,11 +30,10 @@ use anyhow::Context as _;
 use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::limit::Limit;
-use cardworker::polling::chain::{self, Count};
-use cardworker::polling::reconcile;
+use cardworker::polling::due_queue::{PollState, Step, LEASED};
+use cardworker::polling::{lease, reconcile};
 use cardworker::sim::Simulator;
-use cardworker_jobs::{keys, ChainState};
-use futures::StreamExt as _;
+
 use redis::aio::ConnectionManager;
 
 async fn info_field(
@@ -172,8 +171,9 @@ async fn wait_for(
     anyhow::bail!("{what}: not reached within {limit:?}")
 }
 
-/// Counts one unchanged poll at `at` for each of `cards` (the successor write a poll does),
-/// 64 at a time.
+/// Counts one unchanged poll at `at` for each of `cards`: the state its acknowledgement writes
+/// (`PollState::after` with `Step::Unchanged`, exactly what a poll's successor holds) and the
+/// fleet's hourly counter (added up in this process, written by the running worker's flush).
 async fn count_at(
     conn: &ConnectionManager,
     prefix: &str,
@@ -181,36 +181,26 @@ async fn count_at(
     cards: &[String],
     at: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<()> {
-    let mut reader = conn.clone();
+    let state_key = lease::due_queue(prefix, task).keys().state.clone();
+    let mut conn = conn.clone();
     for chunk in cards.chunks(2000) {
-        let chains = chain::live_chains(&mut reader, prefix, task, chunk).await?;
-        let writes = chunk.iter().zip(chains).filter_map(|(card, id)| {
-            let id = id?;
-            let mut conn = conn.clone();
-            Some(async move {
-                let next = ChainState {
-                    chain: id,
-                    ..ChainState::default()
-                };
-                chain::schedule_counted(
-                    &mut conn,
-                    prefix,
-                    task,
-                    card,
-                    &next,
-                    Duration::from_secs(3600),
-                    &Count::Unchanged(at),
-                )
-                .await
-            })
-        });
-        let results: Vec<anyhow::Result<bool>> = futures::stream::iter(writes)
-            .buffer_unordered(64)
-            .collect()
-            .await;
-        for r in results {
-            r?;
+        let states: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&state_key)
+            .arg(chunk)
+            .query_async(&mut conn)
+            .await?;
+        let mut pipe = redis::pipe();
+        for (card, state) in chunk.iter().zip(states) {
+            let Some(state) = state else { continue };
+            let next = PollState::parse(&state).after(Step::Unchanged, 0, at);
+            pipe.cmd("HSET")
+                .arg(&state_key)
+                .arg(card)
+                .arg(next.to_raw())
+                .ignore();
+            cardworker::polling::unchanged::count_fleet(prefix, task, at);
         }
+        pipe.query_async::<()>(&mut conn).await?;
     }
     Ok(())
 }
@@ -269,14 +259,10 @@ async fn run(
         reconcile::sweep(&ctx, task).await?;
     }
     let swept = started.elapsed();
-    // A chain's waiting poll is its entry in the chain due set, below FED (issue 19).
+    // A card's waiting poll is its entry in its task's due queue, below LEASED.
     let due_sets: Vec<String> = Task::ALL
         .iter()
-        .map(|t| chain::due_key(prefix, *t))
-        .collect();
-    let apalis_data: Vec<String> = Task::ALL
-        .iter()
-        .map(|t| format!("{}:data", keys::queue(prefix, chain::queue_of(*t))))
+        .map(|t| lease::due_queue(prefix, *t).keys().due.clone())
         .collect();
     let calls = |sim: &Simulator| {
         let stats = sim.stats();
@@ -292,10 +278,9 @@ async fn run(
     // From the sweep's start: the first polls are due within a minute of their chain's start, so
     // the round runs alongside the sweep.
     let round = started.elapsed();
-    // Every successor written (every chain waits in its due set, due in about an hour), and
-    // apalis's finished jobs trimmed.
+    // Every successor written (every card waits in its due queue, due in about an hour).
     let settle = wait_for(
-        "every successor waiting and apalis trimmed",
+        "every successor waiting",
         Duration::from_secs(300),
         async || {
             let mut waiting = 0u64;
@@ -303,18 +288,11 @@ async fn run(
                 waiting += redis::cmd("ZCOUNT")
                     .arg(k)
                     .arg("-inf")
-                    .arg(format!("({}", chain::FED))
+                    .arg(format!("({LEASED}"))
                     .query_async::<u64>(&mut conn.clone())
                     .await?;
             }
-            let mut in_apalis = 0u64;
-            for k in &apalis_data {
-                in_apalis += redis::cmd("HLEN")
-                    .arg(k)
-                    .query_async::<u64>(&mut conn.clone())
-                    .await?;
-            }
-            Ok(waiting == 2 * n && in_apalis == 0)
+            Ok(waiting == 2 * n)
         },
     )
     .await?;

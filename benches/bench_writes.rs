@@ -16,11 +16,11 @@ use anyhow::Context as _;
 use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::gateway::Outcome;
-use cardworker::polling::chain;
+use cardworker::polling::lease;
 use cardworker::polling::poll::{run_poll, PollOutcome};
 use cardworker::sim::Simulator;
 use cardworker::storage::records::{self, AuditRecord};
-use cardworker_jobs::{ChainState, PollCardStatus};
+use cardworker_jobs::{PollCardStatus, PollTicket};
 use futures::StreamExt as _;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
@@ -159,25 +159,34 @@ async fn bench(n: usize, concurrency: usize) -> anyhow::Result<(Measured, Measur
             .execute(&mut setup)
             .await?;
         setup.close().await?;
-        // Chains for the new path (far in the future: the direct calls below are their runs).
-        let mut jobs = Vec::with_capacity(n);
+        // Cards for the new path, due now and then leased for an hour, as a worker's fetch would
+        // (the direct calls below are their polls).
         let mut redis = ctx.redis.clone();
+        let queue = lease::due_queue(ctx.prefix(), Task::CardStatus);
         for card in &cards {
-            let chain = chain::start(
+            lease::start(
                 &mut redis,
                 ctx.prefix(),
                 Task::CardStatus,
                 card,
-                Duration::from_secs(3600),
+                Duration::ZERO,
             )
             .await?;
-            jobs.push(PollCardStatus {
-                card_ref: card.clone(),
-                state: ChainState {
-                    chain,
-                    ..ChainState::default()
+        }
+        let mut jobs = Vec::with_capacity(n);
+        while jobs.len() < n {
+            let leased = queue
+                .fetch(&mut redis, 1000, Duration::from_secs(3600))
+                .await?;
+            anyhow::ensure!(!leased.is_empty(), "{} of {n} cards leased", jobs.len());
+            jobs.extend(leased.into_iter().map(|l| PollCardStatus {
+                card_ref: l.card_ref,
+                ticket: PollTicket {
+                    lease: l.lease.score(),
+                    due_ms: l.due_ms,
+                    state: l.state.to_raw(),
                 },
-            });
+            }));
         }
         ctx.pool.close().await;
 

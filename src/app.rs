@@ -62,6 +62,8 @@ pub async fn start(ctx: Arc<AppContext>) -> anyhow::Result<Running> {
     // Before any poll is admitted: whether the deployment ran before decides whether Redis
     // without the budget's fence hash lost its data (`budget::Budget::record_start`).
     ctx.budget.record_start(&ctx.pool).await?;
+    // Before the polling workers fetch: the release before's chains become due-queue entries.
+    crate::polling::takeover::on_start(&ctx).await;
     workers::register_metrics(&ctx);
     let addr = serve_endpoint(&ctx, metrics).await?;
     start_feeder(&ctx)?;

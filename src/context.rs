@@ -41,12 +41,11 @@ pub struct AppContext {
     pub budget: Budget,
     /// The process's shutdown signal and the tracker of every task it spawns.
     pub shutdown: Shutdown,
-    /// The polls' chain-script calls, sent several to a script call (`queue::batch`).
-    pub chain_calls: ScriptCalls,
+    /// The polls' acknowledgements, sent several to a script call (`queue::batch`,
+    /// `polling::lease`).
+    pub poll_acks: ScriptCalls,
     /// The polls' card reads, sent several to a query (`storage::card_reads`).
     pub card_reads: CardReads,
-    /// The polls this process runs now (written back if Redis comes back empty).
-    pub running_polls: crate::queue::running::RunningPolls,
 }
 
 impl AppContext {
@@ -61,7 +60,11 @@ impl AppContext {
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
-        let chain_calls = chain_calls(&redis);
+        let poll_acks = ScriptCalls::new(
+            redis.clone(),
+            redis::Script::new(cardworker_jobs::due::SCRIPT),
+            cardworker_jobs::due::ACK_WIDTH,
+        );
         let card_reads = CardReads::new(pool.clone());
         Ok(Arc::new(Self {
             config: Arc::new(config),
@@ -73,9 +76,8 @@ impl AppContext {
             redis_status: RedisStatus::default(),
             budget,
             shutdown,
-            chain_calls,
+            poll_acks,
             card_reads,
-            running_polls: Default::default(),
         }))
     }
 
@@ -83,15 +85,6 @@ impl AppContext {
     pub fn prefix(&self) -> &str {
         &self.config.redis.key_prefix
     }
-}
-
-/// The polls' chain-script calls on `redis` (a task of their own; needs a Tokio runtime).
-pub fn chain_calls(redis: &ConnectionManager) -> ScriptCalls {
-    ScriptCalls::new(
-        redis.clone(),
-        redis::Script::new(cardworker_jobs::chain::SCRIPT),
-        cardworker_jobs::chain::BATCH_WIDTH,
-    )
 }
 
 /// Opens the shared Redis connection (`redis://` or `rediss://`).

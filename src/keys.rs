@@ -28,23 +28,21 @@ pub fn queue_of(task: Task) -> &'static str {
     }
 }
 
-// Polling chains.
+// The chains of the release before the due queue: read and removed once, by moving over
+// (`polling::takeover`).
 
 /// The chain hash of one task.
 pub fn chain_key(prefix: &str, task: Task) -> String {
     chain(prefix, queue_of(task))
 }
 
-/// The chain due set of one task: its polling intake and reconcile's index (member card_ref;
-/// score the next poll's due ms while it waits, `polling::chain::FED` + that once its job exists).
+/// The chain due set of one task (member card_ref; score the next poll's due ms, or
+/// `polling::takeover::FED` + that once its job existed).
 pub fn due_key(prefix: &str, task: Task) -> String {
     chain_due(prefix, queue_of(task))
 }
 
-/// The late set of one task: card_ref -> the due ms (Redis clock) of a poll that was deferred,
-/// written at its first deferral (`polling::chain::defer`). A deferral re-scores the due set to
-/// the deferred time, so this is where a poll starved of tokens keeps the time it was due;
-/// `polling::chain::lateness` reads it and removes the entries of chains that polled since.
+/// The late set of one task (card_ref -> the due ms of a deferred poll): removed by moving over.
 pub fn late_key(prefix: &str, task: Task) -> String {
     format!("{}:late", chain_key(prefix, task))
 }
@@ -52,24 +50,19 @@ pub fn late_key(prefix: &str, task: Task) -> String {
 // The polling due queue (src/polling/due_queue.rs): every key of one task shard carries the hash
 // tag `{poll:<task>:<shard>}`, so that one script reaches them all on a Redis Cluster.
 
-/// The hash tag of shard `shard` of `task`'s due queue, with the prefix before it.
-fn poll_shard(prefix: &str, task: Task, shard: u16) -> String {
-    format!("{prefix}:{{poll:{}:{shard}}}", task.label())
-}
-
 /// A due-queue shard's due set: card_ref -> due ms, or `LEASED` + a lease's deadline.
 pub fn poll_due_key(prefix: &str, task: Task, shard: u16) -> String {
-    format!("{}:due", poll_shard(prefix, task, shard))
+    cardworker_jobs::keys::poll_due(prefix, queue_of(task), shard)
 }
 
 /// A due-queue shard's last lease score (every new lease scores above it).
 pub fn poll_last_lease_key(prefix: &str, task: Task, shard: u16) -> String {
-    format!("{}:last_lease", poll_shard(prefix, task, shard))
+    cardworker_jobs::keys::poll_last_lease(prefix, queue_of(task), shard)
 }
 
 /// A due-queue shard's poll state: card_ref -> `unchanged|last|since|failures[.deferrals]`.
 pub fn poll_state_key(prefix: &str, task: Task, shard: u16) -> String {
-    format!("{}:state", poll_shard(prefix, task, shard))
+    cardworker_jobs::keys::poll_state(prefix, queue_of(task), shard)
 }
 
 /// A task's reconcile cursor (the last card id examined).

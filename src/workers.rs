@@ -15,15 +15,15 @@ use cardworker_jobs::{
 };
 
 use crate::context::AppContext;
+use crate::polling::backend::FetchPause;
 use crate::polling::budget_layer::PollingBudgetLayer;
 use crate::queue::QueueName;
-use crate::runner::spawn::{spawn_cron, spawn_layered, spawn_worker};
+use crate::runner::spawn::{spawn_cron, spawn_worker};
 use crate::runner::Supervisor;
 
-/// Every queue of the deployment, by short name.
+/// Every queue of the deployment, by short name (the polling tasks are not queues: their
+/// workers fetch from the due queue).
 pub const QUEUES: &[&str] = &[
-    PollCardData::QUEUE,
-    PollCardStatus::QUEUE,
     SubmitPayment::QUEUE,
     ProcessCallback::QUEUE,
     RunArchive::QUEUE,
@@ -59,12 +59,16 @@ pub fn spawn_workers(ctx: &Arc<AppContext>, sup: &mut Supervisor) -> anyhow::Res
     // circuit, or no handler). The worker concurrency is only the per-process ceiling; the
     // budget is the fleet-wide limit.
     let budget = || ctx.budget.clone();
+    let data_pause = FetchPause::default();
     let data_layer = PollingBudgetLayer::<PollCardData>::new(budget(), &config.polling)
-        .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
-    spawn_layered::<PollCardData, _>(ctx, sup, data_layer);
+        .recording_into(ctx.pool.clone(), ctx.shutdown.clone())
+        .pausing(data_pause.clone());
+    crate::polling::worker::spawn::<PollCardData, _>(ctx, sup, data_layer, data_pause);
+    let status_pause = FetchPause::default();
     let status_layer = PollingBudgetLayer::<PollCardStatus>::new(budget(), &config.polling)
-        .recording_into(ctx.pool.clone(), ctx.shutdown.clone());
-    spawn_layered::<PollCardStatus, _>(ctx, sup, status_layer);
+        .recording_into(ctx.pool.clone(), ctx.shutdown.clone())
+        .pausing(status_pause.clone());
+    crate::polling::worker::spawn::<PollCardStatus, _>(ctx, sup, status_layer, status_pause);
     // Reconcile is always on: it only reads PostgreSQL and restores lost chains.
     spawn_worker::<RunReconcile>(ctx, sup);
     spawn_cron::<RunReconcile>(ctx, sup, &config.polling.reconcile_cron)?;
@@ -127,23 +131,18 @@ pub fn on_redis_data_lost(ctx: &Arc<AppContext>) -> crate::runner::redis_watch::
 }
 
 /// What every pod that notices Redis came back empty does first (`runner::redis_watch`): the
-/// leases and chain entries of its running polls, lost with the data while those polls were at
-/// the Gateway, are written back, so that their tokens still count and reconcile finds their
-/// chains live.
+/// budget leases of its running polls, lost with the data while those polls were at the Gateway,
+/// are written back, so that their tokens still count. Their cards need nothing: the budget's
+/// fence admits no poll until they are over, and the full reconcile adds the cards back.
 pub fn on_redis_data_lost_here(ctx: &Arc<AppContext>) -> crate::runner::redis_watch::OnDataLost {
     let ctx = ctx.clone();
     Arc::new(move || {
         let ctx = ctx.clone();
         Box::pin(async move {
             let leases = ctx.budget.reassert_running().await?;
-            let chains = ctx
-                .running_polls
-                .reassert(&mut ctx.redis.clone(), ctx.prefix())
-                .await?;
             tracing::info!(
                 leases,
-                chains,
-                "running polls written back after a Redis data loss"
+                "running polls' leases written back after a Redis data loss"
             );
             Ok(())
         })

@@ -39,18 +39,38 @@ pub fn claim(prefix: &str, claim: &str) -> String {
     format!("{prefix}:claim:{claim}")
 }
 
-/// The chain hash of a polling queue (card_ref -> `chain_id|unchanged|last|since|state`:
-/// the chain, its unchanged-poll tally and its next job's state, see `chain.lua`): one live chain
-/// per card.
+/// The hash tag of shard `shard` of a polling queue's due queue, with the prefix before it: every
+/// key of the shard carries it, so that one script reaches them all on a Redis Cluster.
+fn poll_shard(prefix: &str, queue: &str, shard: u16) -> String {
+    format!("{prefix}:{{poll:{queue}:{shard}}}")
+}
+
+/// A due-queue shard's due set (member: card_ref; score: the due time of the card's next poll,
+/// unix ms on the Redis clock, or `LEASED` (2^50) + the deadline of the lease a poll holds it
+/// under).
+pub fn poll_due(prefix: &str, queue: &str, shard: u16) -> String {
+    format!("{}:due", poll_shard(prefix, queue, shard))
+}
+
+/// A due-queue shard's last lease score (every new lease scores above it).
+pub fn poll_last_lease(prefix: &str, queue: &str, shard: u16) -> String {
+    format!("{}:last_lease", poll_shard(prefix, queue, shard))
+}
+
+/// A due-queue shard's poll state (card_ref -> `unchanged|last|since|failures[.deferrals]`).
+pub fn poll_state(prefix: &str, queue: &str, shard: u16) -> String {
+    format!("{}:state", poll_shard(prefix, queue, shard))
+}
+
+/// The chain hash of a polling queue, as the release before the due queue kept it (card_ref ->
+/// `chain_id|unchanged|last|since|state[|marker]`): read once, by moving chains over.
 pub fn chain(prefix: &str, queue: &str) -> String {
     format!("{prefix}:chain:{queue}")
 }
 
-/// The chain due set of a polling queue (member: card_ref; score: the due time of the chain's next
-/// poll, unix ms on the Redis clock, while it waits to be fed, and [`crate::chain::FED`] + that
-/// time once its job exists): the polling intake and the index reconcile reads, in one sorted set
-/// (no payload hash entry and no second sorted set per waiting poll). The feeder feeds the scores
-/// below `FED`; reconcile reads both ranges past a grace.
+/// The chain due set of a polling queue, as the release before the due queue kept it (member:
+/// card_ref; score: the due ms of the chain's next poll, or 2^50 + that once its job existed):
+/// read once, by moving chains over.
 pub fn chain_due(prefix: &str, queue: &str) -> String {
     format!("{prefix}:chain:{queue}:due")
 }

@@ -8,8 +8,8 @@
 //! - [`Job`]: the small trait every payload implements (its queue as an associated const).
 //! - [`payloads`]: one struct per job.
 //! - [`keys`]: the Redis key names shared by producers and the worker.
-//! - [`chain`]: the polling chain script (shared with the worker) and how a producer's poll job
-//!   merges into a card's live chain.
+//! - [`due`]: the polling due queue's script (shared with the worker) and how a producer's poll
+//!   job reaches a card ([`due::merge`]).
 //! - [`Producer`]: `enqueue`, `enqueue_after` and `enqueue_once` into the intake.
 //!
 //! # The intake
@@ -19,27 +19,20 @@
 //! card keeps at most one pending poll per task. cardworker's feeder moves due entries into apalis
 //! only while that queue's apalis backlog is under a high-water mark.
 //!
-//! Poll jobs ([`Job::chain`] is `Some`) are the exception to "same id = replace": the card's
-//! waiting entry belongs to its live polling chain, so a producer's poll job goes through the
-//! chain script instead ([`chain::merge`]): it brings the live chain's next poll forward, or
-//! starts a chain when the card has none, and never drops the chain's own job.
-//!
-//! A polling chain's waiting poll is not in the intake at all (no payload stored per waiting
-//! poll, which keeps Redis memory per card small): it is the card's entry in the chain due set
-//! ([`keys::chain_due`]), with its state in the chain entry, and the feeder builds its payload
-//! when it moves it into apalis. So cardworker must be upgraded before its producers: an older
-//! cardworker feeds only the intake, and finds a chain started by a newer producer only through
-//! reconcile (after its grace). An older producer, whose poll jobs carry their payload into the
-//! intake, keeps working against a newer cardworker: its poll jobs still merge into the live
-//! chain (a waiting poll it cannot see is left as it is), and the entries it writes carry their
-//! payload.
+//! Poll jobs ([`Job::POLL`]) do not enter the intake: each card waits for its next poll as one
+//! entry in its polling task's due queue ([`keys::poll_due`], its state beside it), which the
+//! worker fetches from directly. A producer's poll job is a request for a poll of the card
+//! ([`due::merge`]): it brings a waiting card's next poll forward, leaves a card being polled to
+//! that poll, and adds a card that has none. So cardworker must be upgraded before its producers:
+//! an older cardworker reads the chains, not the due queue, and finds a card a newer producer
+//! added only through its reconcile.
 
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use serde::{de::DeserializeOwned, Serialize};
 
-pub mod chain;
+pub mod due;
 pub mod keys;
 pub mod payloads;
 
@@ -56,11 +49,9 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
         None
     }
 
-    /// A polling job's chain bookkeeping; `None` for every other job. A job with a chain enters
-    /// the intake through [`chain::merge`], never by replacing the entry of the card's chain.
-    fn chain(&self) -> Option<&ChainState> {
-        None
-    }
+    /// Whether this is a poll job: it does not enter the intake, it asks the due queue for a
+    /// poll of its card ([`due::merge`], its [`Job::entry_id`] being the card).
+    const POLL: bool = false;
 }
 
 /// What can go wrong when handing a job to cardworker.
@@ -144,27 +135,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
     }
 
     /// Enqueues a job, due after `delay` (measured on the Redis clock). An entry with the same
-    /// [`Job::entry_id`] that is still waiting is replaced, except for a poll job, which merges
-    /// into the card's live chain ([`chain::merge`]); for a poll job the returned id is the
-    /// chain's.
+    /// [`Job::entry_id`] that is still waiting is replaced, except for a poll job, which asks the
+    /// due queue for a poll of its card ([`due::merge`]); for a poll job the returned id is the
+    /// card's.
     pub async fn enqueue_after<J: Job>(
         &self,
         job: &J,
         delay: Duration,
     ) -> Result<String, EnqueueError> {
         let id = job.entry_id().unwrap_or_else(fresh_id);
-        if let Some(state) = job.chain() {
-            let merged = chain::merge(
-                &mut self.conn.clone(),
-                &self.prefix,
-                J::QUEUE,
-                &id,
-                serde_json::to_value(job)?,
-                state,
-                delay,
-            )
-            .await?;
-            return Ok(merged.chain().to_owned());
+        if J::POLL {
+            due::merge(&mut self.conn.clone(), &self.prefix, J::QUEUE, &id, delay).await?;
+            return Ok(id);
         }
         let payload = serde_json::to_string(job)?;
         self.enqueue_raw(J::QUEUE, &id, &payload, delay).await?;
@@ -179,8 +161,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
         claim: &str,
         claim_ttl: Duration,
     ) -> Result<bool, EnqueueError> {
-        if job.chain().is_some() {
-            // A poll job keeps the chain rules: claim first, then merge.
+        if J::POLL {
+            // A poll job keeps the due queue's rules: claim first, then merge.
             let claimed: Option<String> = redis::cmd("SET")
                 .arg(keys::claim(&self.prefix, claim))
                 .arg("1")
@@ -211,8 +193,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> Producer<C> {
     }
 
     /// Writes a raw payload into a queue's intake. For tools and tests: the payload is not
-    /// checked here (nor routed through a polling chain), and cardworker records a payload it
-    /// cannot decode as a dead job.
+    /// checked here (nor routed to the due queue), and cardworker records a payload it cannot
+    /// decode as a dead job.
     pub async fn enqueue_raw(
         &self,
         queue: &str,

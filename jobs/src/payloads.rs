@@ -6,30 +6,21 @@ use uuid::Uuid;
 
 use crate::Job;
 
-/// Where a polling job stands in its card's chain. Travels with the job.
+/// What a poll job carries from the polling due queue (`cardworker::polling::due_queue`): the
+/// lease its card is held under, when the card came due, and the card's state. A producer's poll
+/// job carries none of it (every field at its default): it asks for a poll of the card.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChainState {
-    /// The chain this job belongs to. A job whose chain is no longer the card's live chain is
-    /// stale and is acknowledged without calling the Gateway. Empty for a job from a producer
-    /// that did not start a chain: the worker adopts it if the card has no live chain.
+pub struct PollTicket {
+    /// The lease's score (`LEASED` + its deadline); 0 for a producer's request.
     #[serde(default)]
-    pub chain: String,
-    /// Consecutive failed or unknown polls so far; the chain is parked at the configured maximum.
+    pub lease: u64,
+    /// When the card came due (unix ms, Redis clock).
     #[serde(default)]
-    pub failures: u32,
-    /// Consecutive deferrals for lack of budget tokens (drives the deferral back-off).
+    pub due_ms: u64,
+    /// The card's state as the due queue keeps it (`unchanged|last|since|failures[.deferrals]`);
+    /// empty for a fresh one.
     #[serde(default)]
-    pub deferrals: u32,
-    /// The job's turn in its chain: the due time (unix ms, Redis clock) the feeder fed it for, 0
-    /// when unknown (a producer's payload, an older release's). A job acts on its chain only while
-    /// the chain still waits on this turn, so a second delivery of a job whose turn is over is
-    /// stale (`chain.lua`, Turns). Passed to a chain write, it is the writing job's own turn.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub turn: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+    pub state: String,
 }
 
 /// Polls the Gateway for one card's data (`GET /v1/cards/{card_ref}/data`).
@@ -37,9 +28,9 @@ fn is_zero(n: &u64) -> bool {
 pub struct PollCardData {
     /// The card to poll.
     pub card_ref: String,
-    /// Chain bookkeeping.
+    /// Its lease and state, from the due queue.
     #[serde(default, flatten)]
-    pub state: ChainState,
+    pub ticket: PollTicket,
 }
 
 /// Polls the Gateway for one card's status (`GET /v1/cards/{card_ref}/status`).
@@ -47,29 +38,25 @@ pub struct PollCardData {
 pub struct PollCardStatus {
     /// The card to poll.
     pub card_ref: String,
-    /// Chain bookkeeping.
+    /// Its lease and state, from the due queue.
     #[serde(default, flatten)]
-    pub state: ChainState,
+    pub ticket: PollTicket,
 }
 
 impl Job for PollCardData {
     const QUEUE: &'static str = "carddata";
-    // One waiting entry per card: a new poll replaces the waiting one.
+    const POLL: bool = true;
+    // One entry per card: a producer's request merges into it.
     fn entry_id(&self) -> Option<String> {
         Some(self.card_ref.clone())
-    }
-    fn chain(&self) -> Option<&ChainState> {
-        Some(&self.state)
     }
 }
 
 impl Job for PollCardStatus {
     const QUEUE: &'static str = "card_status";
+    const POLL: bool = true;
     fn entry_id(&self) -> Option<String> {
         Some(self.card_ref.clone())
-    }
-    fn chain(&self) -> Option<&ChainState> {
-        Some(&self.state)
     }
 }
 
@@ -138,8 +125,8 @@ impl Job for RunRetention {
     const QUEUE: &'static str = "retention";
 }
 
-/// One reconcile pass: the overdue chains, then `polling.reconcile_batch` cards from the cursor;
-/// or, with `full`, every card (after Redis lost its data).
+/// One reconcile pass: `polling.reconcile_batch` cards from the cursor; or, with `full`, every
+/// card (after Redis lost its data).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunReconcile {
     /// The cron tick (unix seconds) that asked for it.
@@ -200,25 +187,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_poll_payload_from_an_older_producer_still_decodes() {
+    fn a_producer_s_poll_payload_holds_only_the_card() {
         let job: PollCardData = serde_json::from_str(r#"{"card_ref":"c-1"}"#).unwrap();
         assert_eq!(job.card_ref, "c-1");
-        assert_eq!(job.state, ChainState::default());
+        assert_eq!(job.ticket, PollTicket::default());
+        // A payload an older release wrote (with its chain fields) still decodes.
+        let old: PollCardData =
+            serde_json::from_str(r#"{"card_ref":"c-1","chain":"01J","failures":2,"turn":5}"#)
+                .unwrap();
+        assert_eq!(old.card_ref, "c-1");
     }
 
     #[test]
-    fn chain_state_round_trips_flat_in_the_payload() {
+    fn the_ticket_round_trips_flat_in_the_payload() {
         let job = PollCardStatus {
             card_ref: "c-2".into(),
-            state: ChainState {
-                chain: "01J".into(),
-                failures: 3,
-                deferrals: 1,
-                turn: 1_764_000_000_000,
+            ticket: PollTicket {
+                lease: 1_125_900_000_000_000,
+                due_ms: 1_764_000_000_000,
+                state: "3|t0gmqo|ct0gmqa|2.1".into(),
             },
         };
         let json = serde_json::to_value(&job).unwrap();
-        assert_eq!(json["failures"], 3);
+        assert_eq!(json["state"], "3|t0gmqo|ct0gmqa|2.1");
         let back: PollCardStatus = serde_json::from_value(json).unwrap();
         assert_eq!(back, job);
     }

@@ -14,7 +14,8 @@ use super::operator::{self, Action, Operator};
 use super::CommandError;
 use crate::config::Task;
 use crate::context::AppContext;
-use crate::polling::{chain, reconcile};
+use crate::polling::due_queue::Restarted;
+use crate::polling::{lease, reconcile};
 use crate::storage::cards::{self, ParkedSelector};
 use crate::storage::records;
 
@@ -23,9 +24,9 @@ pub const UNPARK_BATCH: i64 = 1000;
 /// Chains started at once (on the shared, multiplexed Redis connection) after each batch.
 const START_CONCURRENCY: usize = 32;
 
-/// Starts or restarts one card's chain: clears the parked mark in PostgreSQL, then replaces any
-/// live chain with a new one due now (so running it twice leaves one chain), and records it as
-/// `operator.enqueue`. Unknown card: exit 1.
+/// Starts or restarts one card's chain: clears the parked mark in PostgreSQL, then restarts the
+/// card's polling in the due queue (a fresh state, its next poll due now; one entry per card, so
+/// running it twice leaves one chain), and records it as `operator.enqueue`. Unknown card: exit 1.
 pub async fn enqueue(
     ctx: &AppContext,
     task: Task,
@@ -57,17 +58,21 @@ pub async fn enqueue(
                 .context("clearing the parked mark")?;
         }
         let mut conn = ctx.redis.clone();
-        // Read before the start only to say what it replaced; the start itself is atomic.
-        let replaced = chain::live_chains(&mut conn, ctx.prefix(), task, &[card_ref.to_owned()])
-            .await?
-            .pop()
-            .flatten();
-        let id = chain::start(&mut conn, ctx.prefix(), task, card_ref, Duration::ZERO).await?;
+        let restarted = lease::due_queue(ctx.prefix(), task)
+            .restart(&mut conn, card_ref, Duration::ZERO)
+            .await?;
+        let id = match restarted {
+            Restarted::Started => "started",
+            Restarted::Restarted => "restarted",
+            Restarted::Running => "running",
+        };
         let said = format!(
-            "{task} chain {id} started for card {card_ref}{}{}{}",
-            replaced
-                .map(|old| format!(" (replaced live chain {old}, which stops at its next poll)"))
-                .unwrap_or_default(),
+            "{task} chain {} for card {card_ref}{}{}",
+            match restarted {
+                Restarted::Started => "started",
+                Restarted::Restarted => "restarted (its next poll is due now, failures cleared)",
+                Restarted::Running => "restarted (a poll of the card runs now; failures cleared)",
+            },
             if was_parked {
                 " (was parked; parked mark cleared)"
             } else {
@@ -100,8 +105,8 @@ pub struct Unparked {
 
 /// `cardworker unpark`: clears the parked marks `which` selects in batches of [`UNPARK_BATCH`]
 /// (each batch one transaction, with the action's one `operator.unpark` audit event written in
-/// the first and linked to every card it restarted), then starts a fresh chain for each card of
-/// the batch, spread over min(interval, 60 s). Idempotent: a second run finds nothing parked and
+/// the first and linked to every card it restarted), then restarts each card's polling in the
+/// due queue (a fresh state), spread over min(interval, 60 s). Idempotent: a second run finds nothing parked and
 /// writes nothing. A crash between a batch's commit and its chains is repaired by reconcile (the
 /// cards are no longer parked, so they are in its index).
 pub async fn unpark(
@@ -166,7 +171,11 @@ pub async fn unpark(
                 let mut conn = ctx.redis.clone();
                 let prefix = prefix.clone();
                 let delay = Duration::from_millis(rand::rng().random_range(0..=spread_ms));
-                async move { chain::start(&mut conn, &prefix, task, &card_ref, delay).await }
+                async move {
+                    lease::due_queue(&prefix, task)
+                        .restart(&mut conn, &card_ref, delay)
+                        .await
+                }
             })
             .buffer_unordered(START_CONCURRENCY)
             .try_collect::<Vec<_>>()

@@ -18,6 +18,9 @@
 //! - [`LeasedPoll`]: the payload of a fetched card.
 //! - [`PollFetch`]: how a worker fetches.
 //! - [`PollBackend`]: the backend (`Backend`, `BackendConfig`, `WireFormatBackend`).
+//! - [`RunningLayer`]: the worker's outermost layer, which counts its polls from the moment the
+//!   worker takes one until it is over (deferred or run), so that the backend fetches only for
+//!   slots that are free.
 
 use std::collections::VecDeque;
 use std::future::Future as _;
@@ -39,6 +42,7 @@ use futures::FutureExt as _;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tower::layer::util::Identity;
+use tower::{Layer, Service};
 
 use super::due_queue::{DueQueue, Fetched, Lease, Leased, PollState};
 
@@ -94,14 +98,80 @@ pub struct PollFetch {
     pub idle_max: Duration,
 }
 
+/// A polling worker's pause in fetching, which its budget layer sets when it gives a card back
+/// unpolled (no token, a paused task, an open circuit, a fence): the worker fetches nothing more
+/// until then, so a card is not fetched again and again only to be given back. Consecutive
+/// deferrals are counted here, for the deferral back-off. Cheap to clone; shared by the worker's
+/// builds.
+#[derive(Clone, Default)]
+pub struct FetchPause {
+    inner: Arc<std::sync::Mutex<PauseState>>,
+}
+
+#[derive(Default)]
+struct PauseState {
+    until: Option<std::time::Instant>,
+    deferrals: u32,
+    /// The first deferral since the last admission.
+    refused_since: Option<std::time::Instant>,
+}
+
+impl FetchPause {
+    /// One more deferral: no fetch before `until` (a later pause already set stands). Returns
+    /// how many deferrals came in a row, this one included.
+    pub fn defer_until(&self, until: std::time::Instant) -> u32 {
+        let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        state.until = Some(state.until.map_or(until, |u| u.max(until)));
+        state.deferrals = state.deferrals.saturating_add(1);
+        state
+            .refused_since
+            .get_or_insert_with(std::time::Instant::now);
+        state.deferrals
+    }
+
+    /// How long the worker has been refused since its last admission (zero when it has not).
+    /// A deferral's back-off never outgrows it: a batch of cards refused together in one
+    /// brief shortage counts as one short refusal, not as a long run of them.
+    pub fn refused_for(&self) -> Duration {
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|s| s.refused_since)
+            .map_or(Duration::ZERO, |since| since.elapsed())
+    }
+
+    /// How many deferrals came in a row so far.
+    pub fn deferrals(&self) -> u32 {
+        self.inner.lock().map_or(0, |s| s.deferrals)
+    }
+
+    /// A poll was admitted: tokens are free again, so the pause ends and the deferrals in a row
+    /// start again.
+    pub fn admitted(&self) {
+        if let Ok(mut state) = self.inner.lock() {
+            state.until = None;
+            state.deferrals = 0;
+            state.refused_since = None;
+        }
+    }
+
+    /// Until when fetching waits, if it does now.
+    fn until(&self) -> Option<std::time::Instant> {
+        let state = self.inner.lock().ok()?;
+        state.until.filter(|u| *u > std::time::Instant::now())
+    }
+}
+
 /// The backend of one polling worker.
 pub struct PollBackend {
     queue: DueQueue,
     conn: ConnectionManager,
     fetch: PollFetch,
-    /// The worker's polls under way (the job service counts them): the slots they take are not
+    /// The worker's polls under way ([`RunningLayer`] counts them): the slots they take are not
     /// fetched for.
     running: Arc<AtomicUsize>,
+    /// The pause its budget layer sets after giving a card back unpolled.
+    pause: FetchPause,
     /// The fetch under way, if any.
     fetching: Option<BoxFuture<'static, anyhow::Result<Fetched>>>,
     /// Cards fetched and not yet handed to the worker.
@@ -117,18 +187,20 @@ pub struct PollBackend {
 
 impl PollBackend {
     /// The backend of a worker that polls `queue`'s cards on `conn`, fetching by `fetch`, with
-    /// `running` counting its polls under way.
+    /// `running` counting its polls under way, pausing while `pause` says so.
     pub fn new(
         queue: DueQueue,
         conn: ConnectionManager,
         fetch: PollFetch,
         running: Arc<AtomicUsize>,
+        pause: FetchPause,
     ) -> Self {
         Self {
             queue,
             conn,
             fetch,
             running,
+            pause,
             fetching: None,
             buffer: VecDeque::new(),
             idle: None,
@@ -185,6 +257,10 @@ impl Backend for PollBackend {
                 self.idle = None;
             }
             if self.fetching.is_none() {
+                if let Some(until) = self.pause.until() {
+                    self.idle = Some(Box::pin(tokio::time::sleep_until(until.into())));
+                    continue;
+                }
                 let max = self.free_slots();
                 if max == 0 {
                     // Every slot is busy: look again shortly (a poll ending frees one, and the
@@ -279,5 +355,101 @@ impl WireFormatBackend for PollBackend {
 
     fn codec(&self) -> &Self::Codec {
         &self.codec
+    }
+}
+
+/// Counts a worker's polls in `running` from the call until its future ends (or is dropped):
+/// the outermost layer of a polling worker, so that a poll waiting for its tokens counts as a
+/// busy slot too.
+#[derive(Clone)]
+pub struct RunningLayer {
+    running: Arc<AtomicUsize>,
+}
+
+impl RunningLayer {
+    /// The layer counting into `running` (the count [`PollBackend`] fetches by).
+    pub fn new(running: Arc<AtomicUsize>) -> Self {
+        Self { running }
+    }
+}
+
+impl<S> Layer<S> for RunningLayer {
+    type Service = Running<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Running {
+            inner,
+            running: self.running.clone(),
+        }
+    }
+}
+
+/// [`RunningLayer`]'s service.
+#[derive(Clone)]
+pub struct Running<S> {
+    inner: S,
+    running: Arc<AtomicUsize>,
+}
+
+/// One counted poll; the count goes down when it drops.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<S, Req> Service<Req> for Running<S>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let counted = Counted(self.running.clone());
+        let run = self.inner.call(req);
+        async move {
+            let _counted = counted;
+            run.await
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_counts_deferrals_in_a_row_from_the_first_refusal_and_an_admission_ends_them() {
+        let pause = FetchPause::default();
+        assert_eq!(pause.refused_for(), Duration::ZERO);
+        assert_eq!(pause.until(), None);
+        let later = std::time::Instant::now() + Duration::from_secs(30);
+        // A batch refused together: eight deferrals in a row, all within the same instant.
+        for n in 1..=8 {
+            assert_eq!(pause.defer_until(later), n);
+        }
+        assert!(
+            pause.refused_for() < Duration::from_secs(1),
+            "refused for {:?}",
+            pause.refused_for()
+        );
+        // A later deferral never shortens the pause.
+        pause.defer_until(std::time::Instant::now());
+        assert_eq!(pause.until(), Some(later));
+        pause.admitted();
+        assert_eq!(pause.deferrals(), 0);
+        assert_eq!(pause.refused_for(), Duration::ZERO);
+        assert_eq!(pause.until(), None, "an admission ends the pause");
     }
 }

@@ -1,7 +1,7 @@
 //! [`PollingBudgetLayer`]: the tower layer around both polling workers.
 //!
-//! It lives with polling, not with the budget, because it knows polling chains: a deferred job
-//! goes back through its chain. The budget module only knows leases.
+//! It lives with polling, not with the budget, because it knows the polling due queue: a deferred
+//! poll's card is given back to it. The budget module only knows its own leases.
 //!
 //! Where it sits (apalis 1.0 service stack, outer to inner): apalis's `TaskPersistLayer` (acks
 //! the job with whatever status the task context holds once our future finishes) -> the
@@ -23,13 +23,12 @@
 //! both tokens held. If a token is short it waits briefly (up to [`WAIT_FOR_TOKEN`], woken at
 //! once when this process releases a token) and then defers:
 //!
-//! 1. the same payload, with `deferrals + 1`, goes back through the chain-aware intake writer
-//!    ([`super::chain::schedule`]) after a [`crate::backoff`] delay: the bounded intake the chains use, so a deferral
-//!    storm never piles up due jobs in apalis, and a deferral never resurrects a replaced chain;
-//! 2. the current job is acknowledged: the inner service is skipped, so apalis's lifecycle never
-//!    runs and never counts an attempt; we store `Status::Done` ourselves (left alone, the status
-//!    would stay `Pending` as fetched and apalis-redis would reschedule the job at once, a hot
-//!    duplicate of the deferred one);
+//! 1. the card is given back unpolled at the due time it was fetched with (it keeps its place:
+//!    under a backlog the oldest due cards go first), and the worker fetches nothing for a
+//!    [`crate::backoff`] delay that grows with the deferrals in a row, so a card is not fetched
+//!    again and again only to be given back;
+//! 2. the inner service is skipped, so apalis's lifecycle never runs and never counts an
+//!    attempt;
 //! 3. `cardworker_poll_deferred_total{task, reason}` is counted.
 //!
 //! The same call asks the task's Gateway circuit (`budget::circuit`): while it is open the job
@@ -44,7 +43,7 @@
 //! one the acquire answered with, not necessarily the fresh id it asked with.
 //!
 //! Redis unreachable at acquire: fail closed (no Gateway call), count `budget_unavailable`, and
-//! make sure the job comes back: see [`PollingBudgetService`]'s `unavailable`.
+//! defer; if the card cannot be given back either, it is due again when its lease ends.
 
 use std::marker::PhantomData;
 use std::task::{Context, Poll};
@@ -56,8 +55,9 @@ use futures::FutureExt as _;
 use sqlx::PgPool;
 use tower::{Layer, Service};
 
-use super::chain::{self, Liveness, PollJob};
+use super::backend::FetchPause;
 use super::circuit::{self, Reported};
+use super::lease::{self, PollJob};
 use crate::backoff::{Backoff, Jitter};
 use crate::budget::circuit::CIRCUIT_OPEN_REASON;
 use crate::budget::{Acquired, Budget, ShortReason, Slot};
@@ -77,7 +77,7 @@ const MAX_RETRY_STEP: Duration = Duration::from_millis(80);
 pub const REDIS_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the layer shares between its services: the budget (whose connection and prefix the
-/// chain writes use too), the deferral back-off of `[polling]`, and where circuit transitions
+/// deferrals use too), the deferral back-off of `[polling]`, and where circuit transitions
 /// are recorded.
 #[derive(Clone)]
 struct Shared {
@@ -87,6 +87,8 @@ struct Shared {
     /// PostgreSQL for the circuit's audit events, and the tracker of the tasks writing them
     /// (`None`: transitions are only logged, as in the budget benchmark).
     records: Option<(PgPool, Shutdown)>,
+    /// The worker's pause in fetching after a deferral, and its deferrals in a row.
+    pause: FetchPause,
 }
 
 /// Wraps one polling worker (job type `J`): both tokens or no handler.
@@ -114,9 +116,17 @@ impl<J: PollJob> PollingBudgetLayer<J> {
                 budget,
                 defer: defer_backoff(polling.defer_delay(), polling.defer_max_delay()),
                 records: None,
+                pause: FetchPause::default(),
             },
             job: PhantomData,
         }
+    }
+
+    /// This layer pausing its worker's fetching through `pause` (the worker's backend's) when it
+    /// defers a poll.
+    pub fn pausing(mut self, pause: FetchPause) -> Self {
+        self.shared.pause = pause;
+        self
     }
 
     /// This layer writing the circuit's audit events into `pool`, from tasks tracked by
@@ -223,6 +233,7 @@ where
     let fresh = shared.budget.new_lease_id();
     match acquire_with_wait(&shared.budget, J::TASK, &fresh).await {
         Ok((granted @ (Acquired::Acquired | Acquired::Probe { .. }), slot)) => {
+            shared.pause.admitted();
             let held = Held {
                 task: J::TASK,
                 slot,
@@ -232,23 +243,45 @@ where
         }
         Ok((Acquired::Short { reason }, _)) => {
             deferred(J::TASK.label(), reason.label());
-            defer::<J, S::Response>(&shared, task, reason.label(), Duration::ZERO).await
+            defer::<J, S::Response>(
+                &shared,
+                task,
+                reason.label(),
+                Duration::ZERO,
+                Growth::InARow,
+            )
+            .await
         }
         Ok((Acquired::Fenced { retry_in }, _)) => {
             // A fence counts as the budget being unavailable: the spec's label set has no value
             // of its own for it, and Redis having lost the budget's data is that. The job comes
             // back once the fence is over (plus the back-off's jitter), not within it.
             deferred(J::TASK.label(), super::BUDGET_UNAVAILABLE);
-            defer::<J, S::Response>(&shared, task, super::BUDGET_UNAVAILABLE, retry_in).await
+            defer::<J, S::Response>(
+                &shared,
+                task,
+                super::BUDGET_UNAVAILABLE,
+                retry_in,
+                Growth::None,
+            )
+            .await
         }
         Ok((Acquired::CircuitOpen { retry_in }, _)) => {
             deferred(J::TASK.label(), CIRCUIT_OPEN_REASON);
-            defer::<J, S::Response>(&shared, task, CIRCUIT_OPEN_REASON, retry_in).await
+            defer::<J, S::Response>(&shared, task, CIRCUIT_OPEN_REASON, retry_in, Growth::None)
+                .await
         }
         Err(e) => {
             tracing::warn!(task = J::TASK.label(), error = %format!("{e:#}"), "polling budget unavailable; failing closed (no Gateway call)");
             deferred(J::TASK.label(), super::BUDGET_UNAVAILABLE);
-            defer::<J, S::Response>(&shared, task, super::BUDGET_UNAVAILABLE, Duration::ZERO).await
+            defer::<J, S::Response>(
+                &shared,
+                task,
+                super::BUDGET_UNAVAILABLE,
+                Duration::ZERO,
+                Growth::None,
+            )
+            .await
         }
     }
 }
@@ -422,118 +455,73 @@ fn decode<J: PollJob>(
     })
 }
 
-/// Re-enqueues the job with `deferrals + 1` through its chain, after `wait` (the rest of a
-/// circuit's cool-down) plus the deferral back-off. [`chain::Deferred::Stale`]: the chain was
-/// replaced meanwhile, so nothing was written (the stale job just ends);
-/// [`chain::Deferred::Running`]: this is a second delivery of a job whose first delivery runs
-/// its poll, and the deferral is written once that delivery's turn is over
-/// ([`chain::defer_when_free`]), never over it.
-async fn reschedule<J: PollJob>(
-    shared: &Shared,
-    job: &J,
-    wait: Duration,
-) -> anyhow::Result<chain::Deferred> {
-    let mut conn = shared.budget.conn();
-    let prefix = shared.budget.prefix();
-    let mut next = job.state().clone();
-    next.deferrals = next.deferrals.saturating_add(1);
-    if next.chain.is_empty() {
-        // A job from a producer that did not start a chain: adopt the card first (as the handler
-        // would), else `schedule` would find no live chain and drop it.
-        let ttl = shared.budget.lease_ttl();
-        match chain::check(&mut conn, prefix, J::TASK, job.card_ref(), &next, ttl).await? {
-            Liveness::Adopted(id) => next.chain = id,
-            Liveness::Live | Liveness::Busy(_) | Liveness::Running(_) => {}
-            Liveness::Stale => return Ok(chain::Deferred::Stale),
-        }
-    }
-    let delay = wait + shared.defer.delay(next.deferrals);
-    let ttl = shared.budget.lease_ttl();
-    let deferred = chain::defer(
-        &mut conn,
-        prefix,
-        J::TASK,
-        job.card_ref(),
-        &next,
-        delay,
-        ttl,
-    )
-    .await?;
-    if let chain::Deferred::Running(left) = deferred {
-        let shutdown = shared.records.as_ref().map(|(_, shutdown)| shutdown);
-        chain::defer_when_free(
-            conn,
-            shutdown,
-            prefix,
-            J::TASK,
-            job.card_ref(),
-            &next,
-            delay,
-            ttl,
-            left,
-        );
-    }
-    tracing::debug!(
-        card_ref = job.card_ref(),
-        deferrals = next.deferrals,
-        delay_ms = delay.as_millis() as u64,
-        ?deferred,
-        "poll deferred"
-    );
-    Ok(deferred)
+/// Whether a deferral's back-off grows with the deferrals in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Growth {
+    /// It does: the budget is short or the task paused, which can last.
+    InARow,
+    /// It does not: the wait comes from Redis (a fence's or a circuit's time left) or Redis did
+    /// not answer, and the back-off is only the first delay's jitter on top.
+    None,
 }
 
-/// Defers the job: re-enqueues it through its chain (after `wait` plus the deferral back-off)
-/// and acknowledges this run. `reason` is the deferral's label: a short budget, an open circuit,
-/// or `budget_unavailable` when Redis did not answer the acquire (Redis may be back already for
-/// the re-enqueue; if not, see [`keep_for_apalis`]).
+/// Defers the job: gives its card back unpolled at the due time it was fetched with, so it keeps
+/// its place among the due cards (the oldest due still go first once tokens are free), and
+/// pauses this worker's fetching for `wait` (the rest of a circuit's cool-down, a fence's time
+/// left) plus the deferral back-off, which grows with the deferrals in a row when `growth` says
+/// so ([`super::backend::FetchPause`]): the card is not fetched again only to be given back.
+/// `reason` is the deferral's label: a short budget, a paused task, an open circuit, or
+/// `budget_unavailable` when Redis did not answer the acquire. If Redis refuses the release too,
+/// nothing is lost: the card is due again when its lease ends.
 async fn defer<J: PollJob, R: Default>(
     shared: &Shared,
     task: Task<String>,
     reason: &'static str,
     wait: Duration,
+    growth: Growth,
 ) -> Result<R, BoxDynError> {
     let (raw, ctx) = task.take();
     let job: J = decode(&raw, &ctx)?;
-    match tokio::time::timeout(REDIS_CALL_TIMEOUT, reschedule(shared, &job, wait)).await {
-        Ok(Ok(deferred)) => {
-            if deferred == chain::Deferred::Stale {
-                tracing::debug!(
-                    card_ref = job.card_ref(),
-                    reason,
-                    "deferred job's chain was replaced; dropped"
-                );
-            }
-            // Acknowledge: no attempt counted, the successor (if any) is in the intake.
-            ctx.raw_status().store(Status::Done);
-            Ok(R::default())
+    let first = shared.defer.delay(1);
+    let back_off = match growth {
+        // Never longer than the worker has been refused: a brief refusal after a long one (a
+        // burst of cards fetched together, the budget back after an outage) costs the first
+        // delay, while a shortage that lasts still grows to the cap.
+        Growth::InARow => shared
+            .defer
+            .delay(shared.pause.deferrals().saturating_add(1))
+            .min(shared.pause.refused_for().max(first)),
+        Growth::None => first,
+    };
+    let delay = wait + back_off;
+    let in_a_row = shared.pause.defer_until(Instant::now() + delay);
+    let queue = lease::due_queue(shared.budget.prefix(), J::TASK);
+    let mut conn = shared.budget.conn();
+    let released = queue.release_at(&mut conn, job.card_ref(), job.lease(), job.ticket().due_ms);
+    match tokio::time::timeout(REDIS_CALL_TIMEOUT, released).await {
+        Ok(Ok(held)) => {
+            tracing::debug!(
+                card_ref = job.card_ref(),
+                reason,
+                in_a_row,
+                pause_ms = delay.as_millis() as u64,
+                ?held,
+                "poll deferred: card given back at its due time"
+            );
         }
-        Ok(Err(e)) => keep_for_apalis(shared, &ctx, &format!("{e:#}")).await,
-        Err(_) => keep_for_apalis(shared, &ctx, "re-enqueueing a deferred job timed out").await,
+        Ok(Err(e)) => {
+            tracing::warn!(card_ref = job.card_ref(), reason, error = %format!("{e:#}"), "deferred card not given back; it is due again when its lease ends");
+        }
+        Err(_) => {
+            tracing::warn!(
+                card_ref = job.card_ref(),
+                reason,
+                "giving a deferred card back timed out; it is due again when its lease ends"
+            );
+        }
     }
-}
-
-/// The one place cardworker lets apalis bring a job back by itself: Redis refused both the
-/// acquire and the re-enqueue, so the intake cannot take the job. We return a plain (non-abort)
-/// error with status `Failed`:
-/// - if the acknowledgement reaches Redis, apalis-redis puts the job back in its scheduled set
-///   (`handle_results.lua`: attempt < 25); the layer skipped apalis's lifecycle, so the attempt is
-///   not counted and never reaches 25;
-/// - if Redis is down for the acknowledgement too, the job stays in this worker's inflight set
-///   and apalis's orphan recovery re-enqueues it.
-///
-/// Either way the job is not lost, and the Gateway was not called. We pause first (the defer
-/// delay) because apalis reschedules it with no delay: this keeps a flapping Redis from turning
-/// into a hot loop, at most one job per worker slot per pause.
-async fn keep_for_apalis<R>(
-    shared: &Shared,
-    ctx: &apalis::prelude::ExecutionContext,
-    why: &str,
-) -> Result<R, BoxDynError> {
-    tracing::warn!(error = %why, "cannot re-enqueue a polling job; leaving it to apalis to bring back");
-    tokio::time::sleep(shared.defer.delay(1)).await;
-    ctx.raw_status().store(Status::Failed);
-    Err(JobError::BudgetUnavailable(why.to_owned()).into())
+    ctx.raw_status().store(Status::Done);
+    Ok(R::default())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The due queue of one polling task shard: each card's one record in Redis, which workers fetch
 //! under a lease and acknowledge by writing the card's next due time
-//! ([`due_queue.lua`](./due_queue.lua)).
+//! (`jobs/src/due_queue.lua`, [`cardworker_jobs::due::SCRIPT`], which producers share).
 //!
 //! One sorted set holds when each card is due. A waiting card is scored by its due time; a leased
 //! card by `LEASED` + its lease's deadline, both on Redis's clock. One hash beside it holds what
@@ -34,7 +34,7 @@ use crate::keys;
 use crate::polling::unchanged::{parse_job_state, parse_tally, Since, Tally};
 use chrono::{DateTime, Utc};
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("due_queue.lua")));
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(cardworker_jobs::due::SCRIPT));
 
 /// The score offset of a leased card (2^50 ms, as in `due_queue.lua`).
 pub const LEASED: u64 = 1 << 50;
@@ -255,6 +255,17 @@ pub enum Fetched {
     NoneDue { next_in: Option<Duration> },
 }
 
+/// What [`DueQueue::restart`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restarted {
+    /// The card had no entry: it was added.
+    Started,
+    /// It waited: it is due when asked, with a fresh state.
+    Restarted,
+    /// A poll holds it: its state is fresh, and the running poll is the one asked for.
+    Running,
+}
+
 /// What [`DueQueue::merge`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Merged {
@@ -427,10 +438,21 @@ impl DueQueue {
         conn: &mut impl ConnectionLike,
         leased: &Leased,
     ) -> anyhow::Result<StillHeld<()>> {
+        self.release_at(conn, &leased.card_ref, leased.lease, leased.due_ms)
+            .await
+    }
+
+    /// [`DueQueue::release`] of `card_ref` under `lease`, due again at `due_ms` (the due time it
+    /// was fetched with).
+    pub async fn release_at(
+        &self,
+        conn: &mut impl ConnectionLike,
+        card_ref: &str,
+        lease: Lease,
+        due_ms: u64,
+    ) -> anyhow::Result<StillHeld<()>> {
         let mut inv = self.call("release");
-        inv.arg(&leased.card_ref)
-            .arg(leased.lease.score())
-            .arg(leased.due_ms);
+        inv.arg(card_ref).arg(lease.score()).arg(due_ms);
         let done: u8 = inv.invoke_async(conn).await.context("releasing a lease")?;
         Ok(still_held(done))
     }
@@ -462,10 +484,23 @@ impl DueQueue {
         card_ref: &str,
         after: Duration,
     ) -> anyhow::Result<bool> {
+        Ok(self.add_many(conn, &[(card_ref, after)]).await? == 1)
+    }
+
+    /// [`DueQueue::add`] for each of `cards` in one call; returns how many were added.
+    pub async fn add_many(
+        &self,
+        conn: &mut impl ConnectionLike,
+        cards: &[(&str, Duration)],
+    ) -> anyhow::Result<usize> {
+        if cards.is_empty() {
+            return Ok(0);
+        }
         let mut inv = self.call("add");
-        inv.arg(card_ref).arg(millis(after));
-        let added: u8 = inv.invoke_async(conn).await.context("adding a card")?;
-        Ok(added == 1)
+        for (card_ref, after) in cards {
+            inv.arg(*card_ref).arg(millis(*after));
+        }
+        inv.invoke_async(conn).await.context("adding cards")
     }
 
     /// Adds each card of `cards` (card_ref, due ms on Redis's clock, raw state or `""` for a
@@ -505,6 +540,27 @@ impl DueQueue {
             Merged::Started
         } else {
             Merged::IntoLive
+        })
+    }
+
+    /// An operator's restart of `card_ref`'s polling: a fresh state, and a waiting card due
+    /// `after` from now; a card a poll holds keeps its lease (that poll sees the reset).
+    pub async fn restart(
+        &self,
+        conn: &mut impl ConnectionLike,
+        card_ref: &str,
+        after: Duration,
+    ) -> anyhow::Result<Restarted> {
+        let mut inv = self.call("restart");
+        inv.arg(card_ref).arg(millis(after));
+        let verdict: String = inv
+            .invoke_async(conn)
+            .await
+            .context("restarting a card's polling")?;
+        Ok(match verdict.as_str() {
+            "started" => Restarted::Started,
+            "running" => Restarted::Running,
+            _ => Restarted::Restarted,
         })
     }
 

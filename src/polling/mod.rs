@@ -1,26 +1,28 @@
 //! Polling jobs: card data and card status.
 //!
 //! # Layout
-//! - [`chain`]: one live chain per card and task, in Redis (schedule only; parking is in
-//!   PostgreSQL).
+//! - [`due_queue`]: one record per card and task shard (its due time and its state), which the
+//!   workers fetch under a lease and acknowledge with the card's next due time and state; its
+//!   script is Redis Cluster safe. Parking is in PostgreSQL.
+//! - [`backend`]: the apalis backend of both polling workers, which fetches from the due queue as
+//!   many cards as the worker has free slots.
+//! - [`worker`]: starting a polling worker on its task's due queue.
+//! - [`lease`]: a poll's hold on its card ([`lease::PollJob`]) and its acknowledgement, batched
+//!   per process.
 //! - [`poll`]: the flow of one poll, shared by both tasks ([`poll::PollTask`]).
-//! - [`unchanged`]: what Redis keeps of unchanged polls (a tally in the chain entry, hourly
+//! - [`unchanged`]: what Redis keeps of unchanged polls (a tally in the card's poll state, hourly
 //!   fleet-wide counters), and how it is read back.
 //! - [`carddata`]: the `PollCardData` job.
 //! - [`card_status`]: the `PollCardStatus` job.
 //! - `run_job`: the `RunJob` impl both poll jobs share (a macro; its doc says why).
 //! - [`budget_layer`]: the tower layer around both polling workers: both budget tokens and a
-//!   closed Gateway circuit or no handler, deferral through the chain.
+//!   closed Gateway circuit or no handler, deferral through the due queue.
 //! - [`circuit`]: what the fleet-wide Gateway circuit breaker means for a poll (its outcome
 //!   report, probes, the one audit event per opening and per closing).
-//! - [`reconcile`]: the `RunReconcile` job (restores chains after a Redis loss; reads only).
-//! - [`due_queue`]: one record per card and task shard that workers fetch under a lease and
-//!   acknowledge with the card's next due time; its script is Redis Cluster safe. The polling
-//!   workers do not fetch from it yet: they run on the chains above.
-//! - [`backend`]: the apalis backend that fetches a polling worker's cards straight from its due
-//!   queue, as many as it has free slots (not wired into the workers yet).
-//! - [`takeover`]: moves a task's chains into its due queue, keeping each card's due time and
-//!   state (for the release that polls from the due queue).
+//! - [`reconcile`]: the `RunReconcile` job (adds every card that wants polling and is missing
+//!   from the due queue, after a Redis loss say; reads PostgreSQL only).
+//! - [`takeover`]: moves the chains of the release before into the due queue, keeping each
+//!   card's due time and state (run as a worker starts).
 //!
 //! Applying an observed change is `crate::cards` (shared with channel callbacks); the commands
 //! (`enqueue carddata|card_status`, `reconcile`, `investigate`) are in `crate::commands`.
@@ -29,14 +31,15 @@ pub mod backend;
 pub mod budget_layer;
 pub mod card_status;
 pub mod carddata;
-pub mod chain;
 pub mod circuit;
 pub mod due_queue;
+pub mod lease;
 pub mod poll;
 pub mod reconcile;
 mod run_job;
 pub mod takeover;
 pub mod unchanged;
+pub mod worker;
 
 use anyhow::Context as _;
 
@@ -71,6 +74,7 @@ pub fn register_metrics() {
         metrics::gauge!(m::PARKED_CHAINS, "task" => task.label()).set(0.0);
         metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(0.0);
         metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(0.0);
+        metrics::gauge!(m::QUEUE_DEPTH, "queue" => task.label()).set(0.0);
         for to in TRANSITION_LABELS {
             metrics::counter!(m::GATEWAY_CIRCUIT_TRANSITIONS, "task" => task.label(), "to" => to)
                 .increment(0);
@@ -78,15 +82,21 @@ pub fn register_metrics() {
     }
 }
 
-/// Reads how late each task's polling runs (one script call per task, [`chain::lateness`]) and
-/// publishes `cardworker_poll_due_now{task}` and `cardworker_poll_overdue_seconds{task}`. Part of
+/// Reads how late each task's polling runs (one script call per task, the due queue's head) and
+/// publishes `cardworker_poll_due_now{task}`, `cardworker_poll_overdue_seconds{task}` and the
+/// task's `cardworker_queue_depth{queue}`. Part of
 /// the fleet-wide gauges' background refresh (`telemetry::fleet`).
 pub async fn publish_lateness(ctx: &AppContext) -> anyhow::Result<()> {
     let mut conn = ctx.redis.clone();
     for task in Task::ALL {
-        let late = chain::lateness(&mut conn, ctx.prefix(), task).await?;
-        metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(late.due_now as f64);
-        metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(late.overdue.as_secs_f64());
+        let head = lease::due_queue(ctx.prefix(), task).head(&mut conn).await?;
+        let overdue = head
+            .earliest_due_ms
+            .map_or(0, |due| head.now_ms.saturating_sub(due));
+        metrics::gauge!(m::POLL_DUE_NOW, "task" => task.label()).set(head.due_now as f64);
+        // A polling task's queue is its due queue: its jobs waiting are its cards due now.
+        metrics::gauge!(m::QUEUE_DEPTH, "queue" => task.label()).set(head.due_now as f64);
+        metrics::gauge!(m::POLL_OVERDUE, "task" => task.label()).set(overdue as f64 / 1000.0);
     }
     Ok(())
 }

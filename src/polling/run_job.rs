@@ -14,7 +14,7 @@ macro_rules! poll_run_job {
             fn concurrency(config: &$crate::config::Config) -> usize {
                 config
                     .polling
-                    .task(<$job as $crate::polling::chain::PollJob>::TASK)
+                    .task(<$job as $crate::polling::lease::PollJob>::TASK)
                     .limit
                     .into()
             }
@@ -23,7 +23,7 @@ macro_rules! poll_run_job {
                 config.polling.handler_timeout()
             }
 
-            #[tracing::instrument(name = $span, skip_all, fields(card_ref = %self.card_ref, chain = %self.state.chain, failures = self.state.failures))]
+            #[tracing::instrument(name = $span, skip_all, fields(card_ref = %self.card_ref, lease = self.ticket.lease))]
             async fn run(
                 self,
                 ctx: std::sync::Arc<$crate::context::AppContext>,

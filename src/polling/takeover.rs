@@ -23,10 +23,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use redis::aio::ConnectionLike;
 
-use super::chain::FED;
 use super::due_queue::DueQueue;
 use crate::config::Task;
+use crate::context::AppContext;
 use crate::keys;
+
+/// The score offset of a chain whose job existed (fed, running): its due-set member was `FED` +
+/// its turn (2^50 ms, as the release before wrote it).
+pub const FED: u64 = 1 << 50;
 
 /// Chain entries read per round.
 const BATCH: usize = 500;
@@ -164,6 +168,124 @@ async fn move_chains(
         .await
         .context("removing the chains moved over")?;
     Ok(added)
+}
+
+/// What a worker does as it starts, before its polling workers: moves both tasks' chains into
+/// the due queue ([`take_over`], a chain whose job may still run due only after the handler's
+/// limit), then hands each poll request waiting in the old polling intakes to the due queue and
+/// removes those intakes and the old polling queues' apalis keys. Each step is idempotent; when
+/// Redis refuses, the worker starts all the same (reconcile adds every card that wants polling,
+/// and the next start moves what is left).
+pub async fn on_start(ctx: &AppContext) {
+    for task in Task::ALL {
+        let queue = super::lease::due_queue(ctx.prefix(), task);
+        let mut conn = ctx.redis.clone();
+        let moved = async {
+            let done = take_over(
+                &mut conn,
+                ctx.prefix(),
+                task,
+                &queue,
+                ctx.config.polling.handler_timeout(),
+            )
+            .await?;
+            let requests = clear_old_queue(&mut conn, ctx.prefix(), task, &queue).await?;
+            anyhow::Ok((done, requests))
+        };
+        match moved.await {
+            Ok((done, requests)) if done.chains > 0 || requests > 0 => {
+                tracing::info!(%task, chains = done.chains, added = done.added, requests, "the release before's polling moved into the due queue");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%task, error = %format!("{e:#}"), "the release before's polling not moved now; reconcile adds every card that wants polling, and the next start moves the rest");
+            }
+        }
+    }
+}
+
+/// Hands the poll requests waiting in `task`'s old polling intake (entry id: the card) to
+/// `queue` (a request for a poll now: [`DueQueue::merge`]), then deletes that intake, the old
+/// late set, and every key of the old polling apalis queue (`{prefix}:q:<task>` and what hangs
+/// under it). Returns how
+/// many requests it handed over.
+async fn clear_old_queue(
+    conn: &mut redis::aio::ConnectionManager,
+    prefix: &str,
+    task: Task,
+    queue: &DueQueue,
+) -> anyhow::Result<usize> {
+    let short = keys::queue_of(task);
+    let intake = keys::intake(prefix, short);
+    let entries: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&intake)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .context("reading the old polling intake")?;
+    for card_ref in &entries {
+        queue.merge(conn, card_ref, Duration::ZERO).await?;
+    }
+    let apalis = keys::queue(prefix, short);
+    let mut doomed = vec![
+        intake.clone(),
+        keys::intake_payload(prefix, short),
+        apalis.clone(),
+    ];
+    // The keyspace is scanned only while the old queue has any of its fixed keys: once it is
+    // gone, a start costs one EXISTS here.
+    let fixed: Vec<String> = [
+        "active",
+        "scheduled",
+        "data",
+        "dead",
+        "done",
+        "failed",
+        "signal",
+        "workers",
+    ]
+    .iter()
+    .map(|k| format!("{apalis}:{k}"))
+    .collect();
+    let present: usize = redis::cmd("EXISTS")
+        .arg(&fixed)
+        .query_async(conn)
+        .await
+        .context("looking for the old polling queue")?;
+    if present > 0 {
+        let mut cursor = 0u64;
+        loop {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{apalis}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(conn)
+                .await
+                .context("finding the old polling queue's keys")?;
+            doomed.extend(found);
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    for chunk in doomed.chunks(500) {
+        let _: () = redis::cmd("DEL")
+            .arg(chunk)
+            .query_async(conn)
+            .await
+            .context("deleting the old polling queue's keys")?;
+    }
+    let _: () = redis::cmd("ZREM")
+        .arg(keys::intake_due_hint(prefix))
+        .arg(&intake)
+        .query_async(conn)
+        .await
+        .context("removing the old polling intake from the due hint")?;
+    Ok(entries.len())
 }
 
 /// Removes a card's chain entry (KEYS[1]) and due-set member (KEYS[2]) if the entry is still

@@ -2,14 +2,14 @@
 //!
 //! A valid poll that changed nothing writes no database row (the seed's rule). What Redis keeps of
 //! it is sized for a fleet of millions of cards:
-//! - **per card and task, in the card's chain entry** (`{prefix}:chain:{task}`, which exists
-//!   anyway): how many unchanged polls since the chain's last recorded change or failure (or
-//!   since the chain started, when it has had neither), and when the last one was. The chain
-//!   script (`jobs/src/chain.lua`) updates this tally in the same call that schedules the
+//! - **per card and task, in the card's poll state** in the due queue
+//!   (`polling::due_queue::PollState`, which exists anyway): how many unchanged polls since the
+//!   card's last recorded change or failure (or since its polling started, when it has had
+//!   neither), and when the last one was. The poll's acknowledgement writes this tally with the
 //!   successor, so an unchanged poll costs no round trip of its own, and the tally goes when the
-//!   chain goes. Counting per card and UTC hour instead (a field per card in an hourly hash,
-//!   kept for two days) would cost Redis memory per card, task and hour kept; the tally costs a
-//!   few bytes in an entry that exists anyway (docs/SCALING.md, docs/BENCHMARKS.md).
+//!   card's polling ends. Counting per card and UTC hour instead (a field per card in an hourly
+//!   hash, kept for two days) would cost Redis memory per card, task and hour kept; the tally
+//!   costs a few bytes in a state that exists anyway (docs/SCALING.md, docs/BENCHMARKS.md).
 //! - **fleet-wide, per task and UTC hour**: one counter `{prefix}:unchanged_total:{task}:{YYYYMMDDHH}`
 //!   (a plain string), which expires [`HOUR_TTL_SECS`] after its first increment: at most
 //!   49 counters per task, whatever the fleet size. Each process adds its unchanged polls up in
@@ -25,8 +25,8 @@
 //!   chart shows every poll by outcome without counting table rows.
 //!
 //! After Redis loses its data (a flush, a restart without persistence), both restart from zero:
-//! a chain re-created by reconcile or adopted by its job starts its tally at that moment, marked as
-//! such ([`Since::ChainStart`]), so `investigate` says the count restarted instead of showing a
+//! a card reconcile adds back starts its tally at that moment, marked as such
+//! ([`Since::ChainStart`]), so `investigate` says the count restarted instead of showing a
 //! wrong one; and the fleet counters begin with the deployment's epoch marker
 //! ([`crate::runner::redis_watch`]).
 
@@ -171,7 +171,7 @@ pub enum Since {
     ChainStart,
 }
 
-/// The unchanged-poll tally kept in a chain entry.
+/// The unchanged-poll tally kept in a card's poll state (`polling::due_queue::PollState`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tally {
     /// Unchanged polls since [`Tally::since`].
@@ -184,46 +184,12 @@ pub struct Tally {
     pub since_kind: Since,
 }
 
-/// One chain entry, parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The live chain id.
-    pub chain: String,
-    /// Its tally; `None` for an entry written before tallies existed (`chain_id|due_ms`).
-    pub tally: Option<Tally>,
-    /// The failures and deferrals of the chain's next job (the feeder builds its payload from
-    /// them); `None` for an entry written by an older release (fewer than five fields), whose job
-    /// carries them in its own payload.
-    pub next_job: Option<(u32, u32)>,
-}
-
 fn seconds36(s: &str) -> Option<DateTime<Utc>> {
     let secs = i64::from_str_radix(s, 36).ok()?;
     if secs <= 0 {
         return None;
     }
     DateTime::from_timestamp(secs, 0)
-}
-
-/// Parses a chain entry (`chain_id|unchanged|last|since|state`, state being the next job's
-/// `failures` or `failures.deferrals`; or the older
-/// `chain_id|unchanged|last|since` and `chain_id|due_ms`).
-pub fn parse_entry(raw: &str) -> Entry {
-    let fields: Vec<&str> = raw.split('|').collect();
-    let chain = fields.first().copied().unwrap_or_default().to_owned();
-    let tally = match fields.as_slice() {
-        [_, count, last, since, ..] => parse_tally(count, last, since),
-        _ => None,
-    };
-    let next_job = match fields.as_slice() {
-        [_, _, _, _, state, ..] => Some(parse_job_state(state)),
-        _ => None,
-    };
-    Entry {
-        chain,
-        tally,
-        next_job,
-    }
 }
 
 /// A tally from its three fields: the count, the last unchanged poll and `since` (a kind letter,
@@ -250,22 +216,6 @@ pub fn parse_job_state(state: &str) -> (u32, u32) {
         failures.parse().unwrap_or(0),
         deferrals.parse().unwrap_or(0),
     )
-}
-
-/// The card's chain entry for `task` (`None` when the card has no chain in Redis).
-pub async fn entry(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    task: Task,
-    card_ref: &str,
-) -> anyhow::Result<Option<Entry>> {
-    let raw: Option<String> = redis::cmd("HGET")
-        .arg(crate::keys::chain_key(prefix, task))
-        .arg(card_ref)
-        .query_async(conn)
-        .await
-        .with_context(|| format!("reading the {task} chain of {card_ref}"))?;
-    Ok(raw.as_deref().map(parse_entry))
 }
 
 /// The fleet-wide unchanged polls of `task` in the [`HOURS_KEPT`] UTC hours up to `now`'s, newest
@@ -328,7 +278,7 @@ mod tests {
     /// the reader sees them), with the separators and multi-byte characters that matter, from a
     /// seeded generator. Every reader answers (a partial entry, or an error), never panics.
     #[test]
-    fn no_chain_entry_or_poll_payload_panics_its_reader_whatever_redis_holds() {
+    fn no_poll_state_or_poll_payload_panics_its_reader_whatever_redis_holds() {
         use rand::{Rng as _, SeedableRng as _};
         let mut rng = rand::rngs::StdRng::seed_from_u64(29);
         for _ in 0..20_000 {
@@ -343,7 +293,7 @@ mod tests {
                 }
             }
             let raw = String::from_utf8_lossy(&bytes);
-            let _ = parse_entry(&raw);
+            let _ = crate::polling::due_queue::PollState::parse(&raw);
             let _ = serde_json::from_slice::<cardworker_jobs::PollCardData>(&bytes);
             let _ = serde_json::from_str::<cardworker_jobs::PollCardStatus>(&raw);
             let _ = raw.parse::<crate::limit::Limit>();
@@ -351,11 +301,9 @@ mod tests {
     }
 
     #[test]
-    fn a_tallied_entry_parses_into_its_count_last_time_and_since() {
+    fn a_tally_parses_into_its_count_last_time_and_since() {
         // 1733100000 s = "snucio" in base 36.
-        let e = parse_entry("01JDCHAIN|12|snucio|csnuci0");
-        assert_eq!(e.chain, "01JDCHAIN");
-        let t = e.tally.expect("tally");
+        let t = parse_tally("12", "snucio", "csnuci0").expect("tally");
         assert_eq!(t.count, 12);
         assert_eq!(t.last.map(|d| d.timestamp()), Some(1_733_100_000));
         assert_eq!(t.since_kind, Since::ChangeOrFailure);
@@ -363,27 +311,11 @@ mod tests {
             t.since.timestamp(),
             i64::from_str_radix("snuci0", 36).unwrap()
         );
-        let fresh = parse_entry("01JDCHAIN|0|0|ssnucio").tally.expect("tally");
+        let fresh = parse_tally("0", "0", "ssnucio").expect("tally");
         assert_eq!((fresh.count, fresh.last), (0, None));
         assert_eq!(fresh.since_kind, Since::ChainStart);
-        assert_eq!(e.next_job, None, "an entry of an older release");
-    }
-
-    #[test]
-    fn a_chain_entry_carries_its_next_jobs_failures_and_deferrals() {
-        let e = parse_entry("k3x9q2zt|4|snucio|csnuci0|3.1");
-        assert_eq!(e.chain, "k3x9q2zt");
-        assert_eq!(e.tally.map(|t| t.count), Some(4));
-        assert_eq!(e.next_job, Some((3, 1)));
-        assert_eq!(parse_entry("k3x9q2zt|0|0|ssnucio|2").next_job, Some((2, 0)));
-    }
-
-    #[test]
-    fn an_entry_from_before_the_tally_parses_without_one() {
-        let e = parse_entry("01OLDCHAIN|1733100000000");
-        assert_eq!(e.chain, "01OLDCHAIN");
-        assert_eq!(e.tally, None);
-        assert_eq!(parse_entry("01BARE").tally, None);
+        assert_eq!(parse_job_state("3.1"), (3, 1));
+        assert_eq!(parse_job_state("2"), (2, 0));
     }
 
     #[test]

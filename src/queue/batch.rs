@@ -1,10 +1,9 @@
 //! One process's concurrent calls of a script, sent together: [`ScriptCalls`].
 //!
-//! Every poll calls the chain script twice (its check before the Gateway call, its successor
-//! after), and those two script calls are most of a poll's Redis CPU: each costs Redis a script
-//! invocation, a request to read and a reply to write, for two or three commands of real work.
-//! A process runs many polls at once, and apalis starts the jobs of one fetch together,
-//! so their calls come in bursts. [`ScriptCalls`] queues the calls and a task of its own sends
+//! Every poll ends with a script call (its acknowledgement, the successor), and every job of the
+//! other queues too: each costs Redis a script invocation, a request to read and a reply to
+//! write, for two or three commands of real work. A process runs many polls at once, and a
+//! worker starts the jobs of one fetch together, so their calls come in bursts. [`ScriptCalls`] queues the calls and a task of its own sends
 //! them: whatever queued while the previous script call was in flight goes in the next one, as the
 //! script's `batch` op (groups of a fixed number of arguments, one per call, answered in order).
 //! It adds no wait of its own: a call that finds nothing in flight is sent at once, alone.
@@ -13,10 +12,9 @@
 //! round trip. A failed script call fails every call it carried, with the same error, as each
 //! would have failed alone. One difference: a script that stops with an error part-way (Redis out
 //! of memory, say) keeps the writes of the calls before the failing one, and those calls are
-//! reported failed too; a successor so reported is retried in the background
-//! (`chain::schedule_or_retry`), which writes the same successor again (harmless) and may count an
-//! unchanged poll twice in the chain's tally (a display figure). A call that times out alone has
-//! the same ambiguity today.
+//! reported failed too; a poll's successor so reported is retried in the background
+//! (`polling::lease::ack_or_retry`), which finds the lease no longer holding the card (the first
+//! write ended it) and writes nothing. A call that times out alone has the same ambiguity.
 
 use std::sync::Arc;
 

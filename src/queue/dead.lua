@@ -4,23 +4,15 @@
 -- A requeued job goes back through the intake, like every re-run: its payload (the JSON string the
 -- feeder stored in Q:data) is written under its intake entry id, due now, unless an entry with that
 -- id is already waiting (a newer job of the same card and task): that one is kept and the dead job
--- is left in the dead set, counted as `kept`. In a polling queue a chain's waiting poll is in the
--- chain due set (KEYS[7]; scores below FED wait): such a card's dead job is kept too.
+-- is left in the dead set, counted as `kept`.
 --
 -- KEYS[1] Q:dead  KEYS[2] Q:data  KEYS[3] Q:meta (prefix)  KEYS[4] intake zset  KEYS[5] intake payload
 -- KEYS[6] the intakes' due hint (lowered to now for a requeued entry, so the feeder sees it)
--- KEYS[7] the chain due set (polling queues only)
 -- ARGV[1] "requeue" | "discard"; ARGV[2..] job ids
 -- Returns {acted on, not dead (any more), kept because an entry was waiting}
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local acted, missing, kept = 0, 0, 0
-local FED = 1125899906842624 -- 2^50, as in jobs/src/chain.lua
-local function chain_waits(entry)
-  if not KEYS[7] then return false end
-  local s = redis.call('ZSCORE', KEYS[7], entry)
-  return s ~= false and tonumber(s) < FED
-end
 for i = 2, #ARGV do
   local id = ARGV[i]
   if redis.call('SISMEMBER', KEYS[1], id) == 0 then
@@ -33,7 +25,7 @@ for i = 2, #ARGV do
       if not entry or entry == '' then entry = id end
       local ok, payload = pcall(cjson.decode, data or '')
       if not ok or type(payload) ~= 'string' then payload = data or '' end
-      if not chain_waits(entry) and redis.call('ZADD', KEYS[4], 'NX', now_ms, entry) == 1 then
+      if redis.call('ZADD', KEYS[4], 'NX', now_ms, entry) == 1 then
         redis.call('HSET', KEYS[5], entry, payload)
         if redis.call('ZADD', KEYS[6], 'LT', 'CH', now_ms, KEYS[4]) == 1 then
           redis.call('PUBLISH', (string.gsub(KEYS[6], ':due$', ':wake')), now_ms)

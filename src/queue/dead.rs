@@ -178,9 +178,6 @@ pub async fn act(
             .key(&queue.intake)
             .key(&queue.intake_payload)
             .key(&queue.due_hint);
-        if let Some(chains) = &queue.chains {
-            inv.key(&chains.due);
-        }
         let (acted, not_dead, kept): (u64, u64, u64) = inv
             .arg(action.arg())
             .arg(chunk)

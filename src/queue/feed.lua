@@ -9,33 +9,20 @@
 -- (`result`, `poison`) and its bytes, hex-encoded, as the task's data. Invalid JSON and unknown job
 -- shapes are valid strings to apalis; the job service kills those with their decoding error.
 --
--- A polling queue has two sets: the intake (KEYS[1], entries with a payload of their
--- own: a raw producer's, `dead requeue`'s, or one an older release wrote) and the chain due set
--- (KEYS[11]: card_ref -> due ms while the chain's next poll waits, FED + due ms once its job
--- exists elsewhere; `jobs/src/chain.lua` says why). A waiting chain has no payload: the job's is
--- built here from its chain entry (KEYS[10]: `chain_id|unchanged|last|since|state`, state being
--- `failures` or `failures.deferrals`),
--- and its due-set entry is moved to the FED range instead of removed, so that reconcile still
--- finds it if the job vanishes, while this script, which reads only scores below FED, never feeds
--- it again. A chain entry in an older format (fewer than five fields) was written by an older
--- release, whose job carries its own payload in the intake: its due-set entry is only moved to
--- the FED range. A due-set entry without a chain entry is removed (nothing to run).
---
--- Cost: the entries of one call are read, removed (or re-scored) and pushed with one
--- command each (HMGET, ZREM/ZADD, HDEL, HSET of the data hash, RPUSH); only the meta hash is one
+-- Cost: the entries of one call are read, removed and pushed with one
+-- command each (HMGET, ZREM, HDEL, HSET of the data hash, RPUSH); only the meta hash is one
 -- HSET per entry. The task ids (ULIDs) are made here, from TIME and the caller's 12-character
 -- random nonce, so the caller sends no ids. At the end the queue's entry in the due hint (KEYS[9])
--- is set to the earliest waiting entry left in either set (or removed when none waits): the
+-- is set to the earliest waiting entry left (or removed when none waits): the
 -- feeder asks the hint, not every intake, on its ticks. Every intake writer lowers the hint
 -- (`ZADD LT`), so it is never later than the earliest waiting entry.
 --
 -- KEYS[1] intake zset   KEYS[2] intake payload hash
 -- KEYS[3] Q:active      KEYS[4] Q:scheduled  KEYS[5] Q:data  KEYS[6] Q:signal  KEYS[7] Q:meta
 -- KEYS[8] Q:dead        KEYS[9] the due hint zset (member: intake key, score: earliest due ms)
--- KEYS[10] chain hash, KEYS[11] chain due set: polling queues only
 -- ARGV[1] high-water mark; ARGV[2] most entries to move; ARGV[3] 12 Crockford base32 characters
 -- (random, fresh per call) that, with the time and the entry's index, make each task id unique
--- Returns {moved, backlog after, entries waiting in both sets, poisoned, Redis now ms}
+-- Returns {moved, backlog after, entries waiting, poisoned, Redis now ms}
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -88,11 +75,6 @@ local function valid_utf8(s)
   return true
 end
 
-local FED = 1125899906842624 -- 2^50, as in jobs/src/chain.lua
--- A card ref or chain id that JSON encodes as itself (no quote, backslash, slash or control byte).
-local SAFE = '^[%w%-_.:]+$'
--- (Lua's `..` prints numbers with 14 digits: the bound is written out.)
-local BELOW_FED = '(1125899906842624'
 local backlog = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[4])
 local room = tonumber(ARGV[1]) - backlog
 local n = math.min(room, tonumber(ARGV[2]))
@@ -132,19 +114,6 @@ local function push(i, entry, payload)
   end
 end
 
--- A chain entry's id and state (its first and fifth fields), or nil for an older format (fewer
--- than five fields). One `string.match` reads every entry this release writes (splitting into a
--- table costs several times as much per entry); an entry with an empty field is split into a
--- table instead, empty fields skipped.
-local function chain_fields(entry)
-  local id, state = string.match(entry, '^([^|]+)|[^|]+|[^|]+|[^|]+|([^|]+)')
-  if id then return id, state end
-  local f = {}
-  for p in string.gmatch(entry, '[^|]+') do f[#f + 1] = p end
-  if #f >= 5 then return f[1], f[5] end
-  return nil
-end
-
 local index = 0
 if n > 0 then
   local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, n)
@@ -159,64 +128,17 @@ if n > 0 then
   end
   n = n - #due
 end
-if KEYS[11] and n > 0 then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, n)
-  if #due > 0 then
-    local cards = {}
-    for i = 1, #due, 2 do cards[#cards + 1] = due[i] end
-    local entries = redis.call('HMGET', KEYS[10], unpack(cards))
-    local fed, gone = {}, {}
-    for i, card in ipairs(cards) do
-      local entry = entries[i]
-      if entry then
-        fed[#fed + 1] = FED + tonumber(due[2 * i])
-        fed[#fed + 1] = card
-        local id, state = chain_fields(entry)
-        if id then
-          local failures, deferrals = string.match(state, '^(%d+)%.?(%d*)$')
-          index = index + 1
-          local f, d = tonumber(failures) or 0, tonumber(deferrals) or 0
-          -- The job's turn: the due time it is fed for (`jobs/src/chain.lua`, Turns).
-          local turn = string.format('%.0f', tonumber(due[2 * i]))
-          -- A ref and id of SAFE characters encode as themselves, so the payload, and the JSON
-          -- string apalis decodes it from, are written as text: the bytes cjson would write,
-          -- without its three calls and the UTF-8 check, which would dominate the feeder's cost.
-          if string.find(card, SAFE) and string.find(id, SAFE) then
-            push_encoded(index, card, '"{\\"card_ref\\":\\"' .. card .. '\\",\\"chain\\":\\"' .. id
-              .. '\\",\\"failures\\":' .. f .. ',\\"deferrals\\":' .. d .. ',\\"turn\\":' .. turn
-              .. '}"')
-          else
-            push(index, card, '{"card_ref":' .. cjson.encode(card) .. ',"chain":' .. cjson.encode(id)
-              .. ',"failures":' .. f .. ',"deferrals":' .. d .. ',"turn":' .. turn .. '}')
-          end
-        end
-      else
-        gone[#gone + 1] = card
-      end
-    end
-    if #fed > 0 then redis.call('ZADD', KEYS[11], unpack(fed)) end
-    if #gone > 0 then redis.call('ZREM', KEYS[11], unpack(gone)) end
-  end
-end
 if moved > 0 then
   redis.call('HSET', KEYS[5], unpack(data))
   redis.call('RPUSH', KEYS[3], unpack(ids))
   redis.call('DEL', KEYS[6])
   redis.call('LPUSH', KEYS[6], 1)
 end
--- The hint: exactly the earliest waiting entry left in either set, or nothing when none waits.
+-- The hint: exactly the earliest waiting entry left, or nothing when none waits.
 local earliest = nil
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] then earliest = tonumber(first[2]) end
 local waiting = redis.call('ZCARD', KEYS[1])
-if KEYS[11] then
-  local chain_first = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
-  if chain_first[2] and tonumber(chain_first[2]) < FED then
-    local s = tonumber(chain_first[2])
-    if not earliest or s < earliest then earliest = s end
-    waiting = waiting + redis.call('ZCOUNT', KEYS[11], '-inf', BELOW_FED)
-  end
-end
 if earliest then
   redis.call('ZADD', KEYS[9], earliest, KEYS[1])
 else

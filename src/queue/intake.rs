@@ -67,7 +67,7 @@ pub struct Fed {
     pub moved: usize,
     /// apalis backlog (active + scheduled) afterwards.
     pub backlog: usize,
-    /// Entries still waiting (due or not): the intake's, and a polling queue's waiting chains.
+    /// Entries still waiting in the intake (due or not).
     pub waiting: usize,
     /// Entries moved straight to the dead set (not valid UTF-8: apalis could not decode them).
     pub poisoned: usize,
@@ -94,9 +94,6 @@ pub async fn feed_once(conn: &mut ConnectionManager, queue: &QueueName) -> anyho
         .key(format!("{}:meta", queue.apalis))
         .key(format!("{}:dead", queue.apalis))
         .key(&queue.due_hint);
-    if let Some(chains) = &queue.chains {
-        inv.key(&chains.hash).key(&chains.due);
-    }
     let (moved, backlog, waiting, poisoned, redis_now_ms): (usize, usize, usize, usize, i64) = inv
         .arg(HIGH_WATER_MARK)
         .arg(FEED_BATCH)
@@ -172,8 +169,8 @@ pub async fn due_queues(
     Ok((due, next))
 }
 
-/// The sweep of [`Feeder::feed_tick`]: reads the earliest entry of every intake (and of every
-/// polling queue's waiting chains) and the whole due hint in one pipeline, repairs the hint where
+/// The sweep of [`Feeder::feed_tick`]: reads the earliest entry of every intake and the whole due
+/// hint in one pipeline, repairs the hint where
 /// it is missing or later than a queue's earliest waiting entry (an entry written without lowering
 /// it), and returns the queues with an entry due by `now_ms`. One command per set, plus one; the
 /// repair only when something needs it.
@@ -197,17 +194,6 @@ pub async fn sweep_queues(
             .arg(0)
             .arg(0)
             .arg("WITHSCORES");
-        // A polling queue's waiting chains too: the first score below FED (fed ones do not wait).
-        if let Some(chains) = &q.chains {
-            pipe.cmd("ZRANGEBYSCORE")
-                .arg(&chains.due)
-                .arg("-inf")
-                .arg(format!("({}", cardworker_jobs::chain::FED))
-                .arg("WITHSCORES")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(1);
-        }
     }
     let mut answers: Vec<Vec<(String, f64)>> = pipe
         .query_async(conn)
@@ -223,12 +209,7 @@ pub async fn sweep_queues(
     let mut repair = redis::pipe();
     let mut repairs = 0;
     for (i, q) in queues.iter().enumerate() {
-        let mut earliest: Option<f64> = answers.next().and_then(|e| e.first().map(|(_, s)| *s));
-        if q.chains.is_some() {
-            if let Some(at) = answers.next().and_then(|e| e.first().map(|(_, s)| *s)) {
-                earliest = Some(earliest.map_or(at, |e| e.min(at)));
-            }
-        }
+        let earliest: Option<f64> = answers.next().and_then(|e| e.first().map(|(_, s)| *s));
         let Some(at) = earliest.as_ref() else {
             continue;
         };
@@ -346,21 +327,12 @@ pub async fn trim_workers(
     }
 }
 
-/// Adds the reads of one queue's waiting entries to `pipe`: the intake's, plus a polling queue's
-/// waiting chains (the chain due set below `FED`).
+/// Adds the read of one queue's waiting entries (its intake's) to `pipe`.
 fn waiting_reads(pipe: &mut redis::Pipeline, queue: &QueueName) {
     pipe.zcard(&queue.intake);
-    if let Some(chains) = &queue.chains {
-        pipe.zcount(
-            &chains.due,
-            "-inf",
-            format!("({}", cardworker_jobs::chain::FED),
-        );
-    }
 }
 
-/// Entries waiting in one queue's intake: the intake's, plus a polling queue's waiting chains
-/// (the chain due set below `FED`). One round trip.
+/// Entries waiting in one queue's intake. One round trip.
 pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
     let mut pipe = redis::pipe();
     waiting_reads(&mut pipe, queue);
@@ -371,8 +343,7 @@ pub async fn waiting(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow:
     Ok(counts.iter().sum())
 }
 
-/// Jobs waiting in one queue, fleet-wide: intake entries (and waiting chains) plus the apalis
-/// backlog.
+/// Jobs waiting in one queue, fleet-wide: intake entries plus the apalis backlog.
 pub async fn depth(conn: &mut ConnectionManager, queue: &QueueName) -> anyhow::Result<u64> {
     let mut pipe = redis::pipe();
     waiting_reads(&mut pipe, queue);

@@ -5,12 +5,11 @@
 //! - [`dead`]: the dead set of a queue: list, requeue (through the intake), discard.
 //! - [`announce`]: the subscription that tells the feeder of entries due earlier than it knew.
 //! - [`wake`]: the feeder's local wake-up of a queue's workers when it moved jobs in.
-//! - [`batch`]: one process's concurrent calls of a script (chain, acknowledgement), sent several
-//!   to a script call.
+//! - [`batch`]: one process's concurrent calls of a script (polls' and jobs' acknowledgements),
+//!   sent several to a script call.
 //! - [`backend`]: the apalis backend every worker runs: apalis-redis's storage with a fetch and
 //!   an acknowledgement of cardworker's own (no per-job meta hash read, done jobs deleted at once).
-//! - [`running`]: the polls this process runs now, written back if Redis comes back empty.
-//! - this module: [`QueueName`], [`ChainKeys`].
+//! - this module: [`QueueName`].
 //!
 //! Running what a queue holds is `crate::runner`; the list of queues is `crate::workers`.
 //!
@@ -24,22 +23,18 @@
 //! after a failure, deferral) go back through the intake, never through apalis-redis's hard-coded
 //! 25 retries.
 //!
-//! A polling queue's own polls skip the intake, so that a waiting poll stores no payload (Redis
-//! memory per card): a chain's next poll waits as the card's entry in the chain due set, with no
-//! payload (the chain entry holds its state), and the feeder builds the job's payload when it moves
-//! it into apalis, then keeps the entry, re-scored to the fed range, for reconcile
-//! (`jobs/src/chain.lua`, `feed.lua`). The intake of a polling queue holds only entries with a
-//! payload of their own (raw, requeued, or an older release's).
+//!
+//! The polling tasks are not queues here: each card waits for its next poll in its task's due
+//! queue (`crate::polling::due_queue`), which the polling workers fetch from themselves.
 
 pub mod announce;
 pub mod backend;
 pub mod batch;
 pub mod dead;
 pub mod intake;
-pub mod running;
 pub mod wake;
 
-use cardworker_jobs::{keys, Job as _, PollCardData, PollCardStatus};
+use cardworker_jobs::keys;
 
 /// The Redis names of one queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,18 +49,6 @@ pub struct QueueName {
     pub intake_payload: String,
     /// The deployment's due hint (shared by every queue): intake key -> earliest due ms.
     pub due_hint: String,
-    /// A polling queue's chains, whose waiting polls are fed from the chain due set;
-    /// `None` for every other queue.
-    pub chains: Option<ChainKeys>,
-}
-
-/// The two chain keys of a polling queue the feeder reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChainKeys {
-    /// The chain hash (card_ref -> chain entry, from which a waiting poll's payload is built).
-    pub hash: String,
-    /// The chain due set ([`keys::chain_due`]): waiting polls below `FED`, fed ones above.
-    pub due: String,
 }
 
 impl QueueName {
@@ -77,12 +60,6 @@ impl QueueName {
             intake: keys::intake(prefix, short),
             intake_payload: keys::intake_payload(prefix, short),
             due_hint: keys::intake_due_hint(prefix),
-            chains: [PollCardData::QUEUE, PollCardStatus::QUEUE]
-                .contains(&short)
-                .then(|| ChainKeys {
-                    hash: keys::chain(prefix, short),
-                    due: keys::chain_due(prefix, short),
-                }),
         }
     }
 }

@@ -7,18 +7,17 @@
 //!
 //! The marker is written once and never expires, so finding it missing means Redis came back
 //! empty (a restart without persistence, a failover to an empty replica, a flush) or this is the
-//! deployment's first start. Then every chain, intake entry and lease is gone while PostgreSQL
+//! deployment's first start. Then every due-queue entry, intake entry and lease is gone while PostgreSQL
 //! still says which cards should be polled: the first pod to re-create the marker (`SET NX`, sent
 //! only when `GET` found it missing) runs the `on_data_lost` action (`workers` enqueues a full
 //! reconcile), so polling resumes within seconds instead of waiting for the reconcile cursor to
 //! come round.
 //!
 //! Every pod that notices the loss (the marker missing, or back with another value than the one it
-//! saw last) first runs `on_data_lost_here`: it writes back what its own running polls hold (their
-//! leases and chain entries), which Redis lost while they were at the Gateway. The full reconcile
-//! waits [`RESTORE_SETTLE`] (a few probes) so that every pod has written its polls back before it
-//! looks for dead chains: a card whose poll still runs is then not polled a second time beside it,
-//! and the tokens of those polls still count.
+//! saw last) first runs `on_data_lost_here`: it writes back its running polls' budget leases,
+//! which Redis lost while they were at the Gateway, so that their tokens still count. The full
+//! reconcile waits [`RESTORE_SETTLE`] (a few probes) before it adds the cards back; the budget's
+//! fence keeps any poll of them out until the polls admitted before the loss are over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,7 +195,7 @@ impl RedisWatch {
 
     /// Runs `on_data_lost_here`: this process's running polls written back.
     async fn write_back(&mut self) {
-        tracing::warn!(prefix = %self.prefix, "Redis lost the deployment's data; writing back the leases and chains of this process's running polls");
+        tracing::warn!(prefix = %self.prefix, "Redis lost the deployment's data; writing back the budget leases of this process's running polls");
         if let Err(e) = (self.on_data_lost_here)().await {
             tracing::error!(error = %format!("{e:#}"), "writing back the running polls after a Redis data loss failed");
         }

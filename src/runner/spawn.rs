@@ -171,7 +171,7 @@ where
 
 /// The middleware of a worker with layer `L`: apalis applies the concurrency limit outside `L`,
 /// and `L` sits outside apalis's lifecycle (which counts attempts and maps results).
-type Middleware<L> = Stack<L, Stack<ConcurrencyLimitLayer, Identity>>;
+pub type Middleware<L> = Stack<L, Stack<ConcurrencyLimitLayer, Identity>>;
 
 /// Starts one worker for job `J`, its service wrapped in `layer` (the polling budget, say). The
 /// supervisor keeps the recipe: after a Redis outage it builds the worker again, under a fresh
@@ -230,7 +230,7 @@ where
 }
 
 /// A future that resolves when the drain begins, in the shape apalis's `run_until` wants.
-fn stopped(
+pub fn stopped(
     shutdown: &crate::shutdown::Shutdown,
 ) -> impl std::future::Future<Output = Result<(), std::io::Error>> + Send + 'static {
     let draining = shutdown.draining();

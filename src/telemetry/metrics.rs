@@ -15,10 +15,11 @@ pub const POLL_TOKENS_IN_USE: &str = "cardworker_poll_tokens_in_use";
 pub const POLL_TOKENS_KEPT: &str = "cardworker_poll_tokens_kept";
 /// Gauge: `task`; how long past its due time the oldest poll that is due and not yet started
 /// is, fleet-wide (0 when none is), read from Redis in the background (`telemetry::fleet`). A
-/// deferred poll counts from the time it was first due, not from its deferral.
+/// deferred poll counts from the time it was due: a deferral gives its card back at that time.
 pub const POLL_OVERDUE: &str = "cardworker_poll_overdue_seconds";
-/// Gauge: `task`; polls due and not yet started, fleet-wide: waiting to be fed, fed and not
-/// running, or deferred (waiting for tokens or a closed circuit). Read with the overdue gauge.
+/// Gauge: `task`; polls due and not yet started, fleet-wide: cards due in the task's due queue,
+/// waiting or whose lease ended (a deferred card waits at its due time). Read with the overdue
+/// gauge.
 pub const POLL_DUE_NOW: &str = "cardworker_poll_due_now";
 /// Gauge: `scope`; the effective limit.
 pub const POLL_LIMIT: &str = "cardworker_poll_limit";

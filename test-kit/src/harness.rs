@@ -552,39 +552,40 @@ impl TestApp {
         (status, resp.text().await.unwrap_or_default())
     }
 
-    /// A card_status poll of `card_ref` through the producer API, with no chain of its own: the
-    /// id of the chain it joined or started.
+    /// A card_status poll of `card_ref` through the producer API (a request for a poll of the
+    /// card): the card_ref the producer answers with.
     pub async fn enqueue_status_poll(&self, card_ref: &str) -> String {
         let job = cardworker_jobs::PollCardStatus {
             card_ref: card_ref.into(),
-            state: cardworker_jobs::ChainState::default(),
+            ticket: cardworker_jobs::PollTicket::default(),
         };
         self.producer().enqueue(&job).await.expect("enqueue")
     }
 
-    /// Inserts card `card_ref` and starts its `task` chain, its first poll due after `delay`: its
-    /// chain id.
+    /// Inserts card `card_ref` and starts its `task` polling, its first poll due after `delay`.
     pub async fn card_with_chain(
         &self,
         task: cardworker::config::Task,
         card_ref: &str,
         delay: Duration,
-    ) -> String {
+    ) -> cardworker::polling::due_queue::Restarted {
         self.insert_card(card_ref).await;
         self.start_chain(task, card_ref, delay).await
     }
 
-    /// Starts the chain of `card_ref`'s `task`, its first poll due after `delay`: its chain id.
+    /// Starts (or restarts) the polling of `card_ref`'s `task` in the due queue, its first poll
+    /// due after `delay` with a fresh state: what it did.
     pub async fn start_chain(
         &self,
         task: cardworker::config::Task,
         card_ref: &str,
         delay: Duration,
-    ) -> String {
+    ) -> cardworker::polling::due_queue::Restarted {
         let mut conn = self.ctx.redis.clone();
-        cardworker::polling::chain::start(&mut conn, self.ctx.prefix(), task, card_ref, delay)
+        cardworker::polling::lease::due_queue(self.ctx.prefix(), task)
+            .restart(&mut conn, card_ref, delay)
             .await
-            .expect("start chain")
+            .expect("start polling")
     }
 
     /// Inserts a card row.

@@ -65,24 +65,7 @@ use Lifetime::*;
 
 /// Every key pattern the product writes under `redis.key_prefix`.
 pub const INVENTORY: &[KeyPattern] = &[
-    // Polling chains (src/polling/chain.rs, jobs/src/chain.lua).
-    k(
-        "<prefix>:chain:<task>",
-        "polling chains (chain.lua): card -> chain id + unchanged-poll tally + next job's failures and deferrals",
-        PerChain,
-    ),
-    k(
-        "<prefix>:chain:<task>:due",
-        "polling chains (chain.lua): the chain due set, card -> due ms (waiting: the polling intake) or FED + due ms (fed: reconcile's index)",
-        PerChain,
-    ),
-    k(
-        "<prefix>:chain:<task>:late",
-        "polling lateness (chain.rs, lateness.lua): card -> the due ms of a deferred poll, written at its first deferral, removed by the fleet-wide gauges' read once its chain polled or ended",
-        PerChain,
-    ),
-    // The polling due queue (src/polling/due_queue.rs): written by moving chains over
-    // (src/polling/takeover.rs); the polling workers do not fetch from it yet.
+    // The polling due queue (src/polling/due_queue.rs, jobs/src/due_queue.lua).
     k(
         "<prefix>:{poll:<task>:<shard>}:due",
         "polling due queue: card -> due ms, or 2^50 + a lease's deadline while a poll holds the card",
@@ -97,6 +80,23 @@ pub const INVENTORY: &[KeyPattern] = &[
         "<prefix>:{poll:<task>:<shard>}:last_lease",
         "polling due queue: the shard's last lease score",
         Deployment,
+    ),
+    // The chains of the release before the due queue: read and removed once, as a worker starts
+    // (src/polling/takeover.rs).
+    k(
+        "<prefix>:chain:<task>",
+        "the release before's polling chains: card -> chain id + tally + next job's state; moved into the due queue at start",
+        PerChain,
+    ),
+    k(
+        "<prefix>:chain:<task>:due",
+        "the release before's chain due set: card -> due ms (or 2^50 + the fed job's turn); moved into the due queue at start",
+        PerChain,
+    ),
+    k(
+        "<prefix>:chain:<task>:late",
+        "the release before's late set of deferred polls; deleted at start",
+        PerChain,
     ),
     k(
         "<prefix>:reconcile:cursor:<task>",

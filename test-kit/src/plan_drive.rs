@@ -948,31 +948,14 @@ impl Driver<'_> {
     }
 
     /// Small: `cardworker reconcile` (full sweeps). At volume one pass per task at
-    /// `reconcile_batch`, as the scheduled reconcile runs it (the chains it starts poll once
-    /// each, in the background: more executions of the poll statements at volume).
+    /// `reconcile_batch`, as the scheduled reconcile runs it (the cards it adds poll once each,
+    /// in the background: more executions of the poll statements at volume).
     async fn reconcile(&self) {
-        // Overdue chains (the chain due set): one card of each task whose job was fed long ago
-        // and vanished (a FED-range entry, which no feeder touches), so the lookup of their
-        // cards runs.
-        let mut conn = self.ctx().redis.clone();
+        // Parked cards whose retry is overdue (their due entry lost with Redis).
         for task in Task::ALL {
-            let _: i64 = redis::cmd("ZADD")
-                .arg(cardworker::polling::chain::due_key(
-                    self.ctx().prefix(),
-                    task,
-                ))
-                .arg(cardworker::polling::chain::FED)
-                .arg(format!("{}-overdue", self.tag))
-                .query_async(&mut conn)
+            reconcile::restore_parked_retries(self.ctx(), task)
                 .await
-                .expect("an overdue chain");
-            let overdue = reconcile::restart_overdue(self.ctx(), task)
-                .await
-                .expect("restart overdue chains");
-            assert!(overdue.found >= 1, "{task}: {overdue:?}");
-            reconcile::restart_overdue_parked(self.ctx(), task)
-                .await
-                .expect("restart parked chains whose retry is overdue");
+                .expect("restore parked cards whose retry is overdue");
         }
         match self.scale {
             Scale::Small => self.cli(&["reconcile", "--format", "json"]).await,

@@ -8,10 +8,8 @@ use std::time::{Duration, Instant};
 
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
-use cardworker::config::Task;
-use cardworker::polling::chain;
 use cardworker::queue::{intake, QueueName};
-use cardworker_jobs::{Job as _, PollCardData};
+
 use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 
@@ -109,6 +107,9 @@ pub struct Raw {
     pub cmds: f64,
 }
 
+/// The queue [`raw_apalis`] runs its jobs through.
+const RAW_QUEUE: &str = "raw";
+
 /// Raw apalis-redis: no-op jobs/s through plain apalis-redis, concurrency 32, and what its fetch
 /// and acknowledgement cost Redis per job. `n` at most the high-water mark: the jobs are fed
 /// before the worker starts.
@@ -122,17 +123,20 @@ pub async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Ra
     );
     let prefix = format!("raw-{}", ulid::Ulid::new());
     let mut c = conn.clone();
+    // Jobs of the size of a poll's payload, written into the intake of a queue of their own.
+    let producer = cardworker_jobs::Producer::new(c.clone(), prefix.clone());
     for i in 0..n {
-        chain::start(
-            &mut c,
-            &prefix,
-            Task::Carddata,
-            &format!("c-{i:05}"),
-            Duration::ZERO,
-        )
-        .await?;
+        let card = format!("c-{i:05}");
+        producer
+            .enqueue_raw(
+                RAW_QUEUE,
+                &card,
+                &format!(r#"{{"card_ref":"{card}"}}"#),
+                Duration::ZERO,
+            )
+            .await?;
     }
-    let q = QueueName::new(&prefix, PollCardData::QUEUE);
+    let q = QueueName::new(&prefix, RAW_QUEUE);
     while intake::feed(&mut c, &q).await?.waiting > 0 {}
     let done = Arc::new(AtomicU64::new(0));
     let (stop, stop_rx) = watch::channel(false);
@@ -142,7 +146,7 @@ pub async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Ra
         Ok::<(), std::io::Error>(())
     };
     let config = apalis_redis::Config::default()
-        .queue(cardworker_jobs::keys::queue(&prefix, PollCardData::QUEUE))
+        .queue(cardworker_jobs::keys::queue(&prefix, RAW_QUEUE))
         .batch_size(32)
         .heartbeat_interval(Duration::from_secs(5))
         .missed_heartbeats(3);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cardworker::config::Task;
-use cardworker::polling::chain;
+use cardworker::polling::lease;
 use cardworker::sim::Simulator;
 use redis::aio::ConnectionManager;
 
@@ -166,7 +166,7 @@ pub async fn start_chains(
             Duration::from_millis(u64::try_from(spread.as_millis() * i as u128 / n).unwrap_or(0));
         let due = first_due + offset;
         for task in tasks {
-            chain::start(
+            lease::start(
                 &mut c,
                 prefix,
                 *task,

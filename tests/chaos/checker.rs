@@ -493,8 +493,8 @@ async fn callbacks(world: &World, report: &mut Report) {
     );
 }
 
-/// What Redis holds of `card`'s `task` chain: its entry and its due-set score (a score at or above
-/// 2^50 is a job fed at that turn), for a violation's line.
+/// What Redis holds of `card`'s `task` polling: its due-queue score (at or above 2^50: a lease,
+/// 2^50 + its deadline) and its state, for a violation's line.
 async fn chain_state(world: &World, task: &str, card: &str) -> String {
     let Some(task) = cardworker::config::Task::ALL
         .into_iter()
@@ -505,17 +505,22 @@ async fn chain_state(world: &World, task: &str, card: &str) -> String {
     let prefix = crate::world::PREFIX;
     let read = async {
         let mut conn = cardworker::context::connect_redis(&world.services.redis_url).await?;
+        let queue = cardworker::polling::lease::due_queue(prefix, task);
         let entry: Option<String> = redis::cmd("HGET")
-            .arg(cardworker::polling::chain::chain_key(prefix, task))
+            .arg(&queue.keys().state)
             .arg(card)
             .query_async(&mut conn)
             .await?;
         let score: Option<f64> = redis::cmd("ZSCORE")
-            .arg(cardworker::polling::chain::due_key(prefix, task))
+            .arg(&queue.keys().due)
             .arg(card)
             .query_async(&mut conn)
             .await?;
-        anyhow::Ok(format!("entry {entry:?}, due score {score:?}"))
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        anyhow::Ok(format!(
+            "state {entry:?}, due score {score:?} (Redis now {} ms)",
+            secs * 1000 + micros / 1000
+        ))
     };
     read.await.unwrap_or_else(|e| format!("unreadable ({e:#})"))
 }

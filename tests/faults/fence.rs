@@ -422,13 +422,14 @@ async fn a_new_deployment_whose_first_poll_comes_long_after_its_start_is_not_fen
     );
 }
 
-/// Each chain's next due time in Redis (ms, Redis's clock), fed or not.
-async fn due_times(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, u64)> {
-    const FED: u64 = 1 << 50;
+/// Every card of both tasks in the due queue: (`task:card`, whether a poll holds it, its due
+/// time or its lease's deadline).
+async fn due_entries(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, bool, u64)> {
+    use cardworker::polling::due_queue::LEASED;
     let mut out = Vec::new();
     for task in Task::ALL {
         let due: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(cardworker::keys::due_key("cw", task))
+            .arg(cardworker::keys::poll_due_key("cw", task, 0))
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
@@ -437,14 +438,31 @@ async fn due_times(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, u64
             .expect("the due set");
         out.extend(
             due.into_iter()
-                .map(|(card, s)| (format!("{}:{card}", task.label()), s % FED)),
+                .map(|(card, s)| (format!("{}:{card}", task.label()), s >= LEASED, s % LEASED)),
         );
     }
     out
 }
 
+/// The polls of each task `worker` deferred because the budget was unavailable (a fence counts
+/// so).
+async fn fenced_deferrals(worker: &InProcess) -> Vec<f64> {
+    let mut n = Vec::new();
+    for task in Task::ALL {
+        n.push(
+            worker
+                .metric(
+                    "cardworker_poll_deferred_total",
+                    &[("task", task.label()), ("reason", "budget_unavailable")],
+                )
+                .await,
+        );
+    }
+    n
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_poll_fenced_after_a_flushall_is_deferred_to_the_fence_s_end_not_again_and_again_within_it(
+async fn a_poll_fenced_after_a_flushall_gives_its_card_back_at_its_due_time_and_its_worker_fetches_nothing_more_within_the_fence(
 ) {
     let (db, redis, sim, sim_handle) = services(50).await;
     sim.set_error_rate(0.0);
@@ -460,10 +478,15 @@ async fn a_poll_fenced_after_a_flushall_is_deferred_to_the_fence_s_end_not_again
         .await
         .expect("flushall");
     start_chains(&worker.ctx).await;
+    let due_before: std::collections::BTreeMap<String, u64> = due_entries(&mut admin)
+        .await
+        .into_iter()
+        .map(|(card, _, at)| (card, at))
+        .collect();
 
-    // Every chain's poll comes due at once, finds the fence on, and is deferred to its end (with
-    // the deferral's back-off on top), not by the back-off alone: a back-off of 1–2 s would
-    // bring each of them back a dozen times within the fence, each a script call for nothing.
+    // Every card comes due at once; each poll fetched finds the fence on, and its card goes back
+    // at its own due time (it keeps its place), while its worker fetches nothing more until the
+    // fence is over: not a fetch and a refusal every back-off, each a script call for nothing.
     let fenced_until = || {
         let mut admin = admin.clone();
         async move {
@@ -480,19 +503,39 @@ async fn a_poll_fenced_after_a_flushall_is_deferred_to_the_fence_s_end_not_again
         fenced_until().await > 0
     })
     .await;
-    let until = fenced_until().await;
     wait_until(
-        Duration::from_secs(15),
-        "every chain due at the fence's end or later",
+        Duration::from_secs(10),
+        "a first wave of fenced polls deferred, in each task",
+        || async { fenced_deferrals(&worker).await.iter().all(|n| *n >= 1.0) },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(10),
+        "every card given back, at its own due time",
         || {
             let mut admin = admin.clone();
+            let due_before = due_before.clone();
             async move {
-                let due = due_times(&mut admin).await;
-                due.len() == 2 * CARDS && due.iter().all(|(_, at)| *at >= until)
+                let entries = due_entries(&mut admin).await;
+                entries.len() == 2 * CARDS
+                    && entries
+                        .iter()
+                        .all(|(card, held, at)| !held && due_before.get(card) == Some(at))
             }
         },
     )
     .await;
+    let first_wave = fenced_deferrals(&worker).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        fenced_until().await > u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0),
+        "the fence lasts the test's window"
+    );
+    assert_eq!(
+        fenced_deferrals(&worker).await,
+        first_wave,
+        "no card fetched again within the fence"
+    );
     assert_eq!(
         sim.stats().in_flight_polls,
         0,

@@ -15,7 +15,6 @@
 mod abandoned;
 mod alerts;
 mod budget_cost;
-mod chain_cost;
 mod due_queue;
 mod empty_redis;
 mod fence;

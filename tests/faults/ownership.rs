@@ -48,15 +48,6 @@ fn worker_config(
     config
 }
 
-/// The second-delivery tests' worker: calls of up to 14 s, and each chain's own next poll far
-/// beyond the test (a 600 s interval), so that any second call of a card is the re-delivery.
-fn second_delivery_config(db: &TestDb, redis: &PrivateRedis, gateway: &str) -> Config {
-    let mut config = worker_config(db, redis, gateway, 14, 25);
-    config.polling.carddata.interval_secs = 600;
-    config.polling.card_status.interval_secs = 600;
-    config
-}
-
 /// A process's configuration on the private `redis` only (a budget's).
 fn redis_config(redis: &PrivateRedis) -> Config {
     let mut config = Config::default();
@@ -73,18 +64,6 @@ fn set_limits(config: &mut Config, total: u32, per_task: u32) {
         &mut config.polling.card_status,
     ] {
         task.limit = Limit::new(per_task).expect("a limit");
-    }
-}
-
-/// Fails when a card's task was polled more than once: `what` says since when, with a 600 s
-/// interval.
-fn assert_polled_at_most_once(stats: &SimStats, what: &str) {
-    for kind in ["carddata", "card_status"] {
-        let calls = stats.calls_total.get(kind).copied().unwrap_or(0);
-        assert!(
-            calls <= 1,
-            "the card's {kind} was polled {calls} times {what}, with a 600 s interval: {stats:?}"
-        );
     }
 }
 
@@ -539,160 +518,5 @@ async fn an_operator_restart_while_polls_are_in_flight_never_polls_a_card_twice_
         stats.peak_same_card <= 1,
         "a card polled twice at once: {stats:?}"
     );
-    assert!(!worker.exited());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_poll_job_apalis_hands_out_a_second_time_while_its_poll_runs_does_not_call_the_gateway() {
-    // A poll runs in a task of its own: when its worker's stream ends (a response timeout, a
-    // reset connection), the poll goes on and writes its successor, but its acknowledgement is
-    // lost with the stream, and apalis's orphan recovery later puts the job back on the active
-    // list. Here the job is put back by hand while its poll is at the Gateway (the orphan
-    // recovery's `RPUSH` of the in-flight id, without waiting out the window): the second
-    // delivery carries the card's live chain id and must still not call the Gateway.
-    let (db, redis, sim, sim_handle) = services(12_000).await;
-    let config = second_delivery_config(&db, &redis, &sim_handle.base_url());
-    insert_cards(&db.pool, 1).await;
-    let worker = InProcess::start(config).await;
-    start_chains(&worker.ctx).await;
-    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
-    wait_until(
-        Duration::from_secs(90),
-        "a poll of the card at the Gateway",
-        || async { sim.stats().in_flight_polls >= 1 },
-    )
-    .await;
-    let handed_out = hand_out_again(&mut admin).await;
-    assert!(
-        !handed_out.is_empty(),
-        "the running poll's job is in flight"
-    );
-
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        let what = format!("within {:?} of the second delivery", start.elapsed());
-        assert_polled_at_most_once(&sim.stats(), &what);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    for active in handed_out {
-        let waiting: u64 = redis::cmd("LLEN")
-            .arg(&active)
-            .query_async(&mut admin)
-            .await
-            .expect("llen");
-        assert_eq!(
-            waiting, 0,
-            "the worker took the second delivery of {active}"
-        );
-    }
-    assert!(!worker.exited());
-}
-
-/// The ids of the running polls' jobs, put back on their queues' active lists by hand (apalis's
-/// orphan recovery, without waiting out its window); answers the active lists written.
-async fn hand_out_again(admin: &mut ConnectionManager) -> Vec<String> {
-    let mut handed_out = Vec::new();
-    for queue in ["carddata", "card_status"] {
-        let q = cardworker_jobs::keys::queue("cw", queue);
-        let sets: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{q}:inflight:*"))
-            .query_async(admin)
-            .await
-            .expect("keys");
-        for set in sets {
-            let ids: Vec<String> = redis::cmd("SMEMBERS")
-                .arg(&set)
-                .query_async(admin)
-                .await
-                .expect("smembers");
-            for id in ids {
-                redis_cmd(admin, &["RPUSH", &format!("{q}:active"), &id]).await;
-                handed_out.push(format!("{q}:active"));
-            }
-        }
-    }
-    handed_out
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_delivery_deferred_while_its_first_is_at_the_gateway_leaves_the_running_poll_its_card(
-) {
-    // As above, but the budget defers the second delivery (its task is paused): the deferral must
-    // not write a successor of the running poll's turn nor clear its run marker, else the
-    // successor reaches the Gateway while the first call is still there, and the first poll's own
-    // outcome is refused as stale.
-    let (db, redis, sim, sim_handle) = services(12_000).await;
-    let mut config = second_delivery_config(&db, &redis, &sim_handle.base_url());
-    config.polling.defer_delay_secs = 1;
-    config.polling.defer_max_delay_secs = 1;
-    insert_cards(&db.pool, 1).await;
-    let worker = InProcess::start(config).await;
-    let mut admin = context::connect_redis(&redis.url()).await.expect("redis");
-    // Both chains due now, so that both polls of the card are at the Gateway together.
-    for task in Task::ALL {
-        cardworker::polling::chain::start(&mut admin, "cw", task, "c-000", Duration::ZERO)
-            .await
-            .expect("start chain");
-    }
-    wait_until(
-        Duration::from_secs(90),
-        "both polls of the card at the Gateway",
-        || async { sim.stats().in_flight_polls == 2 },
-    )
-    .await;
-    let started = Instant::now();
-    worker.ctx.budget.pause(&Task::ALL).await.expect("pause");
-    let handed_out = hand_out_again(&mut admin).await;
-    assert_eq!(
-        handed_out.len(),
-        2,
-        "both running polls' jobs are in flight"
-    );
-    wait_until(
-        Duration::from_secs(8),
-        "both second deliveries deferred",
-        || async {
-            worker
-                .metric("cardworker_poll_deferred_total", &[("reason", "paused")])
-                .await
-                >= 2.0
-        },
-    )
-    .await;
-    worker.ctx.budget.resume(&Task::ALL).await.expect("resume");
-
-    // Until the first calls are answered, and a few seconds after: no second call of the card.
-    let mut answered_at = None;
-    while answered_at.is_none_or(|at: Instant| at.elapsed() < Duration::from_secs(4)) {
-        let stats = sim.stats();
-        let what = format!(
-            "within {:?} of the deferred second delivery",
-            started.elapsed()
-        );
-        assert_polled_at_most_once(&stats, &what);
-        assert!(stats.peak_same_card <= 1, "{stats:?}");
-        if answered_at.is_none() && stats.in_flight_polls == 0 {
-            answered_at = Some(Instant::now());
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the first calls are answered within their 12 s: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The running polls' own successors were written (their outcome was not refused as stale):
-    // each chain waits for its next poll, a regular interval away.
-    for task in Task::ALL {
-        let due = cardworker::polling::chain::next_due(&mut admin, "cw", task, "c-000")
-            .await
-            .expect("next due");
-        let (at, fed) = due.expect("the chain lives");
-        assert!(!fed, "{task}: the next poll waits to be fed");
-        assert!(
-            at > chrono::Utc::now() + chrono::Duration::seconds(500),
-            "{task}: the next poll is the running poll's successor, a 600 s interval away, not \
-             the deferral's (due {at})"
-        );
-    }
     assert!(!worker.exited());
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use apalis::prelude::*;
 use cardworker::config::Task;
 use cardworker::context;
-use cardworker::polling::backend::{LeasedPoll, PollBackend, PollFetch};
+use cardworker::polling::backend::{FetchPause, LeasedPoll, PollBackend, PollFetch};
 use cardworker::polling::due_queue::{DueQueue, ShardKeys, Step, Successor, LEASED};
 use redis::aio::ConnectionManager;
 
@@ -90,7 +90,13 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
         lease: Duration::from_secs(30),
         idle_max: Duration::from_millis(20),
     };
-    let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
+    let backend = PollBackend::new(
+        queue.clone(),
+        conn.clone(),
+        fetch,
+        seen.running.clone(),
+        FetchPause::default(),
+    );
     let worker = WorkerBuilder::new("poll-backend-test")
         .backend(backend)
         .data(seen.clone())
@@ -199,7 +205,13 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
         lease: Duration::from_secs(60),
         idle_max: Duration::from_millis(20),
     };
-    let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
+    let backend = PollBackend::new(
+        queue.clone(),
+        conn.clone(),
+        fetch,
+        seen.running.clone(),
+        FetchPause::default(),
+    );
     let worker = WorkerBuilder::new("poll-backend-close-test")
         .backend(backend)
         .data(seen.clone())
@@ -267,7 +279,13 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
         lease: Duration::from_secs(30),
         idle_max: Duration::from_secs(60),
     };
-    let backend = PollBackend::new(queue.clone(), conn.clone(), fetch, seen.running.clone());
+    let backend = PollBackend::new(
+        queue.clone(),
+        conn.clone(),
+        fetch,
+        seen.running.clone(),
+        FetchPause::default(),
+    );
     let worker = WorkerBuilder::new("poll-backend-idle-test")
         .backend(backend)
         .data(seen.clone())

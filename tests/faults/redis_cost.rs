@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
-use cardworker::polling::{chain, reconcile};
+use cardworker::polling::{lease, reconcile};
 use cardworker::queue::announce::Announcements;
 use cardworker::queue::intake::{FeedState, Feeder, QUIET_READ_EVERY_TICKS, SWEEP_EVERY_TICKS};
 use cardworker_jobs::{Job, Producer, SubmitPayment};
@@ -124,14 +124,15 @@ async fn wait_for(cond: impl Fn() -> bool) {
     }
 }
 
-/// 200 polling chains and a payment job, all due in an hour.
+/// 200 polled cards (which the feeder never reads: their workers fetch from the due queue) and a
+/// payment job, all due in an hour.
 async fn nothing_due_for_an_hour(
     conn: &mut ConnectionManager,
     prefix: &str,
 ) -> Producer<ConnectionManager> {
     for i in 0..100 {
         for task in Task::ALL {
-            chain::start(
+            lease::start(
                 conn,
                 prefix,
                 task,
@@ -176,7 +177,7 @@ async fn an_idle_pod_s_feeder_reads_the_due_hint_once_a_second_and_a_job_that_be
         assert_eq!(feeder.feed_tick(&mut state).await, 0);
     }
     let (calls, input) = counted(&mut conn).await;
-    // One read of the due hint (all 8 queues) every QUIET_READ_EVERY_TICKS ticks; nothing else.
+    // One read of the due hint (every queue) every QUIET_READ_EVERY_TICKS ticks; nothing else.
     assert_eq!(
         calls,
         BTreeMap::from([("zrange".to_owned(), ticks / QUIET_READ_EVERY_TICKS)]),
@@ -187,18 +188,14 @@ async fn an_idle_pod_s_feeder_reads_the_due_hint_once_a_second_and_a_job_that_be
         "{input} bytes into Redis for {ticks} idle ticks"
     );
 
-    // A chain started due now and a job enqueued due now announce themselves, and the very next
-    // tick moves both (the last tick read the hint, so without the announcements this one would
-    // send nothing).
-    chain::start(&mut conn, prefix, Task::Carddata, "now", Duration::ZERO)
-        .await
-        .expect("chain");
+    // A job enqueued due now announces itself, and the very next tick moves it (the last tick
+    // read the hint, so without the announcements this one would send nothing).
     producer
         .enqueue_raw(SubmitPayment::QUEUE, "due-now", "{}", Duration::ZERO)
         .await
         .expect("enqueue");
     wait_for(|| announcements.earliest().is_some()).await;
-    assert_eq!(feeder.feed_tick(&mut state).await, 2);
+    assert_eq!(feeder.feed_tick(&mut state).await, 1);
 }
 
 #[tokio::test]
@@ -323,7 +320,7 @@ async fn cards_due_in_an_hour(
     for (i, card) in cards.iter().enumerate() {
         let delay = Duration::from_secs(3600) + Duration::from_millis(60_000 * i as u64 / n as u64);
         for task in Task::ALL {
-            chain::start(conn, prefix, task, card, delay)
+            lease::start(conn, prefix, task, card, delay)
                 .await
                 .expect("chain");
         }
@@ -487,9 +484,10 @@ async fn a_job_enqueued_into_a_quiet_queue_runs_before_the_worker_s_next_heartbe
         || {
             let mut conn = conn.clone();
             async move {
-                chain::next_due(&mut conn, prefix, Task::Carddata, "unchained")
+                lease::due_queue(prefix, Task::Carddata)
+                    .entry(&mut conn, "unchained")
                     .await
-                    .expect("due")
+                    .expect("entry")
                     .is_some()
             }
         },
@@ -577,7 +575,7 @@ async fn context_on(db: &TestDb, redis: &PrivateRedis, prefix: &str) -> std::syn
 }
 
 #[tokio::test]
-async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_three_script_calls_and_starts_only_the_card_without_one(
+async fn a_reconcile_pass_over_1200_cards_in_the_due_queue_is_one_script_call_and_adds_only_the_card_missing_from_it(
 ) {
     let db = TestDb::new().await;
     let redis = PrivateRedis::start_new(false);
@@ -585,117 +583,32 @@ async fn a_reconcile_pass_over_1200_cards_whose_chains_are_live_reads_them_in_th
     let ctx = context_on(&db, &redis, prefix).await;
     let mut conn = ctx.redis.clone();
     cards_due_in_an_hour(&db, &mut conn, prefix, 1200).await;
-    // One card more, without a chain (inserted without `enqueue`), last in id order.
+    // One card more, missing from the due queue (inserted without `enqueue`), last in id order.
     sqlx::query("INSERT INTO cards (card_ref) VALUES ('lost')")
         .execute(&db.pool)
         .await
         .expect("insert");
-    // The filter's script loaded, as in a pod that reconciled before.
-    chain::maybe_dead(
-        &mut conn,
-        prefix,
-        Task::Carddata,
-        &["c-0000"],
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("filter");
-    let batches = 1201_u64.div_ceil(chain::LIVENESS_BATCH as u64);
-    assert_eq!(batches, 3);
 
     let (pass, calls, _) = counted_pass(&ctx, &mut conn).await;
     assert_eq!((pass.examined, pass.started), (1201, 1));
-    assert_eq!(calls.get("hmget"), Some(&batches), "{calls:?}");
-    assert_eq!(calls.get("zmscore"), Some(&batches), "{calls:?}");
-    assert_eq!(
-        calls.get("evalsha"),
-        Some(&(batches + 1)),
-        "one filter call per 500 cards, one chain script call for the card without a chain: \
-         {calls:?}"
-    );
+    assert_eq!(calls.get("evalsha"), Some(&1), "one script call: {calls:?}");
     assert!(
-        chain::next_due(&mut conn, prefix, Task::Carddata, "lost")
+        lease::due_queue(prefix, Task::Carddata)
+            .entry(&mut conn, "lost")
             .await
-            .expect("due")
+            .expect("entry")
             .is_some(),
-        "the card without a chain has one now"
+        "the missing card is in the due queue now"
     );
 
-    // Every chain live now: the next pass is the three filter calls and nothing else.
+    // Every card in the due queue now: the next pass adds nothing, in the same one call.
     let (pass, calls, input) = counted_pass(&ctx, &mut conn).await;
     assert_eq!((pass.examined, pass.started), (1201, 0));
-    assert_eq!(
-        calls,
-        BTreeMap::from([
-            ("evalsha".to_owned(), batches),
-            ("hmget".to_owned(), batches),
-            ("time".to_owned(), batches),
-            ("zmscore".to_owned(), batches),
-        ]),
-        "an idle pass: one call of the filter per 500 cards"
-    );
-    // Each card ref travels once (about 16 bytes with its framing), not once per command.
-    assert!(input < 1201 * 20, "{input} bytes for 1201 cards");
-}
-
-#[tokio::test]
-async fn reconcile_s_filter_passes_every_chain_the_chain_script_could_restart_or_index_and_no_live_one(
-) {
-    let (_redis, mut conn) = private_redis().await;
-    let (prefix, task) = ("filter", Task::Carddata);
-    let (hash, due) = (chain::chain_key(prefix, task), chain::due_key(prefix, task));
-    let grace = Duration::from_secs(60);
-    let now = chain::redis_now_ms(&mut conn).await.expect("clock");
-    let overdue = now - 61_000;
-    let entry = "abcd1234|0|0|s0|0";
-    let mut pipe = redis::pipe();
-    for (card, entry, score) in [
-        ("live-waiting", Some(entry), Some(now + 3_600_000)),
-        ("live-fed", Some(entry), Some(chain::FED + now)),
-        ("live-overdue-within-grace", Some(entry), Some(now - 30_000)),
-        ("dead-waiting", Some(entry), Some(overdue)),
-        ("dead-fed", Some(entry), Some(chain::FED + overdue)),
-        ("no-entry", None, Some(now + 3_600_000)),
-        ("no-chain-id", Some("|"), Some(now + 3_600_000)),
-        ("not-indexed", Some(entry), None),
-        ("legacy-not-indexed", Some("abcd1234|99999999999999"), None),
-    ] {
-        if let Some(e) = entry {
-            pipe.hset(&hash, card, e).ignore();
-        }
-        if let Some(s) = score {
-            pipe.zadd(&due, card, s).ignore();
-        }
-    }
-    let _: () = pipe.query_async(&mut conn).await.expect("write");
-    let cards = [
-        "live-waiting",
-        "no-entry",
-        "live-fed",
-        "dead-waiting",
-        "live-overdue-within-grace",
-        "dead-fed",
-        "absent",
-        "no-chain-id",
-        "not-indexed",
-        "legacy-not-indexed",
-    ];
-    let dead = chain::maybe_dead(&mut conn, prefix, task, &cards, grace)
-        .await
-        .expect("filter");
-    assert_eq!(
-        dead,
-        [
-            "no-entry",
-            "dead-waiting",
-            "dead-fed",
-            "absent",
-            "no-chain-id",
-            "not-indexed",
-            "legacy-not-indexed",
-        ],
-        "in the callers' order"
-    );
+    assert_eq!(calls.get("evalsha"), Some(&1), "{calls:?}");
+    assert_eq!(calls.get("hset"), None, "nothing written: {calls:?}");
+    // Each card ref travels once (about 16 bytes with its framing, and its delay), not once per
+    // command.
+    assert!(input < 1201 * 30, "{input} bytes for 1201 cards");
 }
 
 /// This process's clock in unix seconds (the clock apalis scores heartbeats with).

@@ -9,7 +9,8 @@ use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
 use cardworker::limit::Limit;
-use cardworker::polling::chain;
+use cardworker::polling::due_queue::{PollState, Standing, Step, Successor};
+use cardworker::polling::lease;
 use cardworker::sim::PaymentBehaviour;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands as _;
@@ -37,62 +38,50 @@ fn config_on(db_url: &str, redis: &PrivateRedis, gateway: &str, grace: u64) -> C
     config
 }
 
-/// The unchanged polls per card (those with at least one), as the tally in each card's chain
-/// entry counts them.
+/// The unchanged polls per card (those with at least one), as the tally in each card's poll
+/// state counts them.
 pub(crate) async fn polls_per_card(
     conn: &mut ConnectionManager,
     task: Task,
 ) -> BTreeMap<String, i64> {
-    let entries: BTreeMap<String, String> = conn
-        .hgetall(chain::chain_key("cw", task))
+    let states: BTreeMap<String, String> = conn
+        .hgetall(lease::due_queue("cw", task).keys().state.clone())
         .await
         .unwrap_or_default();
-    entries
+    states
         .into_iter()
         .filter_map(|(card, raw)| {
-            let n = cardworker::polling::unchanged::parse_entry(&raw)
-                .tally?
-                .count;
+            let n = PollState::parse(&raw).tally?.count;
             (n > 0).then_some((card, n as i64))
         })
         .collect()
 }
 
-/// Every card has exactly one live chain per task, whose next job waits (in the chain due set),
-/// is in apalis or runs, and which has its entry in the chain due set (waiting or fed).
+/// Every card has exactly one entry per task in the due queue (waiting, or leased by its running
+/// poll), with its state beside it.
 pub(crate) async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
     for task in Task::ALL {
-        let chains = chain::live_chains(conn, "cw", task, cards)
+        let queue = lease::due_queue("cw", task);
+        let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+            .arg(&queue.keys().due)
+            .arg(cards)
+            .query_async(conn)
             .await
-            .expect("chains");
+            .expect("zmscore");
         let missing: Vec<&String> = cards
             .iter()
-            .zip(&chains)
-            .filter(|(_, c)| c.is_none())
+            .zip(&scores)
+            .filter(|(_, s)| s.is_none())
             .map(|(card, _)| card)
             .collect();
         assert!(
             missing.is_empty(),
-            "{task}: cards without a chain: {missing:?}"
+            "{task}: cards not in the due queue: {missing:?}"
         );
-        let indexed: usize = conn.zcard(chain::due_key("cw", task)).await.expect("zcard");
-        assert_eq!(
-            indexed,
-            cards.len(),
-            "{task}: every chain is in the chain due set"
-        );
-        let waiting: usize = conn
-            .zcount(
-                chain::due_key("cw", task),
-                "-inf",
-                format!("({}", chain::FED),
-            )
-            .await
-            .expect("zcount");
-        assert!(
-            waiting <= cards.len(),
-            "{task}: at most one waiting poll per card"
-        );
+        let indexed: usize = conn.zcard(&queue.keys().due).await.expect("zcard");
+        assert_eq!(indexed, cards.len(), "{task}: one entry per card");
+        let states: usize = conn.hlen(&queue.keys().state).await.expect("hlen");
+        assert_eq!(states, cards.len(), "{task}: one state per card");
     }
 }
 
@@ -112,9 +101,6 @@ async fn redis_outage(persistent: bool, outage: Duration) {
         async move { polls_per_card(&mut conn, Task::CardStatus).await.len() == 100 }
     })
     .await;
-    let before_chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
-        .await
-        .expect("chains");
     let before = polls_per_card(&mut conn, Task::CardStatus).await;
 
     redis.stop();
@@ -193,13 +179,6 @@ async fn redis_outage(persistent: bool, outage: Duration) {
     )
     .await;
     assert_one_chain_each(&mut conn, &cards).await;
-    if persistent {
-        // Redis kept its data: the same chains go on (none was restarted, none forked).
-        let after = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
-            .await
-            .expect("chains");
-        assert_eq!(before_chains, after);
-    }
     // Nothing changed at the Gateway and nothing failed: no record at all.
     assert_eq!(
         count(&db.pool, "SELECT count(*) FROM integration_logs").await,
@@ -324,10 +303,13 @@ async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change
     ] {
         assert_eq!(count(&pool, sql).await, 20, "{what}: each change recorded once");
     }
-    let chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &cards)
+    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+        .arg(&lease::due_queue("cw", Task::CardStatus).keys().due)
+        .arg(&cards)
+        .query_async(&mut conn)
         .await
-        .expect("chains");
-    assert!(chains.iter().all(Option::is_some), "no status chain lost");
+        .expect("zmscore");
+    assert!(scores.iter().all(Option::is_some), "no status card lost");
     worker.stop().await.expect("clean stop");
     pool.close().await;
 }
@@ -547,10 +529,9 @@ async fn poison_intake_entries_go_to_the_dead_set_with_a_reason_and_no_worker_st
     let (db, redis, _sim, sim_handle) = services(0).await;
     let worker = InProcess::start(config_on(&db.url, &redis, &sim_handle.base_url(), 60)).await;
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
-    let poison: [(&str, &[u8]); 6] = [
-        ("carddata", b"{\"card_ref\":\"c-\xff\"}"),
-        ("card_status", b"not json at all"),
-        ("payment", b"{\"unknown\":\"shape\"}"),
+    let poison: [(&str, &[u8]); 5] = [
+        ("payment", b"not json at all"),
+        ("approval", b"{\"unknown\":\"shape\"}"),
         ("callback", b"\xc3\x28 broken"),
         ("archive", b"[1,2,3]"),
         ("reconcile", b"\xed\xa0\x80"),
@@ -630,51 +611,47 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
     let mut redis = PrivateRedis::start_new(true);
     let mut conn = context::connect_redis(&redis.url()).await.expect("redis");
     let shutdown = cardworker::shutdown::Shutdown::new();
-    let id = chain::start(
-        &mut conn,
-        "cw",
-        Task::CardStatus,
-        "c-1",
-        Duration::from_secs(3600),
-    )
-    .await
-    .expect("start");
+    let queue = lease::due_queue("cw", Task::CardStatus);
+    lease::start(&mut conn, "cw", Task::CardStatus, "c-1", Duration::ZERO)
+        .await
+        .expect("start");
+    let leased = queue
+        .fetch(&mut conn, 1, Duration::from_secs(60))
+        .await
+        .expect("fetch");
+    let calls = lease::ack_calls(&conn);
     redis.stop();
-    let next = cardworker_jobs::ChainState {
-        chain: id.clone(),
-        failures: 3,
-        deferrals: 0,
-        turn: 0,
+    let successor = Successor {
+        card_ref: "c-1",
+        lease: leased[0].lease,
+        next_in: Duration::from_secs(5),
+        next: leased[0].state.after(Step::Reset, 3, chrono::Utc::now()),
     };
-    let handed = chain::schedule_or_retry(
-        &mut conn,
+    let handed = lease::ack_or_retry(
+        &calls,
         &shutdown,
-        "cw",
-        Task::CardStatus,
-        "c-1",
-        &next,
-        Duration::from_secs(5),
+        &queue,
+        successor,
+        Instant::now() + Duration::from_secs(50),
     )
     .await;
     assert!(handed, "refused now, handed to the background");
     redis.start();
-    // The successor's state is in the chain entry (issue 19: no payload of its own).
+    // The successor's state is written beside the card's due entry.
     wait_until(Duration::from_secs(30), "the successor is written", || {
-        let mut conn = conn.clone();
+        let (mut conn, queue) = (conn.clone(), queue.clone());
         async move {
-            cardworker::polling::unchanged::entry(&mut conn, "cw", Task::CardStatus, "c-1")
+            queue
+                .entry(&mut conn, "c-1")
                 .await
                 .ok()
                 .flatten()
-                .and_then(|e| e.next_job)
-                .is_some_and(|(failures, _)| failures == 3)
+                .is_some_and(|(standing, state)| {
+                    matches!(standing, Standing::Waiting { .. }) && state.failures == 3
+                })
         }
     })
     .await;
-    let chains = chain::live_chains(&mut conn, "cw", Task::CardStatus, &["c-1".to_owned()])
-        .await
-        .expect("chains");
-    assert_eq!(chains, [Some(id)], "the same chain goes on");
     shutdown.finish().await;
 }
 

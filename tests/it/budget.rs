@@ -752,7 +752,7 @@ mod fleet {
     use std::time::{Duration, Instant};
 
     use cardworker::config::Task;
-    use cardworker::polling::chain;
+    use cardworker::polling::lease;
     use cardworker::sim::{SimHandle, Simulator};
 
     use crate::harness::{metric_value, spawn_worker, wait_until, TestDb, TestRedis, Worker};
@@ -807,7 +807,7 @@ mod fleet {
         }
         let mut conn = redis.conn.clone();
         for i in 0..cards {
-            chain::start(
+            lease::start(
                 &mut conn,
                 &redis.prefix,
                 Task::Carddata,
@@ -816,7 +816,7 @@ mod fleet {
             )
             .await
             .unwrap();
-            chain::start(
+            lease::start(
                 &mut conn,
                 &redis.prefix,
                 Task::CardStatus,

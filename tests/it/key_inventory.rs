@@ -191,9 +191,12 @@ async fn a_worker_that_polls_and_changes_leaves_only_listed_keys_each_within_its
             let keys = app.redis.keys().await;
             keys.iter()
                 .any(|k| k.contains(":unchanged_total:card_status:"))
-                && keys.iter().any(|k| {
-                    k.contains(":q:card_status:meta:") || k.contains(":q:card_status:done")
-                })
+                && keys
+                    .iter()
+                    .any(|k| k.contains(":{poll:card_status:0}:state"))
+                && keys
+                    .iter()
+                    .any(|k| k.contains(":outcome_total:card_status:"))
         },
     )
     .await;

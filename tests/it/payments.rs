@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cardworker::config::Task;
 use cardworker::context::AppContext;
 use cardworker::gateway::{GatewayClient, PaymentResult, PaymentStatus};
 use cardworker::payments::callback::{self, Delivery};
@@ -283,9 +284,8 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
         redis_status: Default::default(),
         budget: app.ctx.budget.clone(),
         shutdown: app.ctx.shutdown.clone(),
-        chain_calls: app.ctx.chain_calls.clone(),
+        poll_acks: app.ctx.poll_acks.clone(),
         card_reads: app.ctx.card_reads.clone(),
-        running_polls: Default::default(),
     };
     let done = submit_payment(&ctx, id).await.expect("submit");
     let Submitted::Failed {
@@ -518,7 +518,6 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
 ) {
     use cardworker::gateway::CardStatus;
     use cardworker::runner::RunJob;
-    use cardworker_jobs::PollCardStatus;
 
     let app = app().await;
     let pool = app.db.pool.clone();
@@ -531,10 +530,9 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
         let pushed = if round % 2 == 0 { "active" } else { "frozen" };
         app.sim.set_card_status(&card_ref, CardStatus::Frozen);
         let cb = card_callback(&format!("race-{round}"), &card_ref, pushed);
-        let poll = PollCardStatus {
-            card_ref: card_ref.clone(),
-            state: Default::default(),
-        };
+        app.start_chain(Task::CardStatus, &card_ref, Duration::from_secs(3600))
+            .await;
+        let poll = crate::polling::leased_status_poll(&app.ctx, &card_ref).await;
         let (ctx1, ctx2) = (app.ctx.clone(), app.ctx.clone());
         let a = tokio::spawn(async move { callback::process(&ctx1, &cb).await });
         let b = tokio::spawn(async move { poll.run(ctx2).await });
@@ -582,10 +580,9 @@ async fn a_callback_and_a_poll_at_once_end_in_one_consistent_state_and_polling_n
     // Failed polls are recorded too, terminally: polling never writes a pending row.
     app.insert_card("c-fail").await;
     app.sim.fail_card("c-fail");
-    let poll = PollCardStatus {
-        card_ref: "c-fail".to_owned(),
-        state: Default::default(),
-    };
+    app.start_chain(Task::CardStatus, "c-fail", Duration::from_secs(3600))
+        .await;
+    let poll = crate::polling::leased_status_poll(&app.ctx, "c-fail").await;
     poll.run(app.ctx.clone())
         .await
         .expect("failed poll recorded");

@@ -11,8 +11,9 @@ use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::gateway::CardStatus;
 use cardworker::limit::Limit;
-use cardworker::polling::{chain, reconcile};
-use cardworker_jobs::{keys, ChainState, Job, PollCardStatus};
+use cardworker::polling::due_queue::{PollState, Standing, LEASED};
+use cardworker::polling::{lease, reconcile};
+use cardworker_jobs::{keys, Job, PollCardStatus, PollTicket};
 use futures::StreamExt as _;
 use redis::AsyncCommands as _;
 use sqlx::{Connection as _, PgConnection};
@@ -141,18 +142,49 @@ pub(crate) fn calls(app: &TestApp, call: &str) -> u64 {
     app.sim.stats().calls_total.get(call).copied().unwrap_or(0)
 }
 
-/// The live chain of `card_ref`'s `task` in the deployment of `ctx`, if any.
-pub(crate) async fn chain_of(ctx: &AppContext, task: Task, card_ref: &str) -> Option<String> {
-    chain::live_chains(
-        &mut ctx.redis.clone(),
-        ctx.prefix(),
-        task,
-        &[card_ref.to_owned()],
-    )
-    .await
-    .expect("read chain")
-    .pop()
-    .flatten()
+/// Where `card_ref`'s `task` polling stands in the due queue of `ctx`'s deployment, and its
+/// state; `None` when the due queue does not hold the card.
+pub(crate) async fn chain_of(
+    ctx: &AppContext,
+    task: Task,
+    card_ref: &str,
+) -> Option<(Standing, PollState)> {
+    lease::due_queue(ctx.prefix(), task)
+        .entry(&mut ctx.redis.clone(), card_ref)
+        .await
+        .expect("read the due queue")
+}
+
+/// Takes a lease on `card_ref`'s `task` card for an hour (as a worker's fetch would, without
+/// waiting for it to come due, so that the test's workers leave it alone), and answers the
+/// ticket a fetched poll job carries. The card must be in the due queue.
+pub(crate) async fn hold(ctx: &AppContext, task: Task, card_ref: &str) -> PollTicket {
+    let queue = lease::due_queue(ctx.prefix(), task);
+    let mut conn = ctx.redis.clone();
+    let (_, state) = queue
+        .entry(&mut conn, card_ref)
+        .await
+        .expect("read the due queue")
+        .expect("the card is in the due queue");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("time");
+    let now = secs * 1000 + micros / 1000;
+    let lease = LEASED + now + 3_600_000;
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue.keys().due)
+        .arg("XX")
+        .arg(lease)
+        .arg(card_ref)
+        .query_async(&mut conn)
+        .await
+        .expect("lease the card");
+    PollTicket {
+        lease,
+        due_ms: now,
+        state: state.to_raw(),
+    }
 }
 
 fn fast(cfg: &mut Config) {
@@ -167,14 +199,11 @@ async fn scalar(app: &TestApp, sql: &str) -> i64 {
         .expect(sql)
 }
 
-/// The first card_status poll of chain `chain` of `card_ref`, as a job.
-pub(crate) fn first_poll_of(card_ref: &str, chain: &str) -> PollCardStatus {
+/// A card_status poll of `card_ref` under a lease it holds for an hour ([`hold`]), as a job.
+pub(crate) async fn leased_status_poll(ctx: &AppContext, card_ref: &str) -> PollCardStatus {
     PollCardStatus {
         card_ref: card_ref.into(),
-        state: ChainState {
-            chain: chain.into(),
-            ..ChainState::default()
-        },
+        ticket: hold(ctx, Task::CardStatus, card_ref).await,
     }
 }
 
@@ -228,16 +257,10 @@ async fn unchanged_polls_write_nothing_and_one_change_writes_exactly_one_record_
     let hour = cardworker::polling::unchanged::hour_bucket(chrono::Utc::now());
     let key = cardworker::polling::unchanged::hour_key(app.ctx.prefix(), Task::CardStatus, &hour);
     let total: i64 = app.ctx.redis.clone().get(&key).await.unwrap_or(0);
-    let one = cardworker::polling::unchanged::entry(
-        &mut app.ctx.redis.clone(),
-        app.ctx.prefix(),
-        Task::CardStatus,
-        "c-7",
-    )
-    .await
-    .expect("entry")
-    .and_then(|e| e.tally)
-    .map_or(0, |t| t.count);
+    let one = chain_of(&app.ctx, Task::CardStatus, "c-7")
+        .await
+        .and_then(|(_, state)| state.tally)
+        .map_or(0, |t| t.count);
     assert!(total >= 200 && one >= 1, "total {total}, c-7 {one}");
     let ttl: i64 = app.ctx.redis.clone().ttl(&key).await.expect("ttl");
     assert!(ttl > 0 && ttl <= 49 * 3600, "ttl {ttl}");
@@ -463,35 +486,6 @@ async fn a_card_that_always_fails_is_parked_with_its_retry_scheduled_and_enqueue
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_job_is_acknowledged_without_a_gateway_call() {
-    let app = spawn_app().await;
-    let live = app
-        .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
-        .await;
-    // A job of a replaced chain, written raw into the intake (the producer API would merge it
-    // into the live chain instead).
-    let stale = first_poll_of("c-1", "01OLDCHAIN");
-    app.producer()
-        .enqueue_raw(
-            PollCardStatus::QUEUE,
-            "stale-c-1",
-            &serde_json::to_string(&stale).expect("json"),
-            Duration::ZERO,
-        )
-        .await
-        .expect("enqueue");
-    wait_until(Duration::from_secs(20), "the stale job ran", || async {
-        finished_jobs(&app, PollCardStatus::QUEUE).await >= 1.0
-    })
-    .await;
-    assert_eq!(calls(&app, "card_status"), 0);
-    assert_eq!(
-        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
-        Some(live)
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_for_an_unknown_card_is_acknowledged_without_a_gateway_call() {
     let app = spawn_app().await;
     app.enqueue_status_poll("c-nobody").await;
@@ -517,43 +511,38 @@ async fn enqueue_twice_leaves_one_chain() {
     cli::enqueue(&app.ctx, Task::CardStatus, "c-1", None)
         .await
         .expect("second");
-    // A chain's waiting poll is its entry in the chain due set (issue 19), below FED.
-    let due_set = chain::due_key(app.ctx.prefix(), Task::CardStatus);
-    let below_fed = format!("({}", chain::FED);
-    let entries: Vec<String> = app
+    // One entry per card in the due queue, whatever the enqueues.
+    let due_set = lease::due_queue(app.ctx.prefix(), Task::CardStatus)
+        .keys()
+        .due
+        .clone();
+    let entries: i64 = app
         .ctx
         .redis
         .clone()
-        .zrangebyscore(&due_set, "-inf", &below_fed)
+        .zcard(&due_set)
         .await
         .expect("due set");
-    // Either still waiting (one entry) or already fed to apalis.
-    assert!(entries.len() <= 1, "{entries:?}");
+    assert_eq!(entries, 1);
     let intake = keys::intake(app.ctx.prefix(), PollCardStatus::QUEUE);
     let with_payload: i64 = app.ctx.redis.clone().zcard(&intake).await.expect("intake");
-    assert_eq!(
-        with_payload, 0,
-        "a chain's poll has no intake entry of its own"
-    );
+    assert_eq!(with_payload, 0, "a poll request has no intake entry");
     wait_until(Duration::from_secs(20), "one poll", || async {
         outcome(&app, "card_status", "skipped_unchanged").await >= 1.0
     })
     .await;
-    // The next poll is 300 s away: once the one job of the surviving chain ran and scheduled its
-    // successor, there is one waiting entry and exactly one call.
+    // The next poll is 300 s away: once the poll wrote its successor, the card waits.
     wait_until(Duration::from_secs(10), "successor scheduled", || async {
         let n: i64 = app
             .ctx
             .redis
             .clone()
-            .zcount(&due_set, "-inf", &below_fed)
+            .zcount(&due_set, "-inf", format!("({LEASED}"))
             .await
             .unwrap_or(0);
         n == 1
     })
     .await;
-    // A job of the replaced chain may have reached apalis before the second enqueue: it was
-    // acknowledged without a call.
     assert_eq!(calls(&app, "card_status"), 1);
     assert!(chain_of(&app.ctx, Task::CardStatus, "c-1").await.is_some());
 }
@@ -687,7 +676,7 @@ async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stop
             let mut conn = conn.clone();
             let prefix = prefix.clone();
             async move {
-                chain::start(
+                lease::start(
                     &mut conn,
                     &prefix,
                     Task::CardStatus,
@@ -718,14 +707,19 @@ async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stop
     let status = reqwest::get(&health).await.expect("healthz").status();
     assert_eq!(status.as_u16(), 200);
     assert!(!second.join.is_finished(), "the worker process ended");
-    // Every chain is alive and scheduled for its next poll.
+    // Every card is in the due queue, scheduled for its next poll.
     let chains: i64 = second
         .ctx
         .redis
         .clone()
-        .hlen(chain::chain_key(&prefix, Task::CardStatus))
+        .zcard(
+            lease::due_queue(&prefix, Task::CardStatus)
+                .keys()
+                .due
+                .clone(),
+        )
         .await
-        .expect("hlen");
+        .expect("zcard");
     assert_eq!(chains, CARDS);
     if let Some(stop) = second.stop.take() {
         let _ = stop.send(());

@@ -1,16 +1,15 @@
-//! Self-healing (issue 11) on the shared services, within one test prefix: producer poll jobs
-//! merge into live chains, reconcile finds overdue chains through the chain due set, money queued
-//! before a Redis loss is recovered from PostgreSQL, text PostgreSQL refuses is cleaned, and the
-//! release before gets back, from its reconcile, the chains moved into the due queue.
+//! Self-healing on the shared services, within one test prefix: a producer's poll request merges
+//! into a polled card, reconcile adds back cards Redis lost, money queued before a Redis loss is
+//! recovered from PostgreSQL, and text PostgreSQL refuses is cleaned.
 
 use std::time::Duration;
 
 use cardworker::config::Task;
 use cardworker::context::AppContext;
 use cardworker::payments::{callback, recovery};
-use cardworker::polling::{chain, reconcile};
+use cardworker::polling::due_queue::Standing;
+use cardworker::polling::{lease, reconcile};
 use cardworker::storage::records::{self, LogRecord, LogState};
-use cardworker_jobs::{ChainState, PollCardStatus};
 use redis::AsyncCommands as _;
 use uuid::Uuid;
 
@@ -30,35 +29,31 @@ async fn flush_prefix(redis: &TestRedis) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_live_chain_that_keeps_polling(
+async fn a_producer_poll_job_for_a_card_that_is_polled_brings_its_next_poll_forward_and_leaves_one_entry(
 ) {
     let app = spawn_app_with(|cfg| cfg.polling.card_status.interval_secs = 1).await;
-    let live = app
-        .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+    app.card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
-    // The documented producer API, with no chain (the bug: it overwrote the chain's entry).
+    // The documented producer API: a request for a poll of the card.
     let id = app.enqueue_status_poll("c-1").await;
-    assert_eq!(id, live, "the job merged into the live chain");
+    assert_eq!(id, "c-1");
     wait_until(Duration::from_secs(20), "polled now and again", || async {
         calls(&app, "card_status") >= 3
     })
     .await;
-    assert_eq!(
-        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
-        Some(live)
-    );
-    let waiting: usize = app
+    let entries: usize = app
         .redis
         .conn
         .clone()
-        .zcount(
-            chain::due_key(&app.redis.prefix, Task::CardStatus),
-            "-inf",
-            format!("({}", chain::FED),
+        .zcard(
+            lease::due_queue(&app.redis.prefix, Task::CardStatus)
+                .keys()
+                .due
+                .clone(),
         )
         .await
-        .expect("zcount");
-    assert!(waiting <= 1, "one waiting poll at most");
+        .expect("zcard");
+    assert_eq!(entries, 1, "one entry per card");
     let with_payload: usize = app
         .redis
         .conn
@@ -69,77 +64,66 @@ async fn a_producer_poll_job_for_a_card_with_a_live_chain_leaves_exactly_one_liv
         ))
         .await
         .expect("zcard");
-    assert_eq!(with_payload, 0, "the merged job left no intake entry");
+    assert_eq!(with_payload, 0, "the request left no intake entry");
 
-    // Without a live chain, the producer's job starts one.
+    // A card without an entry gets one from the producer's request.
     app.insert_card("c-2").await;
-    let started = app.enqueue_status_poll("c-2").await;
-    assert_eq!(
-        chain_of(&app.ctx, Task::CardStatus, "c-2").await,
-        Some(started)
-    );
+    app.enqueue_status_poll("c-2").await;
+    assert!(chain_of(&app.ctx, Task::CardStatus, "c-2").await.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reconcile_restarts_a_chain_that_lost_its_job_from_the_due_index_and_drops_one_of_a_parked_card(
+async fn reconcile_adds_back_a_card_redis_lost_and_a_parked_card_whose_retry_is_overdue_but_not_one_parked_lately(
 ) {
     let app = spawn_app_with(|cfg| {
-        cfg.polling.card_status.interval_secs = 1;
+        cfg.polling.card_status.interval_secs = 3600;
         cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     })
     .await;
-    app.insert_card("c-dead").await;
-    app.insert_card("c-parked").await;
-    sqlx::query("UPDATE cards SET card_status_parked_at = now() WHERE card_ref = 'c-parked'")
+    for card in ["c-lost", "c-parked-long-ago", "c-parked-now"] {
+        app.insert_card(card).await;
+    }
+    sqlx::query(
+        "UPDATE cards SET card_status_parked_at = now() - interval '30 days' \
+         WHERE card_ref = 'c-parked-long-ago'",
+    )
+    .execute(&app.db.pool)
+    .await
+    .expect("park long ago");
+    sqlx::query("UPDATE cards SET card_status_parked_at = now() WHERE card_ref = 'c-parked-now'")
         .execute(&app.db.pool)
         .await
-        .expect("park");
-    // Two chains whose job vanished an hour ago: an entry in the chain hash and the index only.
-    let mut conn = app.redis.conn.clone();
-    let hour_ago = chain::redis_now_ms(&mut conn).await.expect("now") - 3_600_000;
-    for card in ["c-dead", "c-parked"] {
-        let _: () = conn
-            .hset(
-                chain::chain_key(&app.redis.prefix, Task::CardStatus),
-                card,
-                format!("01DEADCHAIN|{hour_ago}"),
-            )
-            .await
-            .expect("hset");
-        let _: () = conn
-            .zadd(
-                chain::due_key(&app.redis.prefix, Task::CardStatus),
-                card,
-                hour_ago,
-            )
-            .await
-            .expect("zadd");
-    }
-    let done = reconcile::restart_overdue(&app.ctx, Task::CardStatus)
+        .expect("park now");
+    // None of the three is in the due queue (Redis lost them, say).
+    let pass = reconcile::run_once(&app.ctx, Task::CardStatus)
         .await
         .expect("reconcile");
+    assert_eq!((pass.examined, pass.started), (1, 1));
+    assert!(chain_of(&app.ctx, Task::CardStatus, "c-lost")
+        .await
+        .is_some());
+    let parked = reconcile::restore_parked_retries(&app.ctx, Task::CardStatus)
+        .await
+        .expect("parked retries");
+    assert_eq!(parked, 1);
+    assert!(chain_of(&app.ctx, Task::CardStatus, "c-parked-long-ago")
+        .await
+        .is_some());
     assert_eq!(
-        done,
-        reconcile::Overdue {
-            found: 2,
-            restarted: 1,
-            dropped: 1
-        }
+        chain_of(&app.ctx, Task::CardStatus, "c-parked-now").await,
+        None
     );
-    assert_eq!(chain_of(&app.ctx, Task::CardStatus, "c-parked").await, None);
-    let restarted = chain_of(&app.ctx, Task::CardStatus, "c-dead").await;
-    assert!(restarted.is_some() && restarted.as_deref() != Some("01DEADCHAIN"));
-    wait_until(
-        Duration::from_secs(20),
-        "the restarted chain polls",
-        || async { calls(&app, "card_status") >= 1 },
-    )
-    .await;
-    // Nothing is overdue any more: a second run finds nothing.
-    let again = reconcile::restart_overdue(&app.ctx, Task::CardStatus)
+    // Everything is in place: a second run adds nothing.
+    let again = reconcile::run_once(&app.ctx, Task::CardStatus)
         .await
         .expect("reconcile");
-    assert_eq!(again.found, 0);
+    assert_eq!(again.started, 0);
+    assert_eq!(
+        reconcile::restore_parked_retries(&app.ctx, Task::CardStatus)
+            .await
+            .expect("parked retries"),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,34 +255,22 @@ async fn a_nul_byte_in_a_gateway_error_body_is_cleaned_before_it_reaches_postgre
 async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_plain_successor() {
     let app = spawn_app_with(|cfg| {
         cfg.polling.card_status.interval_secs = 3600;
+        // A handler's limit above the first failure's back-off (8–12 s).
+        cfg.polling.handler_timeout_secs = 30;
+        cfg.polling.lease_ttl_secs = 40;
         cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
     })
     .await;
-    let live = app
-        .card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
+    app.card_with_chain(Task::CardStatus, "c-1", Duration::from_secs(3600))
         .await;
-    let job = crate::polling::first_poll_of("c-1", &live);
-    // The successor waits as the chain's entry (its state is there, not in a payload).
-    let waiting_payload = || async {
-        let entry = cardworker::polling::unchanged::entry(
-            &mut app.redis.conn.clone(),
-            &app.redis.prefix,
-            Task::CardStatus,
-            "c-1",
-        )
-        .await
-        .expect("entry")
-        .expect("the chain lives");
-        let (failures, deferrals) = entry.next_job.expect("the successor's state");
-        PollCardStatus {
-            card_ref: "c-1".into(),
-            state: ChainState {
-                chain: entry.chain,
-                failures,
-                deferrals,
-                turn: 0,
-            },
-        }
+    let job = crate::polling::leased_status_poll(&app.ctx, "c-1").await;
+    // The successor waits as the card's entry, its state beside it.
+    let waiting_state = || async {
+        let (standing, state) = chain_of(&app.ctx, Task::CardStatus, "c-1")
+            .await
+            .expect("the card is polled");
+        assert!(matches!(standing, Standing::Waiting { .. }), "{standing:?}");
+        state
     };
 
     cardworker::polling::poll::after_abnormal_end(
@@ -307,10 +279,19 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
         cardworker::runner::JobError::Panicked("boom".into()),
     )
     .await;
-    let next = waiting_payload().await;
-    assert_eq!(
-        (next.state.chain.as_str(), next.state.failures),
-        (live.as_str(), 1)
+    assert_eq!(waiting_state().await.failures, 1);
+    // Its call may still be at the Gateway: the successor waits at least the handler's limit
+    // (30 s), not only the first failure's back-off (8–12 s).
+    let (standing, _) = chain_of(&app.ctx, Task::CardStatus, "c-1")
+        .await
+        .expect("the card is polled");
+    let Standing::Waiting { due_ms } = standing else {
+        panic!("{standing:?}");
+    };
+    let in_ms = due_ms as i64 - chrono::Utc::now().timestamp_millis();
+    assert!(
+        in_ms >= 29_000,
+        "the successor of an abnormal end is due in {in_ms} ms, before the handler's limit"
     );
     let error: String =
         sqlx::query_scalar("SELECT error FROM integration_logs WHERE state = 'failed'")
@@ -319,23 +300,23 @@ async fn a_poll_that_panics_leaves_a_counted_failure_and_one_that_times_out_a_pl
             .expect("one failure record");
     assert!(error.contains("panic: boom"), "{error}");
 
+    let next = crate::polling::leased_status_poll(&app.ctx, "c-1").await;
     cardworker::polling::poll::after_abnormal_end(
         next,
         app.ctx.clone(),
         cardworker::runner::JobError::TimedOut(Duration::from_secs(15)),
     )
     .await;
-    let after_timeout = waiting_payload().await;
-    assert_eq!(after_timeout.state.failures, 1, "a timeout is not counted");
+    assert_eq!(
+        waiting_state().await.failures,
+        1,
+        "a timeout is not counted"
+    );
     let records: i64 = sqlx::query_scalar("SELECT count(*) FROM integration_logs")
         .fetch_one(&app.db.pool)
         .await
         .expect("count");
     assert_eq!(records, 1, "a timeout writes no record");
-    assert_eq!(
-        chain_of(&app.ctx, Task::CardStatus, "c-1").await,
-        Some(live)
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -388,49 +369,4 @@ async fn a_change_postgres_refuses_is_a_counted_failure_that_parks_instead_of_re
     .expect("card");
     assert!(parked, "the chain is parked");
     assert!(chain_of(&app.ctx, Task::Carddata, "c-1").await.is_some());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_its_chains_moved_into_the_due_queue_the_release_before_gets_every_chain_back_from_its_reconcile(
-) {
-    use cardworker::polling::due_queue::{DueQueue, ShardKeys};
-    use cardworker::polling::takeover::take_over;
-
-    let app = spawn_app_with(|cfg| {
-        cfg.polling.reconcile_cron = "0 0 0 1 1 *".to_owned();
-    })
-    .await;
-    let cards = ["c-roll-1", "c-roll-2", "c-roll-3"];
-    for card in cards {
-        app.insert_card(card).await;
-        app.start_chain(Task::CardStatus, card, Duration::from_secs(3600))
-            .await;
-    }
-    let queue = DueQueue::new(ShardKeys::new(&app.redis.prefix, Task::CardStatus, 0));
-    let mut conn = app.redis.conn.clone();
-    let moved = take_over(
-        &mut conn,
-        &app.redis.prefix,
-        Task::CardStatus,
-        &queue,
-        Duration::from_secs(20),
-    )
-    .await
-    .expect("take over");
-    assert_eq!(moved.added, 3);
-    for card in cards {
-        assert_eq!(chain_of(&app.ctx, Task::CardStatus, card).await, None);
-    }
-
-    // The rollback: the release before finds no chain and starts one for every card.
-    let (examined, started) = reconcile::sweep(&app.ctx, Task::CardStatus)
-        .await
-        .expect("reconcile");
-    assert_eq!((examined, started), (3, 3));
-    for card in cards {
-        assert!(
-            chain_of(&app.ctx, Task::CardStatus, card).await.is_some(),
-            "{card} has its chain back"
-        );
-    }
 }

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use cardworker::config::Task;
-use cardworker::polling::chain;
+use cardworker::polling::lease;
 use cardworker::runner::spawn::{orphan_window, HEARTBEAT};
 
 use crate::harness::{spawn_worker, wait_until};
@@ -69,7 +69,7 @@ async fn two_workers_whose_slots_all_hold_20_s_polls_stay_alive_and_never_poll_a
         let mut conn = conn.clone();
         let prefix = redis.prefix.clone();
         async move {
-            chain::start(
+            lease::start(
                 &mut conn,
                 &prefix,
                 Task::CardStatus,

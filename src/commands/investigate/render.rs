@@ -54,13 +54,14 @@ fn chains(s: &mut String, inv: &Investigation) {
             "  {:<12} {}{}{}{}",
             ch.task,
             ch.state,
-            ch.chain_id
-                .as_deref()
-                .map(|id| format!(" (chain {id})"))
-                .unwrap_or_default(),
+            if ch.failures > 0 {
+                format!(" ({} consecutive failures)", ch.failures)
+            } else {
+                String::new()
+            },
             ch.next_poll_due_at
-                .map(|at| if ch.next_poll_fed {
-                    format!(", next poll (due {at}) handed to a worker")
+                .map(|at| if ch.polling_now {
+                    format!(", a poll holds the card now (its lease ends {at})")
                 } else {
                     format!(", next poll due {at}")
                 })

@@ -1,6 +1,6 @@
-//! Unchanged polls: counted, not recorded. What Redis keeps of them is a tally in the card's chain
-//! entry (how many since the last change or failure, and when the last one was) and fleet-wide
-//! hourly counters (`crate::polling::unchanged`). After Redis lost its data, both restart from
+//! Unchanged polls: counted, not recorded. What Redis keeps of them is a tally in the card's poll
+//! state in the due queue (how many since the last change or failure, and when the last one was)
+//! and fleet-wide hourly counters (`crate::polling::unchanged`). After Redis lost its data, both restart from
 //! zero, and the view says so ([`UnchangedView::explanation`]).
 
 use anyhow::Context as _;
@@ -9,6 +9,8 @@ use serde::Serialize;
 
 use crate::config::Task;
 use crate::context::AppContext;
+use crate::polling::due_queue::PollState;
+use crate::polling::lease;
 use crate::polling::unchanged::{self, Since};
 use crate::runner::redis_watch;
 
@@ -16,10 +18,10 @@ use crate::runner::redis_watch;
 #[derive(Debug, Clone, Serialize)]
 pub struct UnchangedView {
     pub task: &'static str,
-    /// This card's unchanged polls since [`Self::since`]; `None` without a chain entry (no live
-    /// chain: nothing is being counted).
+    /// This card's unchanged polls since [`Self::since`]; `None` when the due queue does not hold
+    /// the card (nothing is being counted).
     pub card_count: Option<u64>,
-    /// This card's last unchanged poll on its current chain.
+    /// This card's last unchanged poll since its count began.
     pub last_unchanged_at: Option<DateTime<Utc>>,
     /// When this card's count began.
     pub since: Option<DateTime<Utc>>,
@@ -38,7 +40,7 @@ pub struct UnchangedView {
 impl UnchangedView {
     fn new(
         task: Task,
-        entry: Option<unchanged::Entry>,
+        entry: Option<PollState>,
         hours: Vec<(String, u64)>,
         counts_since: Option<DateTime<Utc>>,
     ) -> Self {
@@ -47,8 +49,8 @@ impl UnchangedView {
             .map(|at| format!(" Redis's counts restarted at {at} (it lost its data, or the deployment first started then)."))
             .unwrap_or_default();
         let explanation = match (&entry, &tally) {
-            (None, _) => "no live chain in Redis, so nothing is counted for this card (a finished chain keeps no count; reconcile starts a missing one)".to_owned(),
-            (Some(_), None) => "the chain entry predates per-card counting; its count starts with its next poll".to_owned(),
+            (None, _) => "the card is not in the due queue, so nothing is counted for it (a finished card keeps no count; reconcile adds a missing one)".to_owned(),
+            (Some(_), None) => "the card has no count yet; it starts with its next poll".to_owned(),
             (Some(_), Some(t)) => {
                 let last = t
                     .last
@@ -81,9 +83,9 @@ impl UnchangedView {
 
 /// What `investigate` says about how unchanged polls are kept.
 pub const NOTE: &str = "unchanged polls are counted, not recorded: a successful poll that changed \
-    nothing writes no database row. Redis keeps, per card and task, the count since the chain's \
-    last change or failure (or since the chain started) and the time of the last one, in the \
-    card's chain entry (gone when the chain ends), and fleet-wide totals per UTC hour for 48 h, \
+    nothing writes no database row. Redis keeps, per card and task, the count since the card's \
+    last change or failure (or since its polling started) and the time of the last one, in the \
+    card's poll state (gone when its polling ends), and fleet-wide totals per UTC hour for 48 h, \
     which each worker writes every 5 s (so they lag the polls by up to that). \
     After Redis loses its data, both restart from zero.";
 
@@ -105,7 +107,10 @@ pub async fn unchanged_counts(
         .map(|u| DateTime::<Utc>::from(u.datetime()));
     let mut out = Vec::new();
     for task in Task::ALL {
-        let entry = unchanged::entry(&mut conn, ctx.prefix(), task, card_ref).await?;
+        let entry = lease::due_queue(ctx.prefix(), task)
+            .entry(&mut conn, card_ref)
+            .await?
+            .map(|(_, state)| state);
         let hours = unchanged::fleet_hours(&mut conn, ctx.prefix(), task, now).await?;
         out.push(UnchangedView::new(task, entry, hours, counts_since));
     }

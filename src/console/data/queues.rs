@@ -19,13 +19,15 @@ pub const DEAD_LIMIT: usize = 50;
 pub struct QueueCounts {
     /// Short name.
     pub queue: String,
-    /// Jobs due now and not yet running: intake entries (for a polling queue, its chains) due
-    /// now, and jobs handed to apalis but not yet fetched by a worker.
+    /// Jobs due now and not yet running: intake entries due now, and jobs handed to apalis but
+    /// not yet fetched by a worker; for a polling task, its cards due now (waiting, or whose
+    /// lease ended).
     pub waiting: u64,
-    /// Jobs due later: intake entries and chains not yet due (a chain's next poll), and apalis's
-    /// scheduled set.
+    /// Jobs due later: intake entries not yet due and apalis's scheduled set; for a polling
+    /// task, its cards whose next poll is not due yet.
     pub scheduled: u64,
-    /// Jobs a worker fetched and is running (the inflight sets of the queue's workers).
+    /// Jobs a worker fetched and is running (the inflight sets of the queue's workers); for a
+    /// polling task, its cards a poll holds.
     pub running: u64,
     /// The dead set.
     pub dead: u64,
@@ -52,7 +54,6 @@ pub fn queues(ctx: &AppContext) -> Vec<QueueName> {
 pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>, Vec<WorkerView>)> {
     let names = queues(ctx);
     let now_ms = Utc::now().timestamp_millis();
-    let fed = cardworker_jobs::chain::FED;
     let mut pipe = redis::pipe();
     for q in &names {
         pipe.cmd("ZCOUNT").arg(&q.intake).arg("-inf").arg(now_ms);
@@ -60,20 +61,6 @@ pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>,
             .arg(&q.intake)
             .arg(format!("({now_ms}"))
             .arg("+inf");
-        match &q.chains {
-            // The chain due set: a waiting chain's score is its due ms, a fed one's FED + due.
-            Some(chains) => {
-                pipe.cmd("ZCOUNT").arg(&chains.due).arg("-inf").arg(now_ms);
-                pipe.cmd("ZCOUNT")
-                    .arg(&chains.due)
-                    .arg(format!("({now_ms}"))
-                    .arg(format!("({fed}"));
-            }
-            None => {
-                pipe.cmd("ECHO").arg(0);
-                pipe.cmd("ECHO").arg(0);
-            }
-        }
         pipe.cmd("LLEN").arg(format!("{}:active", q.apalis));
         pipe.cmd("ZCARD").arg(format!("{}:scheduled", q.apalis));
         pipe.cmd("SCARD").arg(format!("{}:dead", q.apalis));
@@ -83,7 +70,7 @@ pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>,
             .arg(-1)
             .arg("WITHSCORES");
     }
-    type Row = (u64, u64, u64, u64, u64, u64, u64, Vec<(String, f64)>);
+    type Row = (u64, u64, u64, u64, u64, Vec<(String, f64)>);
     let mut conn = ctx.redis.clone();
     let rows: Vec<Row> = pipe
         .query_async(&mut conn)
@@ -93,13 +80,14 @@ pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>,
     let mut counts = Vec::new();
     let mut workers = Vec::new();
     let mut inflight = redis::pipe();
-    for (q, (due, later, chains_due, chains_later, fed_jobs, retries, dead, ws)) in
-        names.iter().zip(rows)
-    {
+    for task in crate::config::Task::ALL {
+        counts.push(polling_counts(ctx, task).await?);
+    }
+    for (q, (due, later, fed_jobs, retries, dead, ws)) in names.iter().zip(rows) {
         counts.push(QueueCounts {
             queue: q.short.clone(),
-            waiting: due + chains_due + fed_jobs,
-            scheduled: later + chains_later + retries,
+            waiting: due + fed_jobs,
+            scheduled: later + retries,
             running: 0,
             dead,
         });
@@ -127,6 +115,38 @@ pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>,
     }
     workers.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((counts, workers))
+}
+
+/// A polling task's counts, from its due queue: cards due now, cards not due yet, cards a poll
+/// holds. One pipeline of three counts.
+async fn polling_counts(
+    ctx: &AppContext,
+    task: crate::config::Task,
+) -> anyhow::Result<QueueCounts> {
+    use crate::polling::due_queue::LEASED;
+    let queue = crate::polling::lease::due_queue(ctx.prefix(), task);
+    let mut conn = ctx.redis.clone();
+    let head = queue.head(&mut conn).await?;
+    let now = head.now_ms;
+    let (later, held): (u64, u64) = redis::pipe()
+        .cmd("ZCOUNT")
+        .arg(&queue.keys().due)
+        .arg(format!("({now}"))
+        .arg(format!("({LEASED}"))
+        .cmd("ZCOUNT")
+        .arg(&queue.keys().due)
+        .arg(format!("({}", LEASED + now))
+        .arg("+inf")
+        .query_async(&mut conn)
+        .await
+        .with_context(|| format!("reading the {task} due queue's counts"))?;
+    Ok(QueueCounts {
+        queue: task.label().to_owned(),
+        waiting: head.due_now,
+        scheduled: later,
+        running: held,
+        dead: 0,
+    })
 }
 
 /// One queue on the queues page.

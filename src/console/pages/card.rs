@@ -90,16 +90,16 @@ fn chains_table(inv: &Investigation, viewer: &Viewer) -> Markup {
     html! {
         h2 { "Chains" }
         table #chains {
-            tr { th { "task" } th { "state" } th { "chain" } th { "next poll due" } th { "parked at" } @if viewer.can_act() { th { "act" } } }
+            tr { th { "task" } th { "state" } th { "failures" } th { "next poll due" } th { "parked at" } @if viewer.can_act() { th { "act" } } }
             @for ch in &inv.chains {
                 tr data-task=(ch.task) {
                     td { (ch.task) }
                     td.state { @if ch.state == "parked" { span.bad { (ch.state) } } @else { (ch.state) } }
-                    td { code { (ch.chain_id.as_deref().unwrap_or("-")) } }
+                    td.failures { (ch.failures) }
                     td.next-due {
                         @match &ch.next_poll_due_at {
-                            Some(at) => { (when(at)) @if ch.next_poll_fed { " · handed to a worker" } }
-                            None => span.note { "none (no chain in Redis)" },
+                            Some(at) => { @if ch.polling_now { "being polled (lease ends " (when(at)) ")" } @else { (when(at)) } }
+                            None => span.note { "none (not in the due queue)" },
                         }
                     }
                     td { (opt_when(&ch.parked_at)) }

@@ -1,4 +1,4 @@
-//! What a failed poll leaves behind: its failure record (and the parked mark), a parked chain's
+//! What a failed poll leaves behind: its failure record (and the parked mark), a parked card's
 //! un-parking, and the successor of a poll that ended abnormally. Split from the poll's flow
 //! (`super`) because this is the part that decides parking, the most delicate rule of polling.
 
@@ -55,15 +55,14 @@ pub(super) async fn record_failure<J: PollTask>(
             run.card_ref
         )
     };
-    // Fenced: a poll whose chain was replaced while it was at the Gateway (an operator's
-    // `enqueue` or `unpark`, reconcile) records nothing and parks nothing: its failure count
-    // belongs to the chain it no longer is, and the card may have just been un-parked. The
-    // restarted chain's first poll waits for this one (`chain::Liveness::Busy`), so what it
-    // records is never overwritten by this one either.
-    if is_replaced(run).await {
-        tracing::info!(%task, card_ref = %run.card_ref, chain = %run.state.chain, reason = %reason, "failed poll of a replaced chain: not recorded, nothing parked");
-        // Stale: writes nothing, and clears the way for the restarted chain's first poll.
-        run.schedule(failures, delay).await?;
+    // Fenced: a poll whose card an operator restarted while it was at the Gateway (`enqueue`,
+    // `unpark`: a fresh state) records nothing and parks nothing, since the card may have just
+    // been un-parked; its successor keeps the restart's fresh state.
+    if run.is_replaced().await {
+        tracing::info!(%task, card_ref = %run.card_ref, reason = %reason, "failed poll of a card restarted meanwhile: not recorded, nothing parked");
+        let fresh = PollState::default().after(Step::Keep, 0, Utc::now());
+        run.acknowledge(backoff(run.interval(), 1), fresh, super::Count::Keep)
+            .await?;
         return Ok(PollOutcome::StaleFailure);
     }
     record.error = Some(reason.clone());
@@ -108,32 +107,11 @@ pub(super) async fn record_failure<J: PollTask>(
         .schedule_counted(failures, delay, super::Count::Reset)
         .await?
     {
-        tracing::debug!(card_ref = %run.card_ref, "chain replaced meanwhile; retry left to the new chain");
+        tracing::debug!(card_ref = %run.card_ref, "lease ended meanwhile; the retry is another poll's");
     }
     Ok(PollOutcome::Failed {
         parked: park != Park::No,
     })
-}
-
-/// Whether the card's chain in Redis is another than the run's (one read; a chain that is gone
-/// counts as the run's, which adopts the card, and so does a Redis that does not answer: the
-/// failure is then recorded, since a failure lost is worse than one recorded twice).
-async fn is_replaced<J: PollTask>(run: &mut Run<'_, J>) -> bool {
-    let prefix = run.ctx.prefix().to_owned();
-    match chain::live_chains(
-        &mut run.conn,
-        &prefix,
-        J::TASK,
-        std::slice::from_ref(&run.card_ref),
-    )
-    .await
-    {
-        Ok(mut chains) => chains
-            .pop()
-            .flatten()
-            .is_some_and(|live| live != run.state.chain),
-        Err(_) => false,
-    }
 }
 
 /// `text` cut to at most `max` characters.
@@ -155,26 +133,13 @@ const ABNORMAL_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
 ///   call has its own, shorter timeout): the successor comes after back-off with the failure
 ///   count unchanged, and nothing is recorded.
 ///
-/// A stale job leaves nothing (its chain was replaced, or its turn is over): the successor's write
-/// is fenced by the job's chain and turn. A job of a known chain does not check again, since its
-/// own run marker would answer that its turn is at the Gateway already; a chain-less job checks
-/// to adopt the card.
+/// A job whose lease ended leaves nothing: its successor's write names the lease.
 pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error: JobError) {
     let task = J::TASK;
-    let mut conn = ctx.redis.clone();
-    let card_ref = job.card_ref().to_owned();
-    let seen = job.state().clone();
-    let ttl = ctx.config.polling.lease_ttl();
-    let chain_id = if seen.chain.is_empty() {
-        match chain::check(&mut conn, ctx.prefix(), task, &card_ref, &seen, ttl).await {
-            Ok(Liveness::Adopted(id)) => id,
-            Ok(Liveness::Live | Liveness::Busy(_) | Liveness::Running(_) | Liveness::Stale)
-            | Err(_) => return,
-        }
-    } else {
-        seen.chain.clone()
-    };
-    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, &seen);
+    let mut run = Run::<J>::new(&ctx, &job, super::lease_ends(&ctx));
+    // Its call may still be at the Gateway (sent before the poll was cut off): the card's next
+    // poll comes no sooner than the handler's limit from now, by when that call is over.
+    run.not_before = Some(std::time::Instant::now() + ctx.config.polling.handler_timeout());
     if let JobError::Panicked(_) = &error {
         let now = Utc::now();
         let record = LogRecord {
@@ -201,7 +166,7 @@ pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error
         .await
         {
             Ok(Ok(outcome)) => {
-                tracing::warn!(%task, card_ref = %run.card_ref, ?outcome, "abnormal end recorded; chain goes on");
+                tracing::warn!(%task, card_ref = %run.card_ref, ?outcome, "abnormal end recorded; polling goes on");
                 return;
             }
             Ok(Err(e)) => {
@@ -216,7 +181,7 @@ pub async fn after_abnormal_end<J: PollTask>(job: J, ctx: Arc<AppContext>, error
     let delay = backoff(run.interval(), failures + 1);
     tracing::warn!(%task, card_ref = %run.card_ref, error = %error, retry_in_ms = delay.as_millis() as u64, "poll ended abnormally; successor scheduled");
     if let Err(e) = run.schedule(failures, delay).await {
-        tracing::error!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "no successor after an abnormal end; reconcile restores the chain");
+        tracing::error!(%task, card_ref = %run.card_ref, error = %format!("{e:#}"), "no successor after an abnormal end; the card is due again when its lease ends");
     }
 }
 

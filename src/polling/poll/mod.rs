@@ -1,7 +1,7 @@
 //! The flow of one poll, shared by card data and card status.
 //!
-//! 1. Check the chain in Redis: a stale job is acknowledged without a Gateway call; a job whose
-//!    card had no chain adopts it.
+//! 1. The job holds its card's lease in the due queue (`super::due_queue`): no other poll of the
+//!    card runs while it does, so there is nothing to check first.
 //! 2. Load the card (a read). Unknown or no longer pollable: acknowledge, no call. Parked: the
 //!    chain waits for its retry (`polling.<task>.parked_retry_secs` after parking); the job due
 //!    then is the retry, one poll: a valid answer un-parks the card (one `poll.unparked` record),
@@ -16,7 +16,7 @@
 //! 4. By outcome:
 //!    - valid and unchanged: **no PostgreSQL write at all**; count `skipped_unchanged`, and
 //!      schedule the next poll after the jittered interval in the chain script call that also
-//!      counts the poll in the chain entry's tally and the fleet's hourly counter
+//!      counts the poll in the card's tally and the fleet's hourly counter
 //!      ([`super::unchanged`]); a recorded change or failure resets the tally;
 //!    - valid and changed: one transaction with the terminal `succeeded` log, the optimistic card
 //!      update, its audit event + link and its outbox event; count `persisted_change`;
@@ -27,8 +27,9 @@
 //!
 //! Nothing here ever writes a `pending` log or updates `integration_logs`: the terminal path is
 //! [`records::insert_terminal_log`] only. A transient infrastructure error (PostgreSQL down while
-//! recording) never loses the chain: the job schedules a retry through [`chain::schedule`] (which
-//! keeps trying in the background while Redis refuses). A deterministic database error (the
+//! recording) never loses the card: the job schedules a retry through its acknowledgement (which
+//! keeps trying in the background while Redis refuses and the lease lasts; past it the card is
+//! due again by itself). A deterministic database error (the
 //! record or the change itself is refused) is recorded as a failure and counted, never retried
 //! forever ([`crate::storage::fault`]). An abnormal end (error, panic, timeout) still leaves a
 //! successor: [`after_abnormal_end`].
@@ -38,14 +39,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use cardworker_jobs::ChainState;
 use chrono::{DateTime, Utc};
-use redis::aio::ConnectionManager;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::chain::{self, Count, Liveness, PollJob};
 use super::circuit;
+use super::due_queue::{DueQueue, Lease, PollState, Standing, Step, Successor};
+use super::lease::{self, PollJob};
 use crate::backoff::{self as backoff_rule, Backoff, Jitter};
 use crate::cards::apply::{Applied, ChangeSource};
 use crate::config::Task;
@@ -100,7 +100,8 @@ pub trait PollTask: PollJob + RunJob {
 /// What one poll ended with (for tests and the benchmark).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollOutcome {
-    /// The job's chain was replaced: acknowledged, no call.
+    /// The job's lease no longer held its card (it ended, and the card went to another poll):
+    /// no call.
     Stale,
     /// No such card: acknowledged, no call, chain finished.
     UnknownCard,
@@ -122,16 +123,10 @@ pub enum PollOutcome {
     ProbeFailed,
     /// A parked chain's job came before its retry was due: rescheduled for the retry, no call.
     ParkedWaiting,
-    /// The chain was restarted while the chain it replaced was polling the card: rescheduled to
-    /// look again shortly, no call.
-    WaitingForReplaced,
-    /// The poll failed, but its chain was replaced meanwhile (an operator's `enqueue` or
-    /// `unpark`, reconcile): nothing recorded, nothing parked, no successor.
+    /// The poll failed, but an operator restarted the card's polling meanwhile (`enqueue`,
+    /// `unpark`): nothing recorded, nothing parked, the restart's fresh state kept.
     StaleFailure,
 }
-
-/// How soon a restarted chain whose predecessor's poll may still run looks again.
-pub const BUSY_RECHECK: Duration = Duration::from_secs(2);
 
 /// The delay before attempt `failures + 1` after `failures` consecutive failures: exponential from
 /// `min(interval, 10 s)`, capped at `max(interval, 10 min)`, with ±20% jitter (still capped).
@@ -157,13 +152,30 @@ fn count(task: Task, outcome: &'static str) {
     metrics::counter!(m::POLL_OUTCOMES, "task" => task.label(), "outcome" => outcome).increment(1);
 }
 
+/// What a successor's write does to the card's unchanged-poll tally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Nothing (a retry after an infrastructure error, a parked card waiting).
+    Keep,
+    /// The poll recorded a change or a failure: the count starts again from 0, since now.
+    Reset,
+    /// The poll was unchanged (at this time, which picks the fleet-wide hourly counter): one more
+    /// in the card's tally, and one more in this process's count for that hour
+    /// ([`super::unchanged::count_fleet`], written every few seconds).
+    Unchanged(DateTime<Utc>),
+}
+
 /// Everything one run needs to know about its job.
 struct Run<'a, J: PollTask> {
     ctx: &'a AppContext,
-    conn: ConnectionManager,
+    queue: DueQueue,
     card_ref: String,
-    /// The chain after the check (adopted id if any), with the job's failure count and turn.
-    state: ChainState,
+    /// The lease the poll holds its card under.
+    lease: Lease,
+    /// The card's state as the fetch handed it out (failures, deferrals, tally).
+    state: PollState,
+    /// When the lease ends, on this process's clock (the successor is retried until then).
+    lease_ends: std::time::Instant,
     /// No successor is due before this: the Gateway may still be working on this poll's call,
     /// which the poll stopped waiting for, and the card is never polled twice at once.
     not_before: Option<std::time::Instant>,
@@ -171,32 +183,18 @@ struct Run<'a, J: PollTask> {
 }
 
 impl<'a, J: PollTask> Run<'a, J> {
-    /// The run of `card_ref`'s job in chain `chain` at `seen`'s turn, after `seen.failures`
-    /// consecutive failures.
-    fn new(
-        ctx: &'a AppContext,
-        conn: ConnectionManager,
-        card_ref: String,
-        chain: String,
-        seen: &ChainState,
-    ) -> Self {
+    /// The run of `job`, whose card's lease ends no sooner than `lease_ends`.
+    fn new(ctx: &'a AppContext, job: &J, lease_ends: std::time::Instant) -> Self {
         Self {
             ctx,
-            conn,
-            card_ref,
-            state: ChainState {
-                chain,
-                failures: seen.failures,
-                deferrals: 0,
-                turn: seen.turn,
-            },
+            queue: lease::due_queue(ctx.prefix(), J::TASK),
+            card_ref: job.card_ref().to_owned(),
+            lease: job.lease(),
+            state: job.state(),
+            lease_ends,
             not_before: None,
             _job: std::marker::PhantomData,
         }
-    }
-
-    fn prefix(&self) -> &str {
-        self.ctx.prefix()
     }
 
     fn interval(&self) -> Duration {
@@ -215,71 +213,103 @@ impl<'a, J: PollTask> Run<'a, J> {
         self.ctx.config.polling.task(J::TASK).parked_retry()
     }
 
-    /// Schedules the chain's next job after `delay` with `failures`, its unchanged-poll tally left
-    /// as it is.
+    /// Acknowledges the poll with its card's next poll after `delay` with `failures`, its
+    /// unchanged-poll tally left as it is. Returns whether the lease still held the card.
     async fn schedule(&mut self, failures: u32, delay: Duration) -> anyhow::Result<bool> {
         self.schedule_counted(failures, delay, Count::Keep).await
     }
 
-    /// [`Self::schedule`], with what this poll does to the chain's unchanged-poll tally (in the
-    /// same script call).
+    /// [`Self::schedule`], with what this poll does to the card's unchanged-poll tally (in the
+    /// same write).
     async fn schedule_counted(
         &mut self,
         failures: u32,
         delay: Duration,
         count: Count,
     ) -> anyhow::Result<bool> {
+        let next = self.next_state(failures, count);
+        self.acknowledge(delay, next, count).await
+    }
+
+    /// The card's state after this poll.
+    fn next_state(&self, failures: u32, count: Count) -> PollState {
+        let step = match count {
+            Count::Keep => Step::Keep,
+            Count::Reset => Step::Reset,
+            Count::Unchanged(_) => Step::Unchanged,
+        };
+        self.state.after(step, failures, Utc::now())
+    }
+
+    /// Writes the successor: due after `delay` (never before `not_before`) with `next`.
+    async fn acknowledge(
+        &mut self,
+        delay: Duration,
+        next: PollState,
+        count: Count,
+    ) -> anyhow::Result<bool> {
         let delay = match self.not_before {
             Some(at) => delay.max(at.saturating_duration_since(std::time::Instant::now())),
             None => delay,
         };
-        // The successor's write is fenced by this job's own turn.
-        let next = ChainState {
-            chain: self.state.chain.clone(),
-            failures,
-            deferrals: 0,
-            turn: self.state.turn,
+        let successor = Successor {
+            card_ref: &self.card_ref,
+            lease: self.lease,
+            next_in: delay,
+            next,
         };
-        let prefix = self.ctx.prefix().to_owned();
-        // Redis refusing the successor (after a PostgreSQL commit, say) never ends the chain:
-        // the write is retried in the background until Redis answers.
-        Ok(chain::schedule_counted_or_retry(
-            &self.ctx.chain_calls,
+        // Redis refusing the successor (after a PostgreSQL commit, say) is retried in the
+        // background while the lease lasts; past it the card is due again by itself.
+        let written = lease::ack_or_retry(
+            &self.ctx.poll_acks,
             &self.ctx.shutdown,
-            &prefix,
-            J::TASK,
-            &self.card_ref,
-            &next,
-            delay,
-            count,
+            &self.queue,
+            successor,
+            self.lease_ends,
         )
-        .await)
+        .await;
+        if let (true, Count::Unchanged(at)) = (written, count) {
+            // The fleet-wide hourly counter is added up in this process and written every few
+            // seconds: one INCRBY per counter and flush, not one INCR per poll.
+            super::unchanged::count_fleet(self.ctx.prefix(), J::TASK, at);
+        }
+        Ok(written)
     }
 
     /// The next regular poll (failures reset), with `count` applied to the unchanged-poll tally.
     async fn schedule_next(&mut self, count: Count) -> anyhow::Result<()> {
         let delay = backoff_rule::spread(self.interval(), 0.1);
         if !self.schedule_counted(0, delay, count).await? {
-            tracing::debug!(card_ref = %self.card_ref, "chain replaced meanwhile; next poll left to the new chain");
+            tracing::debug!(card_ref = %self.card_ref, "lease ended meanwhile; the card's next poll is another's");
         }
         Ok(())
     }
 
+    /// The card needs no more polls: its due entry and state go (under the lease).
     async fn finish(&mut self) -> anyhow::Result<()> {
-        let prefix = self.prefix().to_owned();
-        chain::finish(
-            &mut self.conn,
-            &prefix,
-            J::TASK,
-            &self.card_ref,
-            &self.state,
-        )
-        .await
-        .map(|_| ())
+        let mut conn = self.ctx.redis.clone();
+        self.queue
+            .finish(&mut conn, &self.card_ref, self.lease)
+            .await
+            .map(|_| ())
+    }
+
+    /// Whether an operator restarted the card's polling while this poll ran (its state is no
+    /// longer the one the fetch handed out), or its lease no longer holds the card. A Redis that
+    /// does not answer counts as neither: a failure lost is worse than one recorded twice.
+    async fn is_replaced(&self) -> bool {
+        let mut conn = self.ctx.redis.clone();
+        match self.queue.entry(&mut conn, &self.card_ref).await {
+            Ok(Some((Standing::Leased { deadline_ms }, state))) => {
+                deadline_ms != self.lease.deadline_ms() || state != self.state
+            }
+            Ok(_) => true,
+            Err(_) => false,
+        }
     }
 
     /// An infrastructure error (PostgreSQL unavailable, say) while reading or recording: keep the
-    /// chain alive with a back-off retry; fail the job only when even that cannot be scheduled.
+    /// card polled with a back-off retry; fail the job only when even that cannot be scheduled.
     async fn retry_after_infra_error(
         &mut self,
         error: anyhow::Error,
@@ -301,58 +331,16 @@ impl<'a, J: PollTask> Run<'a, J> {
     }
 }
 
+/// When the lease of a poll that starts now ends at the soonest, on this process's clock: the
+/// fetch's lease less what the poll may already have spent (its handler's limit covers it).
+fn lease_ends(ctx: &AppContext) -> std::time::Instant {
+    std::time::Instant::now() + ctx.config.polling.handler_timeout()
+}
+
 /// Runs one poll of job `job` (the body of both polling handlers).
 pub async fn run_poll<J: PollTask>(job: J, ctx: Arc<AppContext>) -> anyhow::Result<PollOutcome> {
     let task = J::TASK;
-    let conn = ctx.redis.clone();
-    let card_ref = job.card_ref().to_owned();
-    let seen = job.state().clone();
-    let ttl = ctx.config.polling.lease_ttl();
-    let chain_id = match chain::check(&ctx.chain_calls, ctx.prefix(), task, &card_ref, &seen, ttl)
-        .await?
-    {
-        Liveness::Live => seen.chain.clone(),
-        Liveness::Busy(left) => {
-            // The chain this one replaced may still be polling the card: no second call at once.
-            // Look again shortly (the old poll clears the way when it ends), at the latest when
-            // its lease is over.
-            let wait = left.min(BUSY_RECHECK);
-            tracing::debug!(%task, %card_ref, chain = %seen.chain, wait_ms = wait.as_millis() as u64, "restarted chain waits for the replaced chain's poll");
-            let mut run = Run::<J>::new(&ctx, conn, card_ref, seen.chain.clone(), &seen);
-            let failures = run.state.failures;
-            run.schedule(failures, wait).await?;
-            return Ok(PollOutcome::WaitingForReplaced);
-        }
-        Liveness::Adopted(id) => {
-            tracing::info!(%task, %card_ref, chain = %id, "card had no live chain; job adopted it");
-            id
-        }
-        Liveness::Running(left) => {
-            // A second delivery of this very job while its first may be at the Gateway: no call.
-            // The chain goes on from the first delivery's successor, or, if that delivery died
-            // after its check, from this deferral once its marker is over.
-            tracing::debug!(%task, %card_ref, chain = %seen.chain, left_ms = left.as_millis() as u64, "second delivery of a running poll acknowledged without a Gateway call");
-            chain::defer_when_free(
-                conn,
-                Some(&ctx.shutdown),
-                ctx.prefix(),
-                task,
-                &card_ref,
-                &seen,
-                Duration::ZERO,
-                ttl,
-                left,
-            );
-            return Ok(PollOutcome::Stale);
-        }
-        Liveness::Stale => {
-            tracing::debug!(%task, %card_ref, chain = %seen.chain, "stale poll acknowledged without a Gateway call");
-            return Ok(PollOutcome::Stale);
-        }
-    };
-    let mut run = Run::<J>::new(&ctx, conn, card_ref, chain_id, &seen);
-    // Known as running until it returns: written back if Redis comes back empty meanwhile.
-    let _running = ctx.running_polls.enter(task, &run.card_ref, &run.state);
+    let mut run = Run::<J>::new(&ctx, &job, lease_ends(&ctx));
 
     let card = match ctx.card_reads.load(&run.card_ref).await {
         Ok(Some(card)) => card,
@@ -520,7 +508,7 @@ async fn unchanged<J: PollTask>(
     at: DateTime<Utc>,
 ) -> anyhow::Result<PollOutcome> {
     count(J::TASK, SKIPPED_UNCHANGED);
-    // The count goes with the successor: one script call updates the chain entry's tally and the
+    // The count goes with the successor: one script call updates the card's tally and the
     // fleet's hourly counter (super::unchanged).
     run.schedule_next(Count::Unchanged(at)).await?;
     Ok(PollOutcome::Unchanged)

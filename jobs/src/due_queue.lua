@@ -79,24 +79,25 @@ if op == 'fetch' then
   local max = tonumber(ARGV[2])
   local lease_ms = tonumber(ARGV[3])
   local at = now_ms()
+  -- The set's first entry is its earliest waiting card, or, when none waits, its earliest lease.
+  -- An idle shard answers from it and the earliest lease alone (two reads): the worker sleeps
+  -- until the sooner of the two.
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if not first[2] then return {} end
+  local first_at = tonumber(first[2])
+  if first_at >= LEASED then
+    if first_at - LEASED > at then return {first_at - LEASED - at} end
+  elseif first_at > at then
+    local held = redis.call('ZRANGE', KEYS[1], LEASED, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+      'WITHSCORES')
+    local next_at = first_at
+    if held[2] then next_at = math.min(next_at, tonumber(held[2]) - LEASED) end
+    if next_at > at then return {next_at - at} end
+  end
   local waiting = redis.call('ZRANGE', KEYS[1], '-inf', at, 'BYSCORE', 'LIMIT', 0, max, 'WITHSCORES')
   local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + at, 'BYSCORE', 'LIMIT', 0, max,
     'WITHSCORES')
-  if #waiting == 0 and #ended == 0 then
-    -- The earliest waiting entry is the set's first; the earliest lease to end, the first at or
-    -- above LEASED.
-    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    if not first[2] then return {} end
-    local next_at = tonumber(first[2])
-    if next_at >= LEASED then
-      next_at = next_at - LEASED
-    else
-      local held = redis.call('ZRANGE', KEYS[1], LEASED, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
-        'WITHSCORES')
-      if held[2] then next_at = math.min(next_at, tonumber(held[2]) - LEASED) end
-    end
-    return {math.max(next_at - at, 0)}
-  end
+  if #waiting == 0 and #ended == 0 then return {0} end
   local lease = next_lease(LEASED + at + lease_ms)
   local out = {}
   local i, j, taken = 1, 1, 0
@@ -126,8 +127,9 @@ end
 -- it out from the state the fetch handed it: the lease fences the write, so no other write of the
 -- card's state came between). Returns one number a group: 1, or 0 when `lease` no longer holds
 -- the card (it ended and the card was leased again, it was acknowledged already, or the card was
--- removed), and nothing changed for it.
-if op == 'ack' then
+-- removed), and nothing changed for it. `batch` is the same op under the name a process's batched
+-- calls send (`queue::batch`).
+if op == 'ack' or op == 'batch' then
   local out = {}
   for i = 2, #ARGV, 4 do
     local card = ARGV[i]
@@ -176,13 +178,19 @@ if op == 'extend' then
   return lease
 end
 
--- add(card, in_ms): the card's first poll is due in_ms from now, with a fresh state, unless the
--- card has an entry already (waiting or leased), which is left as it is. Returns 1 when added.
+-- add(card, in_ms, ...): for each pair, the card's first poll is due in_ms from now, with a fresh
+-- state, unless the card has an entry already (waiting or leased), which is left as it is.
+-- Returns how many were added.
 if op == 'add' then
-  local card = ARGV[2]
-  if redis.call('ZADD', KEYS[1], 'NX', now_ms() + tonumber(ARGV[3]), card) == 0 then return 0 end
-  redis.call('HSET', KEYS[3], card, fresh())
-  return 1
+  local added = 0
+  for i = 2, #ARGV, 2 do
+    local card = ARGV[i]
+    if redis.call('ZADD', KEYS[1], 'NX', now_ms() + tonumber(ARGV[i + 1]), card) == 1 then
+      redis.call('HSET', KEYS[3], card, fresh())
+      added = added + 1
+    end
+  end
+  return added
 end
 
 -- adopt(card, due_ms, state, ...): for each group of three, a card moved over from a polling
@@ -217,6 +225,22 @@ if op == 'merge' then
   s = tonumber(s)
   if s < LEASED and s > due then redis.call('ZADD', KEYS[1], due, card) end
   return 'merged'
+end
+
+-- restart(card, in_ms): an operator starts the card's polling again (`enqueue`, `unpark`): its
+-- state starts fresh (failures, deferrals and tally), and a card that waits is due in_ms from
+-- now. A card a poll holds keeps its lease: that poll is the one asked for, and it sees the reset
+-- (the state is no longer the one its fetch handed it), so it records no failure on it. Returns
+-- 'started' (the card had no entry), 'restarted' (it waited) or 'running' (a poll holds it).
+if op == 'restart' then
+  local card = ARGV[2]
+  local due = now_ms() + tonumber(ARGV[3])
+  local s = redis.call('ZSCORE', KEYS[1], card)
+  redis.call('HSET', KEYS[3], card, fresh())
+  if s and tonumber(s) >= LEASED then return 'running' end
+  redis.call('ZADD', KEYS[1], due, card)
+  if s then return 'restarted' end
+  return 'started'
 end
 
 -- remove(card): the card is polled no more. A running poll's acknowledgement then changes
