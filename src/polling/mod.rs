@@ -4,6 +4,8 @@
 //! - [`due_queue`]: one record per card and task shard (its due time and its state), which the
 //!   workers fetch under a lease and acknowledge with the card's next due time and state; its
 //!   script is Redis Cluster safe. Parking is in PostgreSQL.
+//! - [`poll_state`]: a card's poll state (failures, deferrals, unchanged-poll tally) and how a
+//!   finished poll changes it.
 //! - [`backend`]: the apalis backend of both polling workers, which fetches from the due queue as
 //!   many cards as the worker has free slots.
 //! - [`worker`]: starting a polling worker on its task's due queue.
@@ -35,6 +37,7 @@ pub mod circuit;
 pub mod due_queue;
 pub mod lease;
 pub mod poll;
+pub mod poll_state;
 pub mod reconcile;
 mod run_job;
 pub mod takeover;

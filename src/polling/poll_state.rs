@@ -1,0 +1,154 @@
+//! A card's poll state as the due queue keeps it beside its due entry ([`PollState`]): the next
+//! poll's failures and deferrals and the unchanged-poll tally, and how a finished poll changes it
+//! ([`PollState::after`], [`Step`]).
+
+use chrono::{DateTime, Utc};
+
+use crate::polling::unchanged::{parse_job_state, parse_tally, Since, Tally};
+
+/// What a card's next poll needs from Redis, and what `investigate` shows of its polling.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PollState {
+    /// Consecutive failures before the next poll (its back-off, and when it parks).
+    pub failures: u32,
+    /// Consecutive budget deferrals of the next poll (the deferral back-off).
+    pub deferrals: u32,
+    /// The unchanged polls since the last recorded change or failure, or since the card's first
+    /// poll here; `None` when the card has no state (the script then writes a fresh one with
+    /// the poll's acknowledgement).
+    pub tally: Option<Tally>,
+}
+
+impl PollState {
+    /// Parses the state the script keeps (`unchanged|last|since|failures[.deferrals]`); an empty
+    /// or malformed one is the state of a card polled for the first time.
+    pub fn parse(raw: &str) -> Self {
+        let fields: Vec<&str> = raw.split('|').collect();
+        match fields.as_slice() {
+            [count, last, since, state] => {
+                let (failures, deferrals) = parse_job_state(state);
+                Self {
+                    failures,
+                    deferrals,
+                    tally: parse_tally(count, last, since),
+                }
+            }
+            _ => Self::default(),
+        }
+    }
+}
+
+/// What a finished poll does to its card's state ([`PollState::after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The tally is kept (a retry after an infrastructure error, a parked card waiting).
+    Keep,
+    /// A change or a failure was recorded: the tally starts again from 0, now.
+    Reset,
+    /// The poll was unchanged: one more in the tally, the last one now.
+    Unchanged,
+    /// The budget deferred the poll before its call: one more deferral, failures and tally kept.
+    Deferred,
+}
+
+impl PollState {
+    /// The state of the card's next poll, after a poll with this state ended by `step` at `now`
+    /// with `failures` consecutive failures (ignored for [`Step::Deferred`], which keeps them).
+    /// Every step but a deferral clears the deferrals.
+    pub fn after(&self, step: Step, failures: u32, now: DateTime<Utc>) -> PollState {
+        let now = DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
+        let mut tally = self.tally.clone().unwrap_or(Tally {
+            count: 0,
+            last: None,
+            since: now,
+            since_kind: Since::ChainStart,
+        });
+        match step {
+            Step::Unchanged => {
+                tally.count += 1;
+                tally.last = Some(now);
+            }
+            Step::Reset => {
+                tally.count = 0;
+                tally.since = now;
+                tally.since_kind = Since::ChangeOrFailure;
+            }
+            Step::Keep | Step::Deferred => {}
+        }
+        let (failures, deferrals) = match step {
+            Step::Deferred => (self.failures, self.deferrals.saturating_add(1)),
+            _ => (failures, 0),
+        };
+        PollState {
+            failures,
+            deferrals,
+            tally: Some(tally),
+        }
+    }
+
+    /// The state as the script keeps it (`unchanged|last|since|failures[.deferrals]`, times in
+    /// base-36 unix seconds), [`PollState::parse`]'s inverse.
+    pub fn to_raw(&self) -> String {
+        let (count, last, since) = match &self.tally {
+            Some(t) => {
+                let kind = match t.since_kind {
+                    Since::ChangeOrFailure => 'c',
+                    Since::ChainStart => 's',
+                };
+                let last = t
+                    .last
+                    .map_or_else(|| "0".to_owned(), |l| base36(l.timestamp()));
+                (
+                    t.count,
+                    last,
+                    format!("{kind}{}", base36(t.since.timestamp())),
+                )
+            }
+            None => (0, "0".to_owned(), "s0".to_owned()),
+        };
+        let state = if self.deferrals > 0 {
+            format!("{}.{}", self.failures, self.deferrals)
+        } else {
+            self.failures.to_string()
+        };
+        format!("{count}|{last}|{since}|{state}")
+    }
+}
+
+/// `n` in base 36 (lower case), `0` for anything not above 0.
+fn base36(n: i64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut n = u64::try_from(n).unwrap_or(0);
+    if n == 0 {
+        return "0".to_owned();
+    }
+    let mut out = Vec::new();
+    while n > 0 {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_parses_its_failures_deferrals_and_tally_and_a_missing_or_malformed_one_is_fresh() {
+        let state = PollState::parse("3|t0gmqo|ct0gmqa|2.4");
+        assert_eq!((state.failures, state.deferrals), (2, 4));
+        let tally = state.tally.clone().unwrap_or_else(|| panic!("a tally"));
+        assert_eq!(tally.count, 3);
+        assert!(tally.last.is_some());
+        assert_eq!(
+            PollState::parse(&state.to_raw()),
+            state,
+            "to_raw is parse's inverse"
+        );
+        for raw in ["", "garbage", "1|2|3", "1|2|3|4|5"] {
+            assert_eq!(PollState::parse(raw), PollState::default(), "{raw:?}");
+        }
+    }
+}
