@@ -11,7 +11,10 @@ use crate::polling::unchanged::{parse_job_state, parse_tally, Since, Tally};
 pub struct PollState {
     /// Consecutive failures before the next poll (its back-off, and when it parks).
     pub failures: u32,
-    /// Consecutive budget deferrals of the next poll (the deferral back-off).
+    /// Budget deferrals of the next poll that the state records: only a chain moved over from
+    /// the release before carries any (its own count), and the card's next poll clears it. The
+    /// polling workers count their own deferrals in the process (`backend::FetchPause`), since a
+    /// deferral gives the card back without writing its state.
     pub deferrals: u32,
     /// The unchanged polls since the last recorded change or failure, or since the card's first
     /// poll here; `None` when the card has no state (the script then writes a fresh one with
@@ -47,14 +50,11 @@ pub enum Step {
     Reset,
     /// The poll was unchanged: one more in the tally, the last one now.
     Unchanged,
-    /// The budget deferred the poll before its call: one more deferral, failures and tally kept.
-    Deferred,
 }
 
 impl PollState {
     /// The state of the card's next poll, after a poll with this state ended by `step` at `now`
-    /// with `failures` consecutive failures (ignored for [`Step::Deferred`], which keeps them).
-    /// Every step but a deferral clears the deferrals.
+    /// with `failures` consecutive failures. A poll that ran clears the deferrals.
     pub fn after(&self, step: Step, failures: u32, now: DateTime<Utc>) -> PollState {
         let now = DateTime::from_timestamp(now.timestamp(), 0).unwrap_or(now);
         let mut tally = self.tally.clone().unwrap_or(Tally {
@@ -73,15 +73,11 @@ impl PollState {
                 tally.since = now;
                 tally.since_kind = Since::ChangeOrFailure;
             }
-            Step::Keep | Step::Deferred => {}
+            Step::Keep => {}
         }
-        let (failures, deferrals) = match step {
-            Step::Deferred => (self.failures, self.deferrals.saturating_add(1)),
-            _ => (failures, 0),
-        };
         PollState {
             failures,
-            deferrals,
+            deferrals: 0,
             tally: Some(tally),
         }
     }

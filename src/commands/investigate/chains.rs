@@ -27,7 +27,8 @@ pub struct ChainView {
     pub polling_now: bool,
     /// Consecutive failures before the card's next poll.
     pub failures: u32,
-    /// Consecutive budget deferrals of the card's next poll.
+    /// Budget deferrals recorded in the card's state (only a chain moved over from the release
+    /// before carries any; a worker's own deferrals are counted in its process).
     pub deferrals: u32,
 }
 
