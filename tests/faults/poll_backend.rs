@@ -32,6 +32,36 @@ struct Seen {
     done: Arc<tokio::sync::Notify>,
 }
 
+impl Seen {
+    /// Nothing seen yet, on `queue` through `conn`.
+    fn on(queue: &DueQueue, conn: &ConnectionManager) -> Self {
+        Self {
+            queue: queue.clone(),
+            conn: conn.clone(),
+            running: Arc::default(),
+            polls: Arc::default(),
+            most_leased: Arc::default(),
+            done: Arc::default(),
+        }
+    }
+}
+
+/// A stop for a worker's `run_until`: notify the first to stop the second.
+fn stop_signal() -> (
+    Arc<tokio::sync::Notify>,
+    impl std::future::Future<Output = Result<(), std::io::Error>>,
+) {
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = {
+        let stop = stop.clone();
+        async move {
+            stop.notified().await;
+            Ok::<(), std::io::Error>(())
+        }
+    };
+    (stop, stopped)
+}
+
 async fn poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
     seen.running.fetch_add(1, Ordering::AcqRel);
     let poll: LeasedPoll = serde_json::from_str(&raw)?;
@@ -77,14 +107,7 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
             .await
             .unwrap();
     }
-    let seen = Seen {
-        queue: queue.clone(),
-        conn: conn.clone(),
-        running: Arc::default(),
-        polls: Arc::default(),
-        most_leased: Arc::default(),
-        done: Arc::default(),
-    };
+    let seen = Seen::on(&queue, &conn);
     let fetch = PollFetch {
         slots: SLOTS,
         lease: Duration::from_secs(30),
@@ -102,14 +125,7 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
         .data(seen.clone())
         .concurrency(SLOTS)
         .build(poll);
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = {
-        let stop = stop.clone();
-        async move {
-            stop.notified().await;
-            Ok::<(), std::io::Error>(())
-        }
-    };
+    let (stop, stopped) = stop_signal();
     let run = tokio::spawn(worker.run_until(stopped));
     tokio::time::timeout(Duration::from_secs(30), async {
         while seen
@@ -190,14 +206,7 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
         let (standing, _) = queue.entry(&mut conn, &card).await.unwrap().unwrap();
         due_before.insert(card, standing);
     }
-    let seen = Seen {
-        queue: queue.clone(),
-        conn: conn.clone(),
-        running: Arc::default(),
-        polls: Arc::default(),
-        most_leased: Arc::default(),
-        done: Arc::default(),
-    };
+    let seen = Seen::on(&queue, &conn);
     // The backend leases for four slots, the worker runs one poll at a time: three cards wait
     // fetched and unstarted while the first poll runs.
     let fetch = PollFetch {
@@ -217,14 +226,7 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
         .data(seen.clone())
         .concurrency(1)
         .build(slow_poll);
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = {
-        let stop = stop.clone();
-        async move {
-            stop.notified().await;
-            Ok::<(), std::io::Error>(())
-        }
-    };
+    let (stop, stopped) = stop_signal();
     let run = tokio::spawn(worker.run_until(stopped));
     tokio::time::timeout(Duration::from_secs(10), seen.done.notified())
         .await
@@ -264,14 +266,7 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
             .await
             .unwrap();
     }
-    let seen = Seen {
-        queue: queue.clone(),
-        conn: conn.clone(),
-        running: Arc::default(),
-        polls: Arc::default(),
-        most_leased: Arc::default(),
-        done: Arc::default(),
-    };
+    let seen = Seen::on(&queue, &conn);
     // The first fetch finds nothing due: the worker must come back when the cards are, not
     // after its longest wait.
     let fetch = PollFetch {
@@ -291,14 +286,7 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
         .data(seen.clone())
         .concurrency(4)
         .build(poll);
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = {
-        let stop = stop.clone();
-        async move {
-            stop.notified().await;
-            Ok::<(), std::io::Error>(())
-        }
-    };
+    let (stop, stopped) = stop_signal();
     let run = tokio::spawn(worker.run_until(stopped));
     let polled = tokio::time::timeout(Duration::from_secs(10), async {
         while seen.polls.lock().unwrap().len() < 3 {
