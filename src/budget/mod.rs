@@ -48,7 +48,7 @@
 //!   leases this process holds.
 //!
 //! This module knows admission only: leases and circuits. The tower layer that takes them around
-//! every polling job, and defers a job through its chain when it is not admitted, lives with
+//! every polling job, and gives a card it does not admit back to the due queue, lives with
 //! polling (`polling::budget_layer`); the operator commands live in `commands::budget`.
 //!
 //! One file on purpose, though it is over 1,000 lines with its tests: it is the Rust side of one

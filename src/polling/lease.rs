@@ -155,7 +155,7 @@ pub async fn ack_or_retry(
                         }
                     }
                 }
-                tracing::warn!(%card_ref, "successor given up with its lease; the card is due again as it was before the poll");
+                tracing::warn!(%card_ref, "successor given up with its lease; the card is due again with the state it had when fetched");
             });
             true
         }
