@@ -66,6 +66,22 @@ local function holds(card, lease)
   return s and tonumber(s) == tonumber(lease)
 end
 
+-- Runs `cmd key args...` over a flat list of arguments, in as few calls as Lua's stack allows
+-- (unpack takes some thousands of values): one call for any batch a worker sends. Returns the
+-- replies' elements concatenated (for HMGET and ZMSCORE).
+local CHUNK = 1000
+local function call_many(cmd, key, args, width)
+  local out = {}
+  local step = CHUNK * width
+  for first = 1, #args, step do
+    local r = redis.call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
+    if type(r) == 'table' then
+      for k = 1, #r do out[#out + 1] = r[k] end
+    end
+  end
+  return out
+end
+
 -- Numbers go back as numbers (integer replies, exact), never through tostring(), whose 14
 -- significant digits would round a lease score.
 local op = ARGV[1]
@@ -99,25 +115,31 @@ if op == 'fetch' then
     'WITHSCORES')
   if #waiting == 0 and #ended == 0 then return {0} end
   local lease = next_lease(LEASED + at + lease_ms)
-  local out = {}
-  local i, j, taken = 1, 1, 0
-  while taken < max and (i <= #waiting or j <= #ended) do
-    local card, due
+  -- The cards taken, then one ZADD leasing them all and one HMGET of their states: a fetch
+  -- costs Redis the same few commands whatever its size.
+  local taken, dues, leases = {}, {}, {}
+  local i, j, n = 1, 1, 0
+  while n < max and (i <= #waiting or j <= #ended) do
     local w = waiting[i + 1] and tonumber(waiting[i + 1])
     local e = ended[j + 1] and (tonumber(ended[j + 1]) - LEASED)
+    n = n + 1
     if w and (not e or w <= e) then
-      card, due = waiting[i], w
+      taken[n], dues[n] = waiting[i], w
       i = i + 2
     else
-      card, due = ended[j], e
+      taken[n], dues[n] = ended[j], e
       j = j + 2
     end
-    redis.call('ZADD', KEYS[1], lease, card)
-    out[#out + 1] = card
+    leases[2 * n - 1], leases[2 * n] = lease, taken[n]
+  end
+  call_many('ZADD', KEYS[1], leases, 2)
+  local states = call_many('HMGET', KEYS[3], taken, 1)
+  local out = {}
+  for k = 1, n do
+    out[#out + 1] = taken[k]
     out[#out + 1] = lease
-    out[#out + 1] = due
-    out[#out + 1] = redis.call('HGET', KEYS[3], card) or ''
-    taken = taken + 1
+    out[#out + 1] = dues[k]
+    out[#out + 1] = states[k] or ''
   end
   return out
 end
@@ -130,17 +152,29 @@ end
 -- removed), and nothing changed for it. `batch` is the same op under the name a process's batched
 -- calls send (`queue::batch`).
 if op == 'ack' or op == 'batch' then
-  local out = {}
-  for i = 2, #ARGV, 4 do
-    local card = ARGV[i]
-    if holds(card, ARGV[i + 1]) then
-      redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[i + 2]), card)
-      redis.call('HSET', KEYS[3], card, ARGV[i + 3])
-      out[#out + 1] = 1
+  -- One ZMSCORE checks every lease, then one ZADD and one HSET write every held card's
+  -- successor: an acknowledgement costs Redis the same few commands whatever its size. A card
+  -- named twice is acknowledged once: its first successor ends the lease the second names.
+  local cards = {}
+  for i = 2, #ARGV, 4 do cards[#cards + 1] = ARGV[i] end
+  local scores = call_many('ZMSCORE', KEYS[1], cards, 1)
+  local out, dues, states, done = {}, {}, {}, {}
+  for k = 1, #cards do
+    local card, i = cards[k], 4 * k - 2
+    local s = scores[k]
+    if not done[card] and s and tonumber(s) == tonumber(ARGV[i + 1]) then
+      done[card] = true
+      dues[#dues + 1] = now_ms() + tonumber(ARGV[i + 2])
+      dues[#dues + 1] = card
+      states[#states + 1] = card
+      states[#states + 1] = ARGV[i + 3]
+      out[k] = 1
     else
-      out[#out + 1] = 0
+      out[k] = 0
     end
   end
+  call_many('ZADD', KEYS[1], dues, 2)
+  call_many('HSET', KEYS[3], states, 2)
   return out
 end
 

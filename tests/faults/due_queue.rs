@@ -709,3 +709,66 @@ async fn a_fetch_that_finds_nothing_due_tells_how_soon_the_next_card_is() {
         "the lease ends in {wait:?}, before the waiting card is due"
     );
 }
+
+/// The Redis commands (inner ones counted, `INFO commandstats`) that fetching `n` due cards in
+/// one call and acknowledging them in one call cost.
+async fn commands_for_a_round_of(n: usize) -> u64 {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i}")).collect();
+    let refs: Vec<(&str, Duration)> = cards.iter().map(|c| (c.as_str(), Duration::ZERO)).collect();
+    queue.add_many(&mut conn, &refs).await.unwrap();
+    crate::redis_cost::reset(&mut conn).await;
+
+    let leased = queue.fetch(&mut conn, n, LONG).await.unwrap();
+    assert_eq!(leased.len(), n);
+    let successors: Vec<Successor<'_>> = leased
+        .iter()
+        .map(|l| keep(&l.card_ref, l.lease, LONG))
+        .collect();
+    let held = queue.ack_many(&mut conn, &successors).await.unwrap();
+    assert!(held.iter().all(|h| *h == StillHeld::Yes(())), "{held:?}");
+    let (calls, _) = crate::redis_cost::counted(&mut conn).await;
+    calls.values().sum()
+}
+
+#[tokio::test]
+async fn a_round_of_32_cards_costs_redis_as_many_commands_as_a_round_of_one() {
+    let one = commands_for_a_round_of(1).await;
+    let many = commands_for_a_round_of(32).await;
+    assert_eq!(
+        many, one,
+        "a fetch and an acknowledgement write their cards with one command each, whatever their \
+         number ({one} commands for one card, {many} for 32)"
+    );
+}
+
+#[tokio::test]
+async fn a_card_named_twice_in_one_acknowledgement_is_acknowledged_once() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    let one = &leased[0];
+    let held = queue
+        .ack_many(
+            &mut conn,
+            &[
+                keep(&one.card_ref, one.lease, Duration::ZERO),
+                keep(&one.card_ref, one.lease, LONG),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        held,
+        [StillHeld::Yes(()), StillHeld::Stale],
+        "the first successor ends the lease the second names"
+    );
+    let again = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again),
+        ["c-1"],
+        "the first successor's due time stands"
+    );
+}
