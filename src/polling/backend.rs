@@ -12,7 +12,10 @@
 //!
 //! When a fetch finds nothing due, it says how soon the shard's next card is, and the worker
 //! waits that long, at most [`PollFetch::idle_max`]: an idle worker costs a script call per due
-//! time, and one per `idle_max` while nothing is due for longer.
+//! time, and one per `idle_max` while nothing is due for longer. When a fetch leases every due
+//! card it finds with slots to spare, the worker gathers the cards coming due for
+//! [`PollFetch::gather`] before it fetches again, so that a steady trickle of due cards costs a
+//! fetch per `gather`, not one per card.
 //!
 //! # Layout
 //! - [`LeasedPoll`]: the payload of a fetched card.
@@ -96,6 +99,11 @@ pub struct PollFetch {
     /// shard's next card is due sooner (the fetch says when); this bounds how long a card that
     /// another process makes due earlier (a producer's request) waits for an idle worker.
     pub idle_max: Duration,
+    /// The wait after a fetch that leased every due card it found and had room for more: the
+    /// cards coming due meanwhile are leased together by the next fetch. Under a steady trickle
+    /// of due cards this turns a script call per card into one per `gather`, for a poll up to
+    /// `gather` later; a backlog never waits on it (its fetches fill every free slot).
+    pub gather: Duration,
 }
 
 /// A polling worker's pause in fetching, which its budget layer sets when it gives a card back
@@ -174,9 +182,12 @@ pub struct PollBackend {
     pause: FetchPause,
     /// The fetch under way, if any.
     fetching: Option<BoxFuture<'static, anyhow::Result<Fetched>>>,
+    /// How many cards the last fetch asked for (the slots free when it started).
+    asked: usize,
     /// Cards fetched and not yet handed to the worker.
     buffer: VecDeque<Leased>,
-    /// The wait before the next fetch, after one that found nothing due.
+    /// The wait before the next fetch, after one that found nothing due or leased every due card
+    /// it found ([`PollFetch::gather`]).
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Handing the unstarted cards back on close, while under way.
     releasing: Option<BoxFuture<'static, ()>>,
@@ -202,6 +213,7 @@ impl PollBackend {
             running,
             pause,
             fetching: None,
+            asked: 0,
             buffer: VecDeque::new(),
             idle: None,
             releasing: None,
@@ -268,6 +280,7 @@ impl Backend for PollBackend {
                     self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.idle_max)));
                     continue;
                 }
+                self.asked = max;
                 let (queue, mut conn, lease) =
                     (self.queue.clone(), self.conn.clone(), self.fetch.lease);
                 self.fetching =
@@ -279,6 +292,9 @@ impl Backend for PollBackend {
             match futures::ready!(fetching.poll_unpin(cx)) {
                 Ok(Fetched::Leased(leased)) => {
                     self.fetching = None;
+                    if leased.len() < self.asked {
+                        self.idle = Some(Box::pin(tokio::time::sleep(self.fetch.gather)));
+                    }
                     self.buffer.extend(leased);
                 }
                 Ok(Fetched::NoneDue { next_in }) => {

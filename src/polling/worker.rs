@@ -26,6 +26,11 @@ pub const POLL_LEASE_MARGIN: Duration = ORPHAN_MARGIN;
 /// due sooner): how long a card another process makes due earlier waits for an idle worker.
 pub const POLL_IDLE_MAX: Duration = Duration::from_secs(2);
 
+/// How long a polling worker that leased every due card gathers the next ones before it fetches
+/// again ([`PollFetch::gather`]): a poll at most this much later, for a fetch of the cards due in
+/// this window instead of one per card. Small against any polling interval.
+pub const POLL_GATHER: Duration = Duration::from_millis(10);
+
 /// Starts one polling worker for job `J` on its task's due queue ([`PollBackend`]), its service
 /// wrapped in `layer` (the polling budget, which pauses the worker's fetching through `pause`
 /// when it defers) inside a [`RunningLayer`] that counts its polls for the backend. Each fetched card is leased for the poll's limit plus [`POLL_LEASE_MARGIN`]: a
@@ -49,6 +54,7 @@ where
                 slots: concurrency,
                 lease: J::timeout(&ctx.config) + POLL_LEASE_MARGIN,
                 idle_max: POLL_IDLE_MAX,
+                gather: POLL_GATHER,
             };
             let backend = PollBackend::new(
                 super::lease::due_queue(ctx.prefix(), <J as PollJob>::TASK),

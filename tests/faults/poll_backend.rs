@@ -112,6 +112,7 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
         slots: SLOTS,
         lease: Duration::from_secs(30),
         idle_max: Duration::from_millis(20),
+        gather: Duration::from_millis(10),
     };
     let backend = PollBackend::new(
         queue.clone(),
@@ -213,6 +214,7 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
         slots: 4,
         lease: Duration::from_secs(60),
         idle_max: Duration::from_millis(20),
+        gather: Duration::from_millis(10),
     };
     let backend = PollBackend::new(
         queue.clone(),
@@ -273,6 +275,7 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
         slots: 4,
         lease: Duration::from_secs(30),
         idle_max: Duration::from_secs(60),
+        gather: Duration::from_millis(10),
     };
     let backend = PollBackend::new(
         queue.clone(),
@@ -300,5 +303,75 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
         polled.is_ok(),
         "cards due 400 ms after the start polled within 10 s (the longest idle wait is 60 s); polled: {:?}",
         seen.polls.lock().unwrap().keys().collect::<Vec<_>>()
+    );
+}
+
+/// The number of polls `seen` recorded.
+fn polls_seen(seen: &Seen) -> usize {
+    seen.polls.lock().unwrap().values().map(Vec::len).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_worker_that_leased_every_due_card_gathers_the_cards_coming_due_into_one_fetch() {
+    let redis = PrivateRedis::start_new(false);
+    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
+    let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0));
+    queue
+        .add(&mut conn, "c-first", Duration::ZERO)
+        .await
+        .unwrap();
+    let seen = Seen::on(&queue, &conn);
+    let fetch = PollFetch {
+        slots: 8,
+        lease: Duration::from_secs(30),
+        idle_max: Duration::from_millis(20),
+        gather: Duration::from_millis(600),
+    };
+    let backend = PollBackend::new(
+        queue.clone(),
+        conn.clone(),
+        fetch,
+        seen.running.clone(),
+        FetchPause::default(),
+    );
+    let worker = WorkerBuilder::new("poll-backend-gather")
+        .backend(backend)
+        .data(seen.clone())
+        .concurrency(8)
+        .build(poll);
+    let (stop, stopped) = stop_signal();
+    let run = tokio::spawn(worker.run_until(stopped));
+
+    // The first fetch leased the one due card with seven slots to spare; cards coming due one by
+    // one within the gather window that follows are leased by one fetch, under one lease.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while polls_seen(&seen) < 1 {
+            seen.done.notified().await;
+        }
+    })
+    .await
+    .expect("the first card polled");
+    let trickle: Vec<String> = (0..4).map(|i| format!("c-{i}")).collect();
+    for card in &trickle {
+        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while polls_seen(&seen) < 1 + trickle.len() {
+            seen.done.notified().await;
+        }
+    })
+    .await
+    .expect("every card of the trickle polled");
+    stop.notify_one();
+    run.await.unwrap().unwrap();
+
+    let polls = seen.polls.lock().unwrap().clone();
+    let leases: std::collections::BTreeSet<u64> =
+        trickle.iter().map(|card| polls[card][0].lease).collect();
+    assert_eq!(
+        leases.len(),
+        1,
+        "the trickle's cards were leased by one fetch (one lease score): {leases:?}"
     );
 }
