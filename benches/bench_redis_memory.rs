@@ -32,7 +32,9 @@ use cardworker::context::AppContext;
 use cardworker::limit::Limit;
 use cardworker::polling::due_queue::{PollState, Step, LEASED};
 use cardworker::polling::{lease, reconcile};
+use cardworker::queue::intake;
 use cardworker::sim::Simulator;
+use cardworker_test_kit::redis_stats::raw_apalis;
 
 use redis::aio::ConnectionManager;
 
@@ -333,6 +335,10 @@ async fn run(
             .to_owned()
     };
 
+    // The yardstick, on the same Redis after the worker's figures were read: what plain
+    // apalis-redis keeps per finished no-op job (its finished jobs' records).
+    let raw = raw_apalis(&ctx.redis, intake::HIGH_WATER_MARK).await?;
+
     let per = |used: u64| used.saturating_sub(empty) as f64 / n as f64;
     println!("bench-redis-memory: {n} cards, both tasks at 3600 s, Redis {version} (private)\n");
     println!("| measure | value |");
@@ -359,6 +365,16 @@ async fn run(
     println!(
         "| growth from the first round to steady state, per card | {:.1} B |",
         (steady as f64 - first as f64) / n as f64
+    );
+    println!(
+        "| raw apalis-redis, same Redis, same run: memory per finished no-op job ({} jobs) | {:.0} B |",
+        intake::HIGH_WATER_MARK,
+        raw.kept_bytes
+    );
+    println!(
+        "| per card ÷ per raw apalis-redis job: first round / steady state | {:.2} / {:.2} |",
+        per(first) / raw.kept_bytes,
+        per(steady) / raw.kept_bytes
     );
     let keys_sum = |rows: &BTreeMap<String, (u64, u64)>| {
         rows.values().map(|(_, b)| b).sum::<u64>() as f64 / n as f64

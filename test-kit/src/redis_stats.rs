@@ -40,6 +40,8 @@ pub struct RedisSample {
     /// `used_cpu_user + used_cpu_sys`.
     pub cpu_secs: f64,
     pub input_bytes: u64,
+    /// `used_memory` (bytes).
+    pub used_memory: u64,
 }
 
 impl RedisSample {
@@ -86,6 +88,11 @@ pub async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisS
         .get("total_net_input_bytes")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let used_memory = info(conn, "memory")
+        .await?
+        .get("used_memory")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     Ok(RedisSample {
         calls,
         usec,
@@ -93,6 +100,7 @@ pub async fn redis_sample(conn: &mut ConnectionManager) -> anyhow::Result<RedisS
         cpu_sys,
         cpu_secs: cpu_user + cpu_sys,
         input_bytes,
+        used_memory,
     })
 }
 
@@ -105,6 +113,9 @@ pub struct Raw {
     pub cpu_us: f64,
     /// Redis commands per job (inner commands counted), fetch and acknowledgement.
     pub cmds: f64,
+    /// Redis memory per job still held once every job is done (`used_memory` after the run less
+    /// before it, the jobs fed in between): the finished job's records apalis-redis keeps.
+    pub kept_bytes: f64,
 }
 
 /// The queue [`raw_apalis`] runs its jobs through.
@@ -123,6 +134,7 @@ pub async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Ra
     );
     let prefix = format!("raw-{}", ulid::Ulid::new());
     let mut c = conn.clone();
+    let empty = redis_sample(&mut c).await?.used_memory;
     // Jobs of the size of a poll's payload, written into the intake of a queue of their own.
     let producer = cardworker_jobs::Producer::new(c.clone(), prefix.clone());
     for i in 0..n {
@@ -174,6 +186,7 @@ pub async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Ra
         rate,
         cpu_us: (after.cpu_secs - before.cpu_secs) * 1e6 / n as f64,
         cmds: (after.total() - before.total()) as f64 / n as f64,
+        kept_bytes: (after.used_memory as f64 - empty as f64) / n as f64,
     })
 }
 
