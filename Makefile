@@ -172,8 +172,10 @@ bench-slowdown: services
 bench-scrape: services
 	BENCH_SCENARIO=scrape $(CARGO) bench --profile dev --bench bench_faults
 
-## Each Lua script's cost per op on a private redis-server (benches/lua_cost.sh): µs, or with VG=1
-## the instructions redis-server ran (callgrind: within 0.5 % run to run). About 20 s; VG=1 about 1 min.
+## What the due queue's fetch + acknowledgement costs Redis per poll at batch sizes 1, 4, 16 and 32,
+## its head per call and the budget's acquire + release per pair, on a private redis-server
+## (benches/lua_cost.sh): µs and commands, or with VG=1 the instructions redis-server ran
+## (callgrind: within 0.5 % run to run). About 5 s; VG=1 about 35 s.
 bench-lua:
 	VG=$(VG) bash benches/lua_cost.sh
 

@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# What each of a poll's Lua scripts costs Redis (issue 16), one script at a time, on a private
-# redis-server on a free port (removed at the end): the chain's check and successor batches (16
-# ops a call), the feeder (200 due chains a call) and a fetch + acknowledgement of 16 jobs, over
-# 3,000 chain entries.
+# What the polling path's Lua scripts cost Redis, op by op, on a private redis-server on a free
+# port (stopped and removed at the end):
+# - the due queue (jobs/src/due_queue.lua), one shard of 3,000 cards, each with a poll state
+#   (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease, then one `batch`
+#   acknowledging those N with the leases the fetch returned, each due again at once with the
+#   next state, at N = 1, 4, 16 and 32, per poll (one card fetched and acknowledged); and `head`
+#   (what the lateness gauges read), per call;
+# - the budget (src/budget/budget.lua with src/budget/circuit.lua prepended, as budget/mod.rs
+#   loads it): a plain `acquire` of a carddata token (the default limits and circuit, no limit
+#   reached, the circuit closed, no finish carried, no lease taken over), then the `release` of
+#   its lease, per pair. What the pool's kept slots and the finishes an acquire carries change is
+#   not measured here (bench-budget runs the whole layer).
 #
-# `make bench-lua`: µs of command execution per op (commandstats, best of 3 runs; this VM's speed
-# changes by the hour, so compare within one run). `make bench-lua VG=1`: the instructions
-# redis-server ran per op, under callgrind: within about 0.5 % from run to run whatever the load
-# (Redis's own hash seeds and clock still vary), which tells a change of a few per cent in a
-# script from the VM's noise.
+# `make bench-lua`: µs of command execution (INFO commandstats: EVALSHA's usec, which includes
+# the commands the script runs; the best of 3 runs), EVALSHA calls and the commands the scripts
+# run (TIME, ZRANGE, ZADD, ...), per poll, per `head` and per budget pair. This VM's speed changes
+# by the hour: compare µs within one run. `make bench-lua VG=1`: the instructions redis-server
+# runs instead of µs, under callgrind (one run, after a warm-up): everything the server does for
+# the calls counts (reading and parsing them, the scripts, the replies). The count is within about
+# 0.5 % from run to run whatever the load (Redis's clock and hash seeds still vary), so it tells a
+# change of a few per cent in a script from the VM's noise.
 #
-# usage: benches/lua_cost.sh [chain.lua] [feed.lua] [rounds]; FETCH=, ACK= other scripts; B= ops
-# per chain call; W=7 for a chain script from before the job's turn (ARGV groups of 7, not 8).
-# Needs redis-server, redis-cli, python3, bc (and valgrind for VG=1).
+# usage: benches/lua_cost.sh [due_queue.lua] [polls per run]   (defaults: the tree's script,
+# 3,200 polls per run and batch size); BUDGET=, CIRCUIT= other budget scripts. Needs
+# redis-server, redis-cli and python3 (and valgrind for VG=1).
 set -euo pipefail
-CHAIN=${1:-jobs/src/chain.lua}; FEED=${2:-src/queue/feed.lua}; FETCH=${FETCH:-./src/queue/fetch.lua}; ACK=${ACK:-./src/queue/ack.lua}; ROUNDS=${3:-180}; B=${B:-16}; W=${W:-8}; CARDS=3000
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DUE=${1:-$ROOT/jobs/src/due_queue.lua}; POLLS=${2:-3200}
+BUDGET=${BUDGET:-$ROOT/src/budget/budget.lua}; CIRCUIT=${CIRCUIT:-$ROOT/src/budget/circuit.lua}
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 DIR=$(mktemp -d)
 if [ -n "${VG:-}" ]; then
@@ -23,99 +36,188 @@ if [ -n "${VG:-}" ]; then
 else
   redis-server --port $PORT --save '' --appendonly no --dir $DIR --daemonize yes --pidfile $DIR/pid >/dev/null
 fi
-trap 'kill $(cat $DIR/pid) 2>/dev/null; rm -rf $DIR' EXIT
+cleanup() { # the server stopped (callgrind writes its last dump as it exits), then its directory
+  local pid; pid=$(cat $DIR/pid 2>/dev/null || true)
+  if [ -n "$pid" ]; then
+    kill $pid 2>/dev/null || true
+    for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -rf $DIR
+}
+trap cleanup EXIT
 for i in $(seq 300); do redis-cli -p $PORT ping >/dev/null 2>&1 && break; sleep 0.1; done
-R="redis-cli -p $PORT"
-CS=$($R script load "$(cat $CHAIN)"); FS=$($R script load "$(cat $FEED)"); XS=$($R script load "$(cat $FETCH)"); AS=$($R script load "$(cat $ACK)")
-P=mb
-CH=$P:chain:poll_card_data; DUE=$P:chain_due:poll_card_data; IN=$P:intake:poll_card_data; IP=$P:intake_payload:poll_card_data
-# chain entries
-python3 - "$CARDS" > $DIR/setup.txt <<PY
-import sys
-n=int(sys.argv[1])
-for i in range(n):
-    print(f"HSET $CH card-{i:06d} ch{i:06d}|5|tk3abc|stk3aaa|0")
-    print(f"ZADD $DUE 1125899906842624 card-{i:06d}")
-PY
-$R < $DIR/setup.txt >/dev/null
-measure() { # name, command file, ops per call: the best of 3 runs
-  if [ -n "${VG:-}" ]; then measure_vg "$@"; return; fi
-  local best=999999 k u
-  for k in 1 2 3; do u=$(measure1 "$@"); best=$(echo "if ($u < $best) $u else $best" | bc -l); done
-  printf '%-10s %8.1f us/call  %6.2f us/op\n' "$1" "$best" "$(echo "$best/$3" | bc -l)"
-}
-# Instructions redis-server ran for the command file (callgrind: deterministic), per op; with a
-# 4th argument, a file of the same commands without the measured calls, whose count is subtracted.
-irs() {
-  callgrind_control -z $(cat $DIR/pid) >/dev/null 2>&1
-  $R < $1 > /dev/null
-  rm -f $DIR/cg.out.*; callgrind_control -d $(cat $DIR/pid) >/dev/null 2>&1
-  grep -h '^summary:\|^totals:' $DIR/cg.out.* | head -1 | awk '{print $2}'
-}
-measure_vg() {
-  local a b=0 calls
-  a=$(irs $2); [ -n "${4:-}" ] && b=$(irs $4)
-  calls=$(grep -c EVALSHA $2)
-  printf '%-10s %10.0f Ir/call  %8.0f Ir/op\n' "$1" "$(echo "($a-$b)/$calls" | bc -l)" "$(echo "($a-$b)/$calls/$3" | bc -l)"
-}
-measure1() {
-  $R config resetstat >/dev/null
-  $R < $2 > $DIR/out.$1; grep -m1 -i err $DIR/out.$1 >&2 || true
-  local line calls usec
-  line=$($R info commandstats | grep '^cmdstat_evalsha:' | tr -d '\r')
-  calls=$(echo "$line" | sed 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/'); usec=$(echo "$line" | sed 's/.*,usec=\([0-9]*\).*/\1/')
-  echo "$usec/$calls" | bc -l
-}
-# One file of ROUNDS chain batches of B ops each, every op on a card of its own while ROUNDS x B
-# stays within the cards (a seeded permutation: the same cards on every run, so that VG=1 counts
-# the same work each time, and the check and successor files visit the cards in the same order, as
-# a poll's check and its successor do): op name, then the op's five values after card and chain
-# (the last one the job's turn, '' for unknown; dropped with W=7).
-chain_batches() {
-  python3 - "$@" <<PY
-import random, sys
-random.seed(1)
-op, rest = sys.argv[1], sys.argv[2:$W - 1]
-order = random.sample(range($CARDS), $CARDS)
-for r in range($ROUNDS):
-    args = []
-    for k in range($B):
-        i = order[(r * $B + k) % $CARDS]
-        args += [op, f"card-{i:06d}", f"ch{i:06d}"] + rest
-    print(f"EVALSHA $CS 4 $CH $IN $IP $DUE batch " + " ".join(args))
-PY
-}
-chain_batches check freshid1 "''" "''" "''" "''" > $DIR/check.txt
-measure check $DIR/check.txt $B
-chain_batches schedule 1000 0 0 u "''" > $DIR/sched.txt
-measure schedule $DIR/sched.txt $B
-# feeder: 200 due chains per call, reset between calls (commandstats counts only the EVALSHA
-# calls; under VG=1 the resets alone are run and subtracted)
-FB=200
-Q=$P:q:poll_card_data
-python3 - > $DIR/feed.txt <<PY
-import random
-random.seed(1)
-for r in range(max(1,$ROUNDS//10)):
-    print(f"DEL {'$Q'}:active {'$Q'}:data {'$Q'}:signal")
-    s=random.randrange($CARDS-$FB)
-    print("ZADD $DUE " + " ".join(f"1 card-{i:06d}" for i in range(s,s+$FB)))
-    print(f"EVALSHA $FS 11 $IN $IP $Q:active $Q:scheduled $Q:data $Q:signal $Q:meta $Q:dead $P:intakes:due $CH $DUE 100000 $FB ABCDEFGHJKMN")
-    print(f"EVAL \"local k=redis.call('KEYS','$Q:meta:*') for i=1,#k,500 do redis.call('DEL',unpack(k,i,math.min(i+499,#k))) end\" 0")
-PY
-# the cleanup EVAL is counted under cmdstat_eval, not evalsha
-grep -v EVALSHA $DIR/feed.txt > $DIR/feed0.txt
-measure feed $DIR/feed.txt $FB $DIR/feed0.txt
+for i in $(seq 50); do [ -s $DIR/pid ] && break; sleep 0.1; done
+echo "redis-server $(redis-server --version | sed 's/.* v=\([^ ]*\).*/\1/') on port $PORT; $(basename $DUE), $POLLS polls per run and batch size${VG:+; callgrind}"
 
-python3 - > $DIR/fa.txt <<PY
-for r in range($ROUNDS):
-    ids=[f"01JX{r:06d}{k:04d}ABCDEFGHJKMN" for k in range($B)]
-    print("DEL $Q:active"); print("RPUSH $Q:active " + " ".join(ids))
-    print("HSET $Q:data " + " ".join(f"{i} x{i}x" for i in ids))
-    for i in ids: print(f"HSET $Q:meta:{i} attempts 0 max_attempts 1 status Pending idempotency_key '' intake_entry card-000001")
-    print("ZADD $Q:workers 1 w1")
-    print(f"EVALSHA $XS 6 $Q:workers $Q:active $Q:inflight:w1 $Q:data $Q:signal $Q:scheduled 1000 $B w1")
-    print(f"EVALSHA $AS 5 $Q:inflight:w1 $Q:dead $Q:scheduled $Q:data $Q:meta batch " + " ".join(f"{i} Done null 0" for i in ids))
+python3 - "$PORT" "$DUE" "$CIRCUIT" "$BUDGET" "$POLLS" "${VG:-}" "$DIR" "$(cat $DIR/pid)" <<'PY'
+import glob, os, socket, subprocess, sys
+
+port, due_lua, circuit_lua, budget_lua = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+polls, vg, tmp, pid = int(sys.argv[5]), bool(sys.argv[6]), sys.argv[7], sys.argv[8]
+CARDS, BATCHES, HEADS, PAIRS = 3000, (1, 4, 16, 32), 1000, 1000
+LEASE_MS, STATE = 30000, '1|t0gmqo|st0gmqo|0'
+
+
+class Redis:
+    """A RESP2 client over one socket: enough for these calls."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(('127.0.0.1', port))
+        self.file = self.sock.makefile('rb')
+
+    def __call__(self, *args):
+        out = [b'*%d\r\n' % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b'$%d\r\n%s\r\n' % (len(a), a))
+        self.sock.sendall(b''.join(out))
+        return self.read()
+
+    def read(self):
+        line = self.file.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind == b'+':
+            return rest.decode()
+        if kind == b'-':
+            raise RuntimeError(rest.decode())
+        if kind == b':':
+            return int(rest)
+        if kind == b'$':
+            n = int(rest)
+            return None if n < 0 else self.file.read(n + 2)[:-2].decode()
+        if kind == b'*':
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise RuntimeError(f'unexpected reply {line!r}')
+
+
+r = Redis(port)
+
+
+def callgrind(flag):
+    subprocess.run(['callgrind_control', flag, pid], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+
+
+def instructions(work):
+    """The instructions redis-server ran for work() (callgrind's counters zeroed, then dumped)."""
+    callgrind('-z')
+    work()
+    for f in glob.glob(os.path.join(tmp, 'cg.out.*')):
+        os.remove(f)
+    callgrind('-d')
+    for f in sorted(glob.glob(os.path.join(tmp, 'cg.out.*'))):
+        for line in open(f):
+            if line.startswith(('summary:', 'totals:')):
+                return int(line.split()[1])
+    raise RuntimeError('no callgrind dump')
+
+
+def stats():
+    """INFO commandstats: command -> (calls, usec), without this script's CONFIG RESETSTAT."""
+    out = {}
+    for line in r('INFO', 'commandstats').splitlines():
+        if line.startswith('cmdstat_'):
+            name, fields = line[len('cmdstat_'):].split(':', 1)
+            f = dict(kv.split('=') for kv in fields.split(','))
+            if not name.startswith('config'):
+                out[name] = (int(f['calls']), int(f['usec']))
+    return out
+
+
+def measure(work, units):
+    """Per unit: (µs of EVALSHA, the best of 3 runs; or instructions, one run under callgrind),
+    EVALSHA calls, commands the scripts ran, {command: calls}."""
+    best = None
+    for _ in range(1 if vg else 3):
+        r('CONFIG', 'RESETSTAT')
+        if vg:
+            cost = instructions(work) / units
+        else:
+            work()
+        s = stats()
+        if not vg:
+            cost = s['evalsha'][1] / units
+        if best is None or cost < best:
+            best = cost
+        inner = {k: v[0] / units for k, v in s.items() if k != 'evalsha'}
+    return best, s['evalsha'][0] / units, sum(inner.values()), inner
+
+
+def names(inner, per):
+    return ', '.join(f'{k} {v * per:g}' for k, v in sorted(inner.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# The due queue: one shard, every card due (in card order) with a state after one unchanged poll.
+due_sha = r('SCRIPT', 'LOAD', open(due_lua).read())
+DQ = ['cw:{poll:carddata:0}:due', 'cw:{poll:carddata:0}:last_lease', 'cw:{poll:carddata:0}:state']
+setup = []
+for i in range(CARDS):
+    setup += [f'card-{i:06d}', i, STATE]
+assert r('EVALSHA', due_sha, 3, *DQ, 'adopt', *setup) == CARDS
+
+
+def polls_of(n, rounds):
+    def work():
+        for _ in range(rounds):
+            got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
+            if len(got) != 4 * n:
+                raise RuntimeError(f'fetch of {n} answered {got[:8]}')
+            acks = []
+            for i in range(0, len(got), 4):
+                acks += [got[i], got[i + 1], 0, STATE]
+            done = r('EVALSHA', due_sha, 3, *DQ, 'batch', *acks)
+            if done != [1] * n:
+                raise RuntimeError(f'batch of {n} answered {done}')
+    return work
+
+
+unit = 'instructions' if vg else 'µs'
+print(f'\ndue queue: fetch + acknowledgement (batch), {CARDS} cards; per poll')
+print(f'{"batch":>5}  {unit + "/poll":>16}  {"EVALSHA/poll":>12}  {"commands/poll":>13}')
+for n in BATCHES:
+    rounds = max(1, polls // n)
+    polls_of(n, max(1, rounds // 10))()  # warm-up
+    cost, calls, cmds, inner = measure(polls_of(n, rounds), rounds * n)
+    print(f'{n:>5}  {cost:>16,.{0 if vg else 2}f}  {calls:>12.4g}  {cmds:>13.4g}')
+print(f'  commands per fetch + batch call pair: {names(inner, 2 / calls)}')
+
+
+def heads():
+    for _ in range(HEADS):
+        r('EVALSHA', due_sha, 3, *DQ, 'head')
+
+
+head = r('EVALSHA', due_sha, 3, *DQ, 'head')
+assert head[2] == CARDS, head
+cost, calls, cmds, inner = measure(heads, HEADS)
+print(f'\ndue queue: head ({CARDS} cards due), per call: {cost:,.{0 if vg else 2}f} {unit}, '
+      f'{cmds:g} commands ({names(inner, 1)})')
+
+# The budget: the script as budget/mod.rs loads it, its 13 keys, an acquire as Budget::acquire
+# sends it with the default config (total limit 8, carddata limit 4, 60 s lease TTL, the default
+# circuit, a 35 s fence; no finish carried), then the release of its lease.
+budget_sha = r('SCRIPT', 'LOAD', open(circuit_lua).read() + '\n' + open(budget_lua).read())
+BK = ['cw:{budget}:' + k for k in (
+    'total', 'task:carddata', 'task:card_status', 'overrides', 'paused', 'circuit:carddata',
+    'circuit:card_status', 'circuit:carddata:window', 'circuit:card_status:window', 'waiters',
+    'expired', 'kept', 'fence')]
+CIRCUIT_CFG = '1,20,60000,10,3,50,10000,120000,2'
+
+
+def pairs():
+    for i in range(PAIRS):
+        lease = f'pod-a-4242-01JXQ5V6M8ZK3W{i:010d}'
+        got = r('EVALSHA', budget_sha, len(BK), *BK, 'acquire', 2, 'carddata', lease, 8, 4, 256,
+                60000, CIRCUIT_CFG, 0, 'pod-a-4242', 0, 35000, 0)
+        if got[0] != 1:
+            raise RuntimeError(f'acquire answered {got}')
+        if r('EVALSHA', budget_sha, len(BK), *BK, 'release', lease) != 1:
+            raise RuntimeError('release found no lease')
+
+
+pairs()  # warm-up; the first acquire also writes the fence hash
+cost, calls, cmds, inner = measure(pairs, PAIRS)
+print(f'\nbudget: acquire + release, per pair: {cost:,.{0 if vg else 2}f} {unit}, '
+      f'{cmds:g} commands ({names(inner, 1)})')
 PY
-grep -v EVALSHA $DIR/fa.txt > $DIR/fa0.txt
-measure fetch+ack $DIR/fa.txt $((B/2)) $DIR/fa0.txt
