@@ -32,6 +32,12 @@ local function now_ms()
   return now
 end
 
+-- `n` (a whole number) as the decimal string Redis reads: a Lua number handed to redis.call is
+-- formatted with "%.17g", several times the cost of this; the hot ops pass their numbers so.
+local function int(n)
+  return string.format('%d', n)
+end
+
 local DIGITS = '0123456789abcdefghijklmnopqrstuvwxyz'
 -- The Redis clock's whole seconds in base 36 (the state's times).
 local function stamp()
@@ -56,7 +62,7 @@ end
 -- The score of a lease written now that must end no earlier than `at`: above the shard's last.
 local function next_lease(at)
   local lease = math.max(at, (tonumber(redis.call('GET', KEYS[2])) or 0) + 1)
-  redis.call('SET', KEYS[2], lease)
+  redis.call('SET', KEYS[2], int(lease))
   return lease
 end
 
@@ -98,23 +104,25 @@ if op == 'fetch' then
   -- The set's first entry is its earliest waiting card, or, when none waits, its earliest lease.
   -- An idle shard answers from it and the earliest lease alone (two reads): the worker sleeps
   -- until the sooner of the two.
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
   if not first[2] then return {} end
   local first_at = tonumber(first[2])
   if first_at >= LEASED then
     if first_at - LEASED > at then return {first_at - LEASED - at} end
   elseif first_at > at then
-    local held = redis.call('ZRANGE', KEYS[1], LEASED, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+    local held = redis.call('ZRANGE', KEYS[1], int(LEASED), '+inf', 'BYSCORE', 'LIMIT', '0', '1',
       'WITHSCORES')
     local next_at = first_at
     if held[2] then next_at = math.min(next_at, tonumber(held[2]) - LEASED) end
     if next_at > at then return {next_at - at} end
   end
-  local waiting = redis.call('ZRANGE', KEYS[1], '-inf', at, 'BYSCORE', 'LIMIT', 0, max, 'WITHSCORES')
-  local ended = redis.call('ZRANGE', KEYS[1], LEASED, LEASED + at, 'BYSCORE', 'LIMIT', 0, max,
+  local waiting = redis.call('ZRANGE', KEYS[1], '-inf', int(at), 'BYSCORE', 'LIMIT', '0', ARGV[2],
     'WITHSCORES')
+  local ended = redis.call('ZRANGE', KEYS[1], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT',
+    '0', ARGV[2], 'WITHSCORES')
   if #waiting == 0 and #ended == 0 then return {0} end
   local lease = next_lease(LEASED + at + lease_ms)
+  local lease_s = int(lease)
   -- The cards taken, then one ZADD leasing them all and one HMGET of their states: a fetch
   -- costs Redis the same few commands whatever its size.
   local taken, dues, leases = {}, {}, {}
@@ -130,7 +138,7 @@ if op == 'fetch' then
       taken[n], dues[n] = ended[j], e
       j = j + 2
     end
-    leases[2 * n - 1], leases[2 * n] = lease, taken[n]
+    leases[2 * n - 1], leases[2 * n] = lease_s, taken[n]
   end
   call_many('ZADD', KEYS[1], leases, 2)
   local states = call_many('HMGET', KEYS[3], taken, 1)
@@ -164,7 +172,7 @@ if op == 'ack' or op == 'batch' then
     local s = scores[k]
     if not done[card] and s and tonumber(s) == tonumber(ARGV[i + 1]) then
       done[card] = true
-      dues[#dues + 1] = now_ms() + tonumber(ARGV[i + 2])
+      dues[#dues + 1] = int(now_ms() + tonumber(ARGV[i + 2]))
       dues[#dues + 1] = card
       states[#states + 1] = card
       states[#states + 1] = ARGV[i + 3]
