@@ -93,12 +93,61 @@ async fn poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
     Ok(())
 }
 
+/// A private redis-server, a connection to it and `task`'s due queue (shard 0) on it.
+async fn private_queue(task: Task) -> (PrivateRedis, ConnectionManager, DueQueue) {
+    let redis = PrivateRedis::start_new(false);
+    let conn = context::connect_redis(&redis.url()).await.unwrap();
+    (redis, conn, DueQueue::new(ShardKeys::new("cw", task, 0)))
+}
+
+/// How a test's worker fetches: `slots` at once, each under a 30 s lease, idle for at most
+/// `idle_max`, gathering for `gather`.
+fn fetching(slots: usize, idle_max: Duration, gather: Duration) -> PollFetch {
+    PollFetch {
+        slots,
+        lease: Duration::from_secs(30),
+        idle_max,
+        gather,
+    }
+}
+
+/// The number of polls `seen` recorded.
+fn polls_seen(seen: &Seen) -> usize {
+    seen.polls.lock().unwrap().values().map(Vec::len).sum()
+}
+
+/// Starts an apalis worker named `name` on a [`PollBackend`] of `queue` (through `conn`) that
+/// fetches by `fetch`, polling with [`poll`] into `seen`; notify the stop it answers to end it.
+fn start_worker(
+    name: &str,
+    queue: &DueQueue,
+    conn: &ConnectionManager,
+    seen: &Seen,
+    fetch: PollFetch,
+) -> (
+    Arc<tokio::sync::Notify>,
+    tokio::task::JoinHandle<Result<(), WorkerError>>,
+) {
+    let backend = PollBackend::new(
+        queue.clone(),
+        conn.clone(),
+        fetch,
+        seen.running.clone(),
+        FetchPause::default(),
+    );
+    let worker = WorkerBuilder::new(name)
+        .backend(backend)
+        .data(seen.clone())
+        .concurrency(fetch.slots)
+        .build(poll);
+    let (stop, stopped) = stop_signal();
+    (stop, tokio::spawn(worker.run_until(stopped)))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_each_due_card_once()
 {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new(ShardKeys::new("cw", Task::CardStatus, 0));
+    let (_redis, mut conn, queue) = private_queue(Task::CardStatus).await;
     const CARDS: usize = 30;
     const SLOTS: usize = 4;
     for i in 0..CARDS {
@@ -108,36 +157,10 @@ async fn a_poll_worker_leases_only_as_many_cards_as_it_has_free_slots_and_polls_
             .unwrap();
     }
     let seen = Seen::on(&queue, &conn);
-    let fetch = PollFetch {
-        slots: SLOTS,
-        lease: Duration::from_secs(30),
-        idle_max: Duration::from_millis(20),
-        gather: Duration::from_millis(10),
-    };
-    let backend = PollBackend::new(
-        queue.clone(),
-        conn.clone(),
-        fetch,
-        seen.running.clone(),
-        FetchPause::default(),
-    );
-    let worker = WorkerBuilder::new("poll-backend-test")
-        .backend(backend)
-        .data(seen.clone())
-        .concurrency(SLOTS)
-        .build(poll);
-    let (stop, stopped) = stop_signal();
-    let run = tokio::spawn(worker.run_until(stopped));
+    let fetch = fetching(SLOTS, Duration::from_millis(20), Duration::from_millis(10));
+    let (stop, run) = start_worker("poll-backend-test", &queue, &conn, &seen, fetch);
     tokio::time::timeout(Duration::from_secs(30), async {
-        while seen
-            .polls
-            .lock()
-            .unwrap()
-            .values()
-            .map(Vec::len)
-            .sum::<usize>()
-            < CARDS
-        {
+        while polls_seen(&seen) < CARDS {
             seen.done.notified().await;
         }
     })
@@ -192,9 +215,7 @@ async fn slow_poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back_at_their_due_time()
 {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0));
+    let (_redis, mut conn, queue) = private_queue(Task::Carddata).await;
     for i in 0..4 {
         queue
             .add(&mut conn, &format!("c-{i}"), Duration::ZERO)
@@ -259,9 +280,7 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longest_wait() {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0));
+    let (_redis, mut conn, queue) = private_queue(Task::Carddata).await;
     for i in 0..3 {
         queue
             .add(&mut conn, &format!("c-{i}"), Duration::from_millis(400))
@@ -271,26 +290,8 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
     let seen = Seen::on(&queue, &conn);
     // The first fetch finds nothing due: the worker must come back when the cards are, not
     // after its longest wait.
-    let fetch = PollFetch {
-        slots: 4,
-        lease: Duration::from_secs(30),
-        idle_max: Duration::from_secs(60),
-        gather: Duration::from_millis(10),
-    };
-    let backend = PollBackend::new(
-        queue.clone(),
-        conn.clone(),
-        fetch,
-        seen.running.clone(),
-        FetchPause::default(),
-    );
-    let worker = WorkerBuilder::new("poll-backend-idle-test")
-        .backend(backend)
-        .data(seen.clone())
-        .concurrency(4)
-        .build(poll);
-    let (stop, stopped) = stop_signal();
-    let run = tokio::spawn(worker.run_until(stopped));
+    let fetch = fetching(4, Duration::from_secs(60), Duration::from_millis(10));
+    let (stop, run) = start_worker("poll-backend-idle-test", &queue, &conn, &seen, fetch);
     let polled = tokio::time::timeout(Duration::from_secs(10), async {
         while seen.polls.lock().unwrap().len() < 3 {
             seen.done.notified().await;
@@ -306,41 +307,16 @@ async fn an_idle_poll_worker_wakes_when_the_next_card_is_due_not_after_its_longe
     );
 }
 
-/// The number of polls `seen` recorded.
-fn polls_seen(seen: &Seen) -> usize {
-    seen.polls.lock().unwrap().values().map(Vec::len).sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_worker_that_leased_every_due_card_gathers_the_cards_coming_due_into_one_fetch() {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0));
+    let (_redis, mut conn, queue) = private_queue(Task::Carddata).await;
     queue
         .add(&mut conn, "c-first", Duration::ZERO)
         .await
         .unwrap();
     let seen = Seen::on(&queue, &conn);
-    let fetch = PollFetch {
-        slots: 8,
-        lease: Duration::from_secs(30),
-        idle_max: Duration::from_millis(20),
-        gather: Duration::from_millis(600),
-    };
-    let backend = PollBackend::new(
-        queue.clone(),
-        conn.clone(),
-        fetch,
-        seen.running.clone(),
-        FetchPause::default(),
-    );
-    let worker = WorkerBuilder::new("poll-backend-gather")
-        .backend(backend)
-        .data(seen.clone())
-        .concurrency(8)
-        .build(poll);
-    let (stop, stopped) = stop_signal();
-    let run = tokio::spawn(worker.run_until(stopped));
+    let fetch = fetching(8, Duration::from_millis(20), Duration::from_millis(600));
+    let (stop, run) = start_worker("poll-backend-gather", &queue, &conn, &seen, fetch);
 
     // The first fetch leased the one due card with seven slots to spare; cards coming due one by
     // one within the gather window that follows are leased by one fetch, under one lease.
