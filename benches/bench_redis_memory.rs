@@ -238,6 +238,15 @@ async fn run(
     let config = config(db_url, &redis.url(), prefix, &sim_handle.base_url())?;
     let ctx: Arc<AppContext> = AppContext::connect(config).await?;
     cardworker::storage::migrate(&ctx.pool).await?;
+    let running = cardworker::app::start(ctx.clone()).await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let join = tokio::spawn(running.wait(async move {
+        let _ = stopped.await;
+    }));
+    // The empty deployment: workers registered, no card yet. The cards go into PostgreSQL only
+    // now: a worker's start puts every card it finds there into the due queues.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let empty = info_field(conn, "memory", "used_memory").await?;
     let cards: Vec<String> = (1..=n).map(|i| format!("m-{i:07}")).collect();
     for chunk in cards.chunks(50_000) {
         sqlx::query("INSERT INTO cards (card_ref) SELECT unnest($1::text[])")
@@ -246,15 +255,6 @@ async fn run(
             .await?;
     }
     sqlx::query("ANALYZE cards").execute(&ctx.pool).await?;
-
-    let running = cardworker::app::start(ctx.clone()).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let join = tokio::spawn(running.wait(async move {
-        let _ = stopped.await;
-    }));
-    // The empty deployment: workers registered, no chain yet.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let empty = info_field(conn, "memory", "used_memory").await?;
 
     let started = Instant::now();
     for task in Task::ALL {
@@ -353,7 +353,7 @@ async fn run(
         round.as_secs_f64(),
         settle.as_secs_f64()
     );
-    println!("| used_memory, empty deployment (workers up, no chain) | {empty} B |");
+    println!("| used_memory, empty deployment (workers up, no card) | {empty} B |");
     println!("| used_memory after the first round | {first} B |");
     println!("| **per card after the first round (both tasks), minus the empty deployment** | **{:.0} B** |", per(first));
     println!("| 48 simulated hours ({hour_sample} cards per task and hour, every card at hour 48) | {:.1} s |", hours_took.as_secs_f64());
