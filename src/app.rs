@@ -162,6 +162,7 @@ fn watch_redis(ctx: &Arc<AppContext>) {
         budget: Some(ctx.budget.clone()),
         epoch: None,
         answered_before: false,
+        restore_pending: false,
     };
     ctx.shutdown.spawn(watch.run(ctx.shutdown.stopping()));
 }

@@ -18,6 +18,10 @@
 //! which Redis lost while they were at the Gateway, so that their tokens still count. The full
 //! reconcile waits [`RESTORE_SETTLE`] (a few probes) before it adds the cards back; the budget's
 //! fence keeps any poll of them out until the polls admitted before the loss are over.
+//!
+//! A restore that fails (Redis went down again meanwhile) is retried by its pod at the first probe
+//! that finds Redis answering, and its marker is dropped so that another pod restores should this
+//! one die first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +68,11 @@ pub struct RedisWatch {
     /// Whether a probe of this process has seen Redis answer before: a marker missing at the
     /// first probe is a first start (or a loss while no pod ran), not trouble for running workers.
     pub answered_before: bool,
+    /// This process re-created the marker and its `on_data_lost` failed: it runs it again at the
+    /// next probe that finds Redis answering. Dropping the marker for a retry is not enough on
+    /// its own: when Redis went down during the restore, the drop fails too, and Redis may come
+    /// back with its data (the marker included), so no probe would find it missing again.
+    pub restore_pending: bool,
 }
 
 /// What one probe read of the marker.
@@ -185,7 +194,18 @@ impl RedisWatch {
                             }
                             self.restore(watched).await;
                         }
-                        Probe::LostElsewhere => self.write_back().await,
+                        Probe::LostElsewhere => {
+                            // The pod that re-created the marker restores.
+                            self.restore_pending = false;
+                            self.write_back().await;
+                        }
+                        Probe::Up if self.restore_pending => {
+                            tracing::warn!(
+                                prefix = %self.prefix,
+                                "Redis answers again: retrying the restore of the schedule from PostgreSQL after a data loss"
+                            );
+                            self.try_restore().await;
+                        }
                         Probe::Up | Probe::Down(_) => {}
                     }
                 }
@@ -201,9 +221,8 @@ impl RedisWatch {
         }
     }
 
-    /// Runs `on_data_lost` (after [`RESTORE_SETTLE`] when the data went while workers ran); if it
-    /// fails, drops the marker again so that the next probe (of any
-    /// pod) retries instead of nobody restoring.
+    /// Runs `on_data_lost` (after [`RESTORE_SETTLE`] when the data went while workers ran), as
+    /// [`Self::try_restore`].
     ///
     /// `watched`: this process had seen the marker's Redis answer before, so the data went while
     /// workers ran, which an operator should look at (WARN). Missing at this process's first
@@ -223,12 +242,23 @@ impl RedisWatch {
         if watched {
             tokio::time::sleep(RESTORE_SETTLE).await;
         }
-        if let Err(e) = (self.on_data_lost)().await {
-            tracing::error!(error = %format!("{e:#}"), "restoring after a Redis data loss failed; will retry");
-            let _: Result<(), _> = redis::cmd("DEL")
-                .arg(epoch_key(&self.prefix))
-                .query_async(&mut self.conn)
-                .await;
+        self.try_restore().await;
+    }
+
+    /// Runs `on_data_lost`. If it fails, this process retries at its next probe that finds Redis
+    /// answering ([`Self::restore_pending`]), and the marker is dropped again, so that should
+    /// this process die first, another pod's probe finds it missing and restores.
+    async fn try_restore(&mut self) {
+        match (self.on_data_lost)().await {
+            Ok(()) => self.restore_pending = false,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "restoring after a Redis data loss failed; will retry once Redis answers");
+                self.restore_pending = true;
+                let _: Result<(), _> = redis::cmd("DEL")
+                    .arg(epoch_key(&self.prefix))
+                    .query_async(&mut self.conn)
+                    .await;
+            }
         }
     }
 }

@@ -45,3 +45,113 @@ async fn polls_in_flight_when_redis_comes_back_empty_still_count_against_the_lim
     assert!(!worker.exited(), "the worker rides out the restart");
     let _ = worker.stop().await;
 }
+
+/// Waits until `done()` holds, at most `limit`; fails with `what`.
+async fn until(what: &str, limit: Duration, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what} within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_failed_while_redis_went_down_again_is_retried_once_redis_answers_with_its_data_kept(
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use cardworker::runner::redis_watch::RedisWatch;
+    use cardworker::telemetry::RedisStatus;
+
+    let mut redis = crate::private::PrivateRedis::start_new(true);
+    let conn = cardworker::context::connect_redis(&redis.url())
+        .await
+        .expect("redis");
+    // The restore writes to Redis, as the full reconcile's enqueue does: it fails while Redis is
+    // down.
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let restored = Arc::new(AtomicUsize::new(0));
+    let noticed = Arc::new(AtomicUsize::new(0));
+    let on_data_lost = {
+        let (conn, attempts, restored) = (conn.clone(), attempts.clone(), restored.clone());
+        Arc::new(move || {
+            let (mut conn, attempts, restored) = (conn.clone(), attempts.clone(), restored.clone());
+            Box::pin(async move {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                let _: i64 = redis::cmd("INCR")
+                    .arg("probe:restores")
+                    .query_async(&mut conn)
+                    .await?;
+                restored.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }) as futures::future::BoxFuture<'static, anyhow::Result<()>>
+        })
+    };
+    let on_data_lost_here = {
+        let noticed = noticed.clone();
+        Arc::new(move || {
+            noticed.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(()) }) as futures::future::BoxFuture<'static, anyhow::Result<()>>
+        })
+    };
+    let status = RedisStatus::default();
+    let watch = RedisWatch {
+        conn: conn.clone(),
+        prefix: "probe".to_owned(),
+        status: status.clone(),
+        on_data_lost,
+        on_data_lost_here,
+        budget: None,
+        epoch: None,
+        answered_before: false,
+        restore_pending: false,
+    };
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        watch.run(async move { stop.notified().await })
+    });
+    let limit = Duration::from_secs(20);
+    until("the first start's restore", limit, || {
+        restored.load(Ordering::SeqCst) == 1
+    })
+    .await;
+
+    // Redis loses its data while the worker runs; the probe notices, and Redis goes down before
+    // the restore (which waits for the other pods to write back first) reaches it.
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("flush");
+    until("the loss noticed", limit, || {
+        noticed.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    tokio::task::block_in_place(|| redis.stop());
+    until("the restore tried while Redis is down", limit, || {
+        attempts.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    // The probe after the failed restore finds Redis down: the restore's clean-up (dropping the
+    // marker it had re-created, so that a probe retries) went to the stopped Redis too.
+    until(
+        "the probe after the restore finding Redis down",
+        limit,
+        || !status.is_up(),
+    )
+    .await;
+    assert_eq!(restored.load(Ordering::SeqCst), 1);
+
+    // Redis comes back with its data, the re-created marker included.
+    tokio::task::block_in_place(|| redis.start());
+    until(
+        "the restore done once Redis answers again (the schedule would otherwise wait for the \
+         reconcile cron)",
+        limit,
+        || restored.load(Ordering::SeqCst) == 2,
+    )
+    .await;
+    stop.notify_one();
+    run.await.expect("the probe ends");
+}

@@ -519,6 +519,7 @@ async fn a_probe_that_finds_the_epoch_marker_sends_one_get_and_writes_nothing_an
         budget: None,
         epoch: None,
         answered_before,
+        restore_pending: false,
     };
     let mut watch = watch_on(false);
     // The first start: the marker is made.
