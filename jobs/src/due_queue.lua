@@ -72,6 +72,16 @@ local function holds(card, lease)
   return s and tonumber(s) == tonumber(lease)
 end
 
+-- Adds `card` due at `due` ms with `state` ('' a fresh one), unless it has an entry already
+-- (waiting or leased), which is left as it is: a card has both records or neither. Returns 1 when
+-- added, else 0.
+local function add_new(card, due, state)
+  if redis.call('ZADD', KEYS[1], 'NX', int(due), card) == 0 then return 0 end
+  if state == '' then state = fresh() end
+  redis.call('HSET', KEYS[3], card, state)
+  return 1
+end
+
 -- Runs `cmd key args...` over a flat list of arguments, in as few calls as Lua's stack allows
 -- (unpack takes some thousands of values): one call for any batch a worker sends. Returns the
 -- replies' elements concatenated (for HMGET and ZMSCORE).
@@ -226,11 +236,7 @@ end
 if op == 'add' then
   local added = 0
   for i = 2, #ARGV, 2 do
-    local card = ARGV[i]
-    if redis.call('ZADD', KEYS[1], 'NX', now_ms() + tonumber(ARGV[i + 1]), card) == 1 then
-      redis.call('HSET', KEYS[3], card, fresh())
-      added = added + 1
-    end
+    added = added + add_new(ARGV[i], now_ms() + tonumber(ARGV[i + 1]), '')
   end
   return added
 end
@@ -241,13 +247,7 @@ end
 if op == 'adopt' then
   local added = 0
   for i = 2, #ARGV, 3 do
-    local card = ARGV[i]
-    if redis.call('ZADD', KEYS[1], 'NX', tonumber(ARGV[i + 1]), card) == 1 then
-      local state = ARGV[i + 2]
-      if state == '' then state = fresh() end
-      redis.call('HSET', KEYS[3], card, state)
-      added = added + 1
-    end
+    added = added + add_new(ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2])
   end
   return added
 end
@@ -258,14 +258,9 @@ end
 if op == 'merge' then
   local card = ARGV[2]
   local due = now_ms() + tonumber(ARGV[3])
-  local s = redis.call('ZSCORE', KEYS[1], card)
-  if not s then
-    redis.call('ZADD', KEYS[1], due, card)
-    redis.call('HSET', KEYS[3], card, fresh())
-    return 'started'
-  end
-  s = tonumber(s)
-  if s < LEASED and s > due then redis.call('ZADD', KEYS[1], due, card) end
+  if add_new(card, due, '') == 1 then return 'started' end
+  local s = tonumber(redis.call('ZSCORE', KEYS[1], card))
+  if s < LEASED and s > due then redis.call('ZADD', KEYS[1], int(due), card) end
   return 'merged'
 end
 
