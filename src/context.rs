@@ -60,11 +60,7 @@ impl AppContext {
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
-        let poll_acks = ScriptCalls::new(
-            redis.clone(),
-            redis::Script::new(cardworker_jobs::due::SCRIPT),
-            cardworker_jobs::due::ACK_WIDTH,
-        );
+        let poll_acks = crate::polling::lease::ack_calls(&redis);
         let card_reads = CardReads::new(pool.clone());
         Ok(Arc::new(Self {
             config: Arc::new(config),

@@ -65,14 +65,22 @@ pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
     DueQueue::new(ShardKeys::new(prefix, task, cardworker_jobs::due::SHARD))
 }
 
+/// How long the first acknowledgement of a script call waits for others to join it. The polls of
+/// one fetch start together and end within a few milliseconds of each other; sent as they end,
+/// they went to Redis a few a call, and each call costs Redis a script invocation and a round
+/// trip of its own. A poll's slot is held this much longer at most, and a backlog never waits it
+/// out: its acknowledgements fill a script call sooner.
+pub const ACK_LINGER: Duration = Duration::from_millis(4);
+
 /// Batched acknowledgements on `redis` (a task of their own; needs a Tokio runtime): the polls
-/// that end while a script call is in flight go in the next one. A process's own are
-/// `AppContext::poll_acks`.
+/// that end while a script call is in flight, or within [`ACK_LINGER`] of its first, go in one
+/// script call. A process's own are `AppContext::poll_acks`.
 pub fn ack_calls(redis: &ConnectionManager) -> ScriptCalls {
-    ScriptCalls::new(
+    ScriptCalls::lingering(
         redis.clone(),
         redis::Script::new(cardworker_jobs::due::SCRIPT),
         ACK_WIDTH,
+        ACK_LINGER,
     )
 }
 

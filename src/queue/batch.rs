@@ -6,7 +6,11 @@
 //! worker starts the jobs of one fetch together, so their calls come in bursts. [`ScriptCalls`] queues the calls and a task of its own sends
 //! them: whatever queued while the previous script call was in flight goes in the next one, as the
 //! script's `batch` op (groups of a fixed number of arguments, one per call, answered in order).
-//! It adds no wait of its own: a call that finds nothing in flight is sent at once, alone.
+//! Built with [`ScriptCalls::new`], it adds no wait of its own: a call that finds nothing in
+//! flight is sent at once, alone. Built with [`ScriptCalls::lingering`], the first call of a
+//! script call waits up to the linger for others to join it (or until [`MAX_BATCH`] have): calls
+//! that come in a burst, such as the polls of one fetch ending within a few milliseconds of each
+//! other, then cost Redis one script invocation and one round trip, not one per few calls.
 //!
 //! Calls with different keys (the two polling tasks) go in separate script calls of the same
 //! round trip. A failed script call fails every call it carried, with the same error, as each
@@ -17,6 +21,7 @@
 //! write ended it) and writes nothing. A call that times out alone has the same ambiguity.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::join_all;
 use redis::aio::ConnectionManager;
@@ -68,8 +73,19 @@ impl ScriptCalls {
     /// with empty strings to `width`, the group size of the script's `batch` op. Needs a Tokio
     /// runtime.
     pub fn new(conn: ConnectionManager, script: Script, width: usize) -> Self {
+        Self::lingering(conn, script, width, Duration::ZERO)
+    }
+
+    /// [`Self::new`], whose calls wait up to `linger` after the first of a script call for
+    /// others to join it.
+    pub fn lingering(
+        conn: ConnectionManager,
+        script: Script,
+        width: usize,
+        linger: Duration,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(send_calls(conn, Arc::new(script), width, rx));
+        tokio::spawn(send_calls(conn, Arc::new(script), width, linger, rx));
         Self { tx }
     }
 
@@ -83,16 +99,28 @@ impl ScriptCalls {
     }
 }
 
-/// The sending task: takes what has queued (at least one call), sends it, and waits for the
-/// answers before taking the next calls.
+/// The sending task: takes what has queued (at least one call), and what joins it within
+/// `linger`, sends it, and waits for the answers before taking the next calls.
 async fn send_calls(
     conn: ConnectionManager,
     script: Arc<Script>,
     width: usize,
+    linger: Duration,
     mut rx: mpsc::UnboundedReceiver<Call>,
 ) {
     let mut queued = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
+        if !linger.is_zero() {
+            let until = tokio::time::Instant::now() + linger;
+            while queued.len() < MAX_BATCH {
+                let room = MAX_BATCH - queued.len();
+                match tokio::time::timeout_at(until, rx.recv_many(&mut queued, room)).await {
+                    // The linger is over, or every sender is gone: send what there is.
+                    Err(_) | Ok(0) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
         // Group by keys; there are as many groups as polling tasks, so a scan is enough.
         let mut groups: Vec<(Arc<[String]>, Vec<Call>)> = Vec::new();
         for call in queued.drain(..) {

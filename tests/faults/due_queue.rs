@@ -14,6 +14,8 @@ use cardworker::context;
 use cardworker::polling::due_queue::{
     DueQueue, Lease, Leased, Merged, PollState, ShardKeys, Standing, Step, StillHeld, Successor,
 };
+use cardworker::polling::lease;
+use cardworker::queue::batch::ScriptCalls;
 use redis::aio::ConnectionManager;
 
 use crate::cluster::PrivateCluster;
@@ -770,5 +772,51 @@ async fn a_card_named_twice_in_one_acknowledgement_is_acknowledged_once() {
         cards(&again),
         ["c-1"],
         "the first successor's due time stands"
+    );
+}
+
+#[tokio::test]
+async fn acknowledgements_ending_within_the_linger_of_each_other_reach_redis_in_one_script_call() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let names: Vec<String> = (0..4).map(|i| format!("c-{i}")).collect();
+    let refs: Vec<(&str, Duration)> = names.iter().map(|c| (c.as_str(), Duration::ZERO)).collect();
+    queue.add_many(&mut conn, &refs).await.unwrap();
+    let leased = queue.fetch(&mut conn, 4, LONG).await.unwrap();
+    assert_eq!(leased.len(), 4);
+    // A linger far above the gap below, so that a loaded machine cannot split the batch.
+    let calls = ScriptCalls::lingering(
+        conn.clone(),
+        redis::Script::new(cardworker_jobs::due::SCRIPT),
+        lease::ACK_WIDTH,
+        Duration::from_secs(2),
+    );
+    crate::redis_cost::reset(&mut conn).await;
+
+    // The first poll ends alone; the other three 50 ms later, within the first's linger.
+    let alone = keep(&leased[0].card_ref, leased[0].lease, LONG);
+    let first = lease::ack(&calls, &queue, &alone);
+    let rest =
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            futures::future::join_all(leased[1..].iter().map(|l| async {
+                lease::ack(&calls, &queue, &keep(&l.card_ref, l.lease, LONG)).await
+            }))
+            .await
+        };
+    let (first, rest) = tokio::join!(first, rest);
+    assert_eq!(first.unwrap(), StillHeld::Yes(()));
+    for held in rest {
+        assert_eq!(held.unwrap(), StillHeld::Yes(()));
+    }
+    let (counted, _) = crate::redis_cost::counted(&mut conn).await;
+    assert_eq!(
+        counted.get("evalsha").copied().unwrap_or(0) + counted.get("eval").copied().unwrap_or(0),
+        1,
+        "four acknowledgements within the linger go in one script call: {counted:?}"
+    );
+    assert!(
+        queue.fetch(&mut conn, 4, LONG).await.unwrap().is_empty(),
+        "every successor was written, due later"
     );
 }
