@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::gateway::GatewayClient;
+use crate::polling::lease::DueQueues;
 use crate::queue::batch::ScriptCalls;
 use crate::shutdown::Shutdown;
 use crate::storage::card_reads::CardReads;
@@ -46,6 +47,8 @@ pub struct AppContext {
     pub poll_acks: ScriptCalls,
     /// The polls' card reads, sent several to a query (`storage::card_reads`).
     pub card_reads: CardReads,
+    /// Each polling task's due queue, its keys built once.
+    pub due_queues: DueQueues,
 }
 
 impl AppContext {
@@ -62,6 +65,7 @@ impl AppContext {
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
         let poll_acks = crate::polling::lease::ack_calls(&redis);
         let card_reads = CardReads::new(pool.clone());
+        let due_queues = DueQueues::new(&config.redis.key_prefix);
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -74,6 +78,7 @@ impl AppContext {
             shutdown,
             poll_acks,
             card_reads,
+            due_queues,
         }))
     }
 

@@ -6,7 +6,6 @@
 //! handed to another poll, or removed) writes nothing: one poll per card and task at a time is
 //! the due queue script's property (`polling::due_queue`), not this module's.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -72,6 +71,32 @@ pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
 /// out: its acknowledgements fill a script call sooner.
 pub const ACK_LINGER: Duration = Duration::from_millis(4);
 
+/// Both polling tasks' due queues of one deployment, their keys built once for the process
+/// (`AppContext::due_queues`): a poll clones its task's, and names its keys without building them.
+#[derive(Debug, Clone)]
+pub struct DueQueues {
+    carddata: DueQueue,
+    card_status: DueQueue,
+}
+
+impl DueQueues {
+    /// The due queues of the deployment with key prefix `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            carddata: due_queue(prefix, Task::Carddata),
+            card_status: due_queue(prefix, Task::CardStatus),
+        }
+    }
+
+    /// `task`'s due queue.
+    pub fn of(&self, task: Task) -> &DueQueue {
+        match task {
+            Task::Carddata => &self.carddata,
+            Task::CardStatus => &self.card_status,
+        }
+    }
+}
+
 /// Batched acknowledgements on `redis` (a task of their own; needs a Tokio runtime): the polls
 /// that end while a script call is in flight, or within [`ACK_LINGER`] of its first, go in one
 /// script call. A process's own are `AppContext::poll_acks`.
@@ -90,11 +115,7 @@ pub async fn ack(
     queue: &DueQueue,
     successor: &Successor<'_>,
 ) -> anyhow::Result<StillHeld<()>> {
-    let keys: Arc<[String]> = Arc::from(vec![
-        queue.keys().due.clone(),
-        queue.keys().last_lease.clone(),
-        queue.keys().state.clone(),
-    ]);
+    let keys = queue.key_list();
     let args = vec![
         successor.card_ref.to_owned(),
         successor.lease.score().to_string(),
