@@ -2,6 +2,10 @@
 
 use clap::Parser as _;
 
+/// mimalloc, not the system's malloc: see its entry in Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() {
     let cli = cardworker::commands::Cli::parse();
