@@ -15,9 +15,10 @@
 //! - [`limit`], [`secret`]: the values the configuration holds that are not about loading it: a
 //!   polling limit, checked where it is made, and the URLs and tokens that redact themselves.
 //! - [`config`]: typed layered configuration, validated once.
-//! - [`telemetry`], [`keys`], [`pod`], [`clock`], [`backoff`], [`shutdown`]: logs and metric
-//!   names, every Redis key name, who this process is, its wall clock as the money path reads it,
-//!   the one back-off rule, the one shutdown signal and task tracker.
+//! - [`telemetry`], [`keys`], [`pod`], [`clock`], [`backoff`], [`linger`], [`shutdown`]: logs
+//!   and metric names, every Redis key name, who this process is, its wall clock as the money path
+//!   reads it, the one back-off rule, batches that wait a little for latecomers, the one shutdown
+//!   signal and task tracker.
 //! - [`storage`], [`gateway`], [`queue`], [`budget`]: PostgreSQL, the Gateway client, the bounded
 //!   intake, admission of a poll (the polling budget's leases and the Gateway circuit breaker).
 //! - [`cards`]: the card domain (applying an observed change), shared by polling and callbacks.
@@ -45,6 +46,7 @@ pub mod context;
 pub mod gateway;
 pub mod keys;
 pub mod limit;
+pub mod linger;
 pub mod maintenance;
 pub mod payments;
 pub mod pod;

@@ -109,18 +109,7 @@ async fn send_calls(
     mut rx: mpsc::UnboundedReceiver<Call>,
 ) {
     let mut queued = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
-        if !linger.is_zero() {
-            let until = tokio::time::Instant::now() + linger;
-            while queued.len() < MAX_BATCH {
-                let room = MAX_BATCH - queued.len();
-                match tokio::time::timeout_at(until, rx.recv_many(&mut queued, room)).await {
-                    // The linger is over, or every sender is gone: send what there is.
-                    Err(_) | Ok(0) => break,
-                    Ok(_) => {}
-                }
-            }
-        }
+    while crate::linger::recv_batch(&mut rx, &mut queued, MAX_BATCH, linger).await > 0 {
         // Group by keys; there are as many groups as polling tasks, so a scan is enough.
         let mut groups: Vec<(Arc<[String]>, Vec<Call>)> = Vec::new();
         for call in queued.drain(..) {

@@ -6,8 +6,10 @@
 //! that wakes PostgreSQL and a backend's parse-bind-execute each, and socket sends are a large
 //! share of the worker's CPU (perf). [`CardReads`] queues the reads and a task of its own sends
 //! whatever queued meanwhile as one [`cards::load_many`] (`card_ref = ANY($1)`, the unique index),
-//! at most [`IN_FLIGHT`] queries at a time. It adds no wait of its own: a read that finds a query
-//! slot free is sent at once, alone.
+//! at most [`IN_FLIGHT`] queries at a time. The first read of a query waits up to [`READ_LINGER`]
+//! for others to join it ([`crate::linger`]): the polls of one fetch start within about a
+//! millisecond of each other, and a read sent the moment it came, with a query slot free, went
+//! to PostgreSQL with few others (docs/BENCHMARKS.md, PostgreSQL commits per poll).
 //!
 //! A query that fails is not the failure of every card it carried: one card_ref PostgreSQL refuses
 //! (a NUL byte in a hand-written payload) would fail the whole `ANY`, and a connection blip may be
@@ -15,7 +17,9 @@
 //! ([`cards::load`]), and answers with its own result, exactly as it would have alone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::join_all;
 use sqlx::PgPool;
@@ -29,6 +33,10 @@ pub const MAX_BATCH: usize = 64;
 /// The most batched queries in flight at once (of the pool's connections).
 pub const IN_FLIGHT: usize = 4;
 
+/// How long the first read of a query waits for others: a poll's Gateway call comes this much
+/// later at most.
+pub const READ_LINGER: Duration = Duration::from_millis(1);
+
 /// One queued read.
 struct Read {
     card_ref: String,
@@ -41,14 +49,28 @@ struct Read {
 pub struct CardReads {
     /// Into the sending task.
     tx: mpsc::UnboundedSender<Read>,
+    /// How many queries the reads have taken so far (batched and single ones).
+    queries: Arc<AtomicU64>,
 }
 
 impl CardReads {
-    /// Starts the task that reads cards from `pool`. Needs a Tokio runtime.
+    /// Starts the task that reads cards from `pool`, each query's first read waiting up to
+    /// [`READ_LINGER`] for others. Needs a Tokio runtime.
     pub fn new(pool: PgPool) -> Self {
+        Self::lingering(pool, READ_LINGER)
+    }
+
+    /// [`Self::new`], whose first read of a query waits up to `linger` for others to join it.
+    pub fn lingering(pool: PgPool, linger: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(send_reads(pool, rx));
-        Self { tx }
+        let queries = Arc::new(AtomicU64::new(0));
+        tokio::spawn(send_reads(pool, rx, linger, queries.clone()));
+        Self { tx, queries }
+    }
+
+    /// How many queries the reads have taken so far.
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
     }
 
     /// The card `card_ref` (`None` for an unknown card), read in the next query.
@@ -64,28 +86,34 @@ impl CardReads {
     }
 }
 
-/// The sending task: once a query slot is free, takes what has queued (at least one read) and
-/// sends it.
-async fn send_reads(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Read>) {
+/// The sending task: once a query slot is free, takes what has queued (at least one read), and
+/// what joins it within `linger`, and sends it.
+async fn send_reads(
+    pool: PgPool,
+    mut rx: mpsc::UnboundedReceiver<Read>,
+    linger: Duration,
+    queries: Arc<AtomicU64>,
+) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let mut queued = Vec::with_capacity(MAX_BATCH);
-        if rx.recv_many(&mut queued, MAX_BATCH).await == 0 {
+        if crate::linger::recv_batch(&mut rx, &mut queued, MAX_BATCH, linger).await == 0 {
             return;
         }
-        let pool = pool.clone();
+        let (pool, queries) = (pool.clone(), queries.clone());
         tokio::spawn(async move {
-            answer(&pool, queued).await;
+            answer(&pool, queued, &queries).await;
             drop(slot);
         });
     }
 }
 
 /// One query for `reads`, and their answers.
-async fn answer(pool: &PgPool, reads: Vec<Read>) {
+async fn answer(pool: &PgPool, reads: Vec<Read>, queries: &AtomicU64) {
+    queries.fetch_add(1, Ordering::Relaxed);
     let mut refs: Vec<String> = reads.iter().map(|r| r.card_ref.clone()).collect();
     refs.sort_unstable();
     refs.dedup();
@@ -101,6 +129,7 @@ async fn answer(pool: &PgPool, reads: Vec<Read>) {
         Err(e) => {
             tracing::debug!(reads = reads.len(), error = %e, "a batched card read failed; each read is made again on its own");
             join_all(reads.into_iter().map(|read| async move {
+                queries.fetch_add(1, Ordering::Relaxed);
                 let result = cards::load(pool, &read.card_ref).await;
                 let _ = read.reply.send(result);
             }))

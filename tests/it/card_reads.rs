@@ -152,3 +152,29 @@ async fn reads_made_at_once_share_one_query() {
         asked.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_made_within_the_linger_of_each_other_share_one_query() {
+    let db = TestDb::new().await;
+    insert_cards(&db, &["c-1", "c-2", "c-3", "c-4"]).await;
+    // A linger far above the gap below, so that a loaded machine cannot split the query.
+    let reads = CardReads::lingering(db.pool.clone(), std::time::Duration::from_secs(2));
+    // The first read comes alone, with every query slot free; the other three 50 ms later.
+    let first = reads.load("c-1");
+    let rest = async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        join_all(["c-2", "c-3", "c-4"].map(|r| reads.load(r))).await
+    };
+    let (first, rest) = tokio::join!(first, rest);
+    let first = first.expect("c-1 is read").expect("c-1 exists");
+    assert_eq!(first.card_ref, "c-1");
+    for (asked, answer) in ["c-2", "c-3", "c-4"].iter().zip(rest) {
+        let card = answer.expect("a read").expect("the card exists");
+        assert_eq!(&card.card_ref, asked);
+    }
+    assert_eq!(
+        reads.queries(),
+        1,
+        "four reads within the linger go to PostgreSQL in one query"
+    );
+}
