@@ -217,7 +217,10 @@ where
     }
 }
 
-#[tracing::instrument(skip_all, fields(task = J::TASK.label()))]
+// A span of its own only at debug: at info, the fmt layer formats, stores and closes it for every
+// poll, which `perf` shows in the worker's CPU per poll (docs/BENCHMARKS.md); the poll's own span
+// names its card, and every event below names its task itself.
+#[tracing::instrument(level = "debug", skip_all, fields(task = J::TASK.label()))]
 async fn run<S, J>(
     mut inner: S,
     shared: Shared,
@@ -510,10 +513,11 @@ async fn defer<J: PollJob, R: Default>(
             );
         }
         Ok(Err(e)) => {
-            tracing::warn!(card_ref = job.card_ref(), reason, error = %format!("{e:#}"), "deferred card not given back; it is due again when its lease ends");
+            tracing::warn!(task = J::TASK.label(), card_ref = job.card_ref(), reason, error = %format!("{e:#}"), "deferred card not given back; it is due again when its lease ends");
         }
         Err(_) => {
             tracing::warn!(
+                task = J::TASK.label(),
                 card_ref = job.card_ref(),
                 reason,
                 "giving a deferred card back timed out; it is due again when its lease ends"

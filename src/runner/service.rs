@@ -120,7 +120,12 @@ impl<J: RunJob + Send + 'static> Service<Task<String>> for JobService<J> {
 
 /// Decodes and runs one job; every failure becomes an [`AbortError`] (dead, never retried by
 /// apalis).
-#[tracing::instrument(skip_all, fields(queue = J::QUEUE, task_id = %id))]
+///
+/// Its span is at debug: every job's `run` has a span of its own that names what the job is
+/// about (the card, the payment); a second span per job at info is formatted, stored and closed
+/// for every poll, a share of the worker's CPU per poll that `perf` shows (docs/BENCHMARKS.md);
+/// and the events here name the queue and the task id themselves.
+#[tracing::instrument(level = "debug", skip_all, fields(queue = J::QUEUE, task_id = %id))]
 async fn handle<J: RunJob>(
     raw: String,
     ctx: Arc<AppContext>,
@@ -130,6 +135,8 @@ async fn handle<J: RunJob>(
         Ok(job) => job,
         Err(e) => {
             tracing::error!(
+                queue = J::QUEUE,
+                task_id = %id,
                 error = %e,
                 payload = %truncate(&raw, 256),
                 "job payload does not decode; recorded as dead, not retried"
@@ -146,13 +153,13 @@ async fn handle<J: RunJob>(
             Ok(())
         }
         Err(e) => {
-            tracing::error!(error = %e, "job ended abnormally; recorded as dead");
+            tracing::error!(queue = J::QUEUE, task_id = %id, error = %e, "job ended abnormally; recorded as dead");
             finished(J::QUEUE, "dead");
             // The job's own follow-up (a polling chain's successor, say), bounded by the same
             // limit so that a stuck follow-up cannot hold the worker slot.
             let follow_up = copy.after_abnormal_end(ctx, e.clone());
             if tokio::time::timeout(limit, follow_up).await.is_err() {
-                tracing::error!("the follow-up of an abnormal end timed out too");
+                tracing::error!(queue = J::QUEUE, task_id = %id, "the follow-up of an abnormal end timed out too");
             }
             Err(AbortError::new(e).into())
         }
