@@ -65,9 +65,9 @@ pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
 }
 
 /// How long the first acknowledgement of a script call waits for others to join it. The polls of
-/// one fetch start together and end within a few milliseconds of each other; sent as they end,
-/// they went to Redis a few a call, and each call costs Redis a script invocation and a round
-/// trip of its own. A poll's slot is held this much longer at most, and a backlog never waits it
+/// one fetch start together and end within a few milliseconds of each other; sent the moment each
+/// ends, they would go to Redis a few a call, and each call costs Redis a script invocation and a
+/// round trip of its own. A poll's slot is held this much longer at most, and a backlog never waits it
 /// out: its acknowledgements fill a script call sooner.
 pub const ACK_LINGER: Duration = Duration::from_millis(4);
 

@@ -8,8 +8,8 @@
 //! whatever queued meanwhile as one [`cards::load_many`] (`card_ref = ANY($1)`, the unique index),
 //! at most [`IN_FLIGHT`] queries at a time. The first read of a query waits up to [`READ_LINGER`]
 //! for others to join it ([`crate::linger`]): the polls of one fetch start within about a
-//! millisecond of each other, and a read sent the moment it came, with a query slot free, went
-//! to PostgreSQL with few others (docs/BENCHMARKS.md, PostgreSQL commits per poll).
+//! millisecond of each other, and a read sent the moment it comes, with a query slot free, would
+//! go to PostgreSQL with few others (docs/BENCHMARKS.md, PostgreSQL commits per poll).
 //!
 //! A query that fails is not the failure of every card it carried: one card_ref PostgreSQL refuses
 //! (a NUL byte in a hand-written payload) would fail the whole `ANY`, and a connection blip may be
