@@ -16,7 +16,6 @@ use sqlx::PgPool;
 use crate::budget::Budget;
 use crate::config::Config;
 use crate::gateway::GatewayClient;
-use crate::polling::lease::DueQueues;
 use crate::queue::batch::ScriptCalls;
 use crate::shutdown::Shutdown;
 use crate::storage::card_reads::CardReads;
@@ -47,8 +46,6 @@ pub struct AppContext {
     pub poll_acks: ScriptCalls,
     /// The polls' card reads, sent several to a query (`storage::card_reads`).
     pub card_reads: CardReads,
-    /// Each polling task's due queue, its keys built once.
-    pub due_queues: DueQueues,
 }
 
 impl AppContext {
@@ -63,9 +60,8 @@ impl AppContext {
         let producer = Producer::new(redis.clone(), config.redis.key_prefix.clone());
         let shutdown = Shutdown::new();
         let budget = Budget::new(redis.clone(), &config).tracked_by(shutdown.clone());
-        let poll_acks = crate::polling::lease::ack_calls(&redis);
+        let poll_acks = crate::queue::batch::poll_acks(&redis);
         let card_reads = CardReads::new(pool.clone());
-        let due_queues = DueQueues::new(&config.redis.key_prefix);
         Ok(Arc::new(Self {
             config: Arc::new(config),
             pool,
@@ -78,7 +74,6 @@ impl AppContext {
             shutdown,
             poll_acks,
             card_reads,
-            due_queues,
         }))
     }
 

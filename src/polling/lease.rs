@@ -64,50 +64,9 @@ pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
     DueQueue::new(ShardKeys::new(prefix, task, cardworker_jobs::due::SHARD))
 }
 
-/// How long the first acknowledgement of a script call waits for others to join it. The polls of
-/// one fetch start together and end within a few milliseconds of each other; sent the moment each
-/// ends, they would go to Redis a few a call, and each call costs Redis a script invocation and a
-/// round trip of its own. A poll's slot is held this much longer at most, and a backlog never waits it
-/// out: its acknowledgements fill a script call sooner.
-pub const ACK_LINGER: Duration = Duration::from_millis(4);
-
-/// Both polling tasks' due queues of one deployment, their keys built once for the process
-/// (`AppContext::due_queues`): a poll clones its task's, and names its keys without building them.
-#[derive(Debug, Clone)]
-pub struct DueQueues {
-    carddata: DueQueue,
-    card_status: DueQueue,
-}
-
-impl DueQueues {
-    /// The due queues of the deployment with key prefix `prefix`.
-    pub fn new(prefix: &str) -> Self {
-        Self {
-            carddata: due_queue(prefix, Task::Carddata),
-            card_status: due_queue(prefix, Task::CardStatus),
-        }
-    }
-
-    /// `task`'s due queue.
-    pub fn of(&self, task: Task) -> &DueQueue {
-        match task {
-            Task::Carddata => &self.carddata,
-            Task::CardStatus => &self.card_status,
-        }
-    }
-}
-
-/// Batched acknowledgements on `redis` (a task of their own; needs a Tokio runtime): the polls
-/// that end while a script call is in flight, or within [`ACK_LINGER`] of its first, go in one
-/// script call. A process's own are `AppContext::poll_acks`.
-pub fn ack_calls(redis: &ConnectionManager) -> ScriptCalls {
-    ScriptCalls::lingering(
-        redis.clone(),
-        redis::Script::new(cardworker_jobs::due::SCRIPT),
-        ACK_WIDTH,
-        ACK_LINGER,
-    )
-}
+/// Batched acknowledgements of the polls (a process's own are `AppContext::poll_acks`); built
+/// where the context is, below polling.
+pub use crate::queue::batch::poll_acks as ack_calls;
 
 /// One acknowledgement through `calls` (`queue`'s keys).
 pub async fn ack(

@@ -31,6 +31,26 @@ use tokio::sync::{mpsc, oneshot};
 /// The most calls one script call carries.
 pub const MAX_BATCH: usize = 64;
 
+/// How long the first of the polls' acknowledgements of a script call waits for others to join
+/// it ([`poll_acks`]). The polls of one fetch start together and end within a few milliseconds of
+/// each other; sent the moment each ends, they would go to Redis a few a call, and each call costs
+/// Redis a script invocation and a round trip of its own. A poll's slot is held this much longer
+/// at most, and a backlog never waits it out: its acknowledgements fill a script call sooner.
+pub const POLL_ACK_LINGER: Duration = Duration::from_millis(4);
+
+/// The polls' batched acknowledgements on `redis` (the due queue's script,
+/// `polling::lease::ack`; a task of their own, needs a Tokio runtime): the polls that end while a
+/// script call is in flight, or within [`POLL_ACK_LINGER`] of its first, go in one script call. A
+/// process's own are `AppContext::poll_acks`.
+pub fn poll_acks(redis: &ConnectionManager) -> ScriptCalls {
+    ScriptCalls::lingering(
+        redis.clone(),
+        Script::new(cardworker_jobs::due::SCRIPT),
+        cardworker_jobs::due::ACK_WIDTH,
+        POLL_ACK_LINGER,
+    )
+}
+
 /// Why a call sent through [`ScriptCalls`] has no answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BatchError {

@@ -286,7 +286,6 @@ async fn a_refused_connection_leaves_the_payment_requested_and_retries_with_the_
         shutdown: app.ctx.shutdown.clone(),
         poll_acks: app.ctx.poll_acks.clone(),
         card_reads: app.ctx.card_reads.clone(),
-        due_queues: app.ctx.due_queues.clone(),
     };
     let done = submit_payment(&ctx, id).await.expect("submit");
     let Submitted::Failed {

@@ -187,7 +187,7 @@ impl<'a, J: PollTask> Run<'a, J> {
     fn new(ctx: &'a AppContext, job: &J, lease_ends: std::time::Instant) -> Self {
         Self {
             ctx,
-            queue: ctx.due_queues.of(J::TASK).clone(),
+            queue: lease::due_queue(ctx.prefix(), J::TASK),
             card_ref: job.card_ref().to_owned(),
             lease: job.lease(),
             state: job.state(),
