@@ -22,7 +22,7 @@
 //! touches is passed in `KEYS`, so the script runs on a Redis Cluster; a test runs it on a
 //! three-master one.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -174,9 +174,7 @@ pub enum StillHeld<T> {
 /// One task shard's due queue.
 #[derive(Debug, Clone)]
 pub struct DueQueue {
-    keys: Arc<ShardKeys>,
-    /// The same keys in the script's `KEYS` order, shared by every acknowledgement.
-    listed: Arc<[String]>,
+    keys: ShardKeys,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -194,26 +192,12 @@ fn still_held(done: u8) -> StillHeld<()> {
 
 impl DueQueue {
     pub fn new(keys: ShardKeys) -> Self {
-        let listed = Arc::from(vec![
-            keys.due.clone(),
-            keys.last_lease.clone(),
-            keys.state.clone(),
-        ]);
-        Self {
-            keys: Arc::new(keys),
-            listed,
-        }
+        Self { keys }
     }
 
     /// The shard's keys.
     pub fn keys(&self) -> &ShardKeys {
         &self.keys
-    }
-
-    /// The shard's keys in the script's `KEYS` order, as a batched call names them
-    /// ([`crate::queue::batch::ScriptCalls`]); cloning it copies no key.
-    pub fn key_list(&self) -> Arc<[String]> {
-        self.listed.clone()
     }
 
     fn call(&self, op: &str) -> redis::ScriptInvocation<'static> {

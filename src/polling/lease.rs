@@ -6,6 +6,7 @@
 //! handed to another poll, or removed) writes nothing: one poll per card and task at a time is
 //! the due queue script's property (`polling::due_queue`), not this module's.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -64,17 +65,17 @@ pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
     DueQueue::new(ShardKeys::new(prefix, task, cardworker_jobs::due::SHARD))
 }
 
-/// Batched acknowledgements of the polls (a process's own are `AppContext::poll_acks`); built
-/// where the context is, below polling.
-pub use crate::queue::batch::poll_acks as ack_calls;
-
 /// One acknowledgement through `calls` (`queue`'s keys).
 pub async fn ack(
     calls: &ScriptCalls,
     queue: &DueQueue,
     successor: &Successor<'_>,
 ) -> anyhow::Result<StillHeld<()>> {
-    let keys = queue.key_list();
+    let keys: Arc<[String]> = Arc::from(vec![
+        queue.keys().due.clone(),
+        queue.keys().last_lease.clone(),
+        queue.keys().state.clone(),
+    ]);
     let args = vec![
         successor.card_ref.to_owned(),
         successor.lease.score().to_string(),

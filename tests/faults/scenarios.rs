@@ -619,7 +619,7 @@ async fn a_successor_redis_refuses_after_the_commit_is_written_once_redis_is_bac
         .fetch(&mut conn, 1, Duration::from_secs(60))
         .await
         .expect("fetch");
-    let calls = lease::ack_calls(&conn);
+    let calls = cardworker::queue::batch::poll_acks(&conn);
     redis.stop();
     let successor = Successor {
         card_ref: "c-1",
