@@ -104,8 +104,9 @@ local op = ARGV[1]
 
 -- fetch(max, lease_ms): leases at most `max` due entries, the earliest due first, each until
 -- now + lease_ms. An entry whose lease ended is due again, as of its lease's deadline. Returns a
--- flat array: card_ref, lease (its score), due ms, state ('' when the card has none), for each
--- entry taken; when none is due, {ms until the next one is} ({} for an empty shard), so that an
+-- flat array: card_ref, lease (its score), due ms (a waiting card's as ZRANGE wrote its score,
+-- whole-number digits, so that no number is converted twice), state ('' when the card has none),
+-- for each entry taken; when none is due, {ms until the next one is} ({} for an empty shard), so that an
 -- idle worker sleeps until then.
 if op == 'fetch' then
   local max = tonumber(ARGV[2])
@@ -138,11 +139,10 @@ if op == 'fetch' then
   local taken, dues, leases = {}, {}, {}
   local i, j, n = 1, 1, 0
   while n < max and (i <= #waiting or j <= #ended) do
-    local w = waiting[i + 1] and tonumber(waiting[i + 1])
     local e = ended[j + 1] and (tonumber(ended[j + 1]) - LEASED)
     n = n + 1
-    if w and (not e or w <= e) then
-      taken[n], dues[n] = waiting[i], w
+    if waiting[i] and (not e or tonumber(waiting[i + 1]) <= e) then
+      taken[n], dues[n] = waiting[i], waiting[i + 1]
       i = i + 2
     else
       taken[n], dues[n] = ended[j], e
@@ -154,10 +154,8 @@ if op == 'fetch' then
   local states = call_many('HMGET', KEYS[3], taken, 1)
   local out = {}
   for k = 1, n do
-    out[#out + 1] = taken[k]
-    out[#out + 1] = lease
-    out[#out + 1] = dues[k]
-    out[#out + 1] = states[k] or ''
+    local o = 4 * k
+    out[o - 3], out[o - 2], out[o - 1], out[o] = taken[k], lease, dues[k], states[k] or ''
   end
   return out
 end
@@ -170,22 +168,40 @@ end
 -- removed), and nothing changed for it. `batch` is the same op under the name a process's batched
 -- calls send (`queue::batch`).
 if op == 'ack' or op == 'batch' then
-  -- One ZMSCORE checks every lease, then one ZADD and one HSET write every held card's
-  -- successor: an acknowledgement costs Redis the same few commands whatever its size. A card
-  -- named twice is acknowledged once: its first successor ends the lease the second names.
-  local cards = {}
-  for i = 2, #ARGV, 4 do cards[#cards + 1] = ARGV[i] end
-  local scores = call_many('ZMSCORE', KEYS[1], cards, 1)
-  local out, dues, states, done = {}, {}, {}, {}
-  for k = 1, #cards do
-    local card, i = cards[k], 4 * k - 2
-    local s = scores[k]
-    if not done[card] and s and tonumber(s) == tonumber(ARGV[i + 1]) then
-      done[card] = true
-      dues[#dues + 1] = int(now_ms() + tonumber(ARGV[i + 2]))
-      dues[#dues + 1] = card
-      states[#states + 1] = card
-      states[#states + 1] = ARGV[i + 3]
+  -- The cards each named lease holds, read with one ZRANGE per distinct lease (a fetch's cards
+  -- share one), then one ZADD and one HSET write every held card's successor: an
+  -- acknowledgement costs Redis the same few commands whatever its size. The lease is checked by
+  -- score range, not by reading each card's score: Redis formats every score it replies with
+  -- ("%.17g"), the costliest part of a per-card check. A card named twice is acknowledged once:
+  -- its first successor ends the lease the second names. The successor's due time is worked
+  -- out once per distinct `next_in_ms` (string.format is the next costliest).
+  local held_by = {}
+  local out, dues, states, due_in, n = {}, {}, {}, {}, 0
+  for k = 1, (#ARGV - 1) / 4 do
+    local i = 4 * k - 2
+    local card, lease = ARGV[i], ARGV[i + 1]
+    local held = held_by[lease]
+    if not held then
+      held = {}
+      -- A lease that is not a whole number holds nothing (ZRANGE would fail the call on it).
+      if string.match(lease, '^%d+$') then
+        for _, c in ipairs(redis.call('ZRANGE', KEYS[1], lease, lease, 'BYSCORE')) do
+          held[c] = true
+        end
+      end
+      held_by[lease] = held
+    end
+    if held[card] then
+      held[card] = nil
+      local a = ARGV[i + 2]
+      local due = due_in[a]
+      if not due then
+        due = int(now_ms() + tonumber(a))
+        due_in[a] = due
+      end
+      n = n + 2
+      dues[n - 1], dues[n] = due, card
+      states[n - 1], states[n] = card, ARGV[i + 3]
       out[k] = 1
     else
       out[k] = 0

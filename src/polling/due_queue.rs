@@ -181,6 +181,17 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A due time as a fetch answers it: an integer, or a waiting card's score as Redis wrote it
+/// (whole milliseconds, in digits, for every score this project writes; a fraction is cut off).
+fn whole_ms(value: &redis::Value) -> anyhow::Result<u64> {
+    if let Ok(ms) = redis::from_redis_value_ref::<u64>(value) {
+        return Ok(ms);
+    }
+    let ms: f64 = redis::from_redis_value_ref(value).context("a due time that is no number")?;
+    anyhow::ensure!(ms.is_finite() && ms >= 0.0, "a due time out of range: {ms}");
+    Ok(ms.trunc() as u64)
+}
+
 /// The script's answer for one lease-fenced call: 1 done, 0 stale.
 fn still_held(done: u8) -> StillHeld<()> {
     if done == 1 {
@@ -244,7 +255,7 @@ impl DueQueue {
                 [card, lease, due, state] => Ok(Leased {
                     card_ref: redis::from_redis_value_ref(card)?,
                     lease: Lease(redis::from_redis_value_ref(lease)?),
-                    due_ms: redis::from_redis_value_ref(due)?,
+                    due_ms: whole_ms(due)?,
                     state: PollState::parse(&redis::from_redis_value_ref::<String>(state)?),
                 }),
                 _ => anyhow::bail!("due_queue.lua fetch answered {} values", raw.len()),

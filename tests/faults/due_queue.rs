@@ -820,3 +820,62 @@ async fn acknowledgements_ending_within_the_linger_of_each_other_reach_redis_in_
         "every successor was written, due later"
     );
 }
+
+#[tokio::test]
+async fn an_acknowledgement_naming_a_lease_that_is_no_number_acknowledges_nothing_for_it_and_the_rest_as_usual(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for card in ["c-1", "c-2"] {
+        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    let (one, two) = (&leased[0], &leased[1]);
+    // A raw call, as another producer of the shared script could send it: the typed API cannot
+    // name such a lease.
+    let keys = queue.keys();
+    let held: Vec<u8> = redis::Script::new(cardworker_jobs::due::SCRIPT)
+        .key(&keys.due)
+        .key(&keys.last_lease)
+        .key(&keys.state)
+        .arg("batch")
+        .arg(&one.card_ref)
+        .arg("not-a-lease")
+        .arg(0)
+        .arg(PollState::default().to_raw())
+        .arg(&two.card_ref)
+        .arg(two.lease.score())
+        .arg(0)
+        .arg(PollState::default().to_raw())
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        held,
+        [0, 1],
+        "only the lease that holds its card acknowledges it"
+    );
+    let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again),
+        [two.card_ref.as_str()],
+        "c-2 is due again; c-1 is still under its lease"
+    );
+}
+
+#[tokio::test]
+async fn a_card_whose_due_score_has_a_fraction_is_fetched_with_its_whole_milliseconds() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    // Scores the project writes are whole milliseconds; one written by hand may not be.
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue.keys().due)
+        .arg("1764000000000.75")
+        .arg("c-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"]);
+    assert_eq!(leased[0].due_ms, 1_764_000_000_000);
+}
