@@ -4,8 +4,9 @@
 # - the due queue (jobs/src/due_queue.lua), one shard of 3,000 cards, each with a poll state
 #   (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease, then one `batch`
 #   acknowledging those N with the leases the fetch returned, each due again at once with the
-#   next state, at N = 1, 4, 16 and 32, per poll (one card fetched and acknowledged); and `head`
-#   (what the lateness gauges read), per call;
+#   next state, at N = 1, 4, 16 and 32, per poll (one card fetched and acknowledged); a fetch of
+#   256 whose polls end one by one (256 `batch` calls of one card: a slow Gateway's spread), per
+#   poll; and `head` (what the lateness gauges read), per call;
 # - the budget (src/budget/budget.lua with src/budget/circuit.lua prepended, as budget/mod.rs
 #   loads it): a plain `acquire` of a carddata token (the default limits and circuit, no limit
 #   reached, the circuit closed, no finish carried, no lease taken over), then the `release` of
@@ -54,7 +55,7 @@ import glob, os, socket, subprocess, sys
 
 port, due_lua, circuit_lua, budget_lua = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 polls, vg, tmp, pid = int(sys.argv[5]), bool(sys.argv[6]), sys.argv[7], sys.argv[8]
-CARDS, BATCHES, HEADS, PAIRS = 3000, (1, 4, 16, 32), 1000, 1000
+CARDS, BATCHES, HEADS, PAIRS, ONE_BY_ONE = 3000, (1, 4, 16, 32), 1000, 1000, 256
 LEASE_MS, STATE = 30000, '1|t0gmqo|st0gmqo|0'
 
 
@@ -181,6 +182,29 @@ for n in BATCHES:
     cost, calls, cmds, inner = measure(polls_of(n, rounds), rounds * n)
     print(f'{n:>5}  {cost:>16,.{0 if vg else 2}f}  {calls:>12.4g}  {cmds:>13.4g}')
 print(f'  commands per fetch + batch call pair: {names(inner, 2 / calls)}')
+
+
+def one_by_one(n, rounds):
+    """A fetch of n cards whose polls end one by one: n `batch` calls of one card each."""
+    def work():
+        for _ in range(rounds):
+            got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
+            if len(got) != 4 * n:
+                raise RuntimeError(f'fetch of {n} answered {got[:8]}')
+            for i in range(0, len(got), 4):
+                done = r('EVALSHA', due_sha, 3, *DQ, 'batch', got[i], got[i + 1], 0, STATE)
+                if done != [1]:
+                    raise RuntimeError(f'batch of one answered {done}')
+    return work
+
+
+n = ONE_BY_ONE
+rounds = max(1, polls // n)
+one_by_one(n, 1)()  # warm-up
+cost, calls, cmds, inner = measure(one_by_one(n, rounds), rounds * n)
+print(f'\ndue queue: a fetch of {n} acknowledged one card a call, per poll: '
+      f'{cost:,.{0 if vg else 2}f} {unit}, {calls:.4g} EVALSHA, {cmds:.4g} commands '
+      f'({names(inner, 1)})')
 
 
 def heads():

@@ -879,3 +879,51 @@ async fn a_card_whose_due_score_has_a_fraction_is_fetched_with_its_whole_millise
     assert_eq!(cards(&leased), ["c-1"]);
     assert_eq!(leased[0].due_ms, 1_764_000_000_000);
 }
+
+#[tokio::test]
+async fn the_polls_of_a_big_fetch_acknowledged_one_by_one_each_obey_their_own_lease() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for i in 0..20 {
+        let card = format!("c-{i:02}");
+        queue.add(&mut conn, &card, Duration::ZERO).await.unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 20, LONG).await.unwrap();
+    assert_eq!(leased.len(), 20);
+    // One card of twenty named with its lease: the lease holds more than the range a call reads
+    // for one card, so the script checks that card's score instead.
+    let (first, second) = (&leased[0], &leased[1]);
+    let stale = Lease::from_score(first.lease.score() - 1);
+    let held = queue
+        .ack_many(
+            &mut conn,
+            &[
+                keep(&first.card_ref, stale, Duration::ZERO),
+                keep(&second.card_ref, second.lease, Duration::ZERO),
+                keep(&second.card_ref, second.lease, LONG),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        held,
+        [StillHeld::Stale, StillHeld::Yes(()), StillHeld::Stale],
+        "a stale lease holds nothing, and a card named twice is acknowledged once"
+    );
+    for poll in &leased[2..] {
+        assert_eq!(
+            ack_now(&queue, &mut conn, &poll.card_ref, poll.lease).await,
+            StillHeld::Yes(()),
+            "{} under its own lease",
+            poll.card_ref
+        );
+    }
+    let again = queue.fetch(&mut conn, 30, LONG).await.unwrap();
+    let mut due: Vec<&str> = cards(&again);
+    due.sort_unstable();
+    let want: Vec<String> = (1..20).map(|i| format!("c-{i:02}")).collect();
+    assert_eq!(
+        due, want,
+        "every acknowledged card is due again; c-00 is still leased"
+    );
+}
