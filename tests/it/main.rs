@@ -1,6 +1,11 @@
 //! Integration tests: one binary, shared harness (the `cardworker-test-kit` crate). Real
 //! PostgreSQL and Redis; each test gets its own database and key prefix. Only the Gateway is
 //! simulated (by cardworker's own simulator).
+//!
+//! Run them with nextest (`make test`), a process per test: many tests wait on and assert the
+//! process's Prometheus counters (`cardworker_poll_outcomes_total`, ...), and a process has one
+//! recorder, so under plain `cargo test` the tests that run beside each other count each other's
+//! polls, and their assertions fail.
 
 // Test code: an unwrap() that fails is the test failing, at its line (the workspace's
 // `clippy::unwrap_used` is for product code).
