@@ -158,7 +158,11 @@ for i in range(CARDS):
 assert r('EVALSHA', due_sha, 3, *DQ, 'adopt', *setup) == CARDS
 
 
-def polls_of(n, rounds):
+def polls_of(n, rounds, per_call=None):
+    """Fetches of n cards, each acknowledged per_call cards a `batch` call (all n in one call by
+    default; one card a call is a slow Gateway's spread)."""
+    per_call = per_call or n
+
     def work():
         for _ in range(rounds):
             got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
@@ -167,9 +171,11 @@ def polls_of(n, rounds):
             acks = []
             for i in range(0, len(got), 4):
                 acks += [got[i], got[i + 1], 0, STATE]
-            done = r('EVALSHA', due_sha, 3, *DQ, 'batch', *acks)
-            if done != [1] * n:
-                raise RuntimeError(f'batch of {n} answered {done}')
+            for i in range(0, len(acks), 4 * per_call):
+                part = acks[i:i + 4 * per_call]
+                done = r('EVALSHA', due_sha, 3, *DQ, 'batch', *part)
+                if done != [1] * (len(part) // 4):
+                    raise RuntimeError(f'batch of {len(part) // 4} answered {done}')
     return work
 
 
@@ -184,24 +190,10 @@ for n in BATCHES:
 print(f'  commands per fetch + batch call pair: {names(inner, 2 / calls)}')
 
 
-def one_by_one(n, rounds):
-    """A fetch of n cards whose polls end one by one: n `batch` calls of one card each."""
-    def work():
-        for _ in range(rounds):
-            got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
-            if len(got) != 4 * n:
-                raise RuntimeError(f'fetch of {n} answered {got[:8]}')
-            for i in range(0, len(got), 4):
-                done = r('EVALSHA', due_sha, 3, *DQ, 'batch', got[i], got[i + 1], 0, STATE)
-                if done != [1]:
-                    raise RuntimeError(f'batch of one answered {done}')
-    return work
-
-
 n = ONE_BY_ONE
 rounds = max(1, polls // n)
-one_by_one(n, 1)()  # warm-up
-cost, calls, cmds, inner = measure(one_by_one(n, rounds), rounds * n)
+polls_of(n, 1, 1)()  # warm-up
+cost, calls, cmds, inner = measure(polls_of(n, rounds, 1), rounds * n)
 print(f'\ndue queue: a fetch of {n} acknowledged one card a call, per poll: '
       f'{cost:,.{0 if vg else 2}f} {unit}, {calls:.4g} EVALSHA, {cmds:.4g} commands '
       f'({names(inner, 1)})')
