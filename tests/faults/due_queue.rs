@@ -76,6 +76,27 @@ async fn ack_now(
         .unwrap()
 }
 
+/// Acknowledges `successors` in one call; answers each one's verdict, in order.
+async fn ack_all(
+    queue: &DueQueue,
+    conn: &mut ConnectionManager,
+    successors: &[Successor<'_>],
+) -> Vec<StillHeld<()>> {
+    queue.ack_many(conn, successors).await.unwrap()
+}
+
+/// A private Redis and a queue on it whose cards c-1 and c-2 one fetch leased (both under one
+/// lease), with a connection and the fetch's answer.
+async fn two_leased() -> (PrivateRedis, DueQueue, ConnectionManager, Vec<Leased>) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for card in ["c-1", "c-2"] {
+        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    (redis, queue, conn, leased)
+}
+
 fn cards(leased: &[Leased]) -> Vec<&str> {
     leased.iter().map(|l| l.card_ref.as_str()).collect()
 }
@@ -466,27 +487,21 @@ async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_nam
 
 #[tokio::test]
 async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    for card in ["c-1", "c-2"] {
-        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
-    }
-    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    let (_redis, queue, mut conn, leased) = two_leased().await;
     let (one, two) = (&leased[0], &leased[1]);
     assert_eq!(
         ack_now(&queue, &mut conn, &one.card_ref, one.lease).await,
         StillHeld::Yes(())
     );
-    let held = queue
-        .ack_many(
-            &mut conn,
-            &[
-                keep(&one.card_ref, one.lease, LONG),
-                keep(&two.card_ref, two.lease, Duration::ZERO),
-            ],
-        )
-        .await
-        .unwrap();
+    let held = ack_all(
+        &queue,
+        &mut conn,
+        &[
+            keep(&one.card_ref, one.lease, LONG),
+            keep(&two.card_ref, two.lease, Duration::ZERO),
+        ],
+    )
+    .await;
     assert_eq!(held, [StillHeld::Stale, StillHeld::Yes(())]);
     let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
     assert_eq!(
@@ -728,7 +743,7 @@ async fn commands_for_a_round_of(n: usize) -> u64 {
         .iter()
         .map(|l| keep(&l.card_ref, l.lease, LONG))
         .collect();
-    let held = queue.ack_many(&mut conn, &successors).await.unwrap();
+    let held = ack_all(&queue, &mut conn, &successors).await;
     assert!(held.iter().all(|h| *h == StillHeld::Yes(())), "{held:?}");
     let (calls, _) = crate::redis_cost::counted(&mut conn).await;
     calls.values().sum()
@@ -752,16 +767,15 @@ async fn a_card_named_twice_in_one_acknowledgement_is_acknowledged_once() {
     queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
     let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
     let one = &leased[0];
-    let held = queue
-        .ack_many(
-            &mut conn,
-            &[
-                keep(&one.card_ref, one.lease, Duration::ZERO),
-                keep(&one.card_ref, one.lease, LONG),
-            ],
-        )
-        .await
-        .unwrap();
+    let held = ack_all(
+        &queue,
+        &mut conn,
+        &[
+            keep(&one.card_ref, one.lease, Duration::ZERO),
+            keep(&one.card_ref, one.lease, LONG),
+        ],
+    )
+    .await;
     assert_eq!(
         held,
         [StillHeld::Yes(()), StillHeld::Stale],
@@ -824,12 +838,7 @@ async fn acknowledgements_ending_within_the_linger_of_each_other_reach_redis_in_
 #[tokio::test]
 async fn an_acknowledgement_naming_a_lease_that_is_no_number_acknowledges_nothing_for_it_and_the_rest_as_usual(
 ) {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    for card in ["c-1", "c-2"] {
-        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
-    }
-    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    let (_redis, queue, mut conn, leased) = two_leased().await;
     let (one, two) = (&leased[0], &leased[1]);
     // A raw call, as another producer of the shared script could send it: the typed API cannot
     // name such a lease.
@@ -894,17 +903,16 @@ async fn the_polls_of_a_big_fetch_acknowledged_one_by_one_each_obey_their_own_le
     // for one card, so the script checks that card's score instead.
     let (first, second) = (&leased[0], &leased[1]);
     let stale = Lease::from_score(first.lease.score() - 1);
-    let held = queue
-        .ack_many(
-            &mut conn,
-            &[
-                keep(&first.card_ref, stale, Duration::ZERO),
-                keep(&second.card_ref, second.lease, Duration::ZERO),
-                keep(&second.card_ref, second.lease, LONG),
-            ],
-        )
-        .await
-        .unwrap();
+    let held = ack_all(
+        &queue,
+        &mut conn,
+        &[
+            keep(&first.card_ref, stale, Duration::ZERO),
+            keep(&second.card_ref, second.lease, Duration::ZERO),
+            keep(&second.card_ref, second.lease, LONG),
+        ],
+    )
+    .await;
     assert_eq!(
         held,
         [StillHeld::Stale, StillHeld::Yes(()), StillHeld::Stale],
