@@ -23,8 +23,8 @@
 -- one lease holds a card at a time.
 local LEASED = 1125899906842624 -- 2^50 ms (about 35,000 years): above every due time
 -- An acknowledgement reads a lease's holders as a score range while they are at most this many
--- times the cards named with it, else the named cards' scores (see ack): a holder read costs
--- about a third of a score read (`make bench-lua`).
+-- times the cards named with it, else the named cards' scores (see ack): a holder costs Redis
+-- less to read than a score, which it formats, but a range may hold cards nobody named.
 local RANGE_READ_MAX = 3
 
 local now, now_b36
@@ -109,9 +109,9 @@ local op = ARGV[1]
 -- fetch(max, lease_ms): leases at most `max` due entries, the earliest due first, each until
 -- now + lease_ms. An entry whose lease ended is due again, as of its lease's deadline. Returns a
 -- flat array: card_ref, lease (its score), due ms (a waiting card's as ZRANGE wrote its score,
--- whole-number digits, so that no number is converted twice), state ('' when the card has none),
--- for each entry taken; when none is due, {ms until the next one is} ({} for an empty shard), so that an
--- idle worker sleeps until then.
+-- whole-number digits, so that no number is converted twice), state ('' when the card has
+-- none), for each entry taken; when none is due, {ms until the next one is} ({} for an empty
+-- shard), so that an idle worker sleeps until then.
 if op == 'fetch' then
   local max = tonumber(ARGV[2])
   local lease_ms = tonumber(ARGV[3])
@@ -179,9 +179,9 @@ if op == 'ack' or op == 'batch' then
   -- one): Redis formats every score it replies with ("%.17g"), the costliest part of a per-card
   -- check, and a range replies with none. A lease that holds more (a big fetch whose polls end
   -- one by one) has the named cards' scores read instead (ZMSCORE), so that a call never reads a
-  -- lease's whole fetch for one card. A card named twice is
-  -- acknowledged once: its first successor ends the lease the second names. The successor's due
-  -- time is worked out once per distinct `next_in_ms` (string.format is the next costliest).
+  -- lease's whole fetch for one card. A card named twice is acknowledged once: its first
+  -- successor ends the lease the second names. The successor's due time is worked out once per
+  -- distinct `next_in_ms` (string.format is the next costliest).
   local named, leases = {}, {}
   for i = 2, #ARGV, 4 do
     local lease = ARGV[i + 1]
