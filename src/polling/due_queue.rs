@@ -22,7 +22,7 @@
 //! touches is passed in `KEYS`, so the script runs on a Redis Cluster; a test runs it on a
 //! three-master one.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -171,10 +171,13 @@ pub enum StillHeld<T> {
     Stale,
 }
 
-/// One task shard's due queue.
+/// One task shard's due queue. Cheap to clone: its keys are shared.
 #[derive(Debug, Clone)]
 pub struct DueQueue {
-    keys: ShardKeys,
+    keys: Arc<ShardKeys>,
+    /// The same keys in the order the script takes them (`KEYS[1..3]`), for the calls sent
+    /// through a batcher (`queue::batch`), which takes them shared.
+    script_keys: Arc<[String]>,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -203,12 +206,25 @@ fn still_held(done: u8) -> StillHeld<()> {
 
 impl DueQueue {
     pub fn new(keys: ShardKeys) -> Self {
-        Self { keys }
+        let script_keys = Arc::from(vec![
+            keys.due.clone(),
+            keys.last_lease.clone(),
+            keys.state.clone(),
+        ]);
+        Self {
+            keys: Arc::new(keys),
+            script_keys,
+        }
     }
 
     /// The shard's keys.
     pub fn keys(&self) -> &ShardKeys {
         &self.keys
+    }
+
+    /// The shard's keys as the script takes them (`KEYS[1..3]`).
+    pub fn script_keys(&self) -> Arc<[String]> {
+        self.script_keys.clone()
     }
 
     fn call(&self, op: &str) -> redis::ScriptInvocation<'static> {

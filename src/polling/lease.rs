@@ -6,7 +6,7 @@
 //! handed to another poll, or removed) writes nothing: one poll per card and task at a time is
 //! the due queue script's property (`polling::due_queue`), not this module's.
 
-use std::sync::Arc;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -61,8 +61,28 @@ impl PollJob for PollCardStatus {
 
 /// The due queue of `task` in the deployment with key prefix `prefix` (its one shard,
 /// [`cardworker_jobs::due::SHARD`]).
+///
+/// Built once per process, prefix and task, and cloned after: every poll asks for its task's
+/// queue, whose keys are formatted strings. A process has one prefix (tests a few), so the list
+/// stays short.
 pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
-    DueQueue::new(ShardKeys::new(prefix, task, cardworker_jobs::due::SHARD))
+    static BUILT: RwLock<Vec<(Box<str>, Task, DueQueue)>> = RwLock::new(Vec::new());
+    let find = |built: &[(Box<str>, Task, DueQueue)]| {
+        built
+            .iter()
+            .find(|(p, t, _)| *t == task && **p == *prefix)
+            .map(|(_, _, queue)| queue.clone())
+    };
+    if let Some(queue) = find(&BUILT.read().unwrap_or_else(PoisonError::into_inner)) {
+        return queue;
+    }
+    let mut built = BUILT.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(queue) = find(&built) {
+        return queue;
+    }
+    let queue = DueQueue::new(ShardKeys::new(prefix, task, cardworker_jobs::due::SHARD));
+    built.push((prefix.into(), task, queue.clone()));
+    queue
 }
 
 /// One acknowledgement through `calls` (`queue`'s keys).
@@ -71,11 +91,7 @@ pub async fn ack(
     queue: &DueQueue,
     successor: &Successor<'_>,
 ) -> anyhow::Result<StillHeld<()>> {
-    let keys: Arc<[String]> = Arc::from(vec![
-        queue.keys().due.clone(),
-        queue.keys().last_lease.clone(),
-        queue.keys().state.clone(),
-    ]);
+    let keys = queue.script_keys();
     let args = vec![
         successor.card_ref.to_owned(),
         successor.lease.score().to_string(),
