@@ -35,11 +35,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use apalis::prelude::Task;
+use apalis_core::backend::codec::Codec;
 use apalis_core::backend::{Backend, BackendConfig, WireFormatBackend};
 use apalis_core::task::builder::TaskBuilder;
 use apalis_core::task::task_id::TaskId;
 use apalis_core::worker::context::WorkerContext;
-use apalis_redis::RedisStorage;
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use redis::aio::ConnectionManager;
@@ -49,8 +49,25 @@ use tower::{Layer, Service};
 
 use super::due_queue::{DueQueue, Fetched, Lease, Leased, PollState};
 
-/// The codec apalis decodes payloads with: JSON into `String`, as every other queue's.
-type Codec = <RedisStorage<String> as WireFormatBackend>::Codec;
+/// The codec a polling worker's payloads pass through: a [`LeasedPoll`]'s JSON as its UTF-8
+/// bytes. The payload never leaves the process (the due queue keeps its own records), so it is
+/// not wrapped in a JSON string as apalis-redis's payloads are, which the job service would
+/// unwrap again for every poll.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PayloadCodec;
+
+impl Codec<String> for PayloadCodec {
+    type Error = std::string::FromUtf8Error;
+    type Compact = Vec<u8>;
+
+    fn encode(&self, val: &String) -> Result<Vec<u8>, Self::Error> {
+        Ok(val.as_bytes().to_vec())
+    }
+
+    fn decode(&self, val: &Vec<u8>) -> Result<String, Self::Error> {
+        String::from_utf8(val.clone())
+    }
+}
 
 /// The payload of one fetched card: what its poll needs, and the lease it runs under (which
 /// every write of its successor names).
@@ -193,7 +210,7 @@ pub struct PollBackend {
     releasing: Option<BoxFuture<'static, ()>>,
     /// A fetch failed: the stream ends (the supervisor builds the worker again).
     dead: bool,
-    codec: Codec,
+    codec: PayloadCodec,
 }
 
 impl PollBackend {
@@ -218,7 +235,7 @@ impl PollBackend {
             idle: None,
             releasing: None,
             dead: false,
-            codec: Codec::default(),
+            codec: PayloadCodec,
         }
     }
 
@@ -231,12 +248,9 @@ impl PollBackend {
     }
 
     fn task(leased: &Leased) -> Result<Task<Vec<u8>>, std::io::Error> {
-        // apalis decodes the bytes as a JSON string, which holds the job's own JSON.
-        let payload = serde_json::to_string(&LeasedPoll::of(leased))?;
+        let payload = serde_json::to_vec(&LeasedPoll::of(leased))?;
         let id = TaskId::from_str(&ulid::Ulid::new().to_string()).map_err(std::io::Error::other)?;
-        Ok(TaskBuilder::new(serde_json::to_vec(&payload)?)
-            .task_id(id)
-            .build())
+        Ok(TaskBuilder::new(payload).task_id(id).build())
     }
 }
 
@@ -366,7 +380,7 @@ impl BackendConfig for PollBackend {
 }
 
 impl WireFormatBackend for PollBackend {
-    type Codec = Codec;
+    type Codec = PayloadCodec;
     type Compact = Vec<u8>;
 
     fn codec(&self) -> &Self::Codec {
