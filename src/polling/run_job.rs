@@ -28,7 +28,11 @@ macro_rules! poll_run_job {
                 self,
                 ctx: std::sync::Arc<$crate::context::AppContext>,
             ) -> anyhow::Result<()> {
-                $crate::polling::poll::run_poll(self, ctx).await.map(|_| ())
+                // Boxed: a poll's future is kilobytes, and every wrapper on the way to its task
+                // (the job service's guards, the span, the spawn) would move it again.
+                Box::pin($crate::polling::poll::run_poll(self, ctx))
+                    .await
+                    .map(|_| ())
             }
 
             async fn after_abnormal_end(
@@ -36,7 +40,7 @@ macro_rules! poll_run_job {
                 ctx: std::sync::Arc<$crate::context::AppContext>,
                 error: $crate::runner::JobError,
             ) {
-                $crate::polling::poll::after_abnormal_end(self, ctx, error).await;
+                Box::pin($crate::polling::poll::after_abnormal_end(self, ctx, error)).await;
             }
 
             fn carry<F>(job: F) -> futures::future::BoxFuture<'static, F::Output>
