@@ -58,7 +58,17 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// This process's unchanged polls not yet written: hourly counter key -> count. A handful of keys
 /// (one per task and hour of the last [`FLUSH_EVERY`]); keyed by the full key, so that processes
 /// of several deployments in one binary (tests) each write their own.
-static PENDING: LazyLock<Mutex<HashMap<String, u64>>> = LazyLock::new(Mutex::default);
+static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(Mutex::default);
+
+#[derive(Default)]
+struct Pending {
+    /// Counter key -> count not yet written.
+    counts: HashMap<String, u64>,
+    /// The unchanged-poll counter keys named lately, by prefix, task and hour (unix hours): an
+    /// unchanged poll is counted under the key its hour already has, where formatting the hour
+    /// and the key would cost every poll two strings. Each flush drops those of past hours.
+    recent: Vec<(Box<str>, Task, i64, String)>,
+}
 
 /// Adds to a counter and sets its expiry when this increment created it.
 static ADD: LazyLock<Script> = LazyLock::new(|| {
@@ -69,7 +79,7 @@ static ADD: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-fn pending() -> std::sync::MutexGuard<'static, HashMap<String, u64>> {
+fn pending() -> std::sync::MutexGuard<'static, Pending> {
     // A poisoned lock only means a panic while adding a number: the map is still usable.
     PENDING.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -77,15 +87,31 @@ fn pending() -> std::sync::MutexGuard<'static, HashMap<String, u64>> {
 /// Counts one unchanged poll of `task` at `at` for the fleet-wide hourly counter; written by the
 /// next [`flush`].
 pub fn count_fleet(prefix: &str, task: Task, at: DateTime<Utc>) {
-    *pending()
-        .entry(hour_key(prefix, task, &hour_bucket(at)))
-        .or_default() += 1;
+    let hour = at.timestamp().div_euclid(3600);
+    let mut pending = pending();
+    let Pending { counts, recent } = &mut *pending;
+    let named = recent
+        .iter()
+        .position(|(p, t, h, _)| *t == task && *h == hour && **p == *prefix);
+    let i = named.unwrap_or_else(|| {
+        let key = hour_key(prefix, task, &hour_bucket(at));
+        recent.push((prefix.into(), task, hour, key));
+        recent.len() - 1
+    });
+    let key = &recent[i].3;
+    match counts.get_mut(key.as_str()) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(key.clone(), 1);
+        }
+    }
 }
 
 /// Counts one recorded poll of `task` with `outcome` at `at` for its fleet-wide hourly counter
 /// ([`outcome_hour_key`]); written by the next [`flush`] with the unchanged ones.
 pub fn count_fleet_outcome(prefix: &str, task: Task, outcome: &str, at: DateTime<Utc>) {
     *pending()
+        .counts
         .entry(outcome_hour_key(prefix, task, outcome, &hour_bucket(at)))
         .or_default() += 1;
 }
@@ -99,15 +125,21 @@ pub async fn flush(conn: &mut ConnectionManager, prefix: &str) -> anyhow::Result
         format!("{prefix}:outcome_total:"),
     ];
     let taken: Vec<(String, u64)> = {
-        let mut map = pending();
-        let keys: Vec<String> = map
+        let mut pending = pending();
+        let Pending { counts, recent } = &mut *pending;
+        let keys: Vec<String> = counts
             .keys()
             .filter(|k| mine.iter().any(|m| k.starts_with(m.as_str())))
             .cloned()
             .collect();
-        keys.into_iter()
-            .filter_map(|k| map.remove(&k).map(|n| (k, n)))
-            .collect()
+        let taken = keys
+            .into_iter()
+            .filter_map(|k| counts.remove(&k).map(|n| (k, n)))
+            .collect();
+        // Keys of past hours go with their counts; the current hours' come back at once.
+        let now = Utc::now().timestamp().div_euclid(3600);
+        recent.retain(|(_, _, hour, _)| *hour >= now - 1);
+        taken
     };
     if taken.is_empty() {
         return Ok(0);
@@ -122,9 +154,9 @@ pub async fn flush(conn: &mut ConnectionManager, prefix: &str) -> anyhow::Result
             .invoke_async(conn)
             .await;
         if let Err(e) = added {
-            let mut map = pending();
+            let mut pending = pending();
             for (key, n) in std::iter::once((key, n)).chain(left) {
-                *map.entry(key).or_default() += n;
+                *pending.counts.entry(key).or_default() += n;
             }
             return Err(anyhow::Error::new(e).context("writing the hourly unchanged-poll counters"));
         }
@@ -298,6 +330,33 @@ mod tests {
             let _ = serde_json::from_str::<cardworker_jobs::PollCardStatus>(&raw);
             let _ = raw.parse::<crate::limit::Limit>();
         }
+    }
+
+    #[test]
+    fn unchanged_polls_are_counted_under_their_own_hour_and_again_after_their_count_is_taken() {
+        let prefix = "unit-count-fleet";
+        let at = |h: u32, m: u32| {
+            chrono::NaiveDate::from_ymd_opt(2026, 12, 6)
+                .and_then(|d| d.and_hms_opt(h, m, 0))
+                .map(|t| t.and_utc())
+                .expect("a valid time")
+        };
+        let key = |h: &str| hour_key(prefix, Task::Carddata, h);
+        let count = |k: &str| pending().counts.get(k).copied();
+        count_fleet(prefix, Task::Carddata, at(5, 1));
+        count_fleet(prefix, Task::Carddata, at(5, 59));
+        count_fleet(prefix, Task::Carddata, at(6, 0));
+        count_fleet(prefix, Task::CardStatus, at(5, 30));
+        assert_eq!(count(&key("2026120605")), Some(2));
+        assert_eq!(count(&key("2026120606")), Some(1));
+        assert_eq!(
+            count(&hour_key(prefix, Task::CardStatus, "2026120605")),
+            Some(1)
+        );
+        // A flush takes the counts: the hour's next poll starts its count again.
+        pending().counts.remove(&key("2026120605"));
+        count_fleet(prefix, Task::Carddata, at(5, 2));
+        assert_eq!(count(&key("2026120605")), Some(1));
     }
 
     #[test]
