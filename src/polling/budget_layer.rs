@@ -46,6 +46,7 @@
 //! defer; if the card cannot be given back either, it is due again when its lease ends.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -93,7 +94,8 @@ struct Shared {
 
 /// Wraps one polling worker (job type `J`): both tokens or no handler.
 pub struct PollingBudgetLayer<J> {
-    shared: Shared,
+    /// Shared, not cloned, by every poll's call: a budget is a few dozen handles.
+    shared: Arc<Shared>,
     job: PhantomData<fn() -> J>,
 }
 
@@ -112,12 +114,12 @@ impl<J: PollJob> PollingBudgetLayer<J> {
     pub fn new(budget: Budget, polling: &PollingConfig) -> Self {
         install_transition_hook(&budget, None);
         Self {
-            shared: Shared {
+            shared: Arc::new(Shared {
                 budget,
                 defer: defer_backoff(polling.defer_delay(), polling.defer_max_delay()),
                 records: None,
                 pause: FetchPause::default(),
-            },
+            }),
             job: PhantomData,
         }
     }
@@ -125,7 +127,7 @@ impl<J: PollJob> PollingBudgetLayer<J> {
     /// This layer pausing its worker's fetching through `pause` (the worker's backend's) when it
     /// defers a poll.
     pub fn pausing(mut self, pause: FetchPause) -> Self {
-        self.shared.pause = pause;
+        Arc::make_mut(&mut self.shared).pause = pause;
         self
     }
 
@@ -133,7 +135,7 @@ impl<J: PollJob> PollingBudgetLayer<J> {
     /// `shutdown`.
     pub fn recording_into(mut self, pool: PgPool, shutdown: Shutdown) -> Self {
         install_transition_hook(&self.shared.budget, Some((pool.clone(), shutdown.clone())));
-        self.shared.records = Some((pool, shutdown));
+        Arc::make_mut(&mut self.shared).records = Some((pool, shutdown));
         self
     }
 }
@@ -179,7 +181,7 @@ impl<S, J> Layer<S> for PollingBudgetLayer<J> {
 /// The service of [`PollingBudgetLayer`].
 pub struct PollingBudgetService<S, J> {
     inner: S,
-    shared: Shared,
+    shared: Arc<Shared>,
     job: PhantomData<fn() -> J>,
 }
 
@@ -223,7 +225,7 @@ where
 #[tracing::instrument(level = "debug", skip_all, fields(task = J::TASK.label()))]
 async fn run<S, J>(
     mut inner: S,
-    shared: Shared,
+    shared: Arc<Shared>,
     task: Task<String>,
 ) -> Result<S::Response, BoxDynError>
 where
@@ -363,7 +365,8 @@ struct Held {
 /// job service moves it into the poll's own task (`circuit::carry`), so that it lives exactly as
 /// long as the poll, never as long as a future that apalis may drop.
 struct LeaseGuard {
-    budget: Budget,
+    /// The layer's budget (shared with it).
+    shared: Arc<Shared>,
     held: Option<Held>,
 }
 
@@ -373,8 +376,8 @@ impl circuit::Lease for LeaseGuard {
     /// `budget::carry`), so a poll costs at most one budget round trip.
     fn finish(mut self: Box<Self>, reported: Reported) {
         if let Some(held) = self.held.take() {
-            self.budget.run_ended(&held.slot.lease);
-            self.budget.finish_poll(
+            self.shared.budget.run_ended(&held.slot.lease);
+            self.shared.budget.finish_poll(
                 held.task,
                 held.slot,
                 reported.report,
@@ -390,20 +393,21 @@ impl circuit::Lease for LeaseGuard {
     /// lease when that is past its expiry).
     fn finish_after(mut self: Box<Self>, reported: Reported, call: AtGateway) {
         if let Some(held) = self.held.take() {
-            self.budget.report_outcome(
+            self.shared.budget.report_outcome(
                 held.task,
                 reported.report,
                 held.probe_round,
                 &reported.card_ref,
             );
-            let until = call.sent() + self.budget.handler_timeout();
+            let until = call.sent() + self.shared.budget.handler_timeout();
             tracing::debug!(
                 task = held.task.label(),
                 card_ref = %reported.card_ref,
                 hold_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
                 "Gateway call abandoned at the client's timeout; its tokens stay held until it is answered"
             );
-            self.budget
+            self.shared
+                .budget
                 .hold_abandoned(held.task, held.slot, until, call.ended());
         }
     }
@@ -414,7 +418,7 @@ impl Drop for LeaseGuard {
     /// so its tokens count until the handler's limit ([`Budget::leave_unfinished`]).
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            self.budget.leave_unfinished(held.slot.lease);
+            self.shared.budget.leave_unfinished(held.slot.lease);
         }
     }
 }
@@ -425,7 +429,7 @@ impl Drop for LeaseGuard {
 /// here, and it ends when the inner call returns.
 async fn run_holding<S>(
     inner: &mut S,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     held: Held,
     task: Task<String>,
 ) -> Result<S::Response, BoxDynError>
@@ -436,7 +440,7 @@ where
     let probe = held.probe_round > 0;
     shared.budget.run_started(held.task, &held.slot.lease);
     let guard = Box::new(LeaseGuard {
-        budget: shared.budget.clone(),
+        shared: shared.clone(),
         held: Some(held),
     });
     // The inner call runs inside the scope (an async block, not an argument evaluated before
