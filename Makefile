@@ -142,9 +142,10 @@ bench-due-queue:
 	$(CARGO) bench --bench bench_due_queue
 
 ## Phase 2 of bench-redis alone (the steady window), for two builds in turns on the same Redis and
-## cards: BEFORE=<path of another release binary, e.g. main's>, then this build, AB_ROUNDS (default
-## 3) times, and each build's median. For a change too small for two separate runs to resolve on a
-## VM whose speed drifts by the hour. About 1 minute a round.
+## cards: BEFORE=<path of another release binary, e.g. main's> and this build, each first in every
+## other round, AB_ROUNDS (default 3) rounds, each build's median and the ratios round by round.
+## For a change too small for two separate runs to resolve on a VM whose speed drifts by the hour.
+## About 1 minute a round.
 AB_ROUNDS ?= 3
 bench-redis-ab: services
 	@test -x "$(BEFORE)" || { echo "usage: make bench-redis-ab BEFORE=path/to/other/cardworker"; exit 2; }

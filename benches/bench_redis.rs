@@ -476,9 +476,10 @@ impl Turn {
 
 /// `BENCH_AB=<binary>` (`make bench-redis-ab BEFORE=<binary>`): phase 2's steady window only, for
 /// two builds in turns on the same Redis, database, cards and chains, `BENCH_AB_ROUNDS` (default 3)
-/// rounds of one window each, the other build first. This VM's speed drifts by tens of per cent
-/// within an hour, so two runs of the whole bench cannot tell a change of 10–20 % in a poll's
-/// Redis CPU; windows of the two builds a few seconds apart, repeated, can.
+/// rounds of one window each, the other build first in odd rounds and this one in even rounds. This
+/// VM's speed drifts by tens of per cent within an hour, so two runs of the whole bench cannot
+/// tell a change of 10–20 % in a poll's Redis or worker CPU; windows of the two builds a few
+/// seconds apart, repeated, with the order alternating against a drift one way, can.
 #[allow(clippy::too_many_arguments)]
 async fn run_ab(
     stage: &Stage,
@@ -502,7 +503,14 @@ async fn run_ab(
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut turns = Vec::new();
     for round in 1..=rounds {
-        for (build, bin) in &builds {
+        // The builds take turns going first, so that a VM whose speed drifts one way through the
+        // run favours neither of them.
+        let order: Vec<&(&str, String)> = if round % 2 == 1 {
+            builds.iter().collect()
+        } else {
+            builds.iter().rev().collect()
+        };
+        for (build, bin) in order {
             let worker = Worker::spawn(bin, &path)?;
             // Settled: every card polled once by this worker, and 2 s more.
             wait_for_calls(calls, calls() + 2 * cards as u64, limit, "a turn's settle").await?;
@@ -562,21 +570,32 @@ async fn run_ab(
     }
     // Each round's two windows are a minute apart at most, so their ratio takes out most of the
     // drift that the medians above still carry.
-    let mut ratios: Vec<f64> = turns
-        .chunks(2)
-        .filter_map(|pair| match pair {
-            [before, after] => Some(after.cpu_us / before.cpu_us.max(1e-9)),
-            _ => None,
-        })
-        .collect();
-    let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-    ratios.sort_by(f64::total_cmp);
-    println!();
-    println!(
-        "Redis CPU per poll, after ÷ before, round by round: {}; median {:.2}",
-        listed.join(", "),
-        ratios.get(ratios.len() / 2).copied().unwrap_or(0.0)
-    );
+    let by_round = |f: fn(&Turn) -> f64| -> (Vec<String>, f64) {
+        let mut ratios: Vec<f64> = turns
+            .chunks(2)
+            .filter_map(|pair| {
+                let of = |build: &str| pair.iter().find(|t| t.build == build).map(f);
+                Some(of("after")? / of("before")?.max(1e-9))
+            })
+            .collect();
+        let listed = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        ratios.sort_by(f64::total_cmp);
+        (listed, ratios.get(ratios.len() / 2).copied().unwrap_or(0.0))
+    };
+    for (what, f) in [
+        (
+            "Redis CPU per poll",
+            (|t: &Turn| t.cpu_us) as fn(&Turn) -> f64,
+        ),
+        ("worker CPU per poll", |t: &Turn| t.worker_us),
+    ] {
+        let (listed, median) = by_round(f);
+        println!();
+        println!(
+            "{what}, after ÷ before, round by round: {}; median {median:.2}",
+            listed.join(", ")
+        );
+    }
     println!();
     println!(
         "(raw apalis-redis, same Redis before the turns: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
