@@ -21,15 +21,24 @@ pub struct Worker {
 
 impl Worker {
     /// Starts `BINARY run --config CONFIG` and waits until it logs its metrics address.
+    ///
+    /// `BENCH_WORKER_THREADS=N` in this process's environment runs the child's runtime on `N`
+    /// threads (`TOKIO_WORKER_THREADS`), as a pod's CPU limit does (the runtime sizes itself to
+    /// the CPUs its cgroup allows): a benchmark's worker as deployed, on a machine with more
+    /// cores, while the benchmark's own runtime keeps them.
     pub fn spawn(binary: &str, config: &std::path::Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .arg("run")
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info,apalis=warn,apalis_core=warn,sqlx=warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        if let Ok(threads) = std::env::var("BENCH_WORKER_THREADS") {
+            command.env("TOKIO_WORKER_THREADS", threads);
+        }
+        let mut child = command.spawn()?;
         let stderr = child
             .stderr
             .take()
