@@ -55,9 +55,10 @@ pub use crate::keys::{hour_key, outcome_hour_key};
 /// How often each process writes the unchanged polls it counted to the fleet-wide counters.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
-/// This process's unchanged polls not yet written: hourly counter key -> count. A handful of keys
-/// (one per task and hour of the last [`FLUSH_EVERY`]); keyed by the full key, so that processes
-/// of several deployments in one binary (tests) each write their own.
+/// This process's counted polls not yet written, per hourly counter key. A handful of keys (one
+/// per task and hour of the last [`FLUSH_EVERY`], and outcome for the recorded ones); keyed by
+/// the full key, so that processes of several deployments in one binary (tests) each write
+/// their own.
 static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(Mutex::default);
 
 #[derive(Default)]
@@ -66,7 +67,8 @@ struct Pending {
     counts: HashMap<String, u64>,
     /// The unchanged-poll counter keys named lately, by prefix, task and hour (unix hours): an
     /// unchanged poll is counted under the key its hour already has, where formatting the hour
-    /// and the key would cost every poll two strings. Each flush drops those of past hours.
+    /// and the key would cost every poll two strings. Each flush drops those older than the
+    /// previous hour.
     recent: Vec<(Box<str>, Task, i64, String)>,
 }
 
