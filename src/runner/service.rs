@@ -203,8 +203,6 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use cardworker_jobs::PollCardData;
-
     use super::*;
 
     #[tokio::test]
@@ -252,23 +250,5 @@ mod tests {
     fn truncation_respects_character_boundaries() {
         assert_eq!(truncate("äöü", 2), "äö");
         assert_eq!(truncate("ab", 5), "ab");
-    }
-
-    /// The size of the future `f` returns, without calling it.
-    fn future_size<A, B, C, F>(_f: fn(A, B, C) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    #[test]
-    fn the_future_the_job_service_moves_for_a_poll_holds_the_poll_boxed() {
-        // `call` moves this future into its box and the spawn; a poll's own future (kilobytes of
-        // state across its Gateway call and its writes) is boxed inside it, so only a pointer to
-        // it moves. Were it inline, every poll would copy it several times.
-        let poll = future_size(crate::polling::poll::after_abnormal_end::<PollCardData>);
-        let handled = future_size(handle::<PollCardData>);
-        assert!(
-            handled < 2048 && handled < poll,
-            "the job service's future of a poll is {handled} bytes (a poll's own: {poll})"
-        );
     }
 }

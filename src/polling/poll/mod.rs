@@ -568,4 +568,25 @@ mod tests {
         let fast = backoff(Duration::from_millis(200), 1);
         assert!(fast <= Duration::from_millis(240));
     }
+
+    #[test]
+    fn the_future_a_poll_job_hands_the_job_service_holds_the_poll_boxed() {
+        use cardworker_jobs::PollCardData;
+
+        use crate::runner::RunJob;
+
+        fn future_size<A, B, F>(_f: fn(A, B) -> F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        // The job service, the circuit's carry, the task-local scope and the spawn each move
+        // the job's future; the poll's own (kilobytes of state across its Gateway call and its
+        // writes) is boxed inside it, so only a pointer to it moves. Were it inline, every poll
+        // would copy it several times.
+        let poll = future_size(run_poll::<PollCardData>);
+        let job = future_size(<PollCardData as RunJob>::run);
+        assert!(
+            job < 1024 && job < poll / 4,
+            "a poll job's future is {job} bytes (the poll's own: {poll})"
+        );
+    }
 }
