@@ -2,6 +2,8 @@
 //! poll's failures and deferrals and the unchanged-poll tally, and how a finished poll changes it
 //! ([`PollState::after`], [`Step`]).
 
+use std::fmt::Write as _;
+
 use chrono::{DateTime, Utc};
 
 use crate::polling::unchanged::{parse_job_state, parse_tally, Since, Tally};
@@ -26,9 +28,15 @@ impl PollState {
     /// Parses the state the script keeps (`unchanged|last|since|failures[.deferrals]`); an empty
     /// or malformed one is the state of a card polled for the first time.
     pub fn parse(raw: &str) -> Self {
-        let fields: Vec<&str> = raw.split('|').collect();
-        match fields.as_slice() {
-            [count, last, since, state] => {
+        let mut fields = raw.split('|');
+        match (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) {
+            (Some(count), Some(last), Some(since), Some(state), None) => {
                 let (failures, deferrals) = parse_job_state(state);
                 Self {
                     failures,
@@ -85,46 +93,49 @@ impl PollState {
     /// The state as the script keeps it (`unchanged|last|since|failures[.deferrals]`, times in
     /// base-36 unix seconds), [`PollState::parse`]'s inverse.
     pub fn to_raw(&self) -> String {
-        let (count, last, since) = match &self.tally {
+        // One buffer, written in place: this runs twice a poll (the fetch's payload and the
+        // acknowledgement).
+        let mut out = String::with_capacity(32);
+        match &self.tally {
             Some(t) => {
-                let kind = match t.since_kind {
+                let _ = write!(out, "{}|", t.count);
+                match t.last {
+                    Some(last) => push_base36(&mut out, last.timestamp()),
+                    None => out.push('0'),
+                }
+                out.push('|');
+                out.push(match t.since_kind {
                     Since::ChangeOrFailure => 'c',
                     Since::ChainStart => 's',
-                };
-                let last = t
-                    .last
-                    .map_or_else(|| "0".to_owned(), |l| base36(l.timestamp()));
-                (
-                    t.count,
-                    last,
-                    format!("{kind}{}", base36(t.since.timestamp())),
-                )
+                });
+                push_base36(&mut out, t.since.timestamp());
             }
-            None => (0, "0".to_owned(), "s0".to_owned()),
-        };
-        let state = if self.deferrals > 0 {
-            format!("{}.{}", self.failures, self.deferrals)
-        } else {
-            self.failures.to_string()
-        };
-        format!("{count}|{last}|{since}|{state}")
+            None => out.push_str("0|0|s0"),
+        }
+        let _ = write!(out, "|{}", self.failures);
+        if self.deferrals > 0 {
+            let _ = write!(out, ".{}", self.deferrals);
+        }
+        out
     }
 }
 
-/// `n` in base 36 (lower case), `0` for anything not above 0.
-fn base36(n: i64) -> String {
+/// Appends `n` (unix seconds; a negative one as 0) in base 36, lowercase.
+fn push_base36(out: &mut String, n: i64) {
     const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut n = u64::try_from(n).unwrap_or(0);
-    if n == 0 {
-        return "0".to_owned();
-    }
-    let mut out = Vec::new();
-    while n > 0 {
-        out.push(DIGITS[(n % 36) as usize]);
+    // 13 base-36 digits hold any u64.
+    let mut digits = [0u8; 13];
+    let mut first = digits.len();
+    loop {
+        first -= 1;
+        digits[first] = DIGITS[(n % 36) as usize];
         n /= 36;
+        if n == 0 {
+            break;
+        }
     }
-    out.reverse();
-    String::from_utf8(out).unwrap_or_default()
+    out.extend(digits[first..].iter().map(|&d| char::from(d)));
 }
 
 #[cfg(test)]
@@ -143,6 +154,14 @@ mod tests {
             state,
             "to_raw is parse's inverse"
         );
+        for raw in [
+            "3|t0gmqo|ct0gmqa|2.4",
+            "0|0|st0gmqa|0",
+            "12|t0gmqo|ct0gmqa|7",
+        ] {
+            assert_eq!(PollState::parse(raw).to_raw(), raw, "written back as read");
+        }
+        assert_eq!(PollState::default().to_raw(), "0|0|s0|0", "no tally");
         for raw in ["", "garbage", "1|2|3", "1|2|3|4|5"] {
             assert_eq!(PollState::parse(raw), PollState::default(), "{raw:?}");
         }
