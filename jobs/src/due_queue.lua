@@ -102,6 +102,32 @@ local function call_many(cmd, key, args, width)
   return out
 end
 
+-- add_new for every group of `width` arguments from ARGV[2]: the card, then `due(group)` and
+-- `state(group)` of it. One ZMSCORE finds the cards that have an entry, then one ZADD and one
+-- HSET add the others: a reconcile pass's batch costs Redis the same few commands whatever its
+-- size. A card named twice is added once, as first named. Returns how many were added.
+local function add_all(width, due, state)
+  local cards = {}
+  for i = 2, #ARGV, width do cards[#cards + 1] = ARGV[i] end
+  local scores = call_many('ZMSCORE', KEYS[1], cards, 1)
+  local dues, states, seen, added = {}, {}, {}, 0
+  for k = 1, #cards do
+    local card = cards[k]
+    if not scores[k] and not seen[card] then
+      seen[card] = true
+      local i = 2 + (k - 1) * width
+      local s = state(i)
+      if s == '' then s = fresh() end
+      added = added + 1
+      dues[2 * added - 1], dues[2 * added] = int(due(i)), card
+      states[2 * added - 1], states[2 * added] = card, s
+    end
+  end
+  call_many('ZADD', KEYS[1], dues, 2)
+  call_many('HSET', KEYS[3], states, 2)
+  return added
+end
+
 -- Numbers go back as numbers (integer replies, exact), never through tostring(), whose 14
 -- significant digits would round a lease score.
 local op = ARGV[1]
@@ -201,11 +227,12 @@ if op == 'ack' or op == 'batch' then
       -- One more than the holders a range may have: a full answer means the lease holds more. A
       -- lone card's own score is read at once: one read either way.
       local cap = RANGE_READ_MAX * #cards + 1
-      local holders = {}
+      local holders
       if #cards > 1 then
         holders = redis.call('ZRANGE', KEYS[1], lease, lease, 'BYSCORE', 'LIMIT', '0', int(cap))
+        if #holders == cap then holders = nil end
       end
-      if #cards > 1 and #holders < cap then
+      if holders then
         for _, c in ipairs(holders) do held[c] = true end
       else
         local want = tonumber(lease)
@@ -280,22 +307,15 @@ end
 -- state, unless the card has an entry already (waiting or leased), which is left as it is.
 -- Returns how many were added.
 if op == 'add' then
-  local added = 0
-  for i = 2, #ARGV, 2 do
-    added = added + add_new(ARGV[i], now_ms() + tonumber(ARGV[i + 1]), '')
-  end
-  return added
+  return add_all(2, function(i) return now_ms() + tonumber(ARGV[i + 1]) end,
+    function() return '' end)
 end
 
 -- adopt(card, due_ms, state, ...): for each group of three, a card moved over from a polling
 -- chain: due at due_ms with the chain's state ('' a fresh one), unless the card has an entry
 -- already, which is left as it is. Returns how many were added.
 if op == 'adopt' then
-  local added = 0
-  for i = 2, #ARGV, 3 do
-    added = added + add_new(ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2])
-  end
-  return added
+  return add_all(3, function(i) return tonumber(ARGV[i + 1]) end, function(i) return ARGV[i + 2] end)
 end
 
 -- merge(card, in_ms): a producer asks for a poll of the card in_ms from now. A card that waits

@@ -760,6 +760,61 @@ async fn a_round_of_32_cards_costs_redis_as_many_commands_as_a_round_of_one() {
     );
 }
 
+/// The Redis commands (inner ones counted) that adding `n` cards in one call costs, when every
+/// other one of them has an entry already; and how many the call added.
+async fn commands_to_add(n: usize) -> (u64, usize) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i}")).collect();
+    let present: Vec<(&str, Duration)> = cards
+        .iter()
+        .step_by(2)
+        .map(|c| (c.as_str(), LONG))
+        .collect();
+    queue.add_many(&mut conn, &present).await.unwrap();
+    crate::redis_cost::reset(&mut conn).await;
+
+    let all: Vec<(&str, Duration)> = cards.iter().map(|c| (c.as_str(), Duration::ZERO)).collect();
+    let added = queue.add_many(&mut conn, &all).await.unwrap();
+    let (calls, _) = crate::redis_cost::counted(&mut conn).await;
+    (calls.values().sum(), added)
+}
+
+#[tokio::test]
+async fn adding_cards_in_one_call_costs_redis_as_many_commands_for_32_cards_as_for_two() {
+    let (two, added_of_two) = commands_to_add(2).await;
+    let (many, added_of_many) = commands_to_add(32).await;
+    assert_eq!(
+        (added_of_two, added_of_many),
+        (1, 16),
+        "only the cards without an entry are added"
+    );
+    assert_eq!(
+        many, two,
+        "a reconcile pass's add reads and writes its cards with one command each, whatever their \
+         number ({two} commands for two cards, {many} for 32)"
+    );
+}
+
+#[tokio::test]
+async fn a_card_added_twice_in_one_call_is_added_once_at_its_first_due_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let added = queue
+        .add_many(&mut conn, &[("c-1", Duration::ZERO), ("c-1", LONG)])
+        .await
+        .unwrap();
+    assert_eq!(added, 1);
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"], "due at once, as first named");
+    let state = &leased[0].state;
+    assert_eq!(
+        (state.failures, state.tally.as_ref().map(|t| t.count)),
+        (0, Some(0)),
+        "with a fresh state: {state:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_card_named_twice_in_one_acknowledgement_is_acknowledged_once() {
     let redis = PrivateRedis::start_new(false);
