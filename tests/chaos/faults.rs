@@ -202,75 +202,27 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
     for _ in 0..n {
         let roll = rng.random_range(0..100u32);
         let task = *tasks.choose(&mut rng).unwrap_or(&"carddata");
-        let fault = match roll {
-            0..=9 => Fault::Worker {
-                slot: rng.random_range(0..workers),
-                kill: Kill::Kill9,
-            },
-            10..=15 => Fault::Worker {
-                slot: rng.random_range(0..workers),
-                kill: Kill::Term,
-            },
-            16..=21 => Fault::RedisClientKill,
-            22..=26 => Fault::RedisPause {
-                ms: rng.random_range(10_500..14_000),
-            },
-            27..=30 => Fault::RedisRestart {
-                keep: true,
-                down_ms: rng.random_range(500..4_000),
-            },
-            31..=33 => Fault::RedisRestart {
-                keep: false,
-                down_ms: rng.random_range(500..4_000),
-            },
-            34..=36 => Fault::PgRestart,
-            37..=38 => Fault::PgStop { secs: 20 },
-            39..=43 => Fault::GwOutage {
-                secs: rng.random_range(5..25),
-            },
-            44..=47 => Fault::GwSlow {
-                secs: rng.random_range(15..40),
-            },
-            48..=53 => Fault::GwLostAnswers {
-                secs: rng.random_range(8..30),
-                before_act: rng.random_bool(0.3),
-            },
-            54..=58 => Fault::GwGarbage {
-                secs: rng.random_range(5..20),
-                rate: rng.random_range(0.1..0.6),
-            },
-            59..=65 => Fault::StallUnderLoad {
-                pause_ms: rng.random_range(11_000..14_000),
-            },
-            66..=72 => Fault::OpRepeatPayment,
-            73..=77 => Fault::OpRepeatApproval,
-            78..=82 => Fault::OpEnqueueCard {
-                task,
-                card: rng.random_range(0..usize::MAX),
-            },
-            83..=86 => Fault::OpUnparkAll { task },
-            87..=90 => Fault::OpBudgetSet {
-                task,
-                limit: rng.random_range(1..=4),
-                secs: rng.random_range(5..30),
-            },
-            91..=94 => Fault::OpBudgetPause {
-                task: ["carddata", "card_status", "all"]
-                    .choose(&mut rng)
-                    .copied()
-                    .unwrap_or("all"),
-                secs: rng.random_range(5..25),
-            },
-            _ => Fault::OpCircuitOpen {
-                task,
-                secs: rng.random_range(5..25),
-            },
-        };
+        let fault = draw(roll, task, workers, &mut rng);
         let latest = phase_ms.saturating_sub(fault.duration_ms());
         if latest <= warm {
             continue;
         }
         plan.push((rng.random_range(warm..=latest), fault));
+    }
+    // In runs of four minutes or more, each kind of the draw above that the seed's draws missed
+    // comes once, at a time of its own, from a stream of its own (so that the rest of every
+    // seed's schedule stays as it was): a ten-minute run has every kind of fault.
+    if phase_ms >= 240_000 {
+        let mut missed = StdRng::seed_from_u64(seed ^ 0x6576_6572_795f_6b69);
+        for roll in 0..100 {
+            let task = *tasks.choose(&mut missed).unwrap_or(&"carddata");
+            let fault = draw(roll, task, workers, &mut missed);
+            let latest = phase_ms.saturating_sub(fault.duration_ms());
+            if latest <= warm || plan.iter().any(|(_, f)| f.kind() == fault.kind()) {
+                continue;
+            }
+            plan.push((missed.random_range(warm..=latest), fault));
+        }
     }
     // Answers past the client's timeout, drawn from a stream of their own so that the rest of
     // every seed's schedule stays as it was: one per two minutes of the phase, at least one.
@@ -329,6 +281,75 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
     );
     plan.sort_by_key(|(at, _)| *at);
     plan
+}
+
+/// The fault of the schedule's main draw that `roll` (0..100) picks, its parameters from `rng`;
+/// `task` is the polling task of an operator's fault that names one.
+fn draw(roll: u32, task: &'static str, workers: usize, rng: &mut StdRng) -> Fault {
+    match roll {
+        0..=9 => Fault::Worker {
+            slot: rng.random_range(0..workers),
+            kill: Kill::Kill9,
+        },
+        10..=15 => Fault::Worker {
+            slot: rng.random_range(0..workers),
+            kill: Kill::Term,
+        },
+        16..=21 => Fault::RedisClientKill,
+        22..=26 => Fault::RedisPause {
+            ms: rng.random_range(10_500..14_000),
+        },
+        27..=30 => Fault::RedisRestart {
+            keep: true,
+            down_ms: rng.random_range(500..4_000),
+        },
+        31..=33 => Fault::RedisRestart {
+            keep: false,
+            down_ms: rng.random_range(500..4_000),
+        },
+        34..=36 => Fault::PgRestart,
+        37..=38 => Fault::PgStop { secs: 20 },
+        39..=43 => Fault::GwOutage {
+            secs: rng.random_range(5..25),
+        },
+        44..=47 => Fault::GwSlow {
+            secs: rng.random_range(15..40),
+        },
+        48..=53 => Fault::GwLostAnswers {
+            secs: rng.random_range(8..30),
+            before_act: rng.random_bool(0.3),
+        },
+        54..=58 => Fault::GwGarbage {
+            secs: rng.random_range(5..20),
+            rate: rng.random_range(0.1..0.6),
+        },
+        59..=65 => Fault::StallUnderLoad {
+            pause_ms: rng.random_range(11_000..14_000),
+        },
+        66..=72 => Fault::OpRepeatPayment,
+        73..=77 => Fault::OpRepeatApproval,
+        78..=82 => Fault::OpEnqueueCard {
+            task,
+            card: rng.random_range(0..usize::MAX),
+        },
+        83..=86 => Fault::OpUnparkAll { task },
+        87..=90 => Fault::OpBudgetSet {
+            task,
+            limit: rng.random_range(1..=4),
+            secs: rng.random_range(5..30),
+        },
+        91..=94 => Fault::OpBudgetPause {
+            task: ["carddata", "card_status", "all"]
+                .choose(rng)
+                .copied()
+                .unwrap_or("all"),
+            secs: rng.random_range(5..25),
+        },
+        _ => Fault::OpCircuitOpen {
+            task,
+            secs: rng.random_range(5..25),
+        },
+    }
 }
 
 /// In runs whose fault phase is four minutes or more: each fault `kinds` draws, once per five
@@ -749,6 +770,32 @@ async fn inject(world: &World, fault: &Fault) {
             world.cli.run(&["circuit", "open", "--task", task]).await;
             tokio::time::sleep(Duration::from_secs(*secs)).await;
             must(world, &["circuit", "close", "--task", task]).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::plan;
+
+    fn kinds(seed: u64, phase_ms: u64) -> BTreeSet<&'static str> {
+        plan(seed, phase_ms, 3)
+            .iter()
+            .map(|(_, f)| f.kind())
+            .collect()
+    }
+
+    #[test]
+    fn the_schedule_of_a_ten_minute_run_has_every_kind_of_fault_whatever_the_seed() {
+        let every: BTreeSet<&'static str> =
+            (0..200).flat_map(|seed| kinds(seed, 600_000)).collect();
+        assert_eq!(every.len(), 27, "{every:?}");
+        for seed in (0..200).chain(643..653) {
+            let drawn = kinds(seed, 600_000);
+            let missing: Vec<_> = every.difference(&drawn).collect();
+            assert!(missing.is_empty(), "seed {seed} misses {missing:?}");
         }
     }
 }
