@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-burst bench-lua browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-burst bench-lua bench-files browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -179,6 +179,13 @@ bench-scrape: services
 ## (callgrind: within 0.5 % run to run). About 5 s; VG=1 about 35 s.
 bench-lua:
 	VG=$(VG) bash benches/lua_cost.sh
+
+## The product files and folders a carddata poll's code runs in, from fetch to acknowledgement
+## (benches/poll_files.sh): a frame-pointer release worker (target/poll-files) sampled by perf
+## under bench-redis's short run, each sampled frame's source file by addr2line. Needs perf
+## (Debian: linux-perf). About 8 minutes with its first build, 2 after.
+bench-files: services
+	bash benches/poll_files.sh
 
 ## Redis memory per card: a private redis-server, 100k cards (BENCH_CARDS), a full round
 ## of both tasks, then 48 simulated hour boundaries; used_memory per card after the first round and
