@@ -102,6 +102,13 @@ local function call_many(cmd, key, args, width)
   return out
 end
 
+-- Writes the due entries (`due, card` pairs) and the states (`card, state` pairs) of the same
+-- cards: a card has both records or neither.
+local function write_records(dues, states)
+  call_many('ZADD', KEYS[1], dues, 2)
+  call_many('HSET', KEYS[3], states, 2)
+end
+
 -- add_new for every group of `width` arguments from ARGV[2]: the card, then `due(group)` and
 -- `state(group)` of it. One ZMSCORE finds the cards that have an entry, then one ZADD and one
 -- HSET add the others: a reconcile pass's batch costs Redis the same few commands whatever its
@@ -123,8 +130,7 @@ local function add_all(width, due, state)
       states[2 * added - 1], states[2 * added] = card, s
     end
   end
-  call_many('ZADD', KEYS[1], dues, 2)
-  call_many('HSET', KEYS[3], states, 2)
+  write_records(dues, states)
   return added
 end
 
@@ -264,8 +270,7 @@ if op == 'ack' or op == 'batch' then
       out[k] = 0
     end
   end
-  call_many('ZADD', KEYS[1], dues, 2)
-  call_many('HSET', KEYS[3], states, 2)
+  write_records(dues, states)
   return out
 end
 
