@@ -14,8 +14,9 @@
 //!    running, not a card's first poll, which writes its state); the worker stops, Redis is
 //!    emptied;
 //! 3. the burst: both tasks' chains of every card started with one due moment, far enough ahead
-//!    (`BENCH_LEAD_SECS`, default 15 s + 1 s per 1,000 cards) that all are written and a fresh
-//!    worker is up before it; then the simulator's record of card reads
+//!    (`BENCH_LEAD_SECS`, default 15 s + 1 s per 1,000 cards) that all are written, a fresh
+//!    worker is up, and the budget's fence after the FLUSHALL of step 2 is over before it (the
+//!    run stops with an error otherwise, and prints how long before the due moment it ended); then the simulator's record of card reads
 //!    ([`Simulator::record_card_reads`]: each card's first read per task, when its Gateway call
 //!    arrived) until every card was read by both tasks (at most `BENCH_LIMIT_SECS`, default 300).
 //!
@@ -135,6 +136,20 @@ async fn run(
         "the chains and the worker were not ready 2 s before the due moment: raise BENCH_LEAD_SECS (now {} s)",
         lead.as_secs()
     );
+    // The FLUSHALL above is a loss of the budget's data: the worker's first contact fences
+    // polling for `Budget::fence_length` (docs/BUDGET.md). The burst measures polling, not that
+    // fence, so the fence must be over by the due moment.
+    let fence_end = budget_fence_end(conn, &stage.prefix).await?;
+    anyhow::ensure!(
+        fence_end + Duration::from_secs(1) < due,
+        "the budget's fence after the bench's FLUSHALL ends {:.1} s after the due moment: raise BENCH_LEAD_SECS (now {} s)",
+        fence_end.saturating_duration_since(due).as_secs_f64(),
+        lead.as_secs()
+    );
+    eprintln!(
+        "the budget's fence after the FLUSHALL ends {:.1} s before the due moment",
+        due.saturating_duration_since(fence_end).as_secs_f64()
+    );
     sim.record_card_reads();
     tokio::time::sleep(due.saturating_duration_since(Instant::now())).await;
     sim.reset_peaks();
@@ -188,6 +203,34 @@ async fn run(
 
 /// CPU seconds the machine has spent busy so far, all cores and processes (`/proc/stat`: every
 /// field of the `cpu` line but idle and iowait), 0 when unreadable.
+/// When the budget's fence ends, on this process's clock: waits (up to 20 s) for the worker to
+/// check the fence (its hash appears at its first contact with the budget), then reads its end
+/// (unix ms on Redis's clock).
+async fn budget_fence_end(
+    conn: &mut redis::aio::ConnectionManager,
+    prefix: &str,
+) -> anyhow::Result<Instant> {
+    let key = cardworker::keys::fence_key(prefix);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let until: Option<u64> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("until")
+            .query_async(conn)
+            .await?;
+        if let Some(until) = until {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+            let now_ms = secs * 1000 + micros / 1000;
+            return Ok(Instant::now() + Duration::from_millis(until.saturating_sub(now_ms)));
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the worker did not check the budget's fence within 20 s of its start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn machine_busy() -> f64 {
     let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
         return 0.0;

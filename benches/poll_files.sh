@@ -50,6 +50,9 @@ for _ in $(seq 1 600); do
 done
 sleep 10
 perf record -F 1999 -g -a -o "$DIR/perf.data" -- sleep "$SECS" >/dev/null 2>&1
+# The bench runs to its end, which stops its worker, its redis-server and drops its database.
+wait "$BENCH_PID" || { cat "$DIR/bench.log"; exit 1; }
+BENCH_PID=
 perf script -i "$DIR/perf.data" -F ip,sym,dso 2>/dev/null >"$DIR/stacks.txt"
 
 python3 - "$BIN" "$DIR/stacks.txt" "$ROOT" <<'EOF'
