@@ -16,9 +16,10 @@
 //! 3. the burst: both tasks' chains of every card started with one due moment, far enough ahead
 //!    (`BENCH_LEAD_SECS`, default 15 s + 1 s per 1,000 cards) that all are written, a fresh
 //!    worker is up, and the budget's fence after the FLUSHALL of step 2 is over before it (the
-//!    run stops with an error otherwise, and prints how long before the due moment it ended); then the simulator's record of card reads
-//!    ([`Simulator::record_card_reads`]: each card's first read per task, when its Gateway call
-//!    arrived) until every card was read by both tasks (at most `BENCH_LIMIT_SECS`, default 300).
+//!    run stops with an error otherwise, and prints how long before the due moment it ended);
+//!    then the simulator's record of card reads ([`Simulator::record_card_reads`]: each card's
+//!    first read per task, when its Gateway call arrived) until every card was read by both tasks
+//!    (at most `BENCH_LIMIT_SECS`, default 300).
 //!
 //! What it prints, from that record:
 //! - the tail: the due moment to the last card's first poll, per task and the later of the two;
@@ -201,8 +202,6 @@ async fn run(
     })
 }
 
-/// CPU seconds the machine has spent busy so far, all cores and processes (`/proc/stat`: every
-/// field of the `cpu` line but idle and iowait), 0 when unreadable.
 /// When the budget's fence ends, on this process's clock: waits (up to 20 s) for the worker to
 /// check the fence (its hash appears at its first contact with the budget), then reads its end
 /// (unix ms on Redis's clock).
@@ -231,6 +230,8 @@ async fn budget_fence_end(
     }
 }
 
+/// CPU seconds the machine has spent busy so far, all cores and processes (`/proc/stat`: every
+/// field of the `cpu` line but idle and iowait), 0 when unreadable.
 fn machine_busy() -> f64 {
     let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
         return 0.0;

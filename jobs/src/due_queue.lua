@@ -109,10 +109,11 @@ local function write_records(dues, states)
   call_many('HSET', KEYS[3], states, 2)
 end
 
--- add_new for every group of `width` arguments from ARGV[2]: the card, then `due(group)` and
--- `state(group)` of it. One ZMSCORE finds the cards that have an entry, then one ZADD and one
--- HSET add the others: a reconcile pass's batch costs Redis the same few commands whatever its
--- size. A card named twice is added once, as first named. Returns how many were added.
+-- add_new for every group of `width` arguments from ARGV[2], each a card (ARGV[i]) and what
+-- follows it: it is due at due(i) with state(i). One ZMSCORE finds the cards that have an entry,
+-- then one ZADD and one HSET add the others: a reconcile pass's batch costs Redis the same few
+-- commands whatever its size. A card named twice is added once, as first named. Returns how many
+-- were added.
 local function add_all(width, due, state)
   local cards = {}
   for i = 2, #ARGV, width do cards[#cards + 1] = ARGV[i] end
