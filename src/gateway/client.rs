@@ -1,7 +1,8 @@
 //! The Gateway HTTP client: one method per call kind, each returning a typed, classified
 //! [`CallResult`] (spec section 1).
 //!
-//! This module is the HTTP half only: `reqwest`, the URL, the headers (`Accept`,
+//! This module is the HTTP half only: `reqwest` (and, for card reads, `reads.rs`), the URL, the
+//! headers (`Accept`,
 //! `X-Correlation-Id`, `Idempotency-Key`), the timeout, the request-duration histogram and one
 //! log line per call. `transport.rs` sends a request and reads its answer into plain values (the
 //! status and body bytes, or a transport error reduced to its kind and a short reason); what the
@@ -13,6 +14,7 @@
 //! [`Outcome::Unknown`] with a human-readable [`Failure::reason`](super::Failure).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -23,6 +25,7 @@ use uuid::Uuid;
 use super::classify::{self, Classified};
 use super::mask::truncate;
 use super::outcome::{CallResult, Outcome};
+use super::reads::ReadTransport;
 use super::redact;
 use super::transport::{self, HttpOutcome, TransportError, TransportErrorKind};
 use super::wire::{
@@ -32,10 +35,16 @@ use super::wire::{
 use crate::secret::SecretUrl;
 use crate::telemetry::metrics::GATEWAY_REQUEST_DURATION;
 
+/// The `User-Agent` of every call.
+const USER_AGENT: &str = concat!("cardworker/", env!("CARGO_PKG_VERSION"));
+
 /// The Gateway client. Cheap to clone (the connection pool is shared).
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
+    /// The card reads' transport; `None` when reqwest sends them too (a proxy, credentials in
+    /// the base URL: [`ReadTransport::for_base`]).
+    reads: Option<Arc<ReadTransport>>,
     base: Url,
     timeout: Duration,
     /// How long a card read the caller stopped waiting for (at `timeout`) is left to run before
@@ -105,11 +114,17 @@ impl GatewayClient {
             .timeout(timeout)
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("cardworker/", env!("CARGO_PKG_VERSION")))
+            .user_agent(USER_AGENT)
             .build()
             .context("building the Gateway HTTP client")?;
+        // reqwest reads the same variables for its proxies.
+        let proxies = hyper_util::client::proxy::matcher::Matcher::from_env();
+        let reads = ReadTransport::for_base(&base, timeout, &proxies, USER_AGENT)
+            .context("building the card reads' HTTP client")?
+            .map(Arc::new);
         Ok(Self {
             http,
+            reads,
             base,
             timeout,
             hold: timeout,
@@ -183,20 +198,40 @@ impl GatewayClient {
         classify: Box<dyn FnOnce(HttpOutcome) -> Classified<T> + Send>,
     ) -> SentRead<T> {
         let request_summary = redact::card_request_summary(card_ref, suffix);
-        let req = self.url(&["v1", "cards", card_ref, suffix]).map(|url| {
-            self.http
-                .get(url)
-                .timeout(self.hold)
-                .header(CORRELATION_HEADER, correlation_id.to_string())
-        });
-        let (done, ended) = tokio::sync::watch::channel(false);
         let started = Instant::now();
         let timeout = self.timeout;
-        let exchange = tokio::spawn(async move {
-            let outcome = transport::exchange(req, timeout).await;
-            done.send_replace(true);
-            outcome
-        });
+        let (done, ended) = tokio::sync::watch::channel(false);
+        let exchange = match &self.reads {
+            Some(reads) => {
+                let reads = reads.clone();
+                let hold = self.hold;
+                let url = reads.path_of(card_ref, suffix).map_or_else(
+                    || {
+                        self.url(&["v1", "cards", card_ref, suffix])
+                            .map(|url| url.to_string())
+                    },
+                    Ok,
+                );
+                tokio::spawn(async move {
+                    let outcome = reads.exchange(url, correlation_id, hold).await;
+                    done.send_replace(true);
+                    outcome
+                })
+            }
+            None => {
+                let req = self.url(&["v1", "cards", card_ref, suffix]).map(|url| {
+                    self.http
+                        .get(url)
+                        .timeout(self.hold)
+                        .header(CORRELATION_HEADER, correlation_id.to_string())
+                });
+                tokio::spawn(async move {
+                    let outcome = transport::exchange(req, timeout).await;
+                    done.send_replace(true);
+                    outcome
+                })
+            }
+        };
         SentRead {
             kind,
             request_summary,

@@ -35,6 +35,9 @@
 //! - `client.rs` — *how is it sent?* [`GatewayClient`]: `reqwest`, URLs, headers, the timeout,
 //!   the duration histogram, one log line per call; a card read sent on a task of its own
 //!   ([`SentRead`], [`AtGateway`]).
+//! - `reads.rs` — *how does a card read go?* The card reads' own transport, hyper's pooled
+//!   client without reqwest's per-request layers (a read is every poll's call), and when the
+//!   client leaves a read to reqwest (a proxy, credentials in the base URL).
 //!
 //! Every public name is re-exported here; use `crate::gateway::X`, not the module paths.
 
@@ -42,6 +45,7 @@ mod classify;
 pub mod client;
 mod mask;
 mod outcome;
+mod reads;
 mod redact;
 mod transport;
 mod wire;

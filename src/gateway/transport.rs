@@ -1,7 +1,8 @@
 //! What the transport produced for one call ([`HttpOutcome`]: a status and body bytes, a status
 //! and a lost body, no answer at all, or a request never sent), and how it is read off `reqwest`:
 //! the body up to [`MAX_BODY_BYTES`], a transport error reduced to its kind and a short, PAN-safe
-//! reason. Classification (`classify.rs`) reads these plain values, never a `reqwest` type.
+//! reason ([`error_reason`], which `reads.rs` shares for the card reads it sends on hyper).
+//! Classification (`classify.rs`) reads these plain values, never a `reqwest` or `hyper` type.
 
 use std::error::Error as StdError;
 use std::time::Duration;
@@ -112,6 +113,25 @@ fn transport_reason(e: &reqwest::Error, timeout: Duration) -> String {
     if e.is_timeout() {
         return format!("timeout after {} ms", timeout.as_millis());
     }
+    let prefix = if e.is_connect() {
+        "connect error"
+    } else if e.is_body() || e.is_decode() {
+        "error reading body"
+    } else {
+        "request error"
+    };
+    error_reason(e, prefix, timeout)
+}
+
+/// The reason for an HTTP client's error `e` (reqwest's or hyper's), by its causes: the kind of
+/// the OS error under it where it is one that classification names (`connection refused`,
+/// `connection reset`, `timeout after <timeout> ms`), else `prefix` and the deepest cause's
+/// text, digit-redacted and cut to 256 bytes.
+pub(crate) fn error_reason<E: StdError + 'static>(
+    e: &E,
+    prefix: &str,
+    timeout: Duration,
+) -> String {
     let mut source: Option<&(dyn StdError + 'static)> = e.source();
     let mut deepest = None;
     while let Some(s) = source {
@@ -129,13 +149,6 @@ fn transport_reason(e: &reqwest::Error, timeout: Duration) -> String {
         source = s.source();
     }
     let detail = deepest.unwrap_or_else(|| e.to_string());
-    let prefix = if e.is_connect() {
-        "connect error"
-    } else if e.is_body() || e.is_decode() {
-        "error reading body"
-    } else {
-        "request error"
-    };
     truncate(format!("{prefix}: {}", redact_digits(&detail)), 256)
 }
 
