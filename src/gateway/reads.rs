@@ -337,23 +337,26 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
-    async fn a_refused_read_is_a_connect_failure_and_a_silent_gateway_a_timeout(
-    ) -> anyhow::Result<()> {
-        let none = Matcher::builder().build();
-        // Bind, learn the port, close: nothing listens there any more.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let reads = transport(&format!("http://127.0.0.1:{port}"), &none)?
+    /// A read of card `c-1`'s data from the Gateway at `base`, no proxy, within `hold`.
+    async fn read_data(base: &str, hold: Duration) -> anyhow::Result<HttpOutcome> {
+        let reads = transport(base, &Matcher::builder().build())?
             .ok_or_else(|| anyhow::anyhow!("no transport"))?;
         let url = reads
             .path_of("c-1", "data")
             .ok_or_else(|| anyhow::anyhow!("no path"))?;
+        Ok(reads.exchange(Ok(url), Uuid::now_v7(), hold).await)
+    }
+
+    #[tokio::test]
+    async fn a_refused_read_is_a_connect_failure_and_a_silent_gateway_a_timeout(
+    ) -> anyhow::Result<()> {
+        // Bind, learn the port, close: nothing listens there any more.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let base = format!("http://127.0.0.1:{port}");
         assert_eq!(
-            reads
-                .exchange(Ok(url), Uuid::now_v7(), Duration::from_secs(5))
-                .await,
+            read_data(&base, Duration::from_secs(5)).await?,
             HttpOutcome::NoAnswer(TransportError {
                 kind: TransportErrorKind::Connect,
                 reason: "connection refused".to_owned()
@@ -364,14 +367,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let held = tokio::spawn(async move { listener.accept().await.map(|(socket, _)| socket) });
-        let reads = transport(&base, &none)?.ok_or_else(|| anyhow::anyhow!("no transport"))?;
-        let url = reads
-            .path_of("c-1", "data")
-            .ok_or_else(|| anyhow::anyhow!("no path"))?;
         assert_eq!(
-            reads
-                .exchange(Ok(url), Uuid::now_v7(), Duration::from_millis(200))
-                .await,
+            read_data(&base, Duration::from_millis(200)).await?,
             HttpOutcome::NoAnswer(TransportError {
                 kind: TransportErrorKind::Timeout,
                 reason: "timeout after 1000 ms".to_owned()
@@ -396,15 +393,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         });
-        let reads = transport(&base, &Matcher::builder().build())?
-            .ok_or_else(|| anyhow::anyhow!("no transport"))?;
-        let url = reads
-            .path_of("c-1", "data")
-            .ok_or_else(|| anyhow::anyhow!("no path"))?;
-        let HttpOutcome::NoAnswer(error) = reads
-            .exchange(Ok(url), Uuid::now_v7(), Duration::from_secs(5))
-            .await
-        else {
+        let HttpOutcome::NoAnswer(error) = read_data(&base, Duration::from_secs(5)).await? else {
             anyhow::bail!("expected no answer");
         };
         assert_eq!(error.kind, TransportErrorKind::Connect, "{}", error.reason);
