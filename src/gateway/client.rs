@@ -2,12 +2,11 @@
 //! [`CallResult`] (spec section 1).
 //!
 //! This module is the HTTP half only: `reqwest` (and, for card reads, `reads.rs`), the URL, the
-//! headers (`Accept`,
-//! `X-Correlation-Id`, `Idempotency-Key`), the timeout, the request-duration histogram and one
-//! log line per call. `transport.rs` sends a request and reads its answer into plain values (the
-//! status and body bytes, or a transport error reduced to its kind and a short reason); what the
-//! answer *means* is decided by `classify.rs`; what may be written about it comes from
-//! `redact.rs`.
+//! headers (`Accept`, `X-Correlation-Id`, `Idempotency-Key`), the timeout, the request-duration
+//! histogram and one log line per call. `transport.rs` sends a request and reads its answer into
+//! plain values (the status and body bytes, or a transport error reduced to its kind and a short
+//! reason); what the answer *means* is decided by `classify.rs`; what may be written about it
+//! comes from `redact.rs`.
 //!
 //! The client never returns `Err` for something the Gateway did or did not do: transport errors,
 //! HTTP statuses and bad bodies are all classified into [`Outcome::Failed`] or

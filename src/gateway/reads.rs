@@ -40,8 +40,8 @@ use super::wire::CORRELATION_HEADER;
 /// How long an idle connection stays in the pool (reqwest's default).
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
-/// The card reads' HTTP client. Cheap to clone (the pool is shared).
-#[derive(Clone, Debug)]
+/// The card reads' HTTP client: one per Gateway client, whose reads share its pool.
+#[derive(Debug)]
 pub(crate) struct ReadTransport {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
     /// The base URL without its trailing `/`, to which a read's path is appended.
