@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-burst bench-lua bench-files browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-burst bench-lua bench-files bench-due-layouts browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -186,6 +186,12 @@ bench-lua:
 ## (Debian: linux-perf). About 8 minutes with its first build, 2 after.
 bench-files: services
 	bash benches/poll_files.sh
+
+## What a polling task shard's records cost Redis per card, today's due queue against a timing
+## wheel's layout (benches/due_layouts.sh): records only, written into a private redis-server.
+## BENCH_CARDS (default 30,000). A few seconds.
+bench-due-layouts: services
+	bash benches/due_layouts.sh
 
 ## Redis memory per card: a private redis-server, 100k cards (BENCH_CARDS), a full round
 ## of both tasks, then 48 simulated hour boundaries; used_memory per card after the first round and
