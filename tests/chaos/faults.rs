@@ -203,11 +203,9 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
         let roll = rng.random_range(0..100u32);
         let task = *tasks.choose(&mut rng).unwrap_or(&"carddata");
         let fault = draw(roll, task, workers, &mut rng);
-        let latest = phase_ms.saturating_sub(fault.duration_ms());
-        if latest <= warm {
-            continue;
+        if let Some(at) = start_of(&fault, warm, phase_ms, &mut rng) {
+            plan.push((at, fault));
         }
-        plan.push((rng.random_range(warm..=latest), fault));
     }
     // In runs of four minutes or more, each kind of the draw above that the seed's draws missed
     // comes once, at a time of its own, from a stream of its own (so that the rest of every
@@ -217,11 +215,12 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
         for roll in 0..100 {
             let task = *tasks.choose(&mut missed).unwrap_or(&"carddata");
             let fault = draw(roll, task, workers, &mut missed);
-            let latest = phase_ms.saturating_sub(fault.duration_ms());
-            if latest <= warm || plan.iter().any(|(_, f)| f.kind() == fault.kind()) {
+            if plan.iter().any(|(_, f)| f.kind() == fault.kind()) {
                 continue;
             }
-            plan.push((missed.random_range(warm..=latest), fault));
+            if let Some(at) = start_of(&fault, warm, phase_ms, &mut missed) {
+                plan.push((at, fault));
+            }
         }
     }
     // Answers past the client's timeout, drawn from a stream of their own so that the rest of
@@ -233,11 +232,9 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
             per_mille: past.random_range(100..400),
             seed: past.random(),
         };
-        let latest = phase_ms.saturating_sub(fault.duration_ms());
-        if latest <= warm {
-            continue;
+        if let Some(at) = start_of(&fault, warm, phase_ms, &mut past) {
+            plan.push((at, fault));
         }
-        plan.push((past.random_range(warm..=latest), fault));
     }
     // The losses of Redis data that fail no call (FLUSHALL, a restart from the append-only
     // file, a pod started during the fence that follows), drawn from a stream of their own so
@@ -281,6 +278,13 @@ pub fn plan(seed: u64, phase_ms: u64, workers: usize) -> Vec<(u64, Fault)> {
     );
     plan.sort_by_key(|(at, _)| *at);
     plan
+}
+
+/// When `fault` starts: a time drawn from `rng` between the warm-up's end and the latest start
+/// that lets it end within the phase; `None`, and nothing drawn, when it cannot fit.
+fn start_of(fault: &Fault, warm: u64, phase_ms: u64, rng: &mut StdRng) -> Option<u64> {
+    let latest = phase_ms.saturating_sub(fault.duration_ms());
+    (latest > warm).then(|| rng.random_range(warm..=latest))
 }
 
 /// The fault of the schedule's main draw that `roll` (0..100) picks, its parameters from `rng`;
@@ -367,11 +371,9 @@ fn each_per_five_minutes(
     let mut rng = StdRng::seed_from_u64(stream);
     for _ in 0..(phase_ms / 300_000).max(1) {
         for fault in kinds(&mut rng) {
-            let latest = phase_ms.saturating_sub(fault.duration_ms());
-            if latest <= warm {
-                continue;
+            if let Some(at) = start_of(&fault, warm, phase_ms, &mut rng) {
+                plan.push((at, fault));
             }
-            plan.push((rng.random_range(warm..=latest), fault));
         }
     }
 }
