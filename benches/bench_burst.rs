@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use cardworker::config::Task;
 use cardworker::sim::{CardReads, Simulator};
 use cardworker_test_kit::bench::{env_or, private_redis};
+use cardworker_test_kit::harness::wait_until;
 use cardworker_test_kit::process::Worker;
 use cardworker_test_kit::redis_stats::{raw_apalis_median, redis_sample};
 use cardworker_test_kit::worker_stage::{
@@ -210,24 +211,30 @@ async fn budget_fence_end(
     prefix: &str,
 ) -> anyhow::Result<Instant> {
     let key = cardworker::keys::fence_key(prefix);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let until: Option<u64> = redis::cmd("HGET")
-            .arg(&key)
-            .arg("until")
-            .query_async(conn)
-            .await?;
-        if let Some(until) = until {
-            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
-            let now_ms = secs * 1000 + micros / 1000;
-            return Ok(Instant::now() + Duration::from_millis(until.saturating_sub(now_ms)));
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the worker did not check the budget's fence within 20 s of its start"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(
+        Duration::from_secs(20),
+        "the worker to check the budget's fence",
+        || {
+            let (mut conn, key) = (conn.clone(), key.clone());
+            async move {
+                redis::cmd("HEXISTS")
+                    .arg(&key)
+                    .arg("until")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+    let until: u64 = redis::cmd("HGET")
+        .arg(&key)
+        .arg("until")
+        .query_async(conn)
+        .await?;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    let now_ms = secs * 1000 + micros / 1000;
+    Ok(Instant::now() + Duration::from_millis(until.saturating_sub(now_ms)))
 }
 
 /// CPU seconds the machine has spent busy so far, all cores and processes (`/proc/stat`: every
