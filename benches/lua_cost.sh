@@ -29,6 +29,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DUE=${1:-$ROOT/jobs/src/due_queue.lua}; POLLS=${2:-3200}
 BUDGET=${BUDGET:-$ROOT/src/budget/budget.lua}; CIRCUIT=${CIRCUIT:-$ROOT/src/budget/circuit.lua}
+BUCKETS=${BUCKETS:-$ROOT/benches/due_buckets.lua}; WHEEL=${WHEEL:-$ROOT/benches/due_wheel.lua}
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 DIR=$(mktemp -d)
 if [ -n "${VG:-}" ]; then
@@ -50,12 +51,15 @@ for i in $(seq 300); do redis-cli -p $PORT ping >/dev/null 2>&1 && break; sleep 
 for i in $(seq 50); do [ -s $DIR/pid ] && break; sleep 0.1; done
 echo "redis-server $(redis-server --version | sed 's/.* v=\([^ ]*\).*/\1/') on port $PORT; $(basename $DUE), $POLLS polls per run and batch size${VG:+; callgrind}"
 
-python3 - "$PORT" "$DUE" "$CIRCUIT" "$BUDGET" "$POLLS" "${VG:-}" "$DIR" "$(cat $DIR/pid)" <<'PY'
-import glob, os, socket, subprocess, sys
+python3 - "$PORT" "$DUE" "$CIRCUIT" "$BUDGET" "$POLLS" "${VG:-}" "$DIR" "$(cat $DIR/pid)" "$BUCKETS" "$WHEEL" <<'PY'
+import glob, os, socket, subprocess, sys, time
 
 port, due_lua, circuit_lua, budget_lua = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 polls, vg, tmp, pid = int(sys.argv[5]), bool(sys.argv[6]), sys.argv[7], sys.argv[8]
+buckets_lua, wheel_lua = sys.argv[9], sys.argv[10]
 CARDS, BATCHES, HEADS, PAIRS, ONE_BY_ONE = 3000, (1, 4, 16, 32), 1000, 1000, 256
+BUCKET_COUNTS = (1, 8, 32, 128, 512)
+WHEEL_MS = (1000, 5000)
 LEASE_MS, STATE = 30000, '1|t0gmqo|st0gmqo|0'
 
 
@@ -209,6 +213,96 @@ assert head[2] == CARDS, head
 cost, calls, cmds, inner = measure(heads, HEADS)
 print(f'\ndue queue: head ({CARDS} cards due), per call: {cost:,.{0 if vg else 2}f} {unit}, '
       f'{cmds:g} commands ({names(inner, 1)})')
+
+# The bucketed layout's prototype (benches/due_buckets.lua): the same cards and states spread
+# by card number over B buckets, fetched and acknowledged in batches of 32 as above; a fetch
+# first reads the due buckets from the heads set (one ZRANGE, at most 32), as a worker would.
+bk_sha = r('SCRIPT', 'LOAD', open(buckets_lua).read())
+BATCH = 32
+print(f'\nbucketed layout (due_buckets.lua), {CARDS} cards, fetch + batch of {BATCH}; per poll')
+print(f'{"buckets":>7}  {"cards/bucket":>12}  {unit + "/poll":>16}  {"calls/poll":>10}  '
+      f'{"commands/poll":>13}  encoding')
+for nb in BUCKET_COUNTS:
+    tag = f'cw:{{poll:carddata:{nb}}}:'
+    heads_key, last_key = tag + 'heads', tag + 'last_lease'
+    zkey = [tag + f'due:{b}' for b in range(nb)]
+    hkey = [tag + f'state:{b}' for b in range(nb)]
+    for b in range(nb):
+        members = [x for i in range(b, CARDS, nb) for x in (i, f'card-{i:06d}')]
+        states = [x for i in range(b, CARDS, nb) for x in (f'card-{i:06d}', STATE)]
+        r('ZADD', zkey[b], *members)
+        r('HSET', hkey[b], *states)
+        r('ZADD', heads_key, b, b)
+
+    def bucket_polls(rounds):
+        def work():
+            for _ in range(rounds):
+                now = int(time.time() * 1000)
+                due = r('ZRANGE', heads_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+                keys = [heads_key, last_key]
+                for b in due:
+                    keys += [zkey[int(b)], hkey[int(b)]]
+                got = r('EVALSHA', bk_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
+                if len(got) != 4 * BATCH:
+                    raise RuntimeError(f'bucketed fetch answered {len(got) // 4} cards')
+                at = {b: k + 1 for k, b in enumerate(due)}
+                acks = []
+                for i in range(0, len(got), 4):
+                    acks += [at[str(int(got[i][5:]) % nb)], got[i], got[i + 1], 0, STATE]
+                done = r('EVALSHA', bk_sha, len(keys), *keys, 'batch', BATCH, *acks, *due)
+                if done != [1] * BATCH:
+                    raise RuntimeError(f'bucketed batch answered {done}')
+        return work
+
+    rounds = max(1, polls // BATCH)
+    bucket_polls(max(1, rounds // 10))()  # warm-up
+    cost, calls, cmds, inner = measure(bucket_polls(rounds), rounds * BATCH)
+    enc = r('OBJECT', 'ENCODING', zkey[0]) + '/' + r('OBJECT', 'ENCODING', hkey[0])
+    print(f'{nb:>7}  {CARDS / nb:>12.4g}  {cost:>16,.{0 if vg else 2}f}  {calls:>10.4g}  '
+          f'{cmds:>13.4g}  {enc}')
+    r('DEL', heads_key, last_key, *zkey, *hkey)
+
+# The timing wheel's prototype (benches/due_wheel.lua): the same cards and states as entries
+# of slot lists WHEEL_MS wide, fetched and acknowledged in batches of 32 as above; a fetch first
+# reads the due slots (one ZRANGE, at most 4), and a successor goes to the slot of its due time
+# on the caller's clock, as a worker would send them.
+wh_sha = r('SCRIPT', 'LOAD', open(wheel_lua).read())
+print(f'\ntiming wheel (due_wheel.lua), {CARDS} cards, fetch + batch of {BATCH}; per poll')
+print(f'{"slot ms":>7}  {unit + "/poll":>16}  {"calls/poll":>10}  {"commands/poll":>13}')
+for width in WHEEL_MS:
+    tag = f'cw:{{poll:carddata:w{width}}}:'
+    slots_key, last_key, fz, fh = (tag + k for k in ('slots', 'last_lease', 'flight', 'entry'))
+    slot_key = lambda sid: tag + f'slot:{sid}'
+    base = int(time.time() * 1000) - 60000
+    for i in range(CARDS):
+        due = base + i
+        r('RPUSH', slot_key(due // width), f'{due:013d}|card-{i:06d}|{STATE}')
+        r('ZADD', slots_key, 'NX', due // width, due // width)
+
+    def wheel_polls(rounds):
+        def work():
+            for _ in range(rounds):
+                now = int(time.time() * 1000)
+                due = r('ZRANGE', slots_key, '-inf', now // width, 'BYSCORE', 'LIMIT', 0, 4)
+                keys = [slots_key, last_key, fz, fh] + [slot_key(s) for s in due]
+                got = r('EVALSHA', wh_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
+                if len(got) != 3 * BATCH:
+                    raise RuntimeError(f'wheel fetch answered {len(got) // 3} cards')
+                sid = int(time.time() * 1000) // width
+                keys = [slots_key, last_key, fz, fh, slot_key(sid)]
+                acks = []
+                for i in range(0, len(got), 3):
+                    acks += [1, got[i], got[i + 1], 0, STATE]
+                done = r('EVALSHA', wh_sha, len(keys), *keys, 'batch', BATCH, *acks, sid)
+                if done != [1] * BATCH:
+                    raise RuntimeError(f'wheel batch answered {done}')
+        return work
+
+    rounds = max(1, polls // BATCH)
+    wheel_polls(max(1, rounds // 10))()  # warm-up
+    cost, calls, cmds, inner = measure(wheel_polls(rounds), rounds * BATCH)
+    print(f'{width:>7}  {cost:>16,.{0 if vg else 2}f}  {calls:>10.4g}  {cmds:>13.4g}')
+    r('DEL', slots_key, last_key, fz, fh, *r('KEYS', tag.replace('{', '\\{').replace('}', '\\}') + 'slot:*'))
 
 # The budget: the script as budget/mod.rs loads it, its 13 keys, an acquire as Budget::acquire
 # sends it with the default config (total limit 8, carddata limit 4, 60 s lease TTL, the default
