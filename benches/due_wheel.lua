@@ -9,12 +9,12 @@
 --
 -- KEYS[1] slots: slot id -> slot id (a slot's id is its start in ms ÷ its width)
 -- KEYS[2] the shard's last lease score
--- KEYS[3] in flight: lease score -> its deadline (ms)
--- KEYS[4] in flight: lease score -> `card|entry\n` for each entry it holds
+-- KEYS[3] in flight: card -> lease score (as the due set's: LEASED + deadline)
+-- KEYS[4] in flight: card -> its entry
 -- KEYS[5..] the slot lists the call names, in the order of the ids after the op's arguments
 --
 -- fetch(max, lease_ms, id...): the slots the caller read as due (their ids, in order); leases at
---   most `max` due entries, an ended lease's first, then the slots' due entries from their
+--   most `max` due entries, the ended leases first, then the slots' due entries from their
 --   heads. Returns card, lease, entry for each.
 -- batch(n, i, card, lease, next_in_ms, state, ...): for each of n groups of five, as
 --   due_queue.lua's `batch`: the card's successor goes to the call's slot list i (the slot the
@@ -36,16 +36,11 @@ if op == 'fetch' then
   local at = now_ms()
   local at_s = string.format('%013d', at)
   local cards, entries = {}, {}
-  local ended = redis.call('ZRANGE', KEYS[3], '-inf', int(at), 'BYSCORE', 'LIMIT', '0', '1')
-  if ended[1] then
-    local held = redis.call('HGET', KEYS[4], ended[1]) or ''
-    for line in string.gmatch(held, '[^\n]+') do
-      local bar = string.find(line, '|', 1, true)
-      cards[#cards + 1] = string.sub(line, 1, bar - 1)
-      entries[#entries + 1] = string.sub(line, bar + 1)
-    end
-    redis.call('ZREM', KEYS[3], ended[1])
-    redis.call('HDEL', KEYS[4], ended[1])
+  local ended = redis.call('ZRANGE', KEYS[3], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT',
+    '0', max)
+  if #ended > 0 then
+    local e = redis.call('HMGET', KEYS[4], unpack(ended))
+    for k = 1, #ended do cards[k], entries[k] = ended[k], e[k] end
   end
   for s = 5, #KEYS do
     local want = max - #cards
@@ -71,59 +66,44 @@ if op == 'fetch' then
   local lease = math.max(LEASED + at + lease_ms, (tonumber(redis.call('GET', KEYS[2])) or 0) + 1)
   local lease_s = int(lease)
   redis.call('SET', KEYS[2], lease_s)
-  redis.call('ZADD', KEYS[3], int(lease - LEASED), lease_s)
-  local lines = {}
-  for k = 1, #cards do lines[k] = cards[k] .. '|' .. entries[k] .. '\n' end
-  redis.call('HSET', KEYS[4], lease_s, table.concat(lines))
-  local out = {}
+  local z, h, out = {}, {}, {}
   for k = 1, #cards do
+    z[2 * k - 1], z[2 * k] = lease_s, cards[k]
+    h[2 * k - 1], h[2 * k] = cards[k], entries[k]
     out[3 * k - 2], out[3 * k - 1], out[3 * k] = cards[k], lease, entries[k]
   end
+  redis.call('ZADD', KEYS[3], unpack(z))
+  redis.call('HSET', KEYS[4], unpack(h))
   return out
 end
 
 if op == 'batch' then
   local n = tonumber(ARGV[2])
   local last = 2 + 5 * n
-  -- Each named lease's group is read once; a card it holds is cut out of it (its line), and
-  -- what is left is written back once, or the group goes when it is empty.
-  local groups, order, out, by_slot = {}, {}, {}, {}
+  local named = {}
+  for k = 1, n do named[k] = ARGV[4 + 5 * (k - 1)] end
+  local scores = redis.call('ZMSCORE', KEYS[3], unpack(named))
+  local gone, by_slot, out = {}, {}, {}
   for k = 1, n do
     local i = 3 + 5 * (k - 1)
-    local lease = ARGV[i + 2]
-    local g = groups[lease]
-    if g == nil then
-      g = redis.call('HGET', KEYS[4], lease) or false
-      groups[lease] = g
-      order[#order + 1] = lease
-    end
-    local card = ARGV[i + 1]
-    local whole = g and '\n' .. g
-    local from = whole and string.find(whole, '\n' .. card .. '|', 1, true)
-    if from then
-      local to = string.find(whole, '\n', from + 1, true)
-      groups[lease] = string.sub(whole, 2, from) .. string.sub(whole, to + 1)
+    if scores[k] and scores[k] == ARGV[i + 2] then
+      gone[#gone + 1] = ARGV[i + 1]
       local s = tonumber(ARGV[i])
       local list = by_slot[s]
       if not list then list = {}; by_slot[s] = list end
       list[#list + 1] = string.format('%013d', now_ms() + tonumber(ARGV[i + 3])) .. '|' ..
-        card .. '|' .. ARGV[i + 4]
+        ARGV[i + 1] .. '|' .. ARGV[i + 4]
       out[k] = 1
     else
       out[k] = 0
     end
   end
-  for _, lease in ipairs(order) do
-    local g = groups[lease]
-    if g then
-      if g == '' then
-        redis.call('HDEL', KEYS[4], lease)
-        redis.call('ZREM', KEYS[3], lease)
-      else
-        redis.call('HSET', KEYS[4], lease, g)
-      end
-    end
+  if #gone > 0 then
+    redis.call('ZREM', KEYS[3], unpack(gone))
+    redis.call('HDEL', KEYS[4], unpack(gone))
   end
+  -- A successor is due no earlier than the list's last entry in the common case (one interval
+  -- per task), so it is appended; the prototype measures that case only.
   local slots = {}
   for s, list in pairs(by_slot) do
     redis.call('RPUSH', KEYS[4 + s], unpack(list))
