@@ -9,7 +9,9 @@
 # - the wheel: per time slot a list of the cards due in it, a sorted set of the slots that hold
 #   any, and the cards' poll states (and slots) in small hashes, one per bucket of cards by
 #   their number, each small enough to stay listpack-encoded (`hash-max-listpack-entries`,
-#   default 128), at slot widths of 1, 10 and 60 s.
+#   default 128), at slot widths of 1, 10 and 60 s;
+# - the wheel whose entries carry their card's due time and poll state (`due|card|state`, as
+#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s.
 #
 # Every card is due once in the hour (`BENCH_INTERVAL_SECS`, default 3,600), with the poll state of
 # a card polled unchanged once, as bench-redis-memory's cards are after their first round.
@@ -40,6 +42,14 @@ if layout == 'today' then
     redis.call('ZADD', 'due', base + (i % interval) * 1000, card)
     redis.call('HSET', 'state', card, state)
   end
+elseif layout == 'entries' then
+  local width = tonumber(ARGV[4]) * 1000
+  for i = 1, cards do
+    local due = base + (i % interval) * 1000
+    local slot = math.floor(due / width)
+    redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|m-%07d|', due, i) .. state)
+    redis.call('ZADD', 'slots', slot, slot)
+  end
 else
   local width = tonumber(ARGV[4]) * 1000
   local buckets = math.ceil(cards / 100)
@@ -61,10 +71,13 @@ measure() {
   before=$(used)
   keys=$(redis-cli -p "$PORT" --eval "$DIR/layouts.lua" , "$CARDS" "$INTERVAL" "$@")
   after=$(used)
-  echo "| $1${2:+, slots of $2 s} | $keys | $(( (after - before) / CARDS )) |"
+  local name=$1
+  [ "$1" = entries ] && name="wheel, entries of due time, card and state, no record per card"
+  echo "| $name${2:+, slots of $2 s} | $keys | $(( (after - before) / CARDS )) |"
 }
 echo "$CARDS cards, each due once in $INTERVAL s, one task shard (redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')):"
 echo "| layout | keys | used_memory per card and task, B |"
 echo "| --- | ---: | ---: |"
 measure today
 for width in 1 10 60; do measure wheel "$width"; done
+for width in 1 5 10; do measure entries "$width"; done
