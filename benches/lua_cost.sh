@@ -271,7 +271,7 @@ print(f'\ntiming wheel (due_wheel.lua), {CARDS} cards, fetch + batch of {BATCH};
 print(f'{"slot ms":>7}  {unit + "/poll":>16}  {"calls/poll":>10}  {"commands/poll":>13}')
 for width in WHEEL_MS:
     tag = f'cw:{{poll:carddata:w{width}}}:'
-    slots_key, last_key, fz, fh = (tag + k for k in ('slots', 'last_lease', 'flight', 'entry'))
+    slots_key, last_key, fz = (tag + k for k in ('slots', 'last_lease', 'flight'))
     slot_key = lambda sid: tag + f'slot:{sid}'
     base = int(time.time() * 1000) - 60000
     for i in range(CARDS):
@@ -284,15 +284,15 @@ for width in WHEEL_MS:
             for _ in range(rounds):
                 now = int(time.time() * 1000)
                 due = r('ZRANGE', slots_key, '-inf', now // width, 'BYSCORE', 'LIMIT', 0, 4)
-                keys = [slots_key, last_key, fz, fh] + [slot_key(s) for s in due]
+                keys = [slots_key, last_key, fz] + [slot_key(s) for s in due]
                 got = r('EVALSHA', wh_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
-                if len(got) != 3 * BATCH:
-                    raise RuntimeError(f'wheel fetch answered {len(got) // 3} cards')
+                if len(got) != 1 + BATCH:
+                    raise RuntimeError(f'wheel fetch answered {len(got) - 1} cards')
                 sid = int(time.time() * 1000) // width
-                keys = [slots_key, last_key, fz, fh, slot_key(sid)]
+                keys = [slots_key, last_key, fz, slot_key(sid)]
                 acks = []
-                for i in range(0, len(got), 3):
-                    acks += [1, got[i], got[i + 1], 0, STATE]
+                for e in got[1:]:
+                    acks += [1, e, e[14:e.index('|', 14)], got[0], 0, STATE]
                 done = r('EVALSHA', wh_sha, len(keys), *keys, 'batch', BATCH, *acks, sid)
                 if done != [1] * BATCH:
                     raise RuntimeError(f'wheel batch answered {done}')
@@ -302,7 +302,7 @@ for width in WHEEL_MS:
     wheel_polls(max(1, rounds // 10))()  # warm-up
     cost, calls, cmds, inner = measure(wheel_polls(rounds), rounds * BATCH)
     print(f'{width:>7}  {cost:>16,.{0 if vg else 2}f}  {calls:>10.4g}  {cmds:>13.4g}')
-    r('DEL', slots_key, last_key, fz, fh, *r('KEYS', tag.replace('{', '\\{').replace('}', '\\}') + 'slot:*'))
+    r('DEL', slots_key, last_key, fz, *r('KEYS', tag.replace('{', '\\{').replace('}', '\\}') + 'slot:*'))
 
 # The budget: the script as budget/mod.rs loads it, its 13 keys, an acquire as Budget::acquire
 # sends it with the default config (total limit 8, carddata limit 4, 60 s lease TTL, the default
