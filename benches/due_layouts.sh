@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What a polling task shard's records cost Redis per card in two layouts, for the memory row of
-# the one-queue issue (docs/BENCHMARKS.md, bench-redis-memory): the due queue's today and a timing
-# wheel. Records only: no worker, no script of the product runs; each layout is written by one
+# What a polling task shard's records cost Redis per card in three layouts, for the memory row of
+# the one-queue issue (docs/BENCHMARKS.md, bench-redis-memory): the due queue's today and two timing
+# wheels. Records only: no worker, no script of the product runs; each layout is written by one
 # Lua call into an empty private redis-server and measured by `used_memory`.
 #
 # - today's (`jobs/src/due_queue.lua`): one sorted set (card -> due ms) and one hash
@@ -72,7 +72,8 @@ measure() {
   keys=$(redis-cli -p "$PORT" --eval "$DIR/layouts.lua" , "$CARDS" "$INTERVAL" "$@")
   after=$(used)
   local name=$1
-  [ "$1" = entries ] && name="wheel, entries of due time, card and state, no record per card"
+  [ "$1" = wheel ] && name="wheel with a hash per card bucket"
+  [ "$1" = entries ] && name="wheel, entries of due time, card and state"
   echo "| $name${2:+, slots of $2 s} | $keys | $(( (after - before) / CARDS )) |"
 }
 echo "$CARDS cards, each due once in $INTERVAL s, one task shard (redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')):"
