@@ -6,6 +6,8 @@
 -- (benches/lua_cost.sh) runs it to tell what the layout costs Redis per poll against the due
 -- queue's, and bench-due-layouts what it costs in memory (docs/BENCHMARKS.md).
 --
+-- benches/lua_cost.sh runs it after jobs/src/due_queue.lua's prologue (LEASED, now_ms, int).
+--
 -- KEYS[1] heads: bucket id -> its head (ms; a bucket with no entry has none)
 -- KEYS[2] the shard's last lease score
 -- KEYS[2 + 2i - 1], KEYS[2 + 2i]: bucket i's sorted set and hash, for each bucket the call names
@@ -16,16 +18,6 @@
 --   lease, due ms, state for each, as due_queue.lua's fetch does.
 -- batch(n, i, card, lease, next_in_ms, state, ...): for each of n groups of five, as
 --   due_queue.lua's `batch`, the card in the call's bucket i; then the call's buckets' ids.
-local LEASED = 1125899906842624
-local now
-local function now_ms()
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now
-end
-local function int(n) return string.format('%d', n) end
 
 local op = ARGV[1]
 if op == 'fetch' then

@@ -14,6 +14,8 @@
 -- adding a card once, and for merge, restart and remove, which find a waiting card's entry), the
 -- wait until the next due entry, and the release, finish and extend ops.
 --
+-- benches/lua_cost.sh runs it after jobs/src/due_queue.lua's prologue (LEASED, now_ms, int).
+--
 -- KEYS[1] slots: slot id -> slot id (a slot's id is its start in ms / its width)
 -- KEYS[2] the shard's last lease score
 -- KEYS[3] in flight: entry -> lease score (as the due set's: LEASED + deadline)
@@ -26,16 +28,6 @@
 --   due_queue.lua's `batch`: the poll of `entry` under `lease` is over, and its card's successor
 --   goes to the call's slot list i (the slot the caller worked out for its due time); then the
 --   slots' ids.
-local LEASED = 1125899906842624
-local now
-local function now_ms()
-  if not now then
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return now
-end
-local function int(n) return string.format('%d', n) end
 local op = ARGV[1]
 if op == 'fetch' then
   local max, lease_ms = tonumber(ARGV[2]), tonumber(ARGV[3])

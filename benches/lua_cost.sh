@@ -11,7 +11,11 @@
 #   loads it): a plain `acquire` of a carddata token (the default limits and circuit, no limit
 #   reached, the circuit closed, no finish carried, no lease taken over), then the `release` of
 #   its lease, per pair. What the pool's kept slots and the finishes an acquire carries change is
-#   not measured here (bench-budget runs the whole layer).
+#   not measured here (bench-budget runs the whole layer);
+# - two measuring prototypes of layouts that hold a card in less memory, fetch + `batch` of 32
+#   over the same cards: benches/due_buckets.lua (card-hashed listpack buckets) at several bucket
+#   counts and benches/due_wheel.lua (a timing wheel) at 1 s and 5 s slots, each after the due
+#   queue script's prologue (LEASED, now_ms, int; BUCKETS=, WHEEL= other versions).
 #
 # `make bench-lua`: µs of command execution (INFO commandstats: EVALSHA's usec, which includes
 # the commands the script runs; the best of 3 runs), EVALSHA calls and the commands the scripts
@@ -214,11 +218,37 @@ cost, calls, cmds, inner = measure(heads, HEADS)
 print(f'\ndue queue: head ({CARDS} cards due), per call: {cost:,.{0 if vg else 2}f} {unit}, '
       f'{cmds:g} commands ({names(inner, 1)})')
 
+BATCH = 32
+
+
+def per_poll(one_round):
+    """measure() of rounds of one_round() (one fetch of BATCH and its `batch`), after a warm-up."""
+    def rounds_of(n):
+        def work():
+            for _ in range(n):
+                one_round()
+        return work
+    rounds = max(1, polls // BATCH)
+    rounds_of(max(1, rounds // 10))()
+    return measure(rounds_of(rounds), rounds * BATCH)
+
+
+def expect(what, got, want):
+    if got != want:
+        raise RuntimeError(f'{what} answered {got}, not {want}')
+
+
+def load_prototype(path):
+    """A prototype's script after the due queue's own prologue (its text up to its base-36
+    digits: LEASED, now_ms and int), so that both run on the same clock and constants."""
+    text = open(due_lua).read()
+    return r('SCRIPT', 'LOAD', text[:text.index('local DIGITS')] + '\n' + open(path).read())
+
+
 # The bucketed layout's prototype (benches/due_buckets.lua): the same cards and states spread
 # by card number over B buckets, fetched and acknowledged in batches of 32 as above; a fetch
 # first reads the due buckets from the heads set (one ZRANGE, at most 32), as a worker would.
-bk_sha = r('SCRIPT', 'LOAD', open(buckets_lua).read())
-BATCH = 32
+bk_sha = load_prototype(buckets_lua)
 print(f'\nbucketed layout (due_buckets.lua), {CARDS} cards, fetch + batch of {BATCH}; per poll')
 print(f'{"buckets":>7}  {"cards/bucket":>12}  {unit + "/poll":>16}  {"calls/poll":>10}  '
       f'{"commands/poll":>13}  encoding')
@@ -234,29 +264,22 @@ for nb in BUCKET_COUNTS:
         r('HSET', hkey[b], *states)
         r('ZADD', heads_key, b, b)
 
-    def bucket_polls(rounds):
-        def work():
-            for _ in range(rounds):
-                now = int(time.time() * 1000)
-                due = r('ZRANGE', heads_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
-                keys = [heads_key, last_key]
-                for b in due:
-                    keys += [zkey[int(b)], hkey[int(b)]]
-                got = r('EVALSHA', bk_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
-                if len(got) != 4 * BATCH:
-                    raise RuntimeError(f'bucketed fetch answered {len(got) // 4} cards')
-                at = {b: k + 1 for k, b in enumerate(due)}
-                acks = []
-                for i in range(0, len(got), 4):
-                    acks += [at[str(int(got[i][5:]) % nb)], got[i], got[i + 1], 0, STATE]
-                done = r('EVALSHA', bk_sha, len(keys), *keys, 'batch', BATCH, *acks, *due)
-                if done != [1] * BATCH:
-                    raise RuntimeError(f'bucketed batch answered {done}')
-        return work
+    def bucket_round():
+        now = int(time.time() * 1000)
+        due = r('ZRANGE', heads_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, BATCH)
+        keys = [heads_key, last_key]
+        for b in due:
+            keys += [zkey[int(b)], hkey[int(b)]]
+        got = r('EVALSHA', bk_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
+        expect('a bucketed fetch, in cards', len(got) // 4, BATCH)
+        at = {b: k + 1 for k, b in enumerate(due)}
+        acks = []
+        for i in range(0, len(got), 4):
+            acks += [at[str(int(got[i][5:]) % nb)], got[i], got[i + 1], 0, STATE]
+        expect('a bucketed batch', r('EVALSHA', bk_sha, len(keys), *keys, 'batch', BATCH, *acks,
+                                     *due), [1] * BATCH)
 
-    rounds = max(1, polls // BATCH)
-    bucket_polls(max(1, rounds // 10))()  # warm-up
-    cost, calls, cmds, inner = measure(bucket_polls(rounds), rounds * BATCH)
+    cost, calls, cmds, inner = per_poll(bucket_round)
     enc = r('OBJECT', 'ENCODING', zkey[0]) + '/' + r('OBJECT', 'ENCODING', hkey[0])
     print(f'{nb:>7}  {CARDS / nb:>12.4g}  {cost:>16,.{0 if vg else 2}f}  {calls:>10.4g}  '
           f'{cmds:>13.4g}  {enc}')
@@ -266,43 +289,38 @@ for nb in BUCKET_COUNTS:
 # of slot lists WHEEL_MS wide, fetched and acknowledged in batches of 32 as above; a fetch first
 # reads the due slots (one ZRANGE, at most 4), and a successor goes to the slot of its due time
 # on the caller's clock, as a worker would send them.
-wh_sha = r('SCRIPT', 'LOAD', open(wheel_lua).read())
+wh_sha = load_prototype(wheel_lua)
 print(f'\ntiming wheel (due_wheel.lua), {CARDS} cards, fetch + batch of {BATCH}; per poll')
 print(f'{"slot ms":>7}  {unit + "/poll":>16}  {"calls/poll":>10}  {"commands/poll":>13}')
 for width in WHEEL_MS:
     tag = f'cw:{{poll:carddata:w{width}}}:'
     slots_key, last_key, fz = (tag + k for k in ('slots', 'last_lease', 'flight'))
-    slot_key = lambda sid: tag + f'slot:{sid}'
+    slot_keys = set()
     base = int(time.time() * 1000) - 60000
     for i in range(CARDS):
         due = base + i
-        r('RPUSH', slot_key(due // width), f'{due:013d}|card-{i:06d}|{STATE}')
+        slot_keys.add(tag + f'slot:{due // width}')
+        r('RPUSH', tag + f'slot:{due // width}', f'{due:013d}|card-{i:06d}|{STATE}')
         r('ZADD', slots_key, 'NX', due // width, due // width)
 
-    def wheel_polls(rounds):
-        def work():
-            for _ in range(rounds):
-                now = int(time.time() * 1000)
-                due = r('ZRANGE', slots_key, '-inf', now // width, 'BYSCORE', 'LIMIT', 0, 4)
-                keys = [slots_key, last_key, fz] + [slot_key(s) for s in due]
-                got = r('EVALSHA', wh_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
-                if len(got) != 1 + BATCH:
-                    raise RuntimeError(f'wheel fetch answered {len(got) - 1} cards')
-                sid = int(time.time() * 1000) // width
-                keys = [slots_key, last_key, fz, slot_key(sid)]
-                acks = []
-                for e in got[1:]:
-                    acks += [1, e, e[14:e.index('|', 14)], got[0], 0, STATE]
-                done = r('EVALSHA', wh_sha, len(keys), *keys, 'batch', BATCH, *acks, sid)
-                if done != [1] * BATCH:
-                    raise RuntimeError(f'wheel batch answered {done}')
-        return work
+    def wheel_round():
+        now = int(time.time() * 1000)
+        due = r('ZRANGE', slots_key, '-inf', now // width, 'BYSCORE', 'LIMIT', 0, 4)
+        keys = [slots_key, last_key, fz] + [tag + f'slot:{s}' for s in due]
+        got = r('EVALSHA', wh_sha, len(keys), *keys, 'fetch', BATCH, LEASE_MS, *due)
+        expect('a wheel fetch, in cards', len(got) - 1, BATCH)
+        sid = int(time.time() * 1000) // width
+        slot_keys.add(tag + f'slot:{sid}')
+        keys = [slots_key, last_key, fz, tag + f'slot:{sid}']
+        acks = []
+        for e in got[1:]:
+            acks += [1, e, e[14:e.index('|', 14)], got[0], 0, STATE]
+        expect('a wheel batch', r('EVALSHA', wh_sha, len(keys), *keys, 'batch', BATCH, *acks,
+                                  sid), [1] * BATCH)
 
-    rounds = max(1, polls // BATCH)
-    wheel_polls(max(1, rounds // 10))()  # warm-up
-    cost, calls, cmds, inner = measure(wheel_polls(rounds), rounds * BATCH)
+    cost, calls, cmds, inner = per_poll(wheel_round)
     print(f'{width:>7}  {cost:>16,.{0 if vg else 2}f}  {calls:>10.4g}  {cmds:>13.4g}')
-    r('DEL', slots_key, last_key, fz, *r('KEYS', tag.replace('{', '\\{').replace('}', '\\}') + 'slot:*'))
+    r('DEL', slots_key, last_key, fz, *slot_keys)
 
 # The budget: the script as budget/mod.rs loads it, its 13 keys, an acquire as Budget::acquire
 # sends it with the default config (total limit 8, carddata limit 4, 60 s lease TTL, the default
