@@ -4,7 +4,8 @@
 -- state) small enough to stay listpack-encoded, with a sorted set of the buckets by their head
 -- (the earliest moment one of their entries is due or its lease ends). bench-lua
 -- (benches/lua_cost.sh) runs it to tell what the layout costs Redis per poll against the due
--- queue's, and bench-due-layouts what it costs in memory (docs/BENCHMARKS.md).
+-- queue's; bench-due-layouts writes the same records to tell what they cost in memory
+-- (docs/BENCHMARKS.md).
 --
 -- benches/lua_cost.sh runs it after jobs/src/due_queue.lua's prologue (LEASED, now_ms, int).
 --
@@ -14,8 +15,8 @@
 --
 -- fetch(max, lease_ms, id_1, id_2, ...): the buckets the caller read from heads as due (in
 --   KEYS order, their heads' order); leases at most `max` of their due entries, each bucket's
---   earliest first, bucket by bucket. Returns card,
---   lease, due ms, state for each, as due_queue.lua's fetch does.
+--   earliest first, bucket by bucket. Returns card, lease, due ms, state for each, as
+--   due_queue.lua's fetch does.
 -- batch(n, i, card, lease, next_in_ms, state, ...): for each of n groups of five, as
 --   due_queue.lua's `batch`, the card in the call's bucket i; then the call's buckets' ids.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a polling task shard's records cost Redis per card in three layouts, for the memory row of
+# What a polling task shard's records cost Redis per card in four layouts, for the memory row of
 # the one-queue issue (docs/BENCHMARKS.md, bench-redis-memory): the due queue's today and two timing
 # wheels. Records only: no worker, no script of the product runs; each layout is written by one
 # Lua call into an empty private redis-server and measured by `used_memory`.
@@ -11,7 +11,10 @@
 #   their number, each small enough to stay listpack-encoded (`hash-max-listpack-entries`,
 #   default 128), at slot widths of 1, 10 and 60 s;
 # - the wheel whose entries carry their card's due time and poll state (`due|card|state`, as
-#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s.
+#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s;
+# - card-hashed buckets (benches/due_buckets.lua's records): per bucket of cards a sorted set
+#   and a hash, listpack-encoded, and a sorted set of the buckets, at 32, 64 and 100 cards a
+#   bucket.
 #
 # Every card is due once in the hour (`BENCH_INTERVAL_SECS`, default 3,600), with the poll state of
 # a card polled unchanged once, as bench-redis-memory's cards are after their first round.
@@ -42,6 +45,15 @@ if layout == 'today' then
     redis.call('ZADD', 'due', base + (i % interval) * 1000, card)
     redis.call('HSET', 'state', card, state)
   end
+elseif layout == 'buckets' then
+  local buckets = math.ceil(cards / tonumber(ARGV[4]))
+  for i = 1, cards do
+    local card = string.format('m-%07d', i)
+    local b = i % buckets
+    redis.call('ZADD', 'due:' .. b, base + (i % interval) * 1000, card)
+    redis.call('HSET', 'state:' .. b, card, state)
+    redis.call('ZADD', 'heads', b, b)
+  end
 elseif layout == 'entries' then
   local width = tonumber(ARGV[4]) * 1000
   for i = 1, cards do
@@ -71,10 +83,13 @@ measure() {
   before=$(used)
   keys=$(redis-cli -p "$PORT" --eval "$DIR/layouts.lua" , "$CARDS" "$INTERVAL" "$@")
   after=$(used)
-  local name=$1
-  [ "$1" = wheel ] && name="wheel with a hash per card bucket"
-  [ "$1" = entries ] && name="wheel, entries of due time, card and state"
-  echo "| $name${2:+, slots of $2 s} | $keys | $(( (after - before) / CARDS )) |"
+  local name=$1 detail=${2:+, slots of $2 s}
+  case $1 in
+    wheel) name="wheel with a hash per card bucket" ;;
+    entries) name="wheel, entries of due time, card and state" ;;
+    buckets) name="card-hashed buckets"; detail=", $2 cards a bucket" ;;
+  esac
+  echo "| $name$detail | $keys | $(( (after - before) / CARDS )) |"
 }
 echo "$CARDS cards, each due once in $INTERVAL s, one task shard (redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')):"
 echo "| layout | keys | used_memory per card and task, B |"
@@ -82,3 +97,4 @@ echo "| --- | ---: | ---: |"
 measure today
 for width in 1 10 60; do measure wheel "$width"; done
 for width in 1 5 10; do measure entries "$width"; done
+for size in 32 64 100; do measure buckets "$size"; done

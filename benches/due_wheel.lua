@@ -28,12 +28,14 @@
 --   due_queue.lua's `batch`: the poll of `entry` under `lease` is over, and its card's successor
 --   goes to the call's slot list i (the slot the caller worked out for its due time); then the
 --   slots' ids.
+
 local op = ARGV[1]
 if op == 'fetch' then
   local max, lease_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
   local at = now_ms()
   local at_s = string.format('%013d', at)
-  local entries = redis.call('ZRANGE', KEYS[3], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT', '0', max)
+  local entries = redis.call('ZRANGE', KEYS[3], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT',
+    '0', max)
   for s = 4, #KEYS do
     local want = max - #entries
     if want <= 0 then break end
@@ -64,6 +66,7 @@ if op == 'fetch' then
   for k = 1, #entries do out[k + 1] = entries[k] end
   return out
 end
+
 if op == 'batch' then
   local n = tonumber(ARGV[2])
   local last = 2 + 6 * n
