@@ -174,9 +174,10 @@ bench-scrape: services
 	BENCH_SCENARIO=scrape $(CARGO) bench --profile dev --bench bench_faults
 
 ## What the due queue's fetch + acknowledgement costs Redis per poll at batch sizes 1, 4, 16 and 32,
-## its head per call and the budget's acquire + release per pair, on a private redis-server
+## its head per call, the budget's acquire + release per pair, and two prototypes of smaller
+## layouts (card-hashed buckets, a timing wheel) per poll, on a private redis-server
 ## (benches/lua_cost.sh): µs and commands, or with VG=1 the instructions redis-server ran
-## (callgrind: within 0.5 % run to run). About 5 s; VG=1 about 35 s.
+## (callgrind: within 0.5 % run to run). About 12 s; VG=1 about TIME_VG.
 bench-lua:
 	VG=$(VG) bash benches/lua_cost.sh
 
@@ -187,8 +188,9 @@ bench-lua:
 bench-files: services
 	bash benches/poll_files.sh
 
-## What a polling task shard's records cost Redis per card, today's due queue against a timing
-## wheel's layout (benches/due_layouts.sh): records only, written into a private redis-server.
+## What a polling task shard's records cost Redis per card, today's due queue against two timing
+## wheels' layouts and card-hashed buckets (benches/due_layouts.sh): records only, written into a
+## private redis-server.
 ## BENCH_CARDS (default 30,000). A few seconds.
 bench-due-layouts: services
 	bash benches/due_layouts.sh

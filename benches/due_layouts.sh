@@ -9,7 +9,7 @@
 # - the wheel: per time slot a list of the cards due in it, a sorted set of the slots that hold
 #   any, and the cards' poll states (and slots) in small hashes, one per bucket of cards by
 #   their number, each small enough to stay listpack-encoded (`hash-max-listpack-entries`,
-#   default 128), at slot widths of 1, 10 and 60 s;
+#   default 512), at slot widths of 1, 10 and 60 s;
 # - the wheel whose entries carry their card's due time and poll state (`due|card|state`, as
 #   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s;
 # - card-hashed buckets (benches/due_buckets.lua's records): per bucket of cards a sorted set
