@@ -177,7 +177,7 @@ bench-scrape: services
 ## its head per call, the budget's acquire + release per pair, and two prototypes of smaller
 ## layouts (card-hashed buckets, a timing wheel) per poll, on a private redis-server
 ## (benches/lua_cost.sh): µs and commands, or with VG=1 the instructions redis-server ran
-## (callgrind: within 0.5 % run to run). About 12 s; VG=1 about TIME_VG.
+## (callgrind: within 0.5 % run to run). About 10 s; VG=1 about 90 s.
 bench-lua:
 	VG=$(VG) bash benches/lua_cost.sh
 
