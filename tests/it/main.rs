@@ -19,6 +19,7 @@ mod money_support;
 mod worker_support;
 
 mod approvals;
+mod bench_scripts;
 mod budget;
 mod budget_pool;
 mod card_reads;
