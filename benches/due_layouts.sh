@@ -11,7 +11,9 @@
 #   their number, each small enough to stay listpack-encoded (`hash-max-listpack-entries`,
 #   default 512), at slot widths of 1, 10 and 60 s;
 # - the wheel whose entries carry their card's due time and poll state (`due|card|state`, as
-#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s;
+#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s; and as
+#   docs/SCALING.md plans it, at 5 s: a generation in each entry (`due|card|gen|state`) and each
+#   card's presence in one of 1,024 hashes by card (card -> generation);
 # - card-hashed buckets (benches/due_buckets.lua's records): per bucket of cards a sorted set
 #   and a hash, listpack-encoded, and a sorted set of the buckets, at 32, 64 and 100 cards a
 #   bucket.
@@ -54,12 +56,19 @@ elseif layout == 'buckets' then
     redis.call('HSET', 'state:' .. b, card, state)
     redis.call('ZADD', 'heads', b, b)
   end
-elseif layout == 'entries' then
+elseif layout == 'entries' or layout == 'planned' then
   local width = tonumber(ARGV[4]) * 1000
+  local planned = layout == 'planned'
   for i = 1, cards do
     local due = base + (i % interval) * 1000
     local slot = math.floor(due / width)
-    redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|m-%07d|', due, i) .. state)
+    local card = string.format('m-%07d', i)
+    if planned then
+      redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|', due) .. card .. '|0|' .. state)
+      redis.call('HSET', 'cards:' .. (i % 1024), card, '0')
+    else
+      redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|', due) .. card .. '|' .. state)
+    end
     redis.call('ZADD', 'slots', slot, slot)
   end
 else
@@ -87,6 +96,7 @@ measure() {
   case $1 in
     wheel) name="wheel with a hash per card bucket" ;;
     entries) name="wheel, entries of due time, card and state" ;;
+    planned) name="wheel as planned: entries with a generation, presence in 1,024 buckets" ;;
     buckets) name="card-hashed buckets"; detail=", $2 cards a bucket" ;;
   esac
   echo "| $name$detail | $keys | $(( (after - before) / CARDS )) |"
@@ -97,4 +107,5 @@ echo "| --- | ---: | ---: |"
 measure today
 for width in 1 10 60; do measure wheel "$width"; done
 for width in 1 5 10; do measure entries "$width"; done
+measure planned 5
 for size in 32 64 100; do measure buckets "$size"; done

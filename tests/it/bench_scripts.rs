@@ -95,7 +95,7 @@ fn bench_due_layouts_measures_every_layout_on_a_few_cards() {
         .iter()
         .map(|row| row.split('|').nth(1).unwrap_or("").trim())
         .collect();
-    assert_eq!(names.len(), 10, "{text}");
+    assert_eq!(names.len(), 11, "{text}");
     assert_eq!(names[0], "today");
     assert_eq!(
         names
@@ -110,6 +110,13 @@ fn bench_due_layouts_measures_every_layout_on_a_few_cards() {
             .filter(|name| name.starts_with("wheel, entries"))
             .count(),
         3
+    );
+    assert_eq!(
+        names
+            .iter()
+            .filter(|name| name.starts_with("wheel as planned"))
+            .count(),
+        1
     );
     assert_eq!(
         names
