@@ -97,33 +97,17 @@ fn bench_due_layouts_measures_every_layout_on_a_few_cards() {
         .collect();
     assert_eq!(names.len(), 11, "{text}");
     assert_eq!(names[0], "today");
+    // Rows per layout: three slot widths or bucket sizes each, one for the wheel as planned.
+    let rows_of = |layout: &str| names.iter().filter(|name| name.starts_with(layout)).count();
     assert_eq!(
-        names
-            .iter()
-            .filter(|name| name.starts_with("wheel with a hash"))
-            .count(),
-        3
-    );
-    assert_eq!(
-        names
-            .iter()
-            .filter(|name| name.starts_with("wheel, entries"))
-            .count(),
-        3
-    );
-    assert_eq!(
-        names
-            .iter()
-            .filter(|name| name.starts_with("wheel as planned"))
-            .count(),
-        1
-    );
-    assert_eq!(
-        names
-            .iter()
-            .filter(|name| name.starts_with("card-hashed"))
-            .count(),
-        3
+        [
+            rows_of("wheel with a hash"),
+            rows_of("wheel, entries"),
+            rows_of("wheel as planned"),
+            rows_of("card-hashed"),
+        ],
+        [3, 3, 1, 3],
+        "{text}"
     );
     // Each layout's records took memory: bytes per card, the row's last column.
     for row in rows {
