@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use futures::future::Either;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT};
 use url::Url;
 use uuid::Uuid;
@@ -200,7 +201,7 @@ impl GatewayClient {
         let started = Instant::now();
         let timeout = self.timeout;
         let (done, ended) = tokio::sync::watch::channel(false);
-        let exchange = match &self.reads {
+        let call = match &self.reads {
             Some(reads) => {
                 let reads = reads.clone();
                 let hold = self.hold;
@@ -211,11 +212,7 @@ impl GatewayClient {
                     },
                     Ok,
                 );
-                tokio::spawn(async move {
-                    let outcome = reads.exchange(url, correlation_id, hold).await;
-                    done.send_replace(true);
-                    outcome
-                })
+                Either::Left(async move { reads.exchange(url, correlation_id, hold).await })
             }
             None => {
                 let req = self.url(&["v1", "cards", card_ref, suffix]).map(|url| {
@@ -224,13 +221,14 @@ impl GatewayClient {
                         .timeout(self.hold)
                         .header(CORRELATION_HEADER, correlation_id.to_string())
                 });
-                tokio::spawn(async move {
-                    let outcome = transport::exchange(req, timeout).await;
-                    done.send_replace(true);
-                    outcome
-                })
+                Either::Right(transport::exchange(req, timeout))
             }
         };
+        let exchange = tokio::spawn(async move {
+            let outcome = call.await;
+            done.send_replace(true);
+            outcome
+        });
         SentRead {
             kind,
             request_summary,
@@ -380,10 +378,7 @@ impl<T: fmt::Debug> SentRead<T> {
                 kind: TransportErrorKind::Other,
                 reason: truncate(format!("request error: {e}"), 256),
             }),
-            Err(_) => HttpOutcome::NoAnswer(TransportError {
-                kind: TransportErrorKind::Timeout,
-                reason: format!("timeout after {} ms", self.timeout.as_millis()),
-            }),
+            Err(_) => HttpOutcome::NoAnswer(TransportError::timed_out(self.timeout)),
         };
         let elapsed = self.started.elapsed();
         metrics::histogram!(GATEWAY_REQUEST_DURATION, "call" => self.kind.as_str())

@@ -33,7 +33,7 @@ use url::Url;
 use uuid::Uuid;
 
 use super::transport::{
-    error_reason, HttpOutcome, TransportError, TransportErrorKind, MAX_BODY_BYTES,
+    append_capped, error_reason, timeout_reason, HttpOutcome, TransportError, TransportErrorKind,
 };
 use super::wire::CORRELATION_HEADER;
 
@@ -123,7 +123,7 @@ impl ReadTransport {
         };
         let deadline = tokio::time::Instant::now() + hold;
         let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
-            Err(_) => return HttpOutcome::NoAnswer(self.timed_out()),
+            Err(_) => return HttpOutcome::NoAnswer(TransportError::timed_out(self.timeout)),
             Ok(Err(error)) => return HttpOutcome::NoAnswer(self.request_error(&error)),
             Ok(Ok(response)) => response,
         };
@@ -135,7 +135,7 @@ impl ReadTransport {
                 Err(_) => {
                     return HttpOutcome::BodyLost {
                         status,
-                        error: self.timed_out(),
+                        error: TransportError::timed_out(self.timeout),
                     }
                 }
                 Ok(None) => return HttpOutcome::Answer { status, body: read },
@@ -154,12 +154,9 @@ impl ReadTransport {
             let Ok(chunk) = frame.into_data() else {
                 continue;
             };
-            let room = MAX_BODY_BYTES - read.len();
-            if chunk.len() > room {
-                read.extend_from_slice(&chunk[..room]);
+            if append_capped(&mut read, &chunk) {
                 return HttpOutcome::Oversized { status, body: read };
             }
-            read.extend_from_slice(&chunk);
         }
     }
 
@@ -178,13 +175,6 @@ impl ReadTransport {
             .map_err(|e| format!("request error: {e}"))
     }
 
-    fn timed_out(&self) -> TransportError {
-        TransportError {
-            kind: TransportErrorKind::Timeout,
-            reason: format!("timeout after {} ms", self.timeout.as_millis()),
-        }
-    }
-
     /// A request that got no answer: a connection that could not be opened is `Connect`, one
     /// whose connect ran out of time a `Timeout` (as reqwest counts it), anything else `Other`.
     fn request_error(&self, error: &hyper_util::client::legacy::Error) -> TransportError {
@@ -197,7 +187,7 @@ impl ReadTransport {
             },
             self.timeout,
         );
-        let kind = if reason.starts_with("timeout after") {
+        let kind = if reason == timeout_reason(self.timeout) {
             TransportErrorKind::Timeout
         } else if error.is_connect() {
             TransportErrorKind::Connect

@@ -28,6 +28,21 @@ pub(crate) struct TransportError {
     pub reason: String,
 }
 
+impl TransportError {
+    /// A call that ran out of `timeout` (the client's) before it had its answer.
+    pub(crate) fn timed_out(timeout: Duration) -> Self {
+        Self {
+            kind: TransportErrorKind::Timeout,
+            reason: timeout_reason(timeout),
+        }
+    }
+}
+
+/// The reason of a call that ran out of `timeout`: `timeout after <ms> ms`.
+pub(crate) fn timeout_reason(timeout: Duration) -> String {
+    format!("timeout after {} ms", timeout.as_millis())
+}
+
 /// What the transport produced for one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HttpOutcome {
@@ -51,6 +66,14 @@ pub(crate) enum HttpOutcome {
 /// What an oversized answer means is the classification's to decide ([`HttpOutcome::Oversized`]).
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
+/// Appends `chunk` to `body`, up to [`MAX_BODY_BYTES`] in all; true when it was cut there (the
+/// answer is [`HttpOutcome::Oversized`], and the rest is not read).
+pub(crate) fn append_capped(body: &mut Vec<u8>, chunk: &[u8]) -> bool {
+    let room = MAX_BODY_BYTES - body.len();
+    body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    chunk.len() > room
+}
+
 /// Sends one request and reads the whole body; `timeout` is the client's, for the reason of a
 /// call that ran out of time.
 pub(crate) async fn exchange(
@@ -73,12 +96,9 @@ async fn read_body(mut resp: reqwest::Response, timeout: Duration) -> HttpOutcom
     loop {
         match resp.chunk().await {
             Ok(Some(chunk)) => {
-                let room = MAX_BODY_BYTES - body.len();
-                if chunk.len() > room {
-                    body.extend_from_slice(&chunk[..room]);
+                if append_capped(&mut body, &chunk) {
                     return HttpOutcome::Oversized { status, body };
                 }
-                body.extend_from_slice(&chunk);
             }
             Ok(None) => return HttpOutcome::Answer { status, body },
             Err(error) => {
@@ -111,7 +131,7 @@ fn transport_error(e: &reqwest::Error, timeout: Duration) -> TransportError {
 /// Whatever `reqwest` or the OS said is digit-redacted and cut to 256 bytes.
 fn transport_reason(e: &reqwest::Error, timeout: Duration) -> String {
     if e.is_timeout() {
-        return format!("timeout after {} ms", timeout.as_millis());
+        return timeout_reason(timeout);
     }
     let prefix = if e.is_connect() {
         "connect error"
@@ -139,9 +159,7 @@ pub(crate) fn error_reason<E: StdError + 'static>(
             match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => return "connection refused".to_owned(),
                 std::io::ErrorKind::ConnectionReset => return "connection reset".to_owned(),
-                std::io::ErrorKind::TimedOut => {
-                    return format!("timeout after {} ms", timeout.as_millis())
-                }
+                std::io::ErrorKind::TimedOut => return timeout_reason(timeout),
                 _ => {}
             }
         }
