@@ -35,6 +35,7 @@ use serde::{de::DeserializeOwned, Serialize};
 pub mod due;
 pub mod keys;
 pub mod payloads;
+pub mod wheel;
 
 pub use payloads::*;
 

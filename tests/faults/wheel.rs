@@ -1,0 +1,1066 @@
+//! The due queue of a polling task shard as a timing wheel (`polling::wheel`): what a fetch hands
+//! out, which lease an acknowledgement obeys, what an ended lease gives back, how the ops on one
+//! card find its entry, and its script on a three-master Redis Cluster. Each test runs on a
+//! redis-server (or cluster) of its own.
+
+// An unwrap() that fails is the test failing, at its line.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cardworker::config::Task;
+use cardworker::context;
+use cardworker::polling::due_queue::{
+    Lease, Leased, Merged, PollState, Restarted, Standing, Step, StillHeld, Successor,
+};
+use cardworker::polling::wheel::Wheel;
+use redis::aio::ConnectionManager;
+
+use crate::cluster::PrivateCluster;
+use crate::private::PrivateRedis;
+
+const LONG: Duration = Duration::from_secs(60);
+
+async fn queue_on(redis: &PrivateRedis) -> (Wheel, ConnectionManager) {
+    let conn = context::connect_redis(&redis.url()).await.expect("redis");
+    (Wheel::new("cw", Task::Carddata, 0), conn)
+}
+
+/// Writes `card_ref` due `ms_ago` ms ago (negative: in the future), on Redis's clock.
+async fn due_since(queue: &Wheel, conn: &mut ConnectionManager, card_ref: &str, ms_ago: i64) {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    let now = secs * 1000 + micros / 1000;
+    let due = u64::try_from(now - ms_ago).unwrap();
+    let added = queue
+        .adopt(conn, &[(card_ref.to_owned(), due, String::new())])
+        .await
+        .unwrap();
+    assert_eq!(added, 1, "{card_ref} had no entry");
+}
+
+/// A private Redis and a queue on it that holds each of `due` (a card and how many ms ago it
+/// became due), with a connection to that Redis.
+async fn queue_with_due(due: &[(&str, i64)]) -> (PrivateRedis, Wheel, ConnectionManager) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for (card_ref, ms_ago) in due {
+        due_since(&queue, &mut conn, card_ref, *ms_ago).await;
+    }
+    (redis, queue, conn)
+}
+
+/// The successor of a poll of `card_ref` under `lease` that leaves its state as it is, due
+/// `next_in` from the acknowledgement.
+fn keep(card_ref: &str, lease: Lease, next_in: Duration) -> Successor<'_> {
+    Successor {
+        card_ref,
+        lease,
+        next_in,
+        next: PollState::default(),
+    }
+}
+
+/// Acknowledges the poll of `card_ref` under `lease`, the card due again at once.
+async fn ack_now(
+    queue: &Wheel,
+    conn: &mut ConnectionManager,
+    card_ref: &str,
+    lease: Lease,
+) -> StillHeld<()> {
+    queue
+        .ack(conn, &keep(card_ref, lease, Duration::ZERO))
+        .await
+        .unwrap()
+}
+
+/// Acknowledges `successors` in one call; answers each one's verdict, in order.
+async fn ack_all(
+    queue: &Wheel,
+    conn: &mut ConnectionManager,
+    successors: &[Successor<'_>],
+) -> Vec<StillHeld<()>> {
+    queue.ack_many(conn, successors).await.unwrap()
+}
+
+/// A private Redis and a queue on it whose cards c-1 and c-2 one fetch leased (both under one
+/// lease), with a connection and the fetch's answer.
+async fn two_leased() -> (PrivateRedis, Wheel, ConnectionManager, Vec<Leased>) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for card in ["c-1", "c-2"] {
+        queue.add(&mut conn, card, Duration::ZERO).await.unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    (redis, queue, conn, leased)
+}
+
+/// What the shard keeps: (slots, entries in flight, presence fields of c-1's bucket).
+async fn records(queue: &Wheel, conn: &mut ConnectionManager) -> (u64, u64, u64) {
+    let keys = queue.keys();
+    redis::pipe()
+        .cmd("ZCARD")
+        .arg(&keys.slots)
+        .cmd("ZCARD")
+        .arg(&keys.inflight)
+        .cmd("HLEN")
+        .arg(keys.presence("c-1"))
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+fn cards(leased: &[Leased]) -> Vec<&str> {
+    leased.iter().map(|l| l.card_ref.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_fetch_leases_the_earliest_due_cards_first_and_none_that_is_not_due_yet() {
+    let (_redis, queue, mut conn) =
+        queue_with_due(&[("c-late", 30_000), ("c-later", 60_000), ("c-just", 10)]).await;
+    due_since(&queue, &mut conn, "c-future", -60_000).await;
+
+    let first = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    assert_eq!(cards(&first), ["c-later", "c-late"], "the oldest due first");
+    let rest = queue.fetch(&mut conn, 10, LONG).await.unwrap();
+    assert_eq!(
+        cards(&rest),
+        ["c-just"],
+        "leased cards and cards not due yet are not handed out"
+    );
+    assert!(first[0].due_ms < first[1].due_ms);
+}
+
+#[tokio::test]
+async fn an_acknowledgement_writes_the_next_due_time_only_for_the_lease_that_holds_the_card() {
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-1", 1_000)]).await;
+    let [leased] = <[Leased; 1]>::try_from(queue.fetch(&mut conn, 5, LONG).await.unwrap()).unwrap();
+
+    assert_eq!(
+        ack_now(&queue, &mut conn, "c-1", leased.lease).await,
+        StillHeld::Yes(())
+    );
+    assert_eq!(
+        queue
+            .ack(
+                &mut conn,
+                &keep("c-1", leased.lease, Duration::from_secs(3600))
+            )
+            .await
+            .unwrap(),
+        StillHeld::Stale,
+        "a repeated acknowledgement changes nothing"
+    );
+    let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again),
+        ["c-1"],
+        "the successor is due at once, as the first acknowledgement said"
+    );
+    assert_ne!(
+        again[0].lease, leased.lease,
+        "each lease has a name of its own"
+    );
+    assert_eq!(
+        queue.release(&mut conn, &leased).await.unwrap(),
+        StillHeld::Stale,
+        "the first lease no longer holds the card"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_that_ends_makes_the_card_due_again_and_its_late_acknowledgement_changes_nothing() {
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-1", 1_000)]).await;
+    let short = Duration::from_millis(200);
+    let first = queue.fetch(&mut conn, 5, short).await.unwrap();
+    assert_eq!(cards(&first), ["c-1"]);
+    assert!(queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty());
+
+    // Its holder dies: the lease ends on Redis's clock and the card is handed out again.
+    let start = Instant::now();
+    let second = loop {
+        let got = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the lease never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(cards(&second), ["c-1"]);
+    assert_eq!(
+        second[0].due_ms,
+        first[0].lease.deadline_ms(),
+        "due again as of the ended lease's deadline"
+    );
+    assert_eq!(
+        ack_now(&queue, &mut conn, "c-1", first[0].lease).await,
+        StillHeld::Stale,
+        "the dead holder's late acknowledgement"
+    );
+    assert!(
+        queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty(),
+        "the second lease still holds the card"
+    );
+}
+
+#[tokio::test]
+async fn a_card_given_back_unpolled_keeps_its_place_by_due_time() {
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-old", 50_000), ("c-new", 1_000)]).await;
+    let old = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&old), ["c-old"]);
+    due_since(&queue, &mut conn, "c-newer", 500).await;
+
+    // No token was free: the card goes back as due as it was, ahead of the later ones.
+    assert_eq!(
+        queue.release(&mut conn, &old[0]).await.unwrap(),
+        StillHeld::Yes(())
+    );
+    let next = queue.fetch(&mut conn, 3, LONG).await.unwrap();
+    assert_eq!(cards(&next), ["c-old", "c-new", "c-newer"]);
+    assert_eq!(next[0].due_ms, old[0].due_ms);
+}
+
+#[tokio::test]
+async fn an_extended_lease_outlives_its_first_deadline_and_only_its_new_name_holds_the_card() {
+    let (_redis, queue, mut conn) = queue_with_due(&[("c-1", 1_000)]).await;
+    let first = queue
+        .fetch(&mut conn, 1, Duration::from_millis(300))
+        .await
+        .unwrap();
+    let StillHeld::Yes(extended) = queue
+        .extend(&mut conn, "c-1", first[0].lease, LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("the lease held its card");
+    };
+    assert!(extended.deadline_ms() > first[0].lease.deadline_ms() + 50_000);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty(),
+        "past the first deadline, the extended lease still holds the card"
+    );
+    assert_eq!(
+        ack_now(&queue, &mut conn, "c-1", first[0].lease).await,
+        StillHeld::Stale,
+        "the lease's old name"
+    );
+    assert_eq!(
+        ack_now(&queue, &mut conn, "c-1", extended).await,
+        StillHeld::Yes(())
+    );
+}
+
+#[tokio::test]
+async fn adding_a_card_leaves_an_entry_it_has_as_it_is_and_a_removed_card_s_poll_acknowledges_nothing(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    assert!(queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap());
+    let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"]);
+    assert!(
+        !queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap(),
+        "reconcile adding a card whose poll runs"
+    );
+    assert!(queue.fetch(&mut conn, 1, LONG).await.unwrap().is_empty());
+
+    assert!(queue.remove(&mut conn, "c-1").await.unwrap());
+    assert_eq!(
+        ack_now(&queue, &mut conn, "c-1", leased[0].lease).await,
+        StillHeld::Stale
+    );
+    assert_eq!(queue.entry(&mut conn, "c-1").await.unwrap(), None);
+    assert_eq!(
+        records(&queue, &mut conn).await,
+        (0, 0, 0),
+        "the removed card stays removed, its presence with it"
+    );
+}
+
+#[tokio::test]
+async fn the_head_tells_the_earliest_due_time_and_how_many_cards_are_due_in_one_call() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let empty = queue.head(&mut conn).await.unwrap();
+    assert_eq!((empty.earliest_due_ms, empty.due_now), (None, 0));
+
+    due_since(&queue, &mut conn, "c-1", 40_000).await;
+    due_since(&queue, &mut conn, "c-2", 5_000).await;
+    due_since(&queue, &mut conn, "c-3", -60_000).await;
+    let head = queue.head(&mut conn).await.unwrap();
+    assert_eq!(head.due_now, 2);
+    let overdue = head.now_ms - head.earliest_due_ms.unwrap();
+    assert!(
+        (40_000..41_000).contains(&overdue),
+        "overdue by {overdue} ms"
+    );
+
+    // A leased card is not due; once its lease ends it is, as of the lease's deadline (later
+    // than c-2's due time, which stays the earliest).
+    let leased = queue
+        .fetch(&mut conn, 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(cards(&leased), ["c-1"]);
+    assert_eq!(queue.head(&mut conn).await.unwrap().due_now, 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let head = queue.head(&mut conn).await.unwrap();
+    assert_eq!(head.due_now, 2);
+    let overdue = head.now_ms - head.earliest_due_ms.unwrap();
+    assert!((5_000..6_000).contains(&overdue), "overdue by {overdue} ms");
+}
+
+/// What one holder saw: the card, when its fetch returned, and when it sent its acknowledgement
+/// (`None`: it died holding the card).
+type Hold = (String, Instant, Option<Instant>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_fetching_and_acknowledging_at_once_never_hold_one_card_twice_and_dead_holders_cards_come_back(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    const CARDS: usize = 40;
+    for i in 0..CARDS {
+        queue
+            .add(&mut conn, &format!("c-{i:02}"), Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let holds: Arc<Mutex<Vec<(Hold, bool)>>> = Arc::default();
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut workers = Vec::new();
+    for w in 0..6u64 {
+        let (queue, mut conn, holds) = (queue.clone(), conn.clone(), holds.clone());
+        workers.push(tokio::spawn(async move {
+            let mut n = w;
+            while Instant::now() < until {
+                let got = queue
+                    .fetch(&mut conn, 3, Duration::from_millis(250))
+                    .await
+                    .unwrap();
+                let fetched = Instant::now();
+                for leased in got {
+                    n += 1;
+                    // Every seventh holder dies holding its card.
+                    if n % 7 == 0 {
+                        holds
+                            .lock()
+                            .unwrap()
+                            .push(((leased.card_ref, fetched, None), false));
+                        continue;
+                    }
+                    tokio::time::sleep(Duration::from_millis(n % 5)).await;
+                    let sent = Instant::now();
+                    let held = ack_now(&queue, &mut conn, &leased.card_ref, leased.lease).await;
+                    holds.lock().unwrap().push((
+                        (leased.card_ref, fetched, Some(sent)),
+                        held == StillHeld::Yes(()),
+                    ));
+                }
+                if n % 3 == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let holds = holds.lock().unwrap().clone();
+    let mut per_card: BTreeMap<String, Vec<(Instant, Option<Instant>, bool)>> = BTreeMap::new();
+    for ((card, fetched, sent), held) in &holds {
+        per_card
+            .entry(card.clone())
+            .or_default()
+            .push((*fetched, *sent, *held));
+    }
+    // Two acknowledged holds of one card never overlap: each ran between its fetch and its
+    // acknowledgement, and both found their lease holding the card.
+    for (card, mut hs) in per_card.clone() {
+        hs.retain(|h| h.2);
+        hs.sort_by_key(|h| h.0);
+        for pair in hs.windows(2) {
+            let (Some(first_sent), second_fetched) = (pair[0].1, pair[1].0) else {
+                continue;
+            };
+            assert!(
+                first_sent <= second_fetched,
+                "{card} held twice at once: {pair:?}"
+            );
+        }
+    }
+    // Every card whose holder died (half a second or more before the end) was handed out again
+    // once its 250 ms lease ended.
+    let died: Vec<(&str, Instant)> = holds
+        .iter()
+        .filter(|((_, fetched, sent), _)| {
+            sent.is_none() && *fetched + Duration::from_millis(500) < until
+        })
+        .map(|((card, fetched, _), _)| (card.as_str(), *fetched))
+        .collect();
+    assert!(!died.is_empty(), "some holders died");
+    let lost: Vec<_> = died
+        .iter()
+        .filter(|(card, at)| !per_card[*card].iter().any(|h| h.0 > *at))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} dead holders' cards were never handed out again: {lost:?}",
+        lost.len(),
+        died.len()
+    );
+}
+
+#[tokio::test]
+async fn the_wheel_script_runs_on_a_three_master_redis_cluster_with_a_shard_on_each_master() {
+    let cluster = tokio::task::spawn_blocking(PrivateCluster::start)
+        .await
+        .unwrap();
+    // Shards of the card-data task until each master serves one.
+    let mut by_master: BTreeMap<u16, u16> = BTreeMap::new();
+    for shard in 0..200 {
+        let queue = Wheel::new("cw", Task::Carddata, shard);
+        by_master
+            .entry(cluster.node_for(&queue.keys().slots))
+            .or_insert(shard);
+        if by_master.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(by_master.len(), 3, "a shard on each master: {by_master:?}");
+    for (port, shard) in &by_master {
+        let queue = Wheel::new("cw", Task::Carddata, *shard);
+        let mut conn = context::connect_redis(&PrivateCluster::url(*port))
+            .await
+            .unwrap();
+        assert!(queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap());
+        let leased = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+        assert_eq!(cards(&leased), ["c-1"], "shard {shard} on master {port}");
+        assert_eq!(
+            queue
+                .ack(&mut conn, &keep("c-1", leased[0].lease, LONG))
+                .await
+                .unwrap(),
+            StillHeld::Yes(())
+        );
+        assert_eq!(queue.head(&mut conn).await.unwrap().due_now, 0);
+
+        // The cluster does hold the script to its slots: another master refuses the shard.
+        let other = cluster.ports().into_iter().find(|p| p != port).unwrap();
+        let mut elsewhere = context::connect_redis(&PrivateCluster::url(other))
+            .await
+            .unwrap();
+        let refused = queue.head(&mut elsewhere).await.unwrap_err();
+        assert!(
+            format!("{refused:#}").to_lowercase().contains("moved"),
+            "another master answered: {refused:#}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_card_acknowledged_and_fetched_again_at_once_gets_a_lease_of_a_new_name_every_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    let mut names = Vec::new();
+    for _ in 0..200 {
+        let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+        let lease = leased[0].lease;
+        if let Some(&previous) = names.last() {
+            // The previous lease's repeated acknowledgement (a retry after a lost reply) must not
+            // end this one, however soon after it this one began.
+            assert_eq!(
+                queue
+                    .ack(&mut conn, &keep("c-1", previous, LONG))
+                    .await
+                    .unwrap(),
+                StillHeld::Stale
+            );
+        }
+        names.push(lease);
+        assert_eq!(
+            ack_now(&queue, &mut conn, "c-1", lease).await,
+            StillHeld::Yes(())
+        );
+    }
+    let mut distinct = names.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        names.len(),
+        "every lease has a name of its own"
+    );
+}
+
+#[tokio::test]
+async fn acknowledgements_sent_in_one_call_each_obey_their_own_lease() {
+    let (_redis, queue, mut conn, leased) = two_leased().await;
+    let (one, two) = (&leased[0], &leased[1]);
+    assert_eq!(
+        ack_now(&queue, &mut conn, &one.card_ref, one.lease).await,
+        StillHeld::Yes(())
+    );
+    let held = ack_all(
+        &queue,
+        &mut conn,
+        &[
+            keep(&one.card_ref, one.lease, LONG),
+            keep(&two.card_ref, two.lease, Duration::ZERO),
+        ],
+    )
+    .await;
+    assert_eq!(held, [StillHeld::Stale, StillHeld::Yes(())]);
+    let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again).len(),
+        2,
+        "the stale acknowledgement did not move c-1 an hour out"
+    );
+}
+
+/// Fetches `card_ref` (due now) and acknowledges its poll with `step` and `failures`, due again
+/// at once; answers the state the fetch handed out.
+async fn poll_once(
+    queue: &Wheel,
+    conn: &mut ConnectionManager,
+    card_ref: &str,
+    step: Step,
+    failures: u32,
+) -> PollState {
+    let leased = queue.fetch(conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&leased), [card_ref]);
+    let successor = Successor {
+        card_ref,
+        lease: leased[0].lease,
+        next_in: Duration::ZERO,
+        next: leased[0].state.after(step, failures, chrono::Utc::now()),
+    };
+    assert_eq!(
+        queue.ack(conn, &successor).await.unwrap(),
+        StillHeld::Yes(())
+    );
+    leased[0].state.clone()
+}
+
+#[tokio::test]
+async fn an_acknowledgement_writes_the_next_poll_s_state_with_its_due_time_and_the_fetch_hands_it_out(
+) {
+    use cardworker::polling::unchanged::Since;
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    assert!(queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap());
+
+    let first = poll_once(&queue, &mut conn, "c-1", Step::Unchanged, 0).await;
+    assert_eq!((first.failures, first.deferrals), (0, 0));
+    let tally = first.tally.expect("an added card has a fresh tally");
+    assert_eq!(
+        (tally.count, tally.last, tally.since_kind),
+        (0, None, Since::ChainStart)
+    );
+
+    let after_unchanged = poll_once(&queue, &mut conn, "c-1", Step::Reset, 2).await;
+    let tally = after_unchanged.tally.unwrap();
+    assert_eq!(tally.count, 1, "one unchanged poll counted");
+    assert!(tally.last.is_some());
+
+    let after_failure = poll_once(&queue, &mut conn, "c-1", Step::Keep, 3).await;
+    assert_eq!((after_failure.failures, after_failure.deferrals), (2, 0));
+    let tally = after_failure.tally.unwrap();
+    assert_eq!(
+        (tally.count, tally.since_kind),
+        (0, Since::ChangeOrFailure),
+        "a recorded failure starts the count again"
+    );
+    let (standing, state) = queue.entry(&mut conn, "c-1").await.unwrap().unwrap();
+    assert!(matches!(standing, Standing::Waiting { .. }), "{standing:?}");
+    assert_eq!(
+        (state.failures, state.tally.unwrap().count),
+        (3, 0),
+        "a step that keeps the tally keeps its count"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_acknowledgement_or_finish_writes_nothing_to_the_card_s_state_or_due_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    let first = queue
+        .fetch(&mut conn, 1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    // The first lease ends; a second holder takes the card.
+    let second = loop {
+        let got = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+        if let Some(leased) = got.into_iter().next() {
+            break leased;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let late = Successor {
+        card_ref: "c-1",
+        lease: first[0].lease,
+        next_in: Duration::ZERO,
+        next: first[0].state.after(Step::Reset, 5, chrono::Utc::now()),
+    };
+    assert_eq!(queue.ack(&mut conn, &late).await.unwrap(), StillHeld::Stale);
+    assert_eq!(
+        queue
+            .finish(&mut conn, "c-1", first[0].lease)
+            .await
+            .unwrap(),
+        StillHeld::Stale
+    );
+    let (standing, state) = queue.entry(&mut conn, "c-1").await.unwrap().unwrap();
+    assert_eq!(
+        standing,
+        Standing::Leased {
+            deadline_ms: second.lease.deadline_ms()
+        },
+        "the second holder still holds the card"
+    );
+    assert_eq!(
+        state.failures, 0,
+        "the stale acknowledgement wrote no state"
+    );
+
+    assert_eq!(
+        queue.finish(&mut conn, "c-1", second.lease).await.unwrap(),
+        StillHeld::Yes(())
+    );
+    assert_eq!(queue.entry(&mut conn, "c-1").await.unwrap(), None);
+    assert_eq!(
+        records(&queue, &mut conn).await,
+        (0, 0, 0),
+        "a finished card's presence goes with its entry"
+    );
+}
+
+#[tokio::test]
+async fn a_merge_brings_a_waiting_card_forward_leaves_a_leased_one_to_its_poll_and_starts_one_without_an_entry(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-wait", LONG).await.unwrap();
+    queue
+        .add(&mut conn, "c-held", Duration::ZERO)
+        .await
+        .unwrap();
+    let held = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&held), ["c-held"]);
+
+    assert_eq!(
+        queue
+            .merge(&mut conn, "c-wait", Duration::ZERO)
+            .await
+            .unwrap(),
+        Merged::IntoLive
+    );
+    assert_eq!(
+        queue
+            .merge(&mut conn, "c-held", Duration::ZERO)
+            .await
+            .unwrap(),
+        Merged::IntoLive
+    );
+    assert_eq!(
+        queue
+            .merge(&mut conn, "c-new", Duration::ZERO)
+            .await
+            .unwrap(),
+        Merged::Started
+    );
+    // A later request never puts a waiting card back.
+    queue.merge(&mut conn, "c-wait", LONG).await.unwrap();
+
+    let due = queue.fetch(&mut conn, 10, LONG).await.unwrap();
+    let mut got = cards(&due);
+    got.sort();
+    assert_eq!(
+        got,
+        ["c-new", "c-wait"],
+        "the leased card is not handed out"
+    );
+    assert_eq!(
+        queue
+            .ack(&mut conn, &keep("c-held", held[0].lease, LONG))
+            .await
+            .unwrap(),
+        StillHeld::Yes(()),
+        "the merge left the running poll's lease in place"
+    );
+}
+
+#[tokio::test]
+async fn a_fetch_that_finds_nothing_due_tells_how_soon_the_next_card_is() {
+    use cardworker::polling::due_queue::Fetched;
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    assert_eq!(
+        queue.fetch_or_wait(&mut conn, 5, LONG).await.unwrap(),
+        Fetched::NoneDue { next_in: None },
+        "an empty shard"
+    );
+    queue.add(&mut conn, "c-later", LONG).await.unwrap();
+    let Fetched::NoneDue {
+        next_in: Some(wait),
+    } = queue.fetch_or_wait(&mut conn, 5, LONG).await.unwrap()
+    else {
+        panic!("nothing is due yet");
+    };
+    assert!(
+        (LONG - Duration::from_secs(2)..=LONG).contains(&wait),
+        "the waiting card is due in {wait:?}"
+    );
+    queue
+        .add(&mut conn, "c-held", Duration::ZERO)
+        .await
+        .unwrap();
+    let held = queue
+        .fetch(&mut conn, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(cards(&held), ["c-held"]);
+    let Fetched::NoneDue {
+        next_in: Some(wait),
+    } = queue.fetch_or_wait(&mut conn, 5, LONG).await.unwrap()
+    else {
+        panic!("nothing is due yet");
+    };
+    assert!(
+        (Duration::from_secs(3)..=Duration::from_secs(5)).contains(&wait),
+        "the lease ends in {wait:?}, before the waiting card is due"
+    );
+}
+
+#[tokio::test]
+async fn a_card_added_twice_in_one_call_is_added_once_at_its_first_due_time() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let added = queue
+        .add_many(&mut conn, &[("c-1", Duration::ZERO), ("c-1", LONG)])
+        .await
+        .unwrap();
+    assert_eq!(added, 1);
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"], "due at once, as first named");
+    let state = &leased[0].state;
+    assert_eq!(
+        (state.failures, state.tally.as_ref().map(|t| t.count)),
+        (0, Some(0)),
+        "with a fresh state: {state:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_card_named_twice_in_one_acknowledgement_is_acknowledged_once() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    let one = &leased[0];
+    let held = ack_all(
+        &queue,
+        &mut conn,
+        &[
+            keep(&one.card_ref, one.lease, Duration::ZERO),
+            keep(&one.card_ref, one.lease, LONG),
+        ],
+    )
+    .await;
+    assert_eq!(
+        held,
+        [StillHeld::Yes(()), StillHeld::Stale],
+        "the first successor ends the lease the second names"
+    );
+    let again = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again),
+        ["c-1"],
+        "the first successor's due time stands"
+    );
+}
+
+#[tokio::test]
+async fn an_acknowledgement_naming_a_lease_that_is_no_number_acknowledges_nothing_for_it_and_the_rest_as_usual(
+) {
+    let (_redis, queue, mut conn, leased) = two_leased().await;
+    let (one, two) = (&leased[0], &leased[1]);
+    // A raw call, as another caller of the shared script could send it: the typed API cannot
+    // name such a lease.
+    let keys = queue.keys();
+    let script = redis::Script::new(cardworker_jobs::wheel::SCRIPT);
+    let mut inv = script.prepare_invoke();
+    for key in keys.fixed() {
+        inv.key(key);
+    }
+    inv.key(keys.slot(1))
+        .key(keys.presence(&one.card_ref))
+        .key(keys.presence(&two.card_ref))
+        .arg("batch");
+    for (presence, card, lease) in [
+        (6, &one.card_ref, "not-a-lease".to_owned()),
+        (7, &two.card_ref, two.lease.score().to_string()),
+    ] {
+        inv.arg(5)
+            .arg(presence)
+            .arg(card)
+            .arg(lease)
+            .arg(0)
+            .arg(PollState::default().to_raw());
+    }
+    let held: Vec<u8> = inv.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(
+        held,
+        [0, 1],
+        "only the lease that holds its card acknowledges it"
+    );
+    let again = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(
+        cards(&again),
+        [two.card_ref.as_str()],
+        "c-2 is due again; c-1 is still under its lease"
+    );
+}
+
+#[tokio::test]
+async fn the_polls_of_a_big_fetch_acknowledged_one_by_one_each_obey_their_own_lease() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    for i in 0..20 {
+        let card = format!("c-{i:02}");
+        queue.add(&mut conn, &card, Duration::ZERO).await.unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 20, LONG).await.unwrap();
+    assert_eq!(leased.len(), 20);
+    // A lease that holds twenty cards, acknowledged one card at a time.
+    let (first, second) = (&leased[0], &leased[1]);
+    let stale = Lease::from_score(first.lease.score() - 1);
+    let held = ack_all(
+        &queue,
+        &mut conn,
+        &[
+            keep(&first.card_ref, stale, Duration::ZERO),
+            keep(&second.card_ref, second.lease, Duration::ZERO),
+            keep(&second.card_ref, second.lease, LONG),
+        ],
+    )
+    .await;
+    assert_eq!(
+        held,
+        [StillHeld::Stale, StillHeld::Yes(()), StillHeld::Stale],
+        "a stale lease holds nothing, and a card named twice is acknowledged once"
+    );
+    for poll in &leased[2..] {
+        assert_eq!(
+            ack_now(&queue, &mut conn, &poll.card_ref, poll.lease).await,
+            StillHeld::Yes(()),
+            "{} under its own lease",
+            poll.card_ref
+        );
+    }
+    let again = queue.fetch(&mut conn, 30, LONG).await.unwrap();
+    let mut due: Vec<&str> = cards(&again);
+    due.sort_unstable();
+    let want: Vec<String> = (1..20).map(|i| format!("c-{i:02}")).collect();
+    assert_eq!(
+        due, want,
+        "every acknowledged card is due again; c-00 is still leased"
+    );
+}
+
+#[tokio::test]
+async fn an_entry_due_before_its_slot_s_last_one_is_inserted_in_order_and_fetched_first() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    // Three cards due within one slot that ended a minute ago, written latest first.
+    let now = queue.head(&mut conn).await.unwrap().now_ms;
+    let slot = cardworker_jobs::wheel::slot_of(now - 60_000);
+    let start = slot * cardworker_jobs::wheel::SLOT_MS;
+    for (card, offset) in [("c-c", 9_000), ("c-a", 1_000), ("c-b", 5_000)] {
+        queue
+            .adopt(
+                &mut conn,
+                &[(card.to_owned(), start + offset, String::new())],
+            )
+            .await
+            .unwrap();
+    }
+    let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-a", "c-b"], "the earliest due first");
+    assert_eq!(leased[0].due_ms, start + 1_000);
+    let list: Vec<String> = redis::cmd("LRANGE")
+        .arg(queue.keys().slot(slot))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert!(list[0].ends_with("|c-c"), "{list:?}");
+    let head = queue.head(&mut conn).await.unwrap();
+    assert_eq!(
+        (head.earliest_due_ms, head.due_now),
+        (Some(start + 9_000), 1)
+    );
+}
+
+#[tokio::test]
+async fn a_card_ref_with_separators_and_spaces_keeps_its_entry_and_state_whole() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let odd = "c|1 | x|y|z";
+    assert!(queue.add(&mut conn, odd, Duration::ZERO).await.unwrap());
+    let state = poll_once(&queue, &mut conn, odd, Step::Unchanged, 2).await;
+    assert_eq!(state.failures, 0);
+    let (_, after) = queue.entry(&mut conn, odd).await.unwrap().unwrap();
+    assert_eq!(
+        (after.failures, after.tally.unwrap().count),
+        (2, 1),
+        "the successor's state, read back whole"
+    );
+    assert!(queue.remove(&mut conn, odd).await.unwrap());
+    assert_eq!(queue.entry(&mut conn, odd).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_restart_gives_a_waiting_card_a_fresh_state_at_the_asked_time_and_a_leased_one_keeps_its_lease(
+) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
+    poll_once(&queue, &mut conn, "c-1", Step::Reset, 4).await;
+    // c-1 waits (due at once) with four failures; an operator restarts it an hour out.
+    assert_eq!(
+        queue
+            .restart(&mut conn, "c-1", Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        Restarted::Restarted
+    );
+    let (standing, state) = queue.entry(&mut conn, "c-1").await.unwrap().unwrap();
+    assert_eq!(state.failures, 0, "a fresh state");
+    let Standing::Waiting { due_ms } = standing else {
+        panic!("{standing:?}");
+    };
+    let now = queue.head(&mut conn).await.unwrap().now_ms;
+    assert!(
+        due_ms > now + 3_500_000,
+        "due in an hour: {due_ms} vs {now}"
+    );
+    assert!(queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty());
+
+    // A leased card keeps its lease; its leased entry carries the fresh state.
+    queue.add(&mut conn, "c-2", Duration::ZERO).await.unwrap();
+    poll_once(&queue, &mut conn, "c-2", Step::Reset, 3).await;
+    let held = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(held[0].state.failures, 3);
+    assert_eq!(
+        queue
+            .restart(&mut conn, "c-2", Duration::ZERO)
+            .await
+            .unwrap(),
+        Restarted::Running
+    );
+    let (standing, state) = queue.entry(&mut conn, "c-2").await.unwrap().unwrap();
+    assert_eq!(
+        (standing, state.failures),
+        (
+            Standing::Leased {
+                deadline_ms: held[0].lease.deadline_ms()
+            },
+            0
+        )
+    );
+    assert_eq!(
+        ack_now(&queue, &mut conn, "c-2", held[0].lease).await,
+        StillHeld::Yes(()),
+        "the restart left the running poll's lease in place"
+    );
+    assert_eq!(
+        queue
+            .restart(&mut conn, "c-3", Duration::ZERO)
+            .await
+            .unwrap(),
+        Restarted::Started
+    );
+}
+
+#[tokio::test]
+async fn an_op_whose_card_moved_between_its_presence_read_and_the_script_changes_nothing() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue.add(&mut conn, "c-1", LONG).await.unwrap();
+    let keys = queue.keys();
+    // The caller saw c-1 in slot 7 (it is elsewhere): the script refuses to act on that view.
+    let answer: Vec<String> = redis::Script::new(cardworker_jobs::wheel::SCRIPT)
+        .key(keys.fixed()[0])
+        .key(keys.fixed()[1])
+        .key(keys.fixed()[2])
+        .key(keys.fixed()[3])
+        .key(keys.presence("c-1"))
+        .key(keys.slot(7))
+        .arg("entry")
+        .arg("c-1")
+        .arg("7")
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(answer, ["moved"]);
+    let removed: i64 = redis::Script::new(cardworker_jobs::wheel::SCRIPT)
+        .key(keys.fixed()[0])
+        .key(keys.fixed()[1])
+        .key(keys.fixed()[2])
+        .key(keys.fixed()[3])
+        .key(keys.presence("c-1"))
+        .key(keys.slot(7))
+        .arg("remove")
+        .arg("c-1")
+        .arg("7")
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(removed, -1, "moved: nothing removed");
+    assert!(
+        matches!(
+            queue.entry(&mut conn, "c-1").await.unwrap(),
+            Some((Standing::Waiting { .. }, _))
+        ),
+        "c-1 still waits"
+    );
+}
+
+#[tokio::test]
+async fn a_merge_asking_later_than_a_waiting_card_is_due_leaves_it_and_keeps_one_entry() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    queue
+        .add(&mut conn, "c-1", Duration::from_secs(5))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            queue.merge(&mut conn, "c-1", LONG).await.unwrap(),
+            Merged::IntoLive
+        );
+    }
+    assert_eq!(
+        queue.merge(&mut conn, "c-1", Duration::ZERO).await.unwrap(),
+        Merged::IntoLive
+    );
+    let leased = queue.fetch(&mut conn, 5, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"], "brought forward, once");
+    let (slots, inflight, presence) = records(&queue, &mut conn).await;
+    assert_eq!(
+        (slots, inflight, presence),
+        (0, 1, 1),
+        "one entry, leased, and no other left in a slot"
+    );
+}
