@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the polling path's Lua scripts cost Redis, op by op, on a private redis-server on a free
 # port (stopped and removed at the end):
-# - the due queue (jobs/src/due_queue.lua), one shard of 3,000 cards, each with a poll state
-#   (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease, then one `batch`
+# - the due queue (jobs/src/due_queue.lua, a timing wheel), one shard of 3,000 cards, each with a
+#   poll state (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease (after
+#   the ZRANGE of the first slots a worker sends first), then one `batch`
 #   acknowledging those N with the leases the fetch returned, each due again at once with the
 #   next state, at N = 1, 4, 16 and 32, per poll (one card fetched and acknowledged); a fetch of
 #   256 whose polls end one by one (256 `batch` calls of one card: a slow Gateway's spread), per
@@ -158,12 +159,56 @@ def names(inner, per):
 
 
 # The due queue: one shard, every card due (in card order) with a state after one unchanged poll.
+# Its keys: the five fixed ones, then those a call names (slot lists and presence hashes), as
+# src/polling/due_queue.rs passes them; a fetch first reads the first slots' ids (ZRANGE), as a
+# worker does.
 due_sha = r('SCRIPT', 'LOAD', open(due_lua).read())
-DQ = ['cw:{poll:carddata:0}:due', 'cw:{poll:carddata:0}:last_lease', 'cw:{poll:carddata:0}:state']
-setup = []
+TAG = 'cw:{poll:carddata:0}'
+DQ = [f'{TAG}:slots', f'{TAG}:last_lease', f'{TAG}:inflight', f'{TAG}:lengths', f'{TAG}:held']
+SLOT_MS, FETCH_SLOTS = 10_000, 8
+
+
+def presence(card):
+    """The card's presence hash: FNV-1a 32 of its bytes mod 1,024 (cardworker_jobs::due)."""
+    h = 0x811c9dc5
+    for b in card.encode():
+        h = ((h ^ b) * 0x01000193) & 0xffffffff
+    return f'{TAG}:cards:{h % 1024}'
+
+
+class Keys:
+    """The keys a call names after the fixed ones, each once, and their KEYS positions."""
+    def __init__(self):
+        self.keys, self.at = [], {}
+
+    def __call__(self, key):
+        if key not in self.at:
+            self.keys.append(key)
+            self.at[key] = len(DQ) + len(self.keys)
+        return self.at[key]
+
+
+def call(op, keys, *args):
+    every = DQ + keys.keys
+    return r('EVALSHA', due_sha, len(every), *every, op, *args)
+
+
+k, setup = Keys(), []
 for i in range(CARDS):
-    setup += [f'card-{i:06d}', i, STATE]
-assert r('EVALSHA', due_sha, 3, *DQ, 'adopt', *setup) == CARDS
+    card = f'card-{i:06d}'
+    setup += [k(f'{TAG}:slot:{i // SLOT_MS}'), k(presence(card)), card, i, STATE]
+assert call('adopt', k, *setup) == CARDS
+
+
+def fetch(n):
+    """A worker's fetch: the first slots' ids, then the script; answers the Redis clock and the
+    flat (card, lease, due, state) list."""
+    ids = r('ZRANGE', DQ[0], 0, FETCH_SLOTS - 1)
+    keys = Keys()
+    for i in ids:
+        keys(f'{TAG}:slot:{i}')
+    got = call('fetch', keys, n, LEASE_MS)
+    return got[0], got[1:]
 
 
 def polls_of(n, rounds, per_call=None):
@@ -173,22 +218,23 @@ def polls_of(n, rounds, per_call=None):
 
     def work():
         for _ in range(rounds):
-            got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
+            now, got = fetch(n)
             if len(got) != 4 * n:
                 raise RuntimeError(f'fetch of {n} answered {got[:8]}')
-            acks = []
-            for i in range(0, len(got), 4):
-                acks += [got[i], got[i + 1], 0, STATE]
-            for i in range(0, len(acks), 4 * per_call):
-                part = acks[i:i + 4 * per_call]
-                done = r('EVALSHA', due_sha, 3, *DQ, 'batch', *part)
-                if done != [1] * (len(part) // 4):
-                    raise RuntimeError(f'batch of {len(part) // 4} answered {done}')
+            slot = f'{TAG}:slot:{now // SLOT_MS}'
+            for i in range(0, len(got), 4 * per_call):
+                keys, acks = Keys(), []
+                for j in range(i, min(i + 4 * per_call, len(got)), 4):
+                    acks += [keys(slot), keys(presence(got[j])), got[j], got[j + 1], 0, STATE]
+                done = call('batch', keys, *acks)
+                if done != [1] * (len(acks) // 6):
+                    raise RuntimeError(f'batch of {len(acks) // 6} answered {done}')
     return work
 
 
 unit = 'instructions' if vg else 'µs'
-print(f'\ndue queue: fetch + acknowledgement (batch), {CARDS} cards; per poll')
+print(f'\ndue queue: fetch (a ZRANGE of the slots, then the script) + acknowledgement (batch), '
+      f'{CARDS} cards; per poll')
 print(f'{"batch":>5}  {unit + "/poll":>16}  {"EVALSHA/poll":>12}  {"commands/poll":>13}')
 for n in BATCHES:
     rounds = max(1, polls // n)
@@ -207,12 +253,22 @@ print(f'\ndue queue: a fetch of {n} acknowledged one card a call, per poll: '
       f'({names(inner, 1)})')
 
 
+def around():
+    """The slots around the Redis clock's now, as a worker's head names them."""
+    now = int(r('TIME')[0]) * 1000
+    keys = Keys()
+    for i in range(now // SLOT_MS - 1, now // SLOT_MS + 2):
+        keys(f'{TAG}:slot:{i}')
+    return keys
+
+
 def heads():
+    keys = around()
     for _ in range(HEADS):
-        r('EVALSHA', due_sha, 3, *DQ, 'head')
+        call('head', keys)
 
 
-head = r('EVALSHA', due_sha, 3, *DQ, 'head')
+head = call('head', around())
 assert head[2] == CARDS, head
 cost, calls, cmds, inner = measure(heads, HEADS)
 print(f'\ndue queue: head ({CARDS} cards due), per call: {cost:,.{0 if vg else 2}f} {unit}, '

@@ -42,7 +42,6 @@ pub mod reconcile;
 mod run_job;
 pub mod takeover;
 pub mod unchanged;
-pub mod wheel;
 pub mod worker;
 
 use anyhow::Context as _;

@@ -26,7 +26,6 @@ mod redis_cost;
 mod scenarios;
 mod startup;
 mod takeover;
-mod wheel;
 
 // The shared machinery (test-kit/), under the names the tests use: `crate::harness`, ….
 use cardworker_test_kit::{cluster, faults, harness, private, process, proxy, scripted_gateway};

@@ -98,6 +98,10 @@ fn every_named_key() -> Vec<String> {
             poll_last_lease_key(p, task, 0),
             poll_state_key(p, task, 0),
         ]);
+        let wheel = cardworker::polling::due_queue::DueQueue::new(p, task, 0);
+        let keys = wheel.keys();
+        out.extend(keys.fixed().map(str::to_owned));
+        out.extend([keys.slot(176_500_000), keys.presence("c-1")]);
     }
     for queue in cardworker::workers::QUEUES {
         let tick = format!("{queue}:tick:1764892800");

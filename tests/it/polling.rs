@@ -155,6 +155,28 @@ pub(crate) async fn chain_of(
         .expect("read the due queue")
 }
 
+/// Moves a card's waiting entry (ARGV[1]) from its slot list (KEYS[4], slot id ARGV[3]) into the
+/// in-flight set (KEYS[3]) under the lease ARGV[2], keeping the slots' order (KEYS[1]) and lengths
+/// (KEYS[2]) as the due queue's script keeps them.
+const HOLD: &str = r"
+for _, e in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  if string.sub(e, -(#ARGV[1] + 1)) == '|' .. ARGV[1] then
+    redis.call('LREM', KEYS[4], 1, e)
+    redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+    redis.call('ZADD', KEYS[3], ARGV[2], e)
+    local first = redis.call('LINDEX', KEYS[4], 0)
+    if first then
+      redis.call('ZADD', KEYS[1], string.sub(first, 1, 13), ARGV[3])
+    else
+      redis.call('ZREM', KEYS[1], ARGV[3])
+      redis.call('HDEL', KEYS[2], ARGV[3])
+    end
+    return 1
+  end
+end
+return 0
+";
+
 /// Takes a lease on `card_ref`'s `task` card for an hour (as a worker's fetch would, without
 /// waiting for it to come due, so that the test's workers leave it alone), and answers the
 /// ticket a fetched poll job carries. The card must be in the due queue.
@@ -172,14 +194,25 @@ pub(crate) async fn hold(ctx: &AppContext, task: Task, card_ref: &str) -> PollTi
         .expect("time");
     let now = secs * 1000 + micros / 1000;
     let lease = LEASED + now + 3_600_000;
-    let _: () = redis::cmd("ZADD")
-        .arg(&queue.keys().due)
-        .arg("XX")
-        .arg(lease)
+    let keys = queue.keys();
+    let slot: u64 = redis::cmd("HGET")
+        .arg(keys.presence(card_ref))
         .arg(card_ref)
         .query_async(&mut conn)
         .await
+        .expect("the card's presence");
+    let held: i64 = redis::Script::new(HOLD)
+        .key(&keys.slots)
+        .key(&keys.lengths)
+        .key(&keys.inflight)
+        .key(keys.slot(slot))
+        .arg(card_ref)
+        .arg(lease)
+        .arg(slot)
+        .invoke_async(&mut conn)
+        .await
         .expect("lease the card");
+    assert_eq!(held, 1, "{card_ref} waits in slot {slot}");
     PollTicket {
         lease,
         due_ms: now,
@@ -512,18 +545,11 @@ async fn enqueue_twice_leaves_one_chain() {
         .await
         .expect("second");
     // One entry per card in the due queue, whatever the enqueues.
-    let due_set = lease::due_queue(app.ctx.prefix(), Task::CardStatus)
-        .keys()
-        .due
-        .clone();
-    let entries: i64 = app
-        .ctx
-        .redis
-        .clone()
-        .zcard(&due_set)
+    let snapshot = lease::due_queue(app.ctx.prefix(), Task::CardStatus)
+        .snapshot(&mut app.ctx.redis.clone())
         .await
-        .expect("due set");
-    assert_eq!(entries, 1);
+        .expect("the due queue's records");
+    assert_eq!(snapshot.entries.len(), 1, "{:?}", snapshot.entries);
     let intake = keys::intake(app.ctx.prefix(), PollCardStatus::QUEUE);
     let with_payload: i64 = app.ctx.redis.clone().zcard(&intake).await.expect("intake");
     assert_eq!(with_payload, 0, "a poll request has no intake entry");
@@ -533,14 +559,10 @@ async fn enqueue_twice_leaves_one_chain() {
     .await;
     // The next poll is 300 s away: once the poll wrote its successor, the card waits.
     wait_until(Duration::from_secs(10), "successor scheduled", || async {
-        let n: i64 = app
-            .ctx
-            .redis
-            .clone()
-            .zcount(&due_set, "-inf", format!("({LEASED}"))
-            .await
-            .unwrap_or(0);
-        n == 1
+        matches!(
+            chain_of(&app.ctx, Task::CardStatus, "c-1").await,
+            Some((Standing::Waiting { .. }, _))
+        )
     })
     .await;
     assert_eq!(calls(&app, "card_status"), 1);
@@ -708,19 +730,11 @@ async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stop
     assert_eq!(status.as_u16(), 200);
     assert!(!second.join.is_finished(), "the worker process ended");
     // Every card is in the due queue, scheduled for its next poll.
-    let chains: i64 = second
-        .ctx
-        .redis
-        .clone()
-        .zcard(
-            lease::due_queue(&prefix, Task::CardStatus)
-                .keys()
-                .due
-                .clone(),
-        )
+    let snapshot = lease::due_queue(&prefix, Task::CardStatus)
+        .snapshot(&mut second.ctx.redis.clone())
         .await
-        .expect("zcard");
-    assert_eq!(chains, CARDS);
+        .expect("the due queue's records");
+    assert_eq!(snapshot.entries.len(), CARDS as usize);
     if let Some(stop) = second.stop.take() {
         let _ = stop.send(());
     }
