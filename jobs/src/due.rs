@@ -70,7 +70,7 @@ impl ShardKeys {
     }
 
     /// The fixed keys, in the order the script takes them (`KEYS[1..5]`).
-    pub fn fixed(&self) -> [&str; 5] {
+    pub fn fixed(&self) -> [&str; FIXED_KEYS] {
         [
             &self.slots,
             &self.last_lease,
@@ -159,7 +159,11 @@ impl Verdict {
 
 /// How often a one-card op reads the card's presence again when it moved in between: each move is
 /// a poll's acknowledgement of that card, so a few rounds always settle.
-const MOVED_ROUNDS: usize = 16;
+pub const MOVED_ROUNDS: usize = 16;
+
+/// The keys every call of the script names first ([`ShardKeys::fixed`]); an op's own keys follow
+/// them.
+pub const FIXED_KEYS: usize = 5;
 
 /// Runs the one-card op `op` (merge or restart) for `card_ref`, its due time `delay` from now,
 /// rereading the presence while it moved. `now_ms` is the caller's estimate of Redis's clock.

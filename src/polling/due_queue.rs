@@ -232,7 +232,7 @@ impl ExtraKeys {
         if let Some(i) = self.index.get(&key) {
             return *i;
         }
-        let i = 6 + self.keys.len();
+        let i = shared::FIXED_KEYS + 1 + self.keys.len();
         self.index.insert(key.clone(), i);
         self.keys.push(key);
         i
@@ -582,7 +582,7 @@ impl DueQueue {
         moved: impl Fn(&T) -> bool,
     ) -> anyhow::Result<T> {
         let presence = self.keys.presence(card_ref);
-        for _ in 0..16 {
+        for _ in 0..shared::MOVED_ROUNDS {
             let seen: Option<u64> = redis::cmd("HGET")
                 .arg(&presence)
                 .arg(card_ref)

@@ -78,7 +78,12 @@ pub const INVENTORY: &[KeyPattern] = &[
     ),
     k(
         "<prefix>:{poll:<task>:<shard>}:inflight",
-        "polling due queue: the entries a poll holds -> 2^50 + the lease's deadline",
+        "polling due queue: the cards a poll holds -> 2^50 + the lease's deadline",
+        PerChain,
+    ),
+    k(
+        "<prefix>:{poll:<task>:<shard>}:held",
+        "polling due queue: card -> its entry, while a poll holds the card",
         PerChain,
     ),
     k(

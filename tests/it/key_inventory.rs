@@ -197,7 +197,7 @@ async fn a_worker_that_polls_and_changes_leaves_only_listed_keys_each_within_its
                 .any(|k| k.contains(":unchanged_total:card_status:"))
                 && keys
                     .iter()
-                    .any(|k| k.contains(":{poll:card_status:0}:state"))
+                    .any(|k| k.contains(":{poll:card_status:0}:cards:"))
                 && keys
                     .iter()
                     .any(|k| k.contains(":outcome_total:card_status:"))

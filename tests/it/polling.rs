@@ -155,15 +155,16 @@ pub(crate) async fn chain_of(
         .expect("read the due queue")
 }
 
-/// Moves a card's waiting entry (ARGV[1]) from its slot list (KEYS[4], slot id ARGV[3]) into the
-/// in-flight set (KEYS[3]) under the lease ARGV[2], keeping the slots' order (KEYS[1]) and lengths
-/// (KEYS[2]) as the due queue's script keeps them.
+/// Moves a card's waiting entry (card ARGV[1]) from its slot list (KEYS[4], slot id ARGV[3]) into
+/// flight under the lease ARGV[2] (KEYS[3] card -> lease, KEYS[5] card -> entry), keeping the
+/// slots' order (KEYS[1]) and lengths (KEYS[2]) as the due queue's script keeps them.
 const HOLD: &str = r"
 for _, e in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
   if string.sub(e, -(#ARGV[1] + 1)) == '|' .. ARGV[1] then
     redis.call('LREM', KEYS[4], 1, e)
     redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
-    redis.call('ZADD', KEYS[3], ARGV[2], e)
+    redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+    redis.call('HSET', KEYS[5], ARGV[1], e)
     local first = redis.call('LINDEX', KEYS[4], 0)
     if first then
       redis.call('ZADD', KEYS[1], string.sub(first, 1, 13), ARGV[3])
@@ -206,6 +207,7 @@ pub(crate) async fn hold(ctx: &AppContext, task: Task, card_ref: &str) -> PollTi
         .key(&keys.lengths)
         .key(&keys.inflight)
         .key(keys.slot(slot))
+        .key(&keys.held)
         .arg(card_ref)
         .arg(lease)
         .arg(slot)
