@@ -203,6 +203,7 @@ async fn count_at(
             .query_async(&mut conn)
             .await?;
         let mut pipe = redis::pipe();
+        let mut rewritten = 0;
         for (i, entry) in list.iter().enumerate() {
             let mut parts = entry.splitn(6, '|');
             let due = parts.next().unwrap_or_default();
@@ -217,9 +218,12 @@ async fn count_at(
                 .arg(i)
                 .arg(format!("{due}|{}|{card}", next.to_raw()))
                 .ignore();
+            rewritten += 1;
             cardworker::polling::unchanged::count_fleet(prefix, task, at);
         }
-        pipe.query_async::<()>(&mut conn).await?;
+        if rewritten > 0 {
+            pipe.query_async::<()>(&mut conn).await?;
+        }
     }
     Ok(())
 }

@@ -176,26 +176,36 @@ local function unlist(key, entry)
   if first == entry or redis.call('LLEN', key) == 0 then rescore(key) end
 end
 
--- Puts `entries` (strings, any order) into the slot list `key` in due order: appended when none
--- is due before the list's last entry (a successor's usual case: one command), else each such
--- entry inserted before the first entry due after it. The slot's score drops to its earliest due.
+-- An entry's due time, as digits that compare as times.
+local function due_of(entry)
+  return string.sub(entry, 1, 13)
+end
+
+local function earlier(a, b)
+  return due_of(a) < due_of(b)
+end
+
+-- Puts `entries` (strings, any order) into the slot list `key` in due order (entries due at the
+-- same millisecond in any order): appended when none is due before the list's last entry (a
+-- successor's usual case: one command), else each such entry inserted before the first entry
+-- due after it. The slot's score drops to its earliest due.
 local function insert(key, entries)
   if #entries == 0 then return end
-  table.sort(entries)
+  table.sort(entries, earlier)
   local last = redis.call('LINDEX', key, '-1')
   local tail = {}
-  if not last or entries[1] >= last then
+  if not last or due_of(entries[1]) >= due_of(last) then
     tail = entries
   else
     local list = redis.call('LRANGE', key, '0', '-1')
     for _, e in ipairs(entries) do
-      if e >= last then
+      if due_of(e) >= due_of(last) then
         tail[#tail + 1] = e
       else
-        -- Entries are sorted, and each goes before the first listed entry above it: inserting
-        -- them one by one in order keeps the list sorted.
+        -- Entries are sorted, and each goes before the first listed entry due after it:
+        -- inserting them one by one in order keeps the list sorted.
         for _, l in ipairs(list) do
-          if l > e then
+          if earlier(e, l) then
             redis.call('LINSERT', key, 'BEFORE', l, e)
             break
           end
@@ -205,7 +215,7 @@ local function insert(key, entries)
   end
   if #tail > 0 then redis.call('RPUSH', key, unpack(tail)) end
   local id = slot_id(key)
-  redis.call('ZADD', KEYS[1], 'LT', string.sub(entries[1], 1, 13), id)
+  redis.call('ZADD', KEYS[1], 'LT', due_of(entries[1]), id)
   redis.call('HINCRBY', KEYS[4], id, int(#entries))
 end
 

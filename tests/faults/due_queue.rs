@@ -1113,3 +1113,26 @@ async fn a_merge_asking_later_than_a_waiting_card_is_due_leaves_it_and_keeps_one
         "one entry, leased, and no other left in a slot"
     );
 }
+
+#[tokio::test]
+async fn entries_due_at_the_same_millisecond_are_appended_whatever_their_cards() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let now = queue.head(&mut conn).await.unwrap().now_ms;
+    crate::redis_cost::reset(&mut conn).await;
+    // Cards in falling order, all due at one millisecond: a busy shard's successors.
+    for card in ["c-9", "c-5", "c-1"] {
+        queue
+            .adopt(&mut conn, &[(card.to_owned(), now, String::new())])
+            .await
+            .unwrap();
+    }
+    let (counted, _) = crate::redis_cost::counted(&mut conn).await;
+    assert_eq!(
+        counted.get("linsert"),
+        None,
+        "no entry due before the last one: every one appended ({counted:?})"
+    );
+    let leased = queue.fetch(&mut conn, 3, LONG).await.unwrap();
+    assert_eq!(leased.len(), 3);
+}
