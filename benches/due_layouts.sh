@@ -12,8 +12,9 @@
 #   default 512), at slot widths of 1, 10 and 60 s;
 # - the wheel whose entries carry their card's due time and poll state (`due|card|state`, as
 #   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s;
-# - the wheel as built (`jobs/src/due_queue.lua`), at its 10 s slots: entries `due|state|card`,
-#   each card's presence in one of 1,024 hashes by card (card -> slot id), and the slots' lengths;
+# - the wheel as built (`jobs/src/due_queue.lua`), at the 8.192 s slots of an hourly card:
+#   entries `due|state|card`, each card's presence in one of 1,024 hashes by card (card -> the
+#   slot's id, its end in widths and its width), and the slots' lengths;
 # - card-hashed buckets (benches/due_buckets.lua's records): per bucket of cards a sorted set
 #   and a hash, listpack-encoded, and a sorted set of the buckets, at 32, 64 and 100 cards a
 #   bucket.
@@ -64,6 +65,8 @@ elseif layout == 'entries' or layout == 'built' then
     local slot = math.floor(due / width)
     local card = string.format('m-%07d', i)
     if built then
+      -- The slot's id: its end since 2025-01-01 in widths, times 16, plus 10 (8,192 = 2^13).
+      slot = string.format('%d', math.ceil((due - 1735689600000) / width) * 16 + 10)
       redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|', due) .. state .. '|' .. card)
       redis.call('HSET', 'cards:' .. (i % 1024), card, slot)
       redis.call('HINCRBY', 'lengths', slot, 1)
@@ -109,5 +112,5 @@ echo "| --- | ---: | ---: |"
 measure before
 for width in 1 10 60; do measure wheel "$width"; done
 for width in 1 5 10; do measure entries "$width"; done
-measure built 10
+measure built 8.192
 for size in 32 64 100; do measure buckets "$size"; done

@@ -165,7 +165,24 @@ def names(inner, per):
 due_sha = r('SCRIPT', 'LOAD', open(due_lua).read())
 TAG = 'cw:{poll:carddata:0}'
 DQ = [f'{TAG}:slots', f'{TAG}:last_lease', f'{TAG}:inflight', f'{TAG}:lengths', f'{TAG}:held']
-SLOT_MS, FETCH_SLOTS = 10_000, 8
+FETCH_SLOTS = 8
+
+
+def slot_id(due, now):
+    """cardworker_jobs::due::slot_id: a slot a twentieth of the delay wide (a power of two, 8 to
+    8,192 ms) that ends after `due`; for an entry due already, the 1,024 ms one that ended by then. The
+    id is the end in widths, times 16, plus the width's power of two less 3."""
+    since = max(due - SLOT_EPOCH_MS, 0)
+    if due <= now:
+        width, units = 1024, since // 1024
+    else:
+        width = min(max((due - now) // 20, 8), 8192)
+        width = 1 << (width.bit_length() - 1)
+        units = -(-since // width)
+    return units * 16 + width.bit_length() - 4
+
+
+SLOT_EPOCH_MS = 1_735_689_600_000
 
 
 def presence(card):
@@ -193,10 +210,13 @@ def call(op, keys, *args):
     return r('EVALSHA', due_sha, len(every), *every, op, *args)
 
 
+# Every card due an hour ago, a millisecond apart.
 k, setup = Keys(), []
+since = int(r('TIME')[0]) * 1000 - 3_600_000
 for i in range(CARDS):
     card = f'card-{i:06d}'
-    setup += [k(f'{TAG}:slot:{i // SLOT_MS}'), k(presence(card)), card, i, STATE]
+    setup += [k(f'{TAG}:slot:{slot_id(since + i, since + CARDS)}'), k(presence(card)), card,
+              since + i, STATE]
 assert call('adopt', k, *setup) == CARDS
 
 
@@ -221,7 +241,9 @@ def polls_of(n, rounds, per_call=None):
             now, got = fetch(n)
             if len(got) != 4 * n:
                 raise RuntimeError(f'fetch of {n} answered {got[:8]}')
-            slot = f'{TAG}:slot:{now // SLOT_MS}'
+            # Due again at once: the slot a worker names for an entry due already (one that has
+            # ended), so that the next fetch takes them.
+            slot = f'{TAG}:slot:{slot_id(now, now)}'
             for i in range(0, len(got), 4 * per_call):
                 keys, acks = Keys(), []
                 for j in range(i, min(i + 4 * per_call, len(got)), 4):
@@ -253,22 +275,12 @@ print(f'\ndue queue: a fetch of {n} acknowledged one card a call, per poll: '
       f'({names(inner, 1)})')
 
 
-def around():
-    """The slots around the Redis clock's now, as a worker's head names them."""
-    now = int(r('TIME')[0]) * 1000
-    keys = Keys()
-    for i in range(now // SLOT_MS - 1, now // SLOT_MS + 2):
-        keys(f'{TAG}:slot:{i}')
-    return keys
-
-
 def heads():
-    keys = around()
     for _ in range(HEADS):
-        call('head', keys)
+        call('head', Keys())
 
 
-head = call('head', around())
+head = call('head', Keys())
 assert head[2] == CARDS, head
 cost, calls, cmds, inner = measure(heads, HEADS)
 print(f'\ndue queue: head ({CARDS} cards due), per call: {cost:,.{0 if vg else 2}f} {unit}, '

@@ -4,9 +4,9 @@
 //! poll forward (it keeps its failures and tally), leaves a card being polled to that poll, and
 //! adds a card that has no entry.
 //!
-//! A card's waiting poll is one entry (`due|state|card`) in the list of its time slot; a sorted
-//! set orders the slots by their first entry's due time, and one small hash field per card (in one
-//! of [`BUCKETS`] hashes, by card) names the slot of its entry. A poll's fetch and acknowledgement
+//! A card's waiting poll is one entry (`due|state|card`) in the list of a time slot that ends a
+//! little after it is due ([`slot_id`]); a sorted set orders the slots by their end, and one
+//! small hash field per card (in one of [`BUCKETS`] hashes, by card) names the slot of its entry. A poll's fetch and acknowledgement
 //! touch the slots' ends and the card's presence field only, so no call on a poll's path looks a
 //! card up; an operator's or producer's op on one card reads its presence first, then names the
 //! slot it found, and the script changes nothing when the presence moved in between
@@ -31,9 +31,19 @@ pub const ACK_WIDTH: usize = 4;
 /// The shard every card is in: the due queue has one shard per task.
 pub const SHARD: u16 = 0;
 
-/// A slot's width: the due times of one slot's list, as the caller's clock places them. Wider
-/// slots cost Redis fewer keys per card; a slot's entries are kept in due order either way.
-pub const SLOT_MS: u64 = 10_000;
+/// The widest slot: 8.192 s of due times. Wider slots cost Redis fewer keys per card; every
+/// entry is handed out at most its slot's width after its due time.
+pub const MAX_SLOT_MS: u64 = 8192;
+
+/// The narrowest slot: 8 ms.
+pub const MIN_SLOT_MS: u64 = 8;
+
+/// The slot of an entry due already: 1.024 s, so that the lateness gauges, which read a due
+/// slot's end as its entries' due time, count such an entry overdue by at most that much more.
+pub const DUE_SLOT_MS: u64 = 1024;
+
+/// Where slot ids count from: 2025-01-01T00:00:00Z (unix ms).
+pub const SLOT_EPOCH_MS: u64 = 1_735_689_600_000;
 
 /// The presence hashes of a shard. Each stays listpack-encoded (a few bytes a card) while it holds
 /// at most `hash-max-listpack-entries` cards (512 by default): up to about 500,000 cards a shard.
@@ -124,9 +134,35 @@ pub fn bucket(card_ref: &str) -> u32 {
     h % BUCKETS
 }
 
-/// The slot of a due time (unix ms, as the caller's estimate of Redis's clock).
-pub fn slot_of(due_ms: u64) -> u64 {
-    due_ms / SLOT_MS
+/// The slot of an entry due at `due_ms` (unix ms), named by a caller whose estimate of Redis's
+/// clock is `now_ms`. An entry due later goes in a slot that ends after its due time by less than
+/// its width: the largest power of two within a twentieth of its delay, between [`MIN_SLOT_MS`]
+/// and [`MAX_SLOT_MS`]. It is handed out once the slot ended, so at most 5 % of its delay (and
+/// 8.192 s) after its due time, never before; entries of one delay share slots of one width, so
+/// a card polled every hour costs Redis about a tenth of a slot's key. An entry due already (a
+/// card given back unpolled, one moved over) goes in the [`DUE_SLOT_MS`] slot that ended by its
+/// due time: handed out at once, ahead of the later ones.
+///
+/// The id is the slot's end since [`SLOT_EPOCH_MS`] in units of its width, times 16, plus the
+/// width's power of two less 3, so that an hourly card's slot id (and presence field) is a
+/// 32-bit integer to Redis, which keeps it in 5 bytes, for the next 30 years; the script reads
+/// the end back from it.
+pub fn slot_id(due_ms: u64, now_ms: u64) -> u64 {
+    let since = due_ms.saturating_sub(SLOT_EPOCH_MS);
+    let (width, units) = if due_ms <= now_ms {
+        (DUE_SLOT_MS, since / DUE_SLOT_MS)
+    } else {
+        let width = ((due_ms - now_ms) / 20).clamp(MIN_SLOT_MS, MAX_SLOT_MS);
+        // The largest power of two within it, so that slots of nearby widths end together.
+        let width = 1u64 << (63 - width.leading_zeros());
+        (width, since.div_ceil(width))
+    };
+    units * 16 + u64::from(width.trailing_zeros() - 3)
+}
+
+/// The end (unix ms) of the slot `id` ([`slot_id`]).
+pub fn slot_end(id: u64) -> u64 {
+    SLOT_EPOCH_MS + ((id / 16) << ((id % 16) + 3))
 }
 
 /// What an op on one card did.
@@ -177,7 +213,7 @@ pub async fn one_card<C: ConnectionLike>(
 ) -> Result<Verdict, redis::RedisError> {
     let presence = keys.presence(card_ref);
     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-    let target = keys.slot(slot_of(now_ms.saturating_add(delay_ms)));
+    let target = keys.slot(slot_id(now_ms.saturating_add(delay_ms), now_ms));
     let script = redis::Script::new(SCRIPT);
     for _ in 0..MOVED_ROUNDS {
         let seen: Option<u64> = redis::cmd("HGET")
@@ -246,6 +282,30 @@ mod tests {
         assert_eq!(bucket(""), 0x811c_9dc5 % BUCKETS);
         assert_eq!(bucket("a"), 0xe40c_292c % BUCKETS);
         assert!((0..10_000).all(|i| bucket(&format!("c-{i}")) < BUCKETS));
+    }
+
+    #[test]
+    fn an_entry_s_slot_ends_within_a_twentieth_of_its_delay_after_it_is_due_and_never_before() {
+        let now = 1_765_000_000_123;
+        for delay in [1, 10, 1_000, 60_000, 3_600_000] {
+            let due = now + delay;
+            let end = slot_end(slot_id(due, now));
+            assert!(end >= due, "{end} before {due}");
+            let width = (delay / 20).clamp(MIN_SLOT_MS, MAX_SLOT_MS);
+            assert!(
+                end - due < width,
+                "{} ms late for a delay of {delay}",
+                end - due
+            );
+        }
+        // Due already: the slot of DUE_SLOT_MS that ended by then.
+        let end = slot_end(slot_id(now - 5, now));
+        assert!(end <= now - 5 && now - 5 - end < DUE_SLOT_MS, "{end}");
+        // An hourly card's slot id is a 32-bit integer for Redis (a signed one) until 2055.
+        let in_2055 = SLOT_EPOCH_MS + 30 * 365 * 86_400_000;
+        assert!(slot_id(in_2055 + 3_600_000, in_2055) < i32::MAX as u64);
+        let (now, due) = (SLOT_EPOCH_MS + 7193, SLOT_EPOCH_MS + 8193);
+        assert_eq!(slot_end(slot_id(due, now)), SLOT_EPOCH_MS + 8224);
     }
 
     #[test]

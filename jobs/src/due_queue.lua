@@ -10,10 +10,13 @@
 -- the acknowledgement writes the successor's entry whole, so nothing on a poll's path looks a
 -- card up.
 --
--- KEYS[1] the slots: slot id -> the due time of its list's first entry. A slot is a list the
---         caller names by a whole number (its due times / the wheel's width, as the caller's
---         clock sees them); the script never derives a slot from a time, so a slot's entries may
---         lie outside its width, and only their order counts.
+-- KEYS[1] the slots: slot id -> its end (unix ms, Redis clock). A slot is a list of entries that
+--         are all due by its end, in any order. The caller names the slot of each entry it
+--         writes (cardworker_jobs::due::slot_id): one that ends a little after the entry is due
+--         (by at most a twentieth of its delay, and 8.192 s), or, for an entry due already, one
+--         that has ended. The id encodes the end and the width (see slot_end). A fetch takes
+--         entries only from slots that ended: an entry is never handed out before its due time,
+--         and at most its slot's width after.
 -- KEYS[2] the shard's last lease score (a string).
 -- KEYS[3] in flight: card_ref -> LEASED + the deadline of the lease a poll holds it under.
 -- KEYS[4] the slots' lengths: slot id -> entries in its list (the lateness gauges' count).
@@ -25,9 +28,8 @@
 --         field names the slot it was fetched from.
 -- ARGV[1] the op; the rest per op, below.
 --
--- Each slot's list is in due order (an entry due before its slot's last is inserted in order),
--- and a slot's score is its first entry's due time, so the slots in score order hand out their
--- entries in due order: a fetch takes the heads of the slots while they are due.
+-- Slots are handed out in the order of their ends, each list from its head: a slot's entries in
+-- the order they were written. No list is sorted or searched on a poll's path.
 --
 -- A lease is named by its score; every lease score the shard writes is above the last one it
 -- wrote (KEYS[2]), so no two leases of a card share one, even when the card was acknowledged and
@@ -98,6 +100,15 @@ local function slot_id(key)
   return string.match(key, ':(%d+)$')
 end
 
+-- A slot's end (unix ms) from its id: the end since 2025-01-01 in units of its width, times 16,
+-- plus the width's power of two less 3 (cardworker_jobs::due::slot_id).
+local SLOT_EPOCH_MS = 1735689600000
+local function slot_end(id)
+  local n = tonumber(id)
+  local exp = n % 16
+  return SLOT_EPOCH_MS + math.floor(n / 16) * 2 ^ (exp + 3)
+end
+
 -- The score of a lease written now that must end no earlier than `at`: above the shard's last.
 local function next_lease(at)
   local lease = math.max(at, (tonumber(redis.call('GET', KEYS[2])) or 0) + 1)
@@ -156,13 +167,10 @@ local function waiting_entry(key, card)
   return nil
 end
 
--- Sets the slot's score to its first entry's due time, or forgets the slot when its list is empty.
-local function rescore(key)
-  local id = slot_id(key)
-  local first = redis.call('LINDEX', key, '0')
-  if first then
-    redis.call('ZADD', KEYS[1], string.sub(first, 1, 13), id)
-  else
+-- Forgets the slot `key` when its list is empty.
+local function forget_if_empty(key)
+  if redis.call('LLEN', key) == 0 then
+    local id = slot_id(key)
     redis.call('ZREM', KEYS[1], id)
     redis.call('HDEL', KEYS[4], id)
   end
@@ -170,52 +178,18 @@ end
 
 -- Removes the waiting `entry` from the slot list `key`.
 local function unlist(key, entry)
-  local first = redis.call('LINDEX', key, '0')
   redis.call('LREM', key, '1', entry)
   redis.call('HINCRBY', KEYS[4], slot_id(key), '-1')
-  if first == entry or redis.call('LLEN', key) == 0 then rescore(key) end
+  forget_if_empty(key)
 end
 
--- An entry's due time, as digits that compare as times.
-local function due_of(entry)
-  return string.sub(entry, 1, 13)
-end
-
-local function earlier(a, b)
-  return due_of(a) < due_of(b)
-end
-
--- Puts `entries` (strings, any order) into the slot list `key` in due order (entries due at the
--- same millisecond in any order): appended when none is due before the list's last entry (a
--- successor's usual case: one command), else each such entry inserted before the first entry
--- due after it. The slot's score drops to its earliest due.
+-- Appends `entries` to the slot list `key` (whose id is its end: every entry in it is due by
+-- then), and names the slot in the slots' set.
 local function insert(key, entries)
   if #entries == 0 then return end
-  table.sort(entries, earlier)
-  local last = redis.call('LINDEX', key, '-1')
-  local tail = {}
-  if not last or due_of(entries[1]) >= due_of(last) then
-    tail = entries
-  else
-    local list = redis.call('LRANGE', key, '0', '-1')
-    for _, e in ipairs(entries) do
-      if due_of(e) >= due_of(last) then
-        tail[#tail + 1] = e
-      else
-        -- Entries are sorted, and each goes before the first listed entry due after it:
-        -- inserting them one by one in order keeps the list sorted.
-        for _, l in ipairs(list) do
-          if earlier(e, l) then
-            redis.call('LINSERT', key, 'BEFORE', l, e)
-            break
-          end
-        end
-      end
-    end
-  end
-  if #tail > 0 then redis.call('RPUSH', key, unpack(tail)) end
+  redis.call('RPUSH', key, unpack(entries))
   local id = slot_id(key)
-  redis.call('ZADD', KEYS[1], 'LT', due_of(entries[1]), id)
+  redis.call('ZADD', KEYS[1], 'NX', int(slot_end(id)), id)
   redis.call('HINCRBY', KEYS[4], id, int(#entries))
 end
 
@@ -270,17 +244,16 @@ end
 
 local op = ARGV[1]
 
--- fetch(max, lease_ms): KEYS[6..] the first slots by score, as the caller read them (a
--- `ZRANGE slots 0 n-1`). Leases at most `max` due entries, the earliest due first: the entries
--- whose lease ended (due again as of its deadline) and the slots' heads while due, each leased
--- until now + lease_ms. Returns a flat array: the Redis clock's now (ms), then card_ref, lease (its
+-- fetch(max, lease_ms): KEYS[6..] the first slots by end, as the caller read them (a
+-- `ZRANGE slots 0 n-1`). Leases at most `max` due entries: those whose lease ended (due again as
+-- of its deadline) and those of the named slots that ended, the earliest due first among the
+-- lists' heads, each leased until now + lease_ms. Returns a flat array: the Redis clock's now (ms), then card_ref, lease (its
 -- score), due ms, state, for each entry taken; when none is due, {now, ms until the next one is}
 -- ({now} for an empty shard). The caller names a successor's slot from that clock.
 if op == 'fetch' then
   local max = tonumber(ARGV[2])
   local lease_ms = tonumber(ARGV[3])
   local at = now_ms()
-  local at_s = string.format('%013d', at)
   local ended = redis.call('ZRANGE', KEYS[3], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT',
     '0', ARGV[2], 'WITHSCORES')
   -- Each ended lease's entry, in its place (card -> entry) in `ended`.
@@ -290,9 +263,8 @@ if op == 'fetch' then
     local entries = redis.call('HMGET', KEYS[5], unpack(cards))
     for k = 1, #cards do ended[2 * k - 1] = entries[k] or entry_of(0, fresh(), cards[k]) end
   end
-  -- Each named slot's due entries, up to `max` in all: a slot whose score is not due has none,
-  -- and the slots after it in score order have none either. A slot's taken entries are a
-  -- prefix of its list.
+  -- The entries of each named slot that ended, up to `max` in all: the slots after the first
+  -- that has not ended have not either. A slot's taken entries are a prefix of its list.
   local lists, keys = {}, {}
   local scores = {}
   if #KEYS > 5 then
@@ -306,13 +278,8 @@ if op == 'fetch' then
     if found >= max then break end
     if score then
       if tonumber(score) > at then break end
-      local list = redis.call('LRANGE', KEYS[s], '0', int(max - found - 1))
-      local due = {}
-      for k = 1, #list do
-        if string.sub(list[k], 1, 13) > at_s then break end
-        due[k] = list[k]
-      end
-      if #list == 0 then rescore(KEYS[s]) end
+      local due = redis.call('LRANGE', KEYS[s], '0', int(max - found - 1))
+      if #due == 0 then forget_if_empty(KEYS[s]) end
       if #due > 0 then
         lists[#lists + 1] = due
         keys[#keys + 1] = KEYS[s]
@@ -332,7 +299,7 @@ if op == 'fetch' then
     if not next_at then return {at} end
     return {at, math.max(next_at - at, 0)}
   end
-  -- The earliest first, over the ended leases and the slots' due entries (each in due order).
+  -- The earliest due first among the ended leases' entries and the slots' heads.
   local taken, dues, fresh_taken = {}, {}, {}
   local heads, j = {}, 1
   for l = 1, #lists do heads[l] = 1 end
@@ -364,7 +331,7 @@ if op == 'fetch' then
     if t > 0 then
       redis.call('LTRIM', keys[l], int(t), '-1')
       redis.call('HINCRBY', KEYS[4], slot_id(keys[l]), int(-t))
-      rescore(keys[l])
+      forget_if_empty(keys[l])
     end
   end
   local lease = next_lease(LEASED + at + lease_ms)
@@ -611,14 +578,11 @@ if op == 'entry' then
   return {}
 end
 
--- head(): KEYS[6..] the slot lists whose entries may not all be due yet (the caller's slots
--- around its now). What the lateness gauges read: {now, the earliest due ms of an entry that
--- waits or whose lease ended (-1 when none), how many are due now}: the lengths of the slots
--- whose first entry is due (a named one whose last entry is not due yet counted entry by entry,
--- up to its first that is not), plus the ended leases.
+-- head(): what the lateness gauges read: {now, the earliest due ms of an entry that is due (the end
+-- of the first slot that ended, or the deadline of the first lease that did; -1 when none), how
+-- many are due now (the entries of the slots that ended, and the ended leases)}.
 if op == 'head' then
   local at = now_ms()
-  local at_s = string.format('%013d', at)
   local first = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
   local ended = redis.call('ZRANGE', KEYS[3], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT',
     '0', '1', 'WITHSCORES')
@@ -630,31 +594,10 @@ if op == 'head' then
   end
   local due = redis.call('ZCOUNT', KEYS[3], int(LEASED), int(LEASED + at))
   local ids = redis.call('ZRANGE', KEYS[1], '-inf', int(at), 'BYSCORE')
-  if #ids > 0 then
-    local named = {}
-    for s = 6, #KEYS do named[slot_id(KEYS[s])] = KEYS[s] end
-    local lengths = redis.call('HMGET', KEYS[4], unpack(ids))
-    for k, id in ipairs(ids) do
-      local key = named[id]
-      local last = key and redis.call('LINDEX', key, '-1')
-      if last and string.sub(last, 1, 13) > at_s then
-        -- Not all due: its due entries lead the list; read it a page at a time up to the first
-        -- one that is not.
-        local from, page = 0, 128
-        repeat
-          local got = redis.call('LRANGE', key, int(from), int(from + page - 1))
-          local n = 0
-          for _, e in ipairs(got) do
-            if string.sub(e, 1, 13) > at_s then break end
-            n = n + 1
-          end
-          due = due + n
-          from = from + page
-        until n < page
-      else
-        due = due + (tonumber(lengths[k]) or 0)
-      end
-    end
+  -- Their lengths, a thousand slots a read (unpack takes some thousands of values).
+  for first = 1, #ids, 1000 do
+    local part = {unpack(ids, first, math.min(first + 999, #ids))}
+    for _, n in ipairs(redis.call('HMGET', KEYS[4], unpack(part))) do due = due + (tonumber(n) or 0) end
   end
   return {at, earliest or -1, due}
 end

@@ -3,8 +3,9 @@
 //! [`cardworker_jobs::due`], which producers share).
 //!
 //! It is a timing wheel. A card's waiting poll is one entry, `due|state|card`, in the list of a
-//! time slot ([`cardworker_jobs::due::SLOT_MS`] of due times, each list in due order); a sorted
-//! set orders the slots by their first entry's due time; a leased card waits in one in-flight
+//! time slot that ends a little after the entry is due ([`cardworker_jobs::due::slot_id`]: at
+//! most a twentieth of its delay, and 8.192 s); a sorted set orders the slots by their end, and a
+//! fetch takes entries only from slots that ended; a leased card waits in one in-flight
 //! sorted set, scored `LEASED` + its lease's deadline on Redis's clock, its entry in a hash
 //! beside it; and one field per card,
 //! in one of a fixed number of small hashes, names the slot of its entry (its presence). So:
@@ -273,9 +274,10 @@ impl DueQueue {
 
     /// The slot list and presence hash of a successor due `next_in` from now.
     pub fn successor_keys(&self, card_ref: &str, next_in: Duration) -> [String; 2] {
-        let due = self.redis_now_ms().saturating_add(millis(next_in));
+        let now = self.redis_now_ms();
         [
-            self.keys.slot(shared::slot_of(due)),
+            self.keys
+                .slot(shared::slot_id(now.saturating_add(millis(next_in)), now)),
             self.keys.presence(card_ref),
         ]
     }
@@ -428,7 +430,7 @@ impl DueQueue {
         due_ms: u64,
     ) -> anyhow::Result<StillHeld<()>> {
         let keys = [
-            self.keys.slot(shared::slot_of(due_ms)),
+            self.keys.slot(shared::slot_id(due_ms, self.redis_now_ms())),
             self.keys.presence(card_ref),
         ];
         let mut inv = self.call("release", &keys);
@@ -479,12 +481,8 @@ impl DueQueue {
         let mut extra = ExtraKeys::default();
         let mut args = Vec::with_capacity(cards.len() * 4);
         for (card_ref, after) in cards {
-            let due = now.saturating_add(millis(*after));
-            args.push(
-                extra
-                    .position(self.keys.slot(shared::slot_of(due)))
-                    .to_string(),
-            );
+            let slot = shared::slot_id(now.saturating_add(millis(*after)), now);
+            args.push(extra.position(self.keys.slot(slot)).to_string());
             args.push(extra.position(self.keys.presence(card_ref)).to_string());
             args.push((*card_ref).to_owned());
             args.push(millis(*after).to_string());
@@ -505,14 +503,12 @@ impl DueQueue {
         if cards.is_empty() {
             return Ok(0);
         }
+        let now = self.redis_now_ms();
         let mut extra = ExtraKeys::default();
         let mut args = Vec::with_capacity(cards.len() * 5);
         for (card_ref, due_ms, state) in cards {
-            args.push(
-                extra
-                    .position(self.keys.slot(shared::slot_of(*due_ms)))
-                    .to_string(),
-            );
+            let slot = shared::slot_id(*due_ms, now);
+            args.push(extra.position(self.keys.slot(slot)).to_string());
             args.push(extra.position(self.keys.presence(card_ref)).to_string());
             args.push(card_ref.clone());
             args.push(due_ms.to_string());
@@ -723,14 +719,8 @@ impl DueQueue {
 
     /// The head of the wheel, in one call.
     pub async fn head(&self, conn: &mut impl ConnectionLike) -> anyhow::Result<Head> {
-        // The slots around this process's now may hold entries not due yet: the script counts
-        // theirs one by one.
-        let now = shared::slot_of(self.redis_now_ms());
-        let around: Vec<String> = (now.saturating_sub(1)..=now + 1)
-            .map(|id| self.keys.slot(id))
-            .collect();
         let (now_ms, earliest, due_now): (u64, i64, u64) = self
-            .call("head", &around)
+            .call("head", &[])
             .invoke_async(conn)
             .await
             .context("reading the wheel's head")?;

@@ -157,7 +157,7 @@ pub(crate) async fn chain_of(
 
 /// Moves a card's waiting entry (card ARGV[1]) from its slot list (KEYS[4], slot id ARGV[3]) into
 /// flight under the lease ARGV[2] (KEYS[3] card -> lease, KEYS[5] card -> entry), keeping the
-/// slots' order (KEYS[1]) and lengths (KEYS[2]) as the due queue's script keeps them.
+/// slots (KEYS[1]) and their lengths (KEYS[2]) as the due queue's script keeps them.
 const HOLD: &str = r"
 for _, e in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
   if string.sub(e, -(#ARGV[1] + 1)) == '|' .. ARGV[1] then
@@ -165,10 +165,7 @@ for _, e in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
     redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
     redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
     redis.call('HSET', KEYS[5], ARGV[1], e)
-    local first = redis.call('LINDEX', KEYS[4], 0)
-    if first then
-      redis.call('ZADD', KEYS[1], string.sub(first, 1, 13), ARGV[3])
-    else
+    if redis.call('LLEN', KEYS[4]) == 0 then
       redis.call('ZREM', KEYS[1], ARGV[3])
       redis.call('HDEL', KEYS[2], ARGV[3])
     end
