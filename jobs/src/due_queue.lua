@@ -167,30 +167,34 @@ local function waiting_entry(key, card)
   return nil
 end
 
--- Forgets the slot `key` when its list is empty.
-local function forget_if_empty(key)
-  if redis.call('LLEN', key) == 0 then
-    local id = slot_id(key)
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[4], id)
-  end
+-- Forgets the slot `key`: its id leaves the slots' set and their lengths.
+local function forget(key)
+  local id = slot_id(key)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[4], id)
+end
+
+-- Counts `n` (negative: taken) more entries in the slot `key`'s length, and forgets the slot
+-- when none is left.
+local function count(key, n)
+  if redis.call('HINCRBY', KEYS[4], slot_id(key), int(n)) <= 0 then forget(key) end
 end
 
 -- Removes the waiting `entry` from the slot list `key`.
 local function unlist(key, entry)
   redis.call('LREM', key, '1', entry)
-  redis.call('HINCRBY', KEYS[4], slot_id(key), '-1')
-  forget_if_empty(key)
+  count(key, -1)
 end
 
--- Appends `entries` to the slot list `key` (whose id is its end: every entry in it is due by
--- then), and names the slot in the slots' set.
+-- Appends `entries` to the slot list `key` (every entry in it is due by its end), and names a
+-- new slot in the slots' set.
 local function insert(key, entries)
   if #entries == 0 then return end
   redis.call('RPUSH', key, unpack(entries))
   local id = slot_id(key)
-  redis.call('ZADD', KEYS[1], 'NX', int(slot_end(id)), id)
-  redis.call('HINCRBY', KEYS[4], id, int(#entries))
+  if redis.call('HINCRBY', KEYS[4], id, int(#entries)) == #entries then
+    redis.call('ZADD', KEYS[1], int(slot_end(id)), id)
+  end
 end
 
 -- The slot list and the presence hash a group names by position (ARGV values of KEYS indexes).
@@ -279,7 +283,7 @@ if op == 'fetch' then
     if score then
       if tonumber(score) > at then break end
       local due = redis.call('LRANGE', KEYS[s], '0', int(max - found - 1))
-      if #due == 0 then forget_if_empty(KEYS[s]) end
+      if #due == 0 then forget(KEYS[s]) end
       if #due > 0 then
         lists[#lists + 1] = due
         keys[#keys + 1] = KEYS[s]
@@ -300,19 +304,24 @@ if op == 'fetch' then
     return {at, math.max(next_at - at, 0)}
   end
   -- The earliest due first among the ended leases' entries and the slots' heads.
+  -- Each list's head and its due time are kept as the heads move.
   local taken, dues, fresh_taken = {}, {}, {}
-  local heads, j = {}, 1
-  for l = 1, #lists do heads[l] = 1 end
+  local heads, head_due, j = {}, {}, 1
+  local function due_of_head(l)
+    local h = lists[l][heads[l]]
+    return h and tonumber(string.sub(h, 1, 13))
+  end
+  for l = 1, #lists do
+    heads[l] = 1
+    head_due[l] = due_of_head(l)
+  end
   while #taken < max do
     local best, best_due
     local e = ended[j] and (tonumber(ended[j + 1]) - LEASED)
     if e then best, best_due = 0, e end
     for l = 1, #lists do
-      local h = lists[l][heads[l]]
-      if h then
-        local d = tonumber(string.sub(h, 1, 13))
-        if not best_due or d < best_due then best, best_due = l, d end
-      end
+      local d = head_due[l]
+      if d and (not best_due or d < best_due) then best, best_due = l, d end
     end
     if not best then break end
     local n = #taken + 1
@@ -322,6 +331,7 @@ if op == 'fetch' then
     else
       taken[n] = lists[best][heads[best]]
       heads[best] = heads[best] + 1
+      head_due[best] = due_of_head(best)
       fresh_taken[n] = true
     end
     dues[n] = best_due
@@ -330,8 +340,7 @@ if op == 'fetch' then
     local t = heads[l] - 1
     if t > 0 then
       redis.call('LTRIM', keys[l], int(t), '-1')
-      redis.call('HINCRBY', KEYS[4], slot_id(keys[l]), int(-t))
-      forget_if_empty(keys[l])
+      count(keys[l], -t)
     end
   end
   local lease = next_lease(LEASED + at + lease_ms)
@@ -376,6 +385,7 @@ if op == 'batch' then
   local held_by = {}
   for _, lease in ipairs(leases) do held_by[lease] = holders(lease, named[lease]) end
   local out, gone, by_slot, slots, by_bucket, buckets, due_in = {}, {}, {}, {}, {}, {}, {}
+  local slot_ids = {}
   for k = 1, (#ARGV - 1) / 6 do
     local i = 6 * k - 4
     local held = held_by[ARGV[i + 3]]
@@ -390,19 +400,22 @@ if op == 'batch' then
         due_in[a] = due
       end
       local sk, bk = key_at(ARGV[i]), key_at(ARGV[i + 1])
-      if not by_slot[sk] then
-        by_slot[sk] = {}
-        slots[#slots + 1] = sk
-      end
       local list = by_slot[sk]
+      if not list then
+        list = {}
+        by_slot[sk] = list
+        slots[#slots + 1] = sk
+        slot_ids[sk] = slot_id(sk)
+      end
       list[#list + 1] = due .. valid_state(ARGV[i + 5]) .. '|' .. card
-      if not by_bucket[bk] then
-        by_bucket[bk] = {}
+      local fields = by_bucket[bk]
+      if not fields then
+        fields = {}
+        by_bucket[bk] = fields
         buckets[#buckets + 1] = bk
       end
-      local fields = by_bucket[bk]
       fields[#fields + 1] = card
-      fields[#fields + 1] = slot_id(sk)
+      fields[#fields + 1] = slot_ids[sk]
       out[k] = 1
     else
       out[k] = 0
