@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cardworker::config::Task;
-use cardworker::polling::due_queue::{DueQueue, Step, Successor};
+use cardworker::polling::due_queue::{DueQueue, ShardKeys, Step, Successor};
 use cardworker_test_kit::bench::{env_or, private_redis};
 use cardworker_test_kit::redis_stats::{info, raw_apalis_median, redis_sample};
 
@@ -44,17 +44,26 @@ async fn main() -> anyhow::Result<()> {
     let raw = raw_apalis_median(&conn).await?;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await?;
 
-    let queue = DueQueue::new("bench", Task::Carddata, 0);
+    let queue = DueQueue::new(ShardKeys::new("bench", Task::Carddata, 0));
     let empty = used_memory(&mut conn).await?;
-    // Each card as a poll leaves it: its due entry with its state after one unchanged poll, all
-    // due at once.
+    // Each card as a poll leaves it: its due entry and its state after one unchanged poll.
     let state = "1|t0gmqo|st0gmqo|0";
     for chunk in (0..cards).collect::<Vec<_>>().chunks(1_000) {
-        let moved: Vec<(String, u64, String)> = chunk
-            .iter()
-            .map(|i| (format!("c-{i:06}"), 0, state.to_owned()))
-            .collect();
-        queue.adopt(&mut conn, &moved).await?;
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            let card = format!("c-{i:06}");
+            pipe.cmd("ZADD")
+                .arg(&queue.keys().due)
+                .arg(0)
+                .arg(&card)
+                .ignore();
+            pipe.cmd("HSET")
+                .arg(&queue.keys().state)
+                .arg(&card)
+                .arg(state)
+                .ignore();
+        }
+        let _: () = pipe.query_async(&mut conn).await?;
     }
     let per_card = (used_memory(&mut conn).await? - empty) / cards as f64;
 

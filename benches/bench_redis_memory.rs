@@ -30,7 +30,7 @@ use anyhow::Context as _;
 use cardworker::config::{Config, Task};
 use cardworker::context::AppContext;
 use cardworker::limit::Limit;
-use cardworker::polling::due_queue::{PollState, Step};
+use cardworker::polling::due_queue::{PollState, Step, LEASED};
 use cardworker::polling::{lease, reconcile};
 use cardworker::queue::intake;
 use cardworker::sim::Simulator;
@@ -176,8 +176,6 @@ async fn wait_for(
 /// Counts one unchanged poll at `at` for each of `cards`: the state its acknowledgement writes
 /// (`PollState::after` with `Step::Unchanged`, exactly what a poll's successor holds) and the
 /// fleet's hourly counter (added up in this process, written by the running worker's flush).
-/// Each card's state is in its waiting entry (`due|state|card`), rewritten in place (`LSET`):
-/// every card waits in its slot, due in about an hour, so no poll moves an entry meanwhile.
 async fn count_at(
     conn: &ConnectionManager,
     prefix: &str,
@@ -185,45 +183,26 @@ async fn count_at(
     cards: &[String],
     at: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<()> {
-    let queue = lease::due_queue(prefix, task);
-    let wanted: std::collections::HashSet<&str> = cards.iter().map(String::as_str).collect();
+    let state_key = lease::due_queue(prefix, task).keys().state.clone();
     let mut conn = conn.clone();
-    let ids: Vec<u64> = redis::cmd("ZRANGE")
-        .arg(&queue.keys().slots)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await?;
-    for id in ids {
-        let key = queue.keys().slot(id);
-        let list: Vec<String> = redis::cmd("LRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
+    for chunk in cards.chunks(2000) {
+        let states: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(&state_key)
+            .arg(chunk)
             .query_async(&mut conn)
             .await?;
         let mut pipe = redis::pipe();
-        let mut rewritten = 0;
-        for (i, entry) in list.iter().enumerate() {
-            let mut parts = entry.splitn(6, '|');
-            let due = parts.next().unwrap_or_default();
-            let state: Vec<&str> = parts.by_ref().take(4).collect();
-            let Some(card) = parts.next() else { continue };
-            if !wanted.contains(card) {
-                continue;
-            }
-            let next = PollState::parse(&state.join("|")).after(Step::Unchanged, 0, at);
-            pipe.cmd("LSET")
-                .arg(&key)
-                .arg(i)
-                .arg(format!("{due}|{}|{card}", next.to_raw()))
+        for (card, state) in chunk.iter().zip(states) {
+            let Some(state) = state else { continue };
+            let next = PollState::parse(&state).after(Step::Unchanged, 0, at);
+            pipe.cmd("HSET")
+                .arg(&state_key)
+                .arg(card)
+                .arg(next.to_raw())
                 .ignore();
-            rewritten += 1;
             cardworker::polling::unchanged::count_fleet(prefix, task, at);
         }
-        if rewritten > 0 {
-            pipe.query_async::<()>(&mut conn).await?;
-        }
+        pipe.query_async::<()>(&mut conn).await?;
     }
     Ok(())
 }
@@ -282,11 +261,10 @@ async fn run(
         reconcile::sweep(&ctx, task).await?;
     }
     let swept = started.elapsed();
-    // A card's waiting poll is its entry in a slot of its task's due queue: the slots' lengths
-    // add up to the cards that wait.
-    let lengths: Vec<String> = Task::ALL
+    // A card's waiting poll is its entry in its task's due queue, below LEASED.
+    let due_sets: Vec<String> = Task::ALL
         .iter()
-        .map(|t| lease::due_queue(prefix, *t).keys().lengths.clone())
+        .map(|t| lease::due_queue(prefix, *t).keys().due.clone())
         .collect();
     let calls = |sim: &Simulator| {
         let stats = sim.stats();
@@ -308,12 +286,13 @@ async fn run(
         Duration::from_secs(300),
         async || {
             let mut waiting = 0u64;
-            for k in &lengths {
-                let each: Vec<u64> = redis::cmd("HVALS")
+            for k in &due_sets {
+                waiting += redis::cmd("ZCOUNT")
                     .arg(k)
-                    .query_async(&mut conn.clone())
+                    .arg("-inf")
+                    .arg(format!("({LEASED}"))
+                    .query_async::<u64>(&mut conn.clone())
                     .await?;
-                waiting += each.iter().sum::<u64>();
             }
             Ok(waiting == 2 * n)
         },

@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# What a polling task shard's records cost Redis per card in five layouts, for the memory row of
-# the one-queue issue (docs/BENCHMARKS.md, bench-redis-memory): the due queue's layout before the
-# timing wheel, the wheel as built, and the other layouts measured to choose it. Records only: no
-# worker, no script of the product runs; each layout is written by one Lua call into an empty
-# private redis-server and measured by `used_memory`.
+# What a polling task shard's records cost Redis per card in four layouts, for the memory row of
+# the one-queue issue (docs/BENCHMARKS.md, bench-redis-memory): the due queue's today and two timing
+# wheels. Records only: no worker, no script of the product runs; each layout is written by one
+# Lua call into an empty private redis-server and measured by `used_memory`.
 #
-# - before the wheel: one sorted set (card -> due ms) and one hash (card -> poll state);
+# - today's (`jobs/src/due_queue.lua`): one sorted set (card -> due ms) and one hash
+#   (card -> poll state);
 # - the wheel: per time slot a list of the cards due in it, a sorted set of the slots that hold
 #   any, and the cards' poll states (and slots) in small hashes, one per bucket of cards by
 #   their number, each small enough to stay listpack-encoded (`hash-max-listpack-entries`,
 #   default 512), at slot widths of 1, 10 and 60 s;
 # - the wheel whose entries carry their card's due time and poll state (`due|card|state`, as
-#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s;
-# - the wheel as built (`jobs/src/due_queue.lua`), at the 8.192 s slots of an hourly card:
-#   entries `due|state|card`, each card's presence in one of 1,024 hashes by card (card -> the
-#   slot's id, its end in widths and its width), and the slots' lengths;
+#   benches/due_wheel.lua writes them), with no other record per card, at 1, 5 and 10 s; and as
+#   docs/SCALING.md plans it, at 5 s: a generation in each entry (`due|card|gen|state`) and each
+#   card's presence in one of 1,024 hashes by card (card -> generation);
 # - card-hashed buckets (benches/due_buckets.lua's records): per bucket of cards a sorted set
 #   and a hash, listpack-encoded, and a sorted set of the buckets, at 32, 64 and 100 cards a
 #   bucket.
@@ -42,7 +41,7 @@ cat >"$DIR/layouts.lua" <<'EOF'
 local cards, interval, layout = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local state = '1|t0gmqo|st0gmqo|0'
 local base = 1765000000000
-if layout == 'before' then
+if layout == 'today' then
   for i = 1, cards do
     local card = string.format('m-%07d', i)
     redis.call('ZADD', 'due', base + (i % interval) * 1000, card)
@@ -57,19 +56,16 @@ elseif layout == 'buckets' then
     redis.call('HSET', 'state:' .. b, card, state)
     redis.call('ZADD', 'heads', b, b)
   end
-elseif layout == 'entries' or layout == 'built' then
+elseif layout == 'entries' or layout == 'planned' then
   local width = tonumber(ARGV[4]) * 1000
-  local built = layout == 'built'
+  local planned = layout == 'planned'
   for i = 1, cards do
     local due = base + (i % interval) * 1000
     local slot = math.floor(due / width)
     local card = string.format('m-%07d', i)
-    if built then
-      -- The slot's id: its end since 2025-01-01 in widths, times 16, plus 10 (8,192 = 2^13).
-      slot = string.format('%d', math.ceil((due - 1735689600000) / width) * 16 + 10)
-      redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|', due) .. state .. '|' .. card)
-      redis.call('HSET', 'cards:' .. (i % 1024), card, slot)
-      redis.call('HINCRBY', 'lengths', slot, 1)
+    if planned then
+      redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|', due) .. card .. '|0|' .. state)
+      redis.call('HSET', 'cards:' .. (i % 1024), card, '0')
     else
       redis.call('RPUSH', 'slot:' .. slot, string.format('%013d|', due) .. card .. '|' .. state)
     end
@@ -100,8 +96,7 @@ measure() {
   case $1 in
     wheel) name="wheel with a hash per card bucket" ;;
     entries) name="wheel, entries of due time, card and state" ;;
-    built) name="wheel as built: entries, presence in 1,024 buckets, slot lengths" ;;
-    before) name="sorted set and hash (before the wheel)" ;;
+    planned) name="wheel as planned: entries with a generation, presence in 1,024 buckets" ;;
     buckets) name="card-hashed buckets"; detail=", $2 cards a bucket" ;;
   esac
   echo "| $name$detail | $keys | $(( (after - before) / CARDS )) |"
@@ -109,8 +104,8 @@ measure() {
 echo "$CARDS cards, each due once in $INTERVAL s, one task shard (redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')):"
 echo "| layout | keys | used_memory per card and task, B |"
 echo "| --- | ---: | ---: |"
-measure before
+measure today
 for width in 1 10 60; do measure wheel "$width"; done
 for width in 1 5 10; do measure entries "$width"; done
-measure built 8.192
+measure planned 5
 for size in 32 64 100; do measure buckets "$size"; done

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # What the polling path's Lua scripts cost Redis, op by op, on a private redis-server on a free
 # port (stopped and removed at the end):
-# - the due queue (jobs/src/due_queue.lua, a timing wheel), one shard of 3,000 cards, each with a
-#   poll state (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease (after
-#   the ZRANGE of the first slots a worker sends first), then one `batch`
+# - the due queue (jobs/src/due_queue.lua), one shard of 3,000 cards, each with a poll state
+#   (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease, then one `batch`
 #   acknowledging those N with the leases the fetch returned, each due again at once with the
 #   next state, at N = 1, 4, 16 and 32, per poll (one card fetched and acknowledged); a fetch of
 #   256 whose polls end one by one (256 `batch` calls of one card: a slow Gateway's spread), per
@@ -159,76 +158,12 @@ def names(inner, per):
 
 
 # The due queue: one shard, every card due (in card order) with a state after one unchanged poll.
-# Its keys: the five fixed ones, then those a call names (slot lists and presence hashes), as
-# src/polling/due_queue.rs passes them; a fetch first reads the first slots' ids (ZRANGE), as a
-# worker does.
 due_sha = r('SCRIPT', 'LOAD', open(due_lua).read())
-TAG = 'cw:{poll:carddata:0}'
-DQ = [f'{TAG}:slots', f'{TAG}:last_lease', f'{TAG}:inflight', f'{TAG}:lengths', f'{TAG}:held']
-FETCH_SLOTS = 8
-
-
-def slot_id(due, now):
-    """cardworker_jobs::due::slot_id: a slot a twentieth of the delay wide (a power of two, 8 to
-    8,192 ms) that ends after `due`; for an entry due already, the 1,024 ms one that ended by then. The
-    id is the end in widths, times 16, plus the width's power of two less 3."""
-    since = max(due - SLOT_EPOCH_MS, 0)
-    if due <= now:
-        width, units = 1024, since // 1024
-    else:
-        width = min(max((due - now) // 20, 8), 8192)
-        width = 1 << (width.bit_length() - 1)
-        units = -(-since // width)
-    return units * 16 + width.bit_length() - 4
-
-
-SLOT_EPOCH_MS = 1_735_689_600_000
-
-
-def presence(card):
-    """The card's presence hash: FNV-1a 32 of its bytes mod 1,024 (cardworker_jobs::due)."""
-    h = 0x811c9dc5
-    for b in card.encode():
-        h = ((h ^ b) * 0x01000193) & 0xffffffff
-    return f'{TAG}:cards:{h % 1024}'
-
-
-class Keys:
-    """The keys a call names after the fixed ones, each once, and their KEYS positions."""
-    def __init__(self):
-        self.keys, self.at = [], {}
-
-    def __call__(self, key):
-        if key not in self.at:
-            self.keys.append(key)
-            self.at[key] = len(DQ) + len(self.keys)
-        return self.at[key]
-
-
-def call(op, keys, *args):
-    every = DQ + keys.keys
-    return r('EVALSHA', due_sha, len(every), *every, op, *args)
-
-
-# Every card due an hour ago, a millisecond apart.
-k, setup = Keys(), []
-since = int(r('TIME')[0]) * 1000 - 3_600_000
+DQ = ['cw:{poll:carddata:0}:due', 'cw:{poll:carddata:0}:last_lease', 'cw:{poll:carddata:0}:state']
+setup = []
 for i in range(CARDS):
-    card = f'card-{i:06d}'
-    setup += [k(f'{TAG}:slot:{slot_id(since + i, since + CARDS)}'), k(presence(card)), card,
-              since + i, STATE]
-assert call('adopt', k, *setup) == CARDS
-
-
-def fetch(n):
-    """A worker's fetch: the first slots' ids, then the script; answers the Redis clock and the
-    flat (card, lease, due, state) list."""
-    ids = r('ZRANGE', DQ[0], 0, FETCH_SLOTS - 1)
-    keys = Keys()
-    for i in ids:
-        keys(f'{TAG}:slot:{i}')
-    got = call('fetch', keys, n, LEASE_MS)
-    return got[0], got[1:]
+    setup += [f'card-{i:06d}', i, STATE]
+assert r('EVALSHA', due_sha, 3, *DQ, 'adopt', *setup) == CARDS
 
 
 def polls_of(n, rounds, per_call=None):
@@ -238,25 +173,22 @@ def polls_of(n, rounds, per_call=None):
 
     def work():
         for _ in range(rounds):
-            now, got = fetch(n)
+            got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
             if len(got) != 4 * n:
                 raise RuntimeError(f'fetch of {n} answered {got[:8]}')
-            # Due again at once: the slot a worker names for an entry due already (one that has
-            # ended), so that the next fetch takes them.
-            slot = f'{TAG}:slot:{slot_id(now, now)}'
-            for i in range(0, len(got), 4 * per_call):
-                keys, acks = Keys(), []
-                for j in range(i, min(i + 4 * per_call, len(got)), 4):
-                    acks += [keys(slot), keys(presence(got[j])), got[j], got[j + 1], 0, STATE]
-                done = call('batch', keys, *acks)
-                if done != [1] * (len(acks) // 6):
-                    raise RuntimeError(f'batch of {len(acks) // 6} answered {done}')
+            acks = []
+            for i in range(0, len(got), 4):
+                acks += [got[i], got[i + 1], 0, STATE]
+            for i in range(0, len(acks), 4 * per_call):
+                part = acks[i:i + 4 * per_call]
+                done = r('EVALSHA', due_sha, 3, *DQ, 'batch', *part)
+                if done != [1] * (len(part) // 4):
+                    raise RuntimeError(f'batch of {len(part) // 4} answered {done}')
     return work
 
 
 unit = 'instructions' if vg else 'µs'
-print(f'\ndue queue: fetch (a ZRANGE of the slots, then the script) + acknowledgement (batch), '
-      f'{CARDS} cards; per poll')
+print(f'\ndue queue: fetch + acknowledgement (batch), {CARDS} cards; per poll')
 print(f'{"batch":>5}  {unit + "/poll":>16}  {"EVALSHA/poll":>12}  {"commands/poll":>13}')
 for n in BATCHES:
     rounds = max(1, polls // n)
@@ -277,10 +209,10 @@ print(f'\ndue queue: a fetch of {n} acknowledged one card a call, per poll: '
 
 def heads():
     for _ in range(HEADS):
-        call('head', Keys())
+        r('EVALSHA', due_sha, 3, *DQ, 'head')
 
 
-head = call('head', Keys())
+head = r('EVALSHA', due_sha, 3, *DQ, 'head')
 assert head[2] == CARDS, head
 cost, calls, cmds, inner = measure(heads, HEADS)
 print(f'\ndue queue: head ({CARDS} cards due), per call: {cost:,.{0 if vg else 2}f} {unit}, '

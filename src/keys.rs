@@ -50,8 +50,7 @@ pub fn late_key(prefix: &str, task: Task) -> String {
 // The polling due queue (src/polling/due_queue.rs): every key of one task shard carries the hash
 // tag `{poll:<task>:<shard>}`, so that one script reaches them all on a Redis Cluster.
 
-/// A due-queue shard's due set as the release before the timing wheel kept it: card_ref -> due
-/// ms, or `LEASED` + a lease's deadline. Moved into the wheel at start (`polling::takeover`).
+/// A due-queue shard's due set: card_ref -> due ms, or `LEASED` + a lease's deadline.
 pub fn poll_due_key(prefix: &str, task: Task, shard: u16) -> String {
     cardworker_jobs::keys::poll_due(prefix, queue_of(task), shard)
 }
@@ -61,8 +60,7 @@ pub fn poll_last_lease_key(prefix: &str, task: Task, shard: u16) -> String {
     cardworker_jobs::keys::poll_last_lease(prefix, queue_of(task), shard)
 }
 
-/// A due-queue shard's poll state as the release before the timing wheel kept it: card_ref ->
-/// `unchanged|last|since|failures[.deferrals]`. Moved into the wheel at start.
+/// A due-queue shard's poll state: card_ref -> `unchanged|last|since|failures[.deferrals]`.
 pub fn poll_state_key(prefix: &str, task: Task, shard: u16) -> String {
     cardworker_jobs::keys::poll_state(prefix, queue_of(task), shard)
 }

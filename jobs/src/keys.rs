@@ -40,26 +40,24 @@ pub fn claim(prefix: &str, claim: &str) -> String {
 }
 
 /// The hash tag of shard `shard` of a polling queue's due queue, with the prefix before it: every
-/// key of the shard carries it, so that one script reaches them all on a Redis Cluster. The keys
-/// under it: [`crate::due::ShardKeys`].
-pub fn poll_shard(prefix: &str, queue: &str, shard: u16) -> String {
+/// key of the shard carries it, so that one script reaches them all on a Redis Cluster.
+fn poll_shard(prefix: &str, queue: &str, shard: u16) -> String {
     format!("{prefix}:{{poll:{queue}:{shard}}}")
 }
 
-/// A due-queue shard's due set, as the release before the timing wheel kept it (member:
-/// card_ref; score: the due time of the card's next poll, unix ms on the Redis clock, or `LEASED`
-/// (2^50) + the deadline of the lease a poll holds it under): read once, by moving it over.
+/// A due-queue shard's due set (member: card_ref; score: the due time of the card's next poll,
+/// unix ms on the Redis clock, or `LEASED` (2^50) + the deadline of the lease a poll holds it
+/// under).
 pub fn poll_due(prefix: &str, queue: &str, shard: u16) -> String {
     format!("{}:due", poll_shard(prefix, queue, shard))
 }
 
-/// A due-queue shard's last lease score (every new lease scores above it), kept by both layouts.
+/// A due-queue shard's last lease score (every new lease scores above it).
 pub fn poll_last_lease(prefix: &str, queue: &str, shard: u16) -> String {
     format!("{}:last_lease", poll_shard(prefix, queue, shard))
 }
 
-/// A due-queue shard's poll state, as the release before the timing wheel kept it (card_ref ->
-/// `unchanged|last|since|failures[.deferrals]`): read once, by moving it over.
+/// A due-queue shard's poll state (card_ref -> `unchanged|last|since|failures[.deferrals]`).
 pub fn poll_state(prefix: &str, queue: &str, shard: u16) -> String {
     format!("{}:state", poll_shard(prefix, queue, shard))
 }

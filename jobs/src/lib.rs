@@ -20,13 +20,12 @@
 //! only while that queue's apalis backlog is under a high-water mark.
 //!
 //! Poll jobs ([`Job::POLL`]) do not enter the intake: each card waits for its next poll as one
-//! entry in its polling task's due queue ([`due::ShardKeys`], a timing wheel), which the
+//! entry in its polling task's due queue ([`keys::poll_due`], its state beside it), which the
 //! worker fetches from directly. A producer's poll job is a request for a poll of the card
 //! ([`due::merge`]): it brings a waiting card's next poll forward, leaves a card being polled to
 //! that poll, and adds a card that has none. So cardworker must be upgraded before its producers:
-//! an older cardworker reads the chains or the due queue's layout before the wheel, and finds a
-//! card a newer producer added only through its reconcile; a request an older producer writes
-//! into that layout is moved into the wheel by cardworker's next start.
+//! an older cardworker reads the chains, not the due queue, and finds a card a newer producer
+//! added only through its reconcile.
 
 use std::time::Duration;
 
@@ -64,10 +63,6 @@ pub enum EnqueueError {
     /// Redis refused or could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    /// The card's due entry moved under every one of a poll request's attempts (each move is a
-    /// poll of that card ending): the request is not merged; sending it again is safe.
-    #[error("the due entry of {0} kept moving under the poll request")]
-    Moved(String),
 }
 
 /// Adds (or replaces) one entry of a queue's intake, due `ARGV[3]` ms after the Redis clock's

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use cardworker_jobs::{Job, PollCardData, PollCardStatus, PollTicket};
 use redis::aio::ConnectionManager;
 
-use super::due_queue::{DueQueue, Lease, PollState, StillHeld, Successor};
+use super::due_queue::{DueQueue, Lease, PollState, ShardKeys, StillHeld, Successor};
 use crate::config::Task;
 use crate::queue::batch::ScriptCalls;
 
@@ -80,13 +80,12 @@ pub fn due_queue(prefix: &str, task: Task) -> DueQueue {
     if let Some(queue) = find(&built) {
         return queue;
     }
-    let queue = DueQueue::new(prefix, task, cardworker_jobs::due::SHARD);
+    let queue = DueQueue::new(ShardKeys::new(prefix, task, cardworker_jobs::due::SHARD));
     built.push((prefix.into(), task, queue.clone()));
     queue
 }
 
-/// One acknowledgement through `calls` (`queue`'s keys, and the slot list and presence hash of
-/// its successor).
+/// One acknowledgement through `calls` (`queue`'s keys).
 pub async fn ack(
     calls: &ScriptCalls,
     queue: &DueQueue,
@@ -101,11 +100,8 @@ pub async fn ack(
             .to_string(),
         successor.next.to_raw(),
     ];
-    let own = queue
-        .successor_keys(successor.card_ref, successor.next_in)
-        .to_vec();
     let done = calls
-        .call_with_keys(keys, own, args)
+        .call(keys, args)
         .await
         .with_context(|| format!("acknowledging the poll of {}", successor.card_ref))?;
     Ok(match done {

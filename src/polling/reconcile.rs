@@ -15,9 +15,6 @@
 //!    retry; one whose retry is overdue by more than the grace (its entry was lost with Redis) is
 //!    added again, its first poll being the retry.
 //!
-//! Each run first moves any record of the due queue's layout before the timing wheel that a pod of
-//! the release before wrote during a rollout ([`super::takeover::take_over_due_set`]).
-//!
 //! A run with `full` (enqueued by the pod that finds Redis came back empty, see
 //! `runner::redis_watch`) sweeps every card at once ([`sweep`]). The `cardworker reconcile` sweep
 //! leaves parked cards alone.
@@ -192,21 +189,6 @@ impl RunJob for RunReconcile {
     #[tracing::instrument(name = "reconcile", skip_all, fields(scheduled_for = %crate::telemetry::rfc3339_opt(self.scheduled_for), full = self.full))]
     async fn run(self, ctx: Arc<AppContext>) -> anyhow::Result<()> {
         for task in Task::ALL {
-            // A pod of the release before, still running during a rollout, may have written
-            // records of the due queue's layout before the wheel since this pod's start (its own
-            // reconcile adds the cards it finds missing there): they move now, not at the next
-            // start. One read when there are none.
-            let moved = super::takeover::take_over_due_set(
-                &mut ctx.redis.clone(),
-                ctx.prefix(),
-                task,
-                &lease::due_queue(ctx.prefix(), task),
-                ctx.config.polling.handler_timeout(),
-            )
-            .await?;
-            if moved.chains > 0 {
-                tracing::info!(%task, records = moved.chains, added = moved.added, "the release before's due-queue records moved into the wheel");
-            }
             if self.full {
                 let (examined, started) = sweep(&ctx, task).await?;
                 tracing::info!(%task, examined, started, "full reconcile sweep done");

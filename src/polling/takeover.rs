@@ -1,8 +1,6 @@
-//! Moving a task's polling records of earlier releases into its due queue
-//! ([`super::due_queue`], a timing wheel), so that a release goes on from where they were,
-//! instead of polling every card at once with its failures and tally forgotten: the polling
-//! chains ([`take_over`]) and the due queue's layout before the wheel, a due set and a state
-//! hash ([`take_over_due_set`]).
+//! Moving a task's polling chains into its due queue ([`super::due_queue`]), so that a release
+//! that polls from the due queue goes on from where the chains were, instead of polling every
+//! card at once with its failures and tally forgotten.
 //!
 //! Each chain becomes one due entry and one state, and then its chain entry and its due-set member
 //! go:
@@ -13,13 +11,6 @@
 //! - a chain without a due-set member is due `not_before` from now, as a running one;
 //! - its state is the chain entry's tally and next poll's failures and deferrals, the same
 //!   fields in the same format; an entry of an older format (without them) starts fresh.
-//!
-//! A record of the due set moves the same way: a waiting card keeps its due time and state, a
-//! leased one is due when its lease ends and no sooner than the handler's limit from the move;
-//! the record is removed only while its score is still the one read. A pod of the release before
-//! then finds its lease holding nothing, so its acknowledgement writes nothing; its reconcile may
-//! add the card to the old layout again, and the next move (every reconcile run of this release,
-//! and every start) moves it once more, the wheel keeping the entry it has.
 //!
 //! A card the due queue already holds keeps its entry (adopting never overwrites), so a second
 //! run, or a run of each pod started together, changes nothing more; a chain that a pod of the
@@ -32,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use redis::aio::ConnectionLike;
 
-use super::due_queue::{DueQueue, LEASED};
+use super::due_queue::DueQueue;
 use crate::config::Task;
 use crate::context::AppContext;
 use crate::keys;
@@ -41,11 +32,8 @@ use crate::keys;
 /// its turn (2^50 ms, as the release before wrote it).
 pub const FED: u64 = 1 << 50;
 
-/// Chain entries (or due-set records) read per round.
+/// Chain entries read per round.
 const BATCH: usize = 500;
-
-/// The most rounds over the due set of the layout before, per start.
-const MAX_ROUNDS: usize = 100_000;
 
 /// What [`take_over`] did for one task.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -182,77 +170,6 @@ async fn move_chains(
     Ok(added)
 }
 
-/// Moves shard `queue`'s records of the layout before the timing wheel (a due set, card -> due
-/// ms or `LEASED` + a lease's deadline, and a state hash beside it) into the wheel: a waiting card
-/// keeps its due time and state; a leased one (a pod of the release before may be polling it now)
-/// is due when its lease ends, and no sooner than `not_before` from now. Each record moved is
-/// removed, unless a pod of the release before wrote it again meanwhile (then the next round
-/// moves it; the wheel keeps the entry it adopted first). Returns the records read and the cards
-/// added (a card the wheel holds already keeps its entry).
-#[tracing::instrument(skip_all, fields(task = %task))]
-pub async fn take_over_due_set(
-    conn: &mut impl ConnectionLike,
-    prefix: &str,
-    task: Task,
-    queue: &DueQueue,
-    not_before: Duration,
-) -> anyhow::Result<TakenOver> {
-    let due_key = keys::poll_due_key(prefix, task, cardworker_jobs::due::SHARD);
-    let state_key = keys::poll_state_key(prefix, task, cardworker_jobs::due::SHARD);
-    let mut done = TakenOver::default();
-    // A bound on the rounds, for a release-before pod that rewrites records faster than they move.
-    for _ in 0..MAX_ROUNDS {
-        let entries: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(&due_key)
-            .arg(0)
-            .arg(BATCH - 1)
-            .arg("WITHSCORES")
-            .query_async(conn)
-            .await
-            .with_context(|| format!("reading the {task} due set of the layout before"))?;
-        if entries.is_empty() {
-            break;
-        }
-        let cards: Vec<&str> = entries.iter().map(|(card, _)| card.as_str()).collect();
-        let states: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(&state_key)
-            .arg(&cards)
-            .query_async(conn)
-            .await
-            .context("reading the states of the layout before")?;
-        let not_before_ms = redis_now_ms(conn).await? + u64::try_from(not_before.as_millis())?;
-        let moved: Vec<(String, u64, String)> = entries
-            .iter()
-            .zip(states)
-            .map(|((card, score), state)| {
-                let due = if *score < LEASED {
-                    *score
-                } else {
-                    (score - LEASED).max(not_before_ms)
-                };
-                (card.clone(), due, state.unwrap_or_default())
-            })
-            .collect();
-        done.added += queue.adopt(conn, &moved).await?;
-        done.chains += entries.len();
-        let mut pipe = redis::pipe();
-        for (card, score) in &entries {
-            pipe.cmd("EVAL")
-                .arg(REMOVE_RECORD_IF_UNCHANGED)
-                .arg(2)
-                .arg(&due_key)
-                .arg(&state_key)
-                .arg(card)
-                .arg(score)
-                .ignore();
-        }
-        pipe.query_async::<()>(conn)
-            .await
-            .context("removing the records moved over")?;
-    }
-    Ok(done)
-}
-
 /// What a worker does as it starts, before its polling workers: moves both tasks' chains into
 /// the due queue ([`take_over`], a chain whose job may still run due only after the handler's
 /// limit), then hands each poll request waiting in the old polling intakes to the due queue and
@@ -272,22 +189,12 @@ pub async fn on_start(ctx: &AppContext) {
                 ctx.config.polling.handler_timeout(),
             )
             .await?;
-            let records = take_over_due_set(
-                &mut conn,
-                ctx.prefix(),
-                task,
-                &queue,
-                ctx.config.polling.handler_timeout(),
-            )
-            .await?;
             let requests = clear_old_queue(&mut conn, ctx.prefix(), task, &queue).await?;
-            anyhow::Ok((done, records, requests))
+            anyhow::Ok((done, requests))
         };
         match moved.await {
-            Ok((done, records, requests))
-                if done.chains > 0 || records.chains > 0 || requests > 0 =>
-            {
-                tracing::info!(%task, chains = done.chains, records = records.chains, added = done.added + records.added, requests, "the release before's polling moved into the due queue");
+            Ok((done, requests)) if done.chains > 0 || requests > 0 => {
+                tracing::info!(%task, chains = done.chains, added = done.added, requests, "the release before's polling moved into the due queue");
             }
             Ok(_) => {}
             Err(e) => {
@@ -380,17 +287,6 @@ async fn clear_old_queue(
         .context("removing the old polling intake from the due hint")?;
     Ok(entries.len())
 }
-
-/// Removes a card's due-set member (KEYS[1], card ARGV[1]) and state (KEYS[2]) if its score is
-/// still ARGV[2]: a record written again since it was read stays for the next round.
-const REMOVE_RECORD_IF_UNCHANGED: &str = r"
-local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if s and tonumber(s) == tonumber(ARGV[2]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-end
-return 0
-";
 
 /// Removes a card's chain entry (KEYS[1]) and due-set member (KEYS[2]) if the entry is still
 /// ARGV[2]: a chain written again since it was read stays for the next run.

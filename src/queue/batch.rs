@@ -20,7 +20,6 @@
 //! (`polling::lease::ack_or_retry`), which finds the lease no longer holding the card (the first
 //! write ended it) and writes nothing. A call that times out alone has the same ambiguity.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,9 +74,6 @@ pub enum BatchError {
 struct Call {
     /// The script's keys (the same for every call of one script call).
     keys: Arc<[String]>,
-    /// Keys of this call alone: each is passed once in the script call's `KEYS`, after `keys`,
-    /// and the call's group of arguments starts with their positions there (1-based).
-    extra: Vec<String>,
     /// Its arguments, at most the script's group width.
     args: Vec<String>,
     /// Where its result goes.
@@ -115,26 +111,9 @@ impl ScriptCalls {
 
     /// Calls the script with `keys` and `args` (at most the width), in the next script call.
     pub async fn call(&self, keys: Arc<[String]>, args: Vec<String>) -> Result<Value, BatchError> {
-        self.call_with_keys(keys, Vec::new(), args).await
-    }
-
-    /// [`Self::call`] with keys of this call's own (`extra`): its group of arguments is their
-    /// positions in the script call's `KEYS`, then `args`. Calls of one script call share every
-    /// key they have in common, so a script call carries each key once.
-    pub async fn call_with_keys(
-        &self,
-        keys: Arc<[String]>,
-        extra: Vec<String>,
-        args: Vec<String>,
-    ) -> Result<Value, BatchError> {
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Call {
-                keys,
-                extra,
-                args,
-                reply,
-            })
+            .send(Call { keys, args, reply })
             .map_err(|_| BatchError::Gone)?;
         answer.await.map_err(|_| BatchError::Gone)?
     }
@@ -180,22 +159,8 @@ async fn send_group(
     for key in keys.iter() {
         inv.key(key);
     }
-    // Each call's own keys, once each, after the shared ones.
-    let mut positions: HashMap<&str, usize> = HashMap::new();
-    for call in &calls {
-        for key in &call.extra {
-            let next = keys.len() + positions.len() + 1;
-            positions.entry(key.as_str()).or_insert_with(|| {
-                inv.key(key);
-                next
-            });
-        }
-    }
     inv.arg("batch");
     for call in &calls {
-        for key in &call.extra {
-            inv.arg(positions.get(key.as_str()).copied().unwrap_or(0));
-        }
         for i in 0..width {
             inv.arg(call.args.get(i).map_or("", String::as_str));
         }

@@ -65,53 +65,21 @@ use Lifetime::*;
 
 /// Every key pattern the product writes under `redis.key_prefix`.
 pub const INVENTORY: &[KeyPattern] = &[
-    // The polling due queue, a timing wheel (src/polling/due_queue.rs, jobs/src/due_queue.lua).
+    // The polling due queue (src/polling/due_queue.rs, jobs/src/due_queue.lua).
     k(
-        "<prefix>:{poll:<task>:<shard>}:slots",
-        "polling due queue: slot id -> the due ms of its list's first entry (one member per slot that holds a card)",
-        Deployment,
-    ),
-    k(
-        "<prefix>:{poll:<task>:<shard>}:slot:<n>",
-        "polling due queue: one time slot's waiting cards, each `due|state|card`, in due order",
+        "<prefix>:{poll:<task>:<shard>}:due",
+        "polling due queue: card -> due ms, or 2^50 + a lease's deadline while a poll holds the card",
         PerChain,
     ),
     k(
-        "<prefix>:{poll:<task>:<shard>}:inflight",
-        "polling due queue: the cards a poll holds -> 2^50 + the lease's deadline",
-        PerChain,
-    ),
-    k(
-        "<prefix>:{poll:<task>:<shard>}:held",
-        "polling due queue: card -> its entry, while a poll holds the card",
-        PerChain,
-    ),
-    k(
-        "<prefix>:{poll:<task>:<shard>}:lengths",
-        "polling due queue: slot id -> its entries (the lateness gauges' count)",
-        Deployment,
-    ),
-    k(
-        "<prefix>:{poll:<task>:<shard>}:cards:<n>",
-        "polling due queue: one of 1,024 presence buckets, card -> the slot id of its entry",
+        "<prefix>:{poll:<task>:<shard>}:state",
+        "polling due queue: card -> unchanged-poll tally + next poll's failures and deferrals",
         PerChain,
     ),
     k(
         "<prefix>:{poll:<task>:<shard>}:last_lease",
         "polling due queue: the shard's last lease score",
         Deployment,
-    ),
-    // The due queue's layout before the timing wheel: read and removed once, as a worker starts
-    // (src/polling/takeover.rs).
-    k(
-        "<prefix>:{poll:<task>:<shard>}:due",
-        "the release before's due set: card -> due ms, or 2^50 + a lease's deadline; moved into the wheel at start",
-        PerChain,
-    ),
-    k(
-        "<prefix>:{poll:<task>:<shard>}:state",
-        "the release before's poll states: card -> tally + next poll's failures and deferrals; moved into the wheel at start",
-        PerChain,
     ),
     // The chains of the release before the due queue: read and removed once, as a worker starts
     // (src/polling/takeover.rs).

@@ -493,8 +493,8 @@ async fn callbacks(world: &World, report: &mut Report) {
     );
 }
 
-/// What Redis holds of `card`'s `task` polling: where its due-queue entry stands (waiting until
-/// its due time, or leased until its lease's deadline) and its state, for a violation's line.
+/// What Redis holds of `card`'s `task` polling: its due-queue score (at or above 2^50: a lease,
+/// 2^50 + its deadline) and its state, for a violation's line.
 async fn chain_state(world: &World, task: &str, card: &str) -> String {
     let Some(task) = cardworker::config::Task::ALL
         .into_iter()
@@ -506,10 +506,19 @@ async fn chain_state(world: &World, task: &str, card: &str) -> String {
     let read = async {
         let mut conn = cardworker::context::connect_redis(&world.services.redis_url).await?;
         let queue = cardworker::polling::lease::due_queue(prefix, task);
-        let entry = queue.entry(&mut conn, card).await?;
+        let entry: Option<String> = redis::cmd("HGET")
+            .arg(&queue.keys().state)
+            .arg(card)
+            .query_async(&mut conn)
+            .await?;
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&queue.keys().due)
+            .arg(card)
+            .query_async(&mut conn)
+            .await?;
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
         anyhow::Ok(format!(
-            "entry {entry:?} (Redis now {} ms)",
+            "state {entry:?}, due score {score:?} (Redis now {} ms)",
             secs * 1000 + micros / 1000
         ))
     };

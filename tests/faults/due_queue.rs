@@ -1,7 +1,6 @@
-//! The due queue of a polling task shard, a timing wheel (`polling::due_queue`): what a fetch hands
-//! out, which lease an acknowledgement obeys, what an ended lease gives back, how the ops on one
-//! card find its entry, and its script on a three-master Redis Cluster. Each test runs on a
-//! redis-server (or cluster) of its own.
+//! The due queue of a polling task shard (`polling::due_queue`): what a fetch hands out, which
+//! lease an acknowledgement obeys, what an ended lease gives back, and its script on a
+//! three-master Redis Cluster. Each test runs on a redis-server (or cluster) of its own.
 
 // An unwrap() that fails is the test failing, at its line.
 #![allow(clippy::unwrap_used)]
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 use cardworker::config::Task;
 use cardworker::context;
 use cardworker::polling::due_queue::{
-    DueQueue, Lease, Leased, Merged, PollState, Restarted, Standing, Step, StillHeld, Successor,
+    DueQueue, Lease, Leased, Merged, PollState, ShardKeys, Standing, Step, StillHeld, Successor,
 };
 use cardworker::polling::lease;
 use cardworker::queue::batch::ScriptCalls;
@@ -26,19 +25,20 @@ const LONG: Duration = Duration::from_secs(60);
 
 async fn queue_on(redis: &PrivateRedis) -> (DueQueue, ConnectionManager) {
     let conn = context::connect_redis(&redis.url()).await.expect("redis");
-    (DueQueue::new("cw", Task::Carddata, 0), conn)
+    (DueQueue::new(ShardKeys::new("cw", Task::Carddata, 0)), conn)
 }
 
 /// Writes `card_ref` due `ms_ago` ms ago (negative: in the future), on Redis's clock.
 async fn due_since(queue: &DueQueue, conn: &mut ConnectionManager, card_ref: &str, ms_ago: i64) {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
     let now = secs * 1000 + micros / 1000;
-    let due = u64::try_from(now - ms_ago).unwrap();
-    let added = queue
-        .adopt(conn, &[(card_ref.to_owned(), due, String::new())])
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue.keys().due)
+        .arg(now - ms_ago)
+        .arg(card_ref)
+        .query_async(conn)
         .await
         .unwrap();
-    assert_eq!(added, 1, "{card_ref} had no entry");
 }
 
 /// A private Redis and a queue on it that holds each of `due` (a card and how many ms ago it
@@ -95,21 +95,6 @@ async fn two_leased() -> (PrivateRedis, DueQueue, ConnectionManager, Vec<Leased>
     }
     let leased = queue.fetch(&mut conn, 2, LONG).await.unwrap();
     (redis, queue, conn, leased)
-}
-
-/// What the shard keeps: (slots, entries in flight, presence fields of c-1's bucket).
-async fn records(queue: &DueQueue, conn: &mut ConnectionManager) -> (u64, u64, u64) {
-    let keys = queue.keys();
-    redis::pipe()
-        .cmd("ZCARD")
-        .arg(&keys.slots)
-        .cmd("ZCARD")
-        .arg(&keys.inflight)
-        .cmd("HLEN")
-        .arg(keys.presence("c-1"))
-        .query_async(conn)
-        .await
-        .unwrap()
 }
 
 fn cards(leased: &[Leased]) -> Vec<&str> {
@@ -275,12 +260,12 @@ async fn adding_a_card_leaves_an_entry_it_has_as_it_is_and_a_removed_card_s_poll
         ack_now(&queue, &mut conn, "c-1", leased[0].lease).await,
         StillHeld::Stale
     );
-    assert_eq!(queue.entry(&mut conn, "c-1").await.unwrap(), None);
-    assert_eq!(
-        records(&queue, &mut conn).await,
-        (0, 0, 0),
-        "the removed card stays removed, its presence with it"
-    );
+    let left: u64 = redis::cmd("ZCARD")
+        .arg(&queue.keys().due)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the removed card stays removed");
 }
 
 #[tokio::test]
@@ -295,12 +280,9 @@ async fn the_head_tells_the_earliest_due_time_and_how_many_cards_are_due_in_one_
     due_since(&queue, &mut conn, "c-3", -60_000).await;
     let head = queue.head(&mut conn).await.unwrap();
     assert_eq!(head.due_now, 2);
-    // A card due already waits in a slot that ended by its due time: the head reads that end,
-    // at most DUE_SLOT_MS earlier.
-    let slack = cardworker_jobs::due::DUE_SLOT_MS;
     let overdue = head.now_ms - head.earliest_due_ms.unwrap();
     assert!(
-        (40_000..41_000 + slack).contains(&overdue),
+        (40_000..41_000).contains(&overdue),
         "overdue by {overdue} ms"
     );
 
@@ -316,10 +298,7 @@ async fn the_head_tells_the_earliest_due_time_and_how_many_cards_are_due_in_one_
     let head = queue.head(&mut conn).await.unwrap();
     assert_eq!(head.due_now, 2);
     let overdue = head.now_ms - head.earliest_due_ms.unwrap();
-    assert!(
-        (5_000..6_000 + slack).contains(&overdue),
-        "overdue by {overdue} ms"
-    );
+    assert!((5_000..6_000).contains(&overdue), "overdue by {overdue} ms");
 }
 
 /// What one holder saw: the card, when its fetch returned, and when it sent its acknowledgement
@@ -431,9 +410,9 @@ async fn the_due_queue_script_runs_on_a_three_master_redis_cluster_with_a_shard_
     // Shards of the card-data task until each master serves one.
     let mut by_master: BTreeMap<u16, u16> = BTreeMap::new();
     for shard in 0..200 {
-        let queue = DueQueue::new("cw", Task::Carddata, shard);
+        let keys = ShardKeys::new("cw", Task::Carddata, shard);
         by_master
-            .entry(cluster.node_for(&queue.keys().slots))
+            .entry(cluster.node_for(&keys.due))
             .or_insert(shard);
         if by_master.len() == 3 {
             break;
@@ -441,7 +420,7 @@ async fn the_due_queue_script_runs_on_a_three_master_redis_cluster_with_a_shard_
     }
     assert_eq!(by_master.len(), 3, "a shard on each master: {by_master:?}");
     for (port, shard) in &by_master {
-        let queue = DueQueue::new("cw", Task::Carddata, *shard);
+        let queue = DueQueue::new(ShardKeys::new("cw", Task::Carddata, *shard));
         let mut conn = context::connect_redis(&PrivateCluster::url(*port))
             .await
             .unwrap();
@@ -643,11 +622,12 @@ async fn a_stale_acknowledgement_or_finish_writes_nothing_to_the_card_s_state_or
         StillHeld::Yes(())
     );
     assert_eq!(queue.entry(&mut conn, "c-1").await.unwrap(), None);
-    assert_eq!(
-        records(&queue, &mut conn).await,
-        (0, 0, 0),
-        "a finished card's presence goes with its entry"
-    );
+    let left: usize = redis::cmd("HLEN")
+        .arg(&queue.keys().state)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "a finished card's state goes with its due entry");
 }
 
 #[tokio::test]
@@ -722,10 +702,9 @@ async fn a_fetch_that_finds_nothing_due_tells_how_soon_the_next_card_is() {
     else {
         panic!("nothing is due yet");
     };
-    // Handed out once its slot ends: at most a twentieth of its delay after its due time.
     assert!(
-        (LONG - Duration::from_secs(2)..=LONG + LONG / 20).contains(&wait),
-        "the waiting card is handed out in {wait:?}"
+        (LONG - Duration::from_secs(2)..=LONG).contains(&wait),
+        "the waiting card is due in {wait:?}"
     );
     queue
         .add(&mut conn, "c-held", Duration::ZERO)
@@ -745,6 +724,75 @@ async fn a_fetch_that_finds_nothing_due_tells_how_soon_the_next_card_is() {
     assert!(
         (Duration::from_secs(3)..=Duration::from_secs(5)).contains(&wait),
         "the lease ends in {wait:?}, before the waiting card is due"
+    );
+}
+
+/// The Redis commands (inner ones counted, `INFO commandstats`) that fetching `n` due cards in
+/// one call and acknowledging them in one call cost.
+async fn commands_for_a_round_of(n: usize) -> u64 {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i}")).collect();
+    let refs: Vec<(&str, Duration)> = cards.iter().map(|c| (c.as_str(), Duration::ZERO)).collect();
+    queue.add_many(&mut conn, &refs).await.unwrap();
+    crate::redis_cost::reset(&mut conn).await;
+
+    let leased = queue.fetch(&mut conn, n, LONG).await.unwrap();
+    assert_eq!(leased.len(), n);
+    let successors: Vec<Successor<'_>> = leased
+        .iter()
+        .map(|l| keep(&l.card_ref, l.lease, LONG))
+        .collect();
+    let held = ack_all(&queue, &mut conn, &successors).await;
+    assert!(held.iter().all(|h| *h == StillHeld::Yes(())), "{held:?}");
+    let (calls, _) = crate::redis_cost::counted(&mut conn).await;
+    calls.values().sum()
+}
+
+#[tokio::test]
+async fn a_round_of_32_cards_costs_redis_as_many_commands_as_a_round_of_one() {
+    let one = commands_for_a_round_of(1).await;
+    let many = commands_for_a_round_of(32).await;
+    assert_eq!(
+        many, one,
+        "a fetch and an acknowledgement write their cards with one command each, whatever their \
+         number ({one} commands for one card, {many} for 32)"
+    );
+}
+
+/// The Redis commands (inner ones counted) that adding `n` cards in one call costs, when every
+/// other one of them has an entry already; and how many the call added.
+async fn commands_to_add(n: usize) -> (u64, usize) {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    let cards: Vec<String> = (0..n).map(|i| format!("c-{i}")).collect();
+    let present: Vec<(&str, Duration)> = cards
+        .iter()
+        .step_by(2)
+        .map(|c| (c.as_str(), LONG))
+        .collect();
+    queue.add_many(&mut conn, &present).await.unwrap();
+    crate::redis_cost::reset(&mut conn).await;
+
+    let all: Vec<(&str, Duration)> = cards.iter().map(|c| (c.as_str(), Duration::ZERO)).collect();
+    let added = queue.add_many(&mut conn, &all).await.unwrap();
+    let (calls, _) = crate::redis_cost::counted(&mut conn).await;
+    (calls.values().sum(), added)
+}
+
+#[tokio::test]
+async fn adding_cards_in_one_call_costs_redis_as_many_commands_for_32_cards_as_for_two() {
+    let (two, added_of_two) = commands_to_add(2).await;
+    let (many, added_of_many) = commands_to_add(32).await;
+    assert_eq!(
+        (added_of_two, added_of_many),
+        (1, 16),
+        "only the cards without an entry are added"
+    );
+    assert_eq!(
+        many, two,
+        "a reconcile pass's add reads and writes its cards with one command each, whatever their \
+         number ({two} commands for two cards, {many} for 32)"
     );
 }
 
@@ -847,30 +895,25 @@ async fn an_acknowledgement_naming_a_lease_that_is_no_number_acknowledges_nothin
 ) {
     let (_redis, queue, mut conn, leased) = two_leased().await;
     let (one, two) = (&leased[0], &leased[1]);
-    // A raw call, as another caller of the shared script could send it: the typed API cannot
+    // A raw call, as another producer of the shared script could send it: the typed API cannot
     // name such a lease.
     let keys = queue.keys();
-    let script = redis::Script::new(cardworker_jobs::due::SCRIPT);
-    let mut inv = script.prepare_invoke();
-    for key in keys.fixed() {
-        inv.key(key);
-    }
-    inv.key(keys.slot(1))
-        .key(keys.presence(&one.card_ref))
-        .key(keys.presence(&two.card_ref))
-        .arg("batch");
-    for (presence, card, lease) in [
-        (7, &one.card_ref, "not-a-lease".to_owned()),
-        (8, &two.card_ref, two.lease.score().to_string()),
-    ] {
-        inv.arg(6)
-            .arg(presence)
-            .arg(card)
-            .arg(lease)
-            .arg(0)
-            .arg(PollState::default().to_raw());
-    }
-    let held: Vec<u8> = inv.invoke_async(&mut conn).await.unwrap();
+    let held: Vec<u8> = redis::Script::new(cardworker_jobs::due::SCRIPT)
+        .key(&keys.due)
+        .key(&keys.last_lease)
+        .key(&keys.state)
+        .arg("batch")
+        .arg(&one.card_ref)
+        .arg("not-a-lease")
+        .arg(0)
+        .arg(PollState::default().to_raw())
+        .arg(&two.card_ref)
+        .arg(two.lease.score())
+        .arg(0)
+        .arg(PollState::default().to_raw())
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
     assert_eq!(
         held,
         [0, 1],
@@ -885,6 +928,23 @@ async fn an_acknowledgement_naming_a_lease_that_is_no_number_acknowledges_nothin
 }
 
 #[tokio::test]
+async fn a_card_whose_due_score_has_a_fraction_is_fetched_with_its_whole_milliseconds() {
+    let redis = PrivateRedis::start_new(false);
+    let (queue, mut conn) = queue_on(&redis).await;
+    // Scores the project writes are whole milliseconds; one written by hand may not be.
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue.keys().due)
+        .arg("1764000000000.75")
+        .arg("c-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let leased = queue.fetch(&mut conn, 1, LONG).await.unwrap();
+    assert_eq!(cards(&leased), ["c-1"]);
+    assert_eq!(leased[0].due_ms, 1_764_000_000_000);
+}
+
+#[tokio::test]
 async fn the_polls_of_a_big_fetch_acknowledged_one_by_one_each_obey_their_own_lease() {
     let redis = PrivateRedis::start_new(false);
     let (queue, mut conn) = queue_on(&redis).await;
@@ -894,7 +954,8 @@ async fn the_polls_of_a_big_fetch_acknowledged_one_by_one_each_obey_their_own_le
     }
     let leased = queue.fetch(&mut conn, 20, LONG).await.unwrap();
     assert_eq!(leased.len(), 20);
-    // A lease that holds twenty cards, acknowledged one card at a time.
+    // One card of twenty named with its lease: the lease holds more than the range a call reads
+    // for one card, so the script checks that card's score instead.
     let (first, second) = (&leased[0], &leased[1]);
     let stale = Lease::from_score(first.lease.score() - 1);
     let held = ack_all(
@@ -927,193 +988,5 @@ async fn the_polls_of_a_big_fetch_acknowledged_one_by_one_each_obey_their_own_le
     assert_eq!(
         due, want,
         "every acknowledged card is due again; c-00 is still leased"
-    );
-}
-
-#[tokio::test]
-async fn an_entry_is_handed_out_once_its_slot_ends_never_before_it_is_due_and_soon_after() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    let delay = Duration::from_secs(2);
-    queue.add(&mut conn, "c-1", delay).await.unwrap();
-    // A slot of a 2 s delay is 64 ms wide (a twentieth of it, as a power of two).
-    let width = 64;
-    let start = Instant::now();
-    let (leased, fetched_at) = loop {
-        let got = queue.fetch(&mut conn, 1, LONG).await.unwrap();
-        let now = queue.head(&mut conn).await.unwrap().now_ms;
-        if let Some(leased) = got.into_iter().next() {
-            break (leased, now);
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "never handed out"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    assert!(
-        fetched_at >= leased.due_ms,
-        "handed out at {fetched_at}, before its due time {}",
-        leased.due_ms
-    );
-    assert!(
-        fetched_at < leased.due_ms + width + 200,
-        "handed out {} ms after its due time",
-        fetched_at - leased.due_ms
-    );
-}
-
-#[tokio::test]
-async fn a_card_ref_with_separators_and_spaces_keeps_its_entry_and_state_whole() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    let odd = "c|1 | x|y|z";
-    assert!(queue.add(&mut conn, odd, Duration::ZERO).await.unwrap());
-    let state = poll_once(&queue, &mut conn, odd, Step::Unchanged, 2).await;
-    assert_eq!(state.failures, 0);
-    let (_, after) = queue.entry(&mut conn, odd).await.unwrap().unwrap();
-    assert_eq!(
-        (after.failures, after.tally.unwrap().count),
-        (2, 1),
-        "the successor's state, read back whole"
-    );
-    assert!(queue.remove(&mut conn, odd).await.unwrap());
-    assert_eq!(queue.entry(&mut conn, odd).await.unwrap(), None);
-}
-
-#[tokio::test]
-async fn a_restart_gives_a_waiting_card_a_fresh_state_at_the_asked_time_and_a_leased_one_keeps_its_lease(
-) {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
-    poll_once(&queue, &mut conn, "c-1", Step::Reset, 4).await;
-    // c-1 waits (due at once) with four failures; an operator restarts it an hour out.
-    assert_eq!(
-        queue
-            .restart(&mut conn, "c-1", Duration::from_secs(3600))
-            .await
-            .unwrap(),
-        Restarted::Restarted
-    );
-    let (standing, state) = queue.entry(&mut conn, "c-1").await.unwrap().unwrap();
-    assert_eq!(state.failures, 0, "a fresh state");
-    let Standing::Waiting { due_ms } = standing else {
-        panic!("{standing:?}");
-    };
-    let now = queue.head(&mut conn).await.unwrap().now_ms;
-    assert!(
-        due_ms > now + 3_500_000,
-        "due in an hour: {due_ms} vs {now}"
-    );
-    assert!(queue.fetch(&mut conn, 5, LONG).await.unwrap().is_empty());
-
-    // A leased card keeps its lease; its leased entry carries the fresh state.
-    queue.add(&mut conn, "c-2", Duration::ZERO).await.unwrap();
-    poll_once(&queue, &mut conn, "c-2", Step::Reset, 3).await;
-    let held = queue.fetch(&mut conn, 1, LONG).await.unwrap();
-    assert_eq!(held[0].state.failures, 3);
-    assert_eq!(
-        queue
-            .restart(&mut conn, "c-2", Duration::ZERO)
-            .await
-            .unwrap(),
-        Restarted::Running
-    );
-    let (standing, state) = queue.entry(&mut conn, "c-2").await.unwrap().unwrap();
-    assert_eq!(
-        (standing, state.failures),
-        (
-            Standing::Leased {
-                deadline_ms: held[0].lease.deadline_ms()
-            },
-            0
-        )
-    );
-    assert_eq!(
-        ack_now(&queue, &mut conn, "c-2", held[0].lease).await,
-        StillHeld::Yes(()),
-        "the restart left the running poll's lease in place"
-    );
-    assert_eq!(
-        queue
-            .restart(&mut conn, "c-3", Duration::ZERO)
-            .await
-            .unwrap(),
-        Restarted::Started
-    );
-}
-
-#[tokio::test]
-async fn an_op_whose_card_moved_between_its_presence_read_and_the_script_changes_nothing() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    queue.add(&mut conn, "c-1", LONG).await.unwrap();
-    let keys = queue.keys();
-    // The caller saw c-1 in slot 7 (it is elsewhere): the script refuses to act on that view.
-    let answer: Vec<String> = redis::Script::new(cardworker_jobs::due::SCRIPT)
-        .key(keys.fixed()[0])
-        .key(keys.fixed()[1])
-        .key(keys.fixed()[2])
-        .key(keys.fixed()[3])
-        .key(keys.fixed()[4])
-        .key(keys.presence("c-1"))
-        .key(keys.slot(7))
-        .arg("entry")
-        .arg("c-1")
-        .arg("7")
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(answer, ["moved"]);
-    let removed: i64 = redis::Script::new(cardworker_jobs::due::SCRIPT)
-        .key(keys.fixed()[0])
-        .key(keys.fixed()[1])
-        .key(keys.fixed()[2])
-        .key(keys.fixed()[3])
-        .key(keys.fixed()[4])
-        .key(keys.presence("c-1"))
-        .key(keys.slot(7))
-        .arg("remove")
-        .arg("c-1")
-        .arg("7")
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(removed, -1, "moved: nothing removed");
-    assert!(
-        matches!(
-            queue.entry(&mut conn, "c-1").await.unwrap(),
-            Some((Standing::Waiting { .. }, _))
-        ),
-        "c-1 still waits"
-    );
-}
-
-#[tokio::test]
-async fn a_merge_asking_later_than_a_waiting_card_is_due_leaves_it_and_keeps_one_entry() {
-    let redis = PrivateRedis::start_new(false);
-    let (queue, mut conn) = queue_on(&redis).await;
-    queue
-        .add(&mut conn, "c-1", Duration::from_secs(5))
-        .await
-        .unwrap();
-    for _ in 0..3 {
-        assert_eq!(
-            queue.merge(&mut conn, "c-1", LONG).await.unwrap(),
-            Merged::IntoLive
-        );
-    }
-    assert_eq!(
-        queue.merge(&mut conn, "c-1", Duration::ZERO).await.unwrap(),
-        Merged::IntoLive
-    );
-    let leased = queue.fetch(&mut conn, 5, LONG).await.unwrap();
-    assert_eq!(cards(&leased), ["c-1"], "brought forward, once");
-    let (slots, inflight, presence) = records(&queue, &mut conn).await;
-    assert_eq!(
-        (slots, inflight, presence),
-        (0, 1, 1),
-        "one entry, leased, and no other left in a slot"
     );
 }

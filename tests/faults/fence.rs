@@ -425,22 +425,22 @@ async fn a_new_deployment_whose_first_poll_comes_long_after_its_start_is_not_fen
 /// Every card of both tasks in the due queue: (`task:card`, whether a poll holds it, its due
 /// time or its lease's deadline).
 async fn due_entries(conn: &mut redis::aio::ConnectionManager) -> Vec<(String, bool, u64)> {
-    use cardworker::polling::due_queue::{DueQueue, Standing};
+    use cardworker::polling::due_queue::LEASED;
     let mut out = Vec::new();
     for task in Task::ALL {
-        let snapshot = DueQueue::new("cw", task, 0)
-            .snapshot(conn)
+        let due: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg(cardworker::keys::poll_due_key("cw", task, 0))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(conn)
             .await
-            .expect("the due queue's records");
-        out.extend(snapshot.entries.into_iter().map(|(card, standing, _)| {
-            let (held, at) = match standing {
-                Standing::Waiting { due_ms } => (false, due_ms),
-                Standing::Leased { deadline_ms } => (true, deadline_ms),
-            };
-            (format!("{}:{card}", task.label()), held, at)
-        }));
+            .expect("the due set");
+        out.extend(
+            due.into_iter()
+                .map(|(card, s)| (format!("{}:{card}", task.label()), s >= LEASED, s % LEASED)),
+        );
     }
-    out.sort();
     out
 }
 

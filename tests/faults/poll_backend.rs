@@ -13,7 +13,7 @@ use apalis::prelude::*;
 use cardworker::config::Task;
 use cardworker::context;
 use cardworker::polling::backend::{FetchPause, LeasedPoll, PollBackend, PollFetch};
-use cardworker::polling::due_queue::{DueQueue, Step, Successor, LEASED};
+use cardworker::polling::due_queue::{DueQueue, ShardKeys, Step, Successor, LEASED};
 use redis::aio::ConnectionManager;
 
 use crate::private::PrivateRedis;
@@ -67,7 +67,7 @@ async fn poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
     let poll: LeasedPoll = serde_json::from_str(&raw)?;
     let mut conn = seen.conn.clone();
     let leased: usize = redis::cmd("ZCOUNT")
-        .arg(&seen.queue.keys().inflight)
+        .arg(&seen.queue.keys().due)
         .arg(LEASED)
         .arg("+inf")
         .query_async(&mut conn)
@@ -97,7 +97,7 @@ async fn poll(raw: String, seen: Data<Seen>) -> Result<(), BoxDynError> {
 async fn private_queue(task: Task) -> (PrivateRedis, ConnectionManager, DueQueue) {
     let redis = PrivateRedis::start_new(false);
     let conn = context::connect_redis(&redis.url()).await.unwrap();
-    (redis, conn, DueQueue::new("cw", task, 0))
+    (redis, conn, DueQueue::new(ShardKeys::new("cw", task, 0)))
 }
 
 /// How a test's worker fetches: `slots` at once, each under a 30 s lease, idle for at most
@@ -258,7 +258,7 @@ async fn a_stopped_poll_worker_gives_the_cards_it_fetched_and_never_started_back
     run.await.unwrap().unwrap();
 
     let leased: usize = redis::cmd("ZCOUNT")
-        .arg(&queue.keys().inflight)
+        .arg(&queue.keys().due)
         .arg(LEASED)
         .arg("+inf")
         .query_async(&mut conn)

@@ -615,10 +615,9 @@ async fn a_reconcile_pass_over_1200_cards_in_the_due_queue_is_one_script_call_an
     assert_eq!((pass.examined, pass.started), (1201, 0));
     assert_eq!(calls.get("evalsha"), Some(&1), "{calls:?}");
     assert_eq!(calls.get("hset"), None, "nothing written: {calls:?}");
-    // Each card ref travels once (about 16 bytes with its framing, its delay and the positions of
-    // its slot and presence keys, about 35 in all), not once per command; each key it names
-    // (up to 1,024 presence hashes and a few slots, about 40 bytes each) travels once a call.
-    assert!(input < 1201 * 80, "{input} bytes for 1201 cards");
+    // Each card ref travels once (about 16 bytes with its framing, and its delay), not once per
+    // command.
+    assert!(input < 1201 * 30, "{input} bytes for 1201 cards");
 }
 
 /// This process's clock in unix seconds (the clock apalis scores heartbeats with).

@@ -9,7 +9,7 @@ use cardworker::config::{Config, Task};
 use cardworker::context::{self, AppContext};
 use cardworker::gateway::CardStatus;
 use cardworker::limit::Limit;
-use cardworker::polling::due_queue::{Standing, Step, Successor};
+use cardworker::polling::due_queue::{PollState, Standing, Step, Successor};
 use cardworker::polling::lease;
 use cardworker::sim::PaymentBehaviour;
 use redis::aio::ConnectionManager;
@@ -44,15 +44,14 @@ pub(crate) async fn polls_per_card(
     conn: &mut ConnectionManager,
     task: Task,
 ) -> BTreeMap<String, i64> {
-    let snapshot = lease::due_queue("cw", task)
-        .snapshot(conn)
+    let states: BTreeMap<String, String> = conn
+        .hgetall(lease::due_queue("cw", task).keys().state.clone())
         .await
         .unwrap_or_default();
-    snapshot
-        .entries
+    states
         .into_iter()
-        .filter_map(|(card, _, state)| {
-            let n = state.tally?.count;
+        .filter_map(|(card, raw)| {
+            let n = PollState::parse(&raw).tally?.count;
             (n > 0).then_some((card, n as i64))
         })
         .collect()
@@ -63,23 +62,26 @@ pub(crate) async fn polls_per_card(
 pub(crate) async fn assert_one_chain_each(conn: &mut ConnectionManager, cards: &[String]) {
     for task in Task::ALL {
         let queue = lease::due_queue("cw", task);
-        let snapshot = queue.snapshot(conn).await.expect("the due queue's records");
-        let mut held: Vec<&String> = snapshot.entries.iter().map(|(card, _, _)| card).collect();
-        held.sort();
+        let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+            .arg(&queue.keys().due)
+            .arg(cards)
+            .query_async(conn)
+            .await
+            .expect("zmscore");
         let missing: Vec<&String> = cards
             .iter()
-            .filter(|card| held.binary_search(card).is_err())
+            .zip(&scores)
+            .filter(|(_, s)| s.is_none())
+            .map(|(card, _)| card)
             .collect();
         assert!(
             missing.is_empty(),
             "{task}: cards not in the due queue: {missing:?}"
         );
-        assert_eq!(held.len(), cards.len(), "{task}: one entry per card");
-        assert_eq!(
-            snapshot.presence.len(),
-            cards.len(),
-            "{task}: one presence per card"
-        );
+        let indexed: usize = conn.zcard(&queue.keys().due).await.expect("zcard");
+        assert_eq!(indexed, cards.len(), "{task}: one entry per card");
+        let states: usize = conn.hlen(&queue.keys().state).await.expect("hlen");
+        assert_eq!(states, cards.len(), "{task}: one state per card");
     }
 }
 
@@ -301,14 +303,13 @@ async fn postgres_stopped_twenty_seconds_while_cards_change_records_every_change
     ] {
         assert_eq!(count(&pool, sql).await, 20, "{what}: each change recorded once");
     }
-    let queue = lease::due_queue("cw", Task::CardStatus);
-    let mut lost = Vec::new();
-    for card in &cards {
-        if queue.entry(&mut conn, card).await.expect("entry").is_none() {
-            lost.push(card);
-        }
-    }
-    assert!(lost.is_empty(), "no status card lost: {lost:?}");
+    let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+        .arg(&lease::due_queue("cw", Task::CardStatus).keys().due)
+        .arg(&cards)
+        .query_async(&mut conn)
+        .await
+        .expect("zmscore");
+    assert!(scores.iter().all(Option::is_some), "no status card lost");
     worker.stop().await.expect("clean stop");
     pool.close().await;
 }

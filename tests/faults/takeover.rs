@@ -9,9 +9,9 @@ use std::time::Duration;
 use cardworker::config::Task;
 use cardworker::context;
 use cardworker::keys;
-use cardworker::polling::due_queue::{DueQueue, Standing, LEASED};
+use cardworker::polling::due_queue::{DueQueue, ShardKeys, Standing, LEASED};
 use cardworker::polling::takeover::FED;
-use cardworker::polling::takeover::{take_over, take_over_due_set, TakenOver};
+use cardworker::polling::takeover::{take_over, TakenOver};
 use cardworker::polling::unchanged::Since;
 use redis::aio::ConnectionManager;
 
@@ -57,7 +57,7 @@ async fn key_exists(conn: &mut ConnectionManager, key: &str) -> bool {
 async fn moving_chains_over_keeps_each_waiting_card_s_due_time_and_state_and_leaves_no_chain() {
     let redis = PrivateRedis::start_new(false);
     let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new("cw", TASK, 0);
+    let queue = DueQueue::new(ShardKeys::new("cw", TASK, 0));
     let now = now_ms(&mut conn).await;
     let waiting_due = now + 60_000;
     // A waiting chain: 3 unchanged polls since a change, next poll after 2 failures and 1
@@ -147,7 +147,7 @@ async fn moving_chains_over_keeps_each_waiting_card_s_due_time_and_state_and_lea
 async fn a_card_the_due_queue_already_holds_keeps_its_entry_when_its_chain_moves_over() {
     let redis = PrivateRedis::start_new(false);
     let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new("cw", TASK, 0);
+    let queue = DueQueue::new(ShardKeys::new("cw", TASK, 0));
     queue.add(&mut conn, "c-1", Duration::ZERO).await.unwrap();
     let leased = queue
         .fetch(&mut conn, 1, Duration::from_secs(60))
@@ -181,118 +181,4 @@ async fn a_card_the_due_queue_already_holds_keeps_its_entry_when_its_chain_moves
     );
     assert!(leased[0].lease.score() > LEASED);
     assert!(!key_exists(&mut conn, &keys::chain_key("cw", TASK)).await);
-}
-
-/// Writes a record of the due queue's layout before the timing wheel: its due-set member and,
-/// when given, its state.
-async fn record(conn: &mut ConnectionManager, card: &str, score: u64, state: Option<&str>) {
-    let _: () = redis::cmd("ZADD")
-        .arg(keys::poll_due_key("cw", TASK, 0))
-        .arg(score)
-        .arg(card)
-        .query_async(conn)
-        .await
-        .unwrap();
-    if let Some(state) = state {
-        let _: () = redis::cmd("HSET")
-            .arg(keys::poll_state_key("cw", TASK, 0))
-            .arg(card)
-            .arg(state)
-            .query_async(conn)
-            .await
-            .unwrap();
-    }
-}
-
-#[tokio::test]
-async fn moving_the_due_set_over_keeps_each_waiting_card_s_due_time_and_state_and_a_leased_one_waits_for_its_poll(
-) {
-    let redis = PrivateRedis::start_new(false);
-    let mut conn = context::connect_redis(&redis.url()).await.unwrap();
-    let queue = DueQueue::new("cw", TASK, 0);
-    let now = now_ms(&mut conn).await;
-    record(&mut conn, "c-wait", now - 5_000, Some("4|t0g|ct0f|2")).await;
-    record(&mut conn, "c-later", now + 600_000, None).await;
-    // A pod of the release before holds c-held under a lease that ends in 5 s.
-    record(
-        &mut conn,
-        "c-held",
-        LEASED + now + 5_000,
-        Some("1|0|st0g|0"),
-    )
-    .await;
-    // A card the wheel holds already keeps its own entry.
-    queue
-        .add(&mut conn, "c-both", Duration::from_secs(60))
-        .await
-        .unwrap();
-    record(&mut conn, "c-both", now - 1_000, Some("0|0|st0g|9")).await;
-
-    let done = take_over_due_set(&mut conn, "cw", TASK, &queue, NOT_BEFORE)
-        .await
-        .unwrap();
-    assert_eq!(
-        done,
-        TakenOver {
-            chains: 4,
-            added: 3
-        }
-    );
-    let (standing, state) = queue.entry(&mut conn, "c-wait").await.unwrap().unwrap();
-    assert_eq!(
-        standing,
-        Standing::Waiting {
-            due_ms: now - 5_000
-        }
-    );
-    assert_eq!(
-        (state.failures, state.tally.unwrap().count),
-        (2, 4),
-        "the state moved with the card"
-    );
-    let (standing, state) = queue.entry(&mut conn, "c-later").await.unwrap().unwrap();
-    assert_eq!(
-        standing,
-        Standing::Waiting {
-            due_ms: now + 600_000
-        }
-    );
-    assert_eq!(state.failures, 0, "a card without a state starts fresh");
-    let (standing, _) = queue.entry(&mut conn, "c-held").await.unwrap().unwrap();
-    let Standing::Waiting { due_ms } = standing else {
-        panic!("{standing:?}");
-    };
-    assert!(
-        due_ms >= now + NOT_BEFORE.as_millis() as u64,
-        "due no sooner than the handler's limit from the move: {due_ms} vs {now}"
-    );
-    let (standing, state) = queue.entry(&mut conn, "c-both").await.unwrap().unwrap();
-    assert!(
-        matches!(standing, Standing::Waiting { due_ms } if due_ms > now + 50_000),
-        "{standing:?}"
-    );
-    assert_eq!(state.failures, 0, "the wheel's entry stands");
-
-    let leased = queue
-        .fetch(&mut conn, 10, Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!(
-        leased
-            .iter()
-            .map(|l| l.card_ref.as_str())
-            .collect::<Vec<_>>(),
-        ["c-wait"],
-        "only the waiting card that was due is due"
-    );
-    for key in [
-        keys::poll_due_key("cw", TASK, 0),
-        keys::poll_state_key("cw", TASK, 0),
-    ] {
-        assert!(!key_exists(&mut conn, &key).await, "{key} is gone");
-    }
-    let again = take_over_due_set(&mut conn, "cw", TASK, &queue, NOT_BEFORE)
-        .await
-        .unwrap();
-    assert_eq!(again, TakenOver::default(), "a second run finds nothing");
 }

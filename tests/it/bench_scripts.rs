@@ -96,14 +96,14 @@ fn bench_due_layouts_measures_every_layout_on_a_few_cards() {
         .map(|row| row.split('|').nth(1).unwrap_or("").trim())
         .collect();
     assert_eq!(names.len(), 11, "{text}");
-    assert_eq!(names[0], "sorted set and hash (before the wheel)");
-    // Rows per layout: three slot widths or bucket sizes each, one for the wheel as built.
+    assert_eq!(names[0], "today");
+    // Rows per layout: three slot widths or bucket sizes each, one for the wheel as planned.
     let rows_of = |layout: &str| names.iter().filter(|name| name.starts_with(layout)).count();
     assert_eq!(
         [
             rows_of("wheel with a hash"),
             rows_of("wheel, entries"),
-            rows_of("wheel as built"),
+            rows_of("wheel as planned"),
             rows_of("card-hashed"),
         ],
         [3, 3, 1, 3],

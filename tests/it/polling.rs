@@ -155,26 +155,6 @@ pub(crate) async fn chain_of(
         .expect("read the due queue")
 }
 
-/// Moves a card's waiting entry (card ARGV[1]) from its slot list (KEYS[4], slot id ARGV[3]) into
-/// flight under the lease ARGV[2] (KEYS[3] card -> lease, KEYS[5] card -> entry), keeping the
-/// slots (KEYS[1]) and their lengths (KEYS[2]) as the due queue's script keeps them.
-const HOLD: &str = r"
-for _, e in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
-  if string.sub(e, -(#ARGV[1] + 1)) == '|' .. ARGV[1] then
-    redis.call('LREM', KEYS[4], 1, e)
-    redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
-    redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-    redis.call('HSET', KEYS[5], ARGV[1], e)
-    if redis.call('LLEN', KEYS[4]) == 0 then
-      redis.call('ZREM', KEYS[1], ARGV[3])
-      redis.call('HDEL', KEYS[2], ARGV[3])
-    end
-    return 1
-  end
-end
-return 0
-";
-
 /// Takes a lease on `card_ref`'s `task` card for an hour (as a worker's fetch would, without
 /// waiting for it to come due, so that the test's workers leave it alone), and answers the
 /// ticket a fetched poll job carries. The card must be in the due queue.
@@ -192,26 +172,14 @@ pub(crate) async fn hold(ctx: &AppContext, task: Task, card_ref: &str) -> PollTi
         .expect("time");
     let now = secs * 1000 + micros / 1000;
     let lease = LEASED + now + 3_600_000;
-    let keys = queue.keys();
-    let slot: u64 = redis::cmd("HGET")
-        .arg(keys.presence(card_ref))
+    let _: () = redis::cmd("ZADD")
+        .arg(&queue.keys().due)
+        .arg("XX")
+        .arg(lease)
         .arg(card_ref)
         .query_async(&mut conn)
         .await
-        .expect("the card's presence");
-    let held: i64 = redis::Script::new(HOLD)
-        .key(&keys.slots)
-        .key(&keys.lengths)
-        .key(&keys.inflight)
-        .key(keys.slot(slot))
-        .key(&keys.held)
-        .arg(card_ref)
-        .arg(lease)
-        .arg(slot)
-        .invoke_async(&mut conn)
-        .await
         .expect("lease the card");
-    assert_eq!(held, 1, "{card_ref} waits in slot {slot}");
     PollTicket {
         lease,
         due_ms: now,
@@ -544,11 +512,18 @@ async fn enqueue_twice_leaves_one_chain() {
         .await
         .expect("second");
     // One entry per card in the due queue, whatever the enqueues.
-    let snapshot = lease::due_queue(app.ctx.prefix(), Task::CardStatus)
-        .snapshot(&mut app.ctx.redis.clone())
+    let due_set = lease::due_queue(app.ctx.prefix(), Task::CardStatus)
+        .keys()
+        .due
+        .clone();
+    let entries: i64 = app
+        .ctx
+        .redis
+        .clone()
+        .zcard(&due_set)
         .await
-        .expect("the due queue's records");
-    assert_eq!(snapshot.entries.len(), 1, "{:?}", snapshot.entries);
+        .expect("due set");
+    assert_eq!(entries, 1);
     let intake = keys::intake(app.ctx.prefix(), PollCardStatus::QUEUE);
     let with_payload: i64 = app.ctx.redis.clone().zcard(&intake).await.expect("intake");
     assert_eq!(with_payload, 0, "a poll request has no intake entry");
@@ -558,10 +533,14 @@ async fn enqueue_twice_leaves_one_chain() {
     .await;
     // The next poll is 300 s away: once the poll wrote its successor, the card waits.
     wait_until(Duration::from_secs(10), "successor scheduled", || async {
-        matches!(
-            chain_of(&app.ctx, Task::CardStatus, "c-1").await,
-            Some((Standing::Waiting { .. }, _))
-        )
+        let n: i64 = app
+            .ctx
+            .redis
+            .clone()
+            .zcount(&due_set, "-inf", format!("({LEASED}"))
+            .await
+            .unwrap_or(0);
+        n == 1
     })
     .await;
     assert_eq!(calls(&app, "card_status"), 1);
@@ -729,11 +708,19 @@ async fn twenty_thousand_chains_due_at_once_are_all_polled_without_a_worker_stop
     assert_eq!(status.as_u16(), 200);
     assert!(!second.join.is_finished(), "the worker process ended");
     // Every card is in the due queue, scheduled for its next poll.
-    let snapshot = lease::due_queue(&prefix, Task::CardStatus)
-        .snapshot(&mut second.ctx.redis.clone())
+    let chains: i64 = second
+        .ctx
+        .redis
+        .clone()
+        .zcard(
+            lease::due_queue(&prefix, Task::CardStatus)
+                .keys()
+                .due
+                .clone(),
+        )
         .await
-        .expect("the due queue's records");
-    assert_eq!(snapshot.entries.len(), CARDS as usize);
+        .expect("zcard");
+    assert_eq!(chains, CARDS);
     if let Some(stop) = second.stop.take() {
         let _ = stop.send(());
     }

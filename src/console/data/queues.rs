@@ -118,7 +118,7 @@ pub async fn queue_counts(ctx: &AppContext) -> anyhow::Result<(Vec<QueueCounts>,
 }
 
 /// A polling task's counts, from its due queue: cards due now, cards not due yet, cards a poll
-/// holds. The head, then one pipeline of three reads.
+/// holds. One pipeline of three counts.
 async fn polling_counts(
     ctx: &AppContext,
     task: crate::config::Task,
@@ -128,25 +128,22 @@ async fn polling_counts(
     let mut conn = ctx.redis.clone();
     let head = queue.head(&mut conn).await?;
     let now = head.now_ms;
-    let (lengths, in_flight, held): (Vec<u64>, u64, u64) = redis::pipe()
-        .cmd("HVALS")
-        .arg(&queue.keys().lengths)
-        .cmd("ZCARD")
-        .arg(&queue.keys().inflight)
+    let (later, held): (u64, u64) = redis::pipe()
         .cmd("ZCOUNT")
-        .arg(&queue.keys().inflight)
+        .arg(&queue.keys().due)
+        .arg(format!("({now}"))
+        .arg(format!("({LEASED}"))
+        .cmd("ZCOUNT")
+        .arg(&queue.keys().due)
         .arg(format!("({}", LEASED + now))
         .arg("+inf")
         .query_async(&mut conn)
         .await
         .with_context(|| format!("reading the {task} due queue's counts"))?;
-    // Due now: the waiting entries that are due, and the leases that ended.
-    let ended = in_flight.saturating_sub(held);
-    let waiting_due = head.due_now.saturating_sub(ended);
     Ok(QueueCounts {
         queue: task.label().to_owned(),
         waiting: head.due_now,
-        scheduled: lengths.iter().sum::<u64>().saturating_sub(waiting_due),
+        scheduled: later,
         running: held,
         dead: 0,
     })
