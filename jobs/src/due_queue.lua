@@ -88,11 +88,14 @@ end
 
 -- Runs `cmd key args...` over a flat list of arguments, in as few calls as Lua's stack allows
 -- (unpack takes some thousands of values): one call for any batch a worker sends. Returns the
--- replies' elements concatenated (for HMGET and ZMSCORE).
+-- reply (for HMGET and ZMSCORE, its elements, concatenated over the calls when there were
+-- several).
 local CHUNK = 1000
 local function call_many(cmd, key, args, width)
-  local out = {}
   local step = CHUNK * width
+  if #args == 0 then return {} end
+  if #args <= step then return redis.call(cmd, key, unpack(args)) end
+  local out = {}
   for first = 1, #args, step do
     local r = redis.call(cmd, key, unpack(args, first, math.min(first + step - 1, #args)))
     if type(r) == 'table' then
@@ -100,6 +103,19 @@ local function call_many(cmd, key, args, width)
     end
   end
   return out
+end
+
+-- A table of `n` array slots (their values are placeholders to overwrite), allocated once:
+-- filling an empty table one slot at a time makes Lua grow it at every power of two, which
+-- costs a poll's script more than its own work. `like` is any table of at least `n` values.
+local function sized(like, n)
+  if n == 0 then return {} end
+  if n > 2 * CHUNK then
+    local t = {}
+    for k = 1, n do t[k] = false end
+    return t
+  end
+  return {unpack(like, 1, n)}
 end
 
 -- Writes the due entries (`due, card` pairs) and the states (`card, state` pairs) of the same
@@ -140,11 +156,13 @@ end
 local op = ARGV[1]
 
 -- fetch(max, lease_ms): leases at most `max` due entries, the earliest due first, each until
--- now + lease_ms. An entry whose lease ended is due again, as of its lease's deadline. Returns a
--- flat array: card_ref, lease (its score), due ms (a waiting card's as ZRANGE wrote its score,
--- whole-number digits, so that no number is converted twice), state ('' when the card has
--- none), for each entry taken; when none is due, {ms until the next one is} ({} for an empty
--- shard), so that an idle worker sleeps until then.
+-- now + lease_ms. An entry whose lease ended is due again, as of its lease's deadline. Returns
+-- {lease (its score), {card_ref, due ms, ...}, {state, ...}} for the entries taken, in order: a
+-- waiting card's due ms as ZRANGE wrote its score (whole-number digits, so that no number is
+-- converted twice), a state false (nil) when the card has none. When none is due, {ms until the
+-- next one is} ({} for an empty shard), so that an idle worker sleeps until then. The replies of
+-- the script's own reads go back as they came, in nested arrays, so that no table is built per
+-- card for the answer.
 if op == 'fetch' then
   local max = tonumber(ARGV[2])
   local lease_ms = tonumber(ARGV[3])
@@ -164,37 +182,39 @@ if op == 'fetch' then
     if held[2] then next_at = math.min(next_at, tonumber(held[2]) - LEASED) end
     if next_at > at then return {next_at - at} end
   end
-  local waiting = redis.call('ZRANGE', KEYS[1], '-inf', int(at), 'BYSCORE', 'LIMIT', '0', ARGV[2],
+  local taken = redis.call('ZRANGE', KEYS[1], '-inf', int(at), 'BYSCORE', 'LIMIT', '0', ARGV[2],
     'WITHSCORES')
   local ended = redis.call('ZRANGE', KEYS[1], int(LEASED), int(LEASED + at), 'BYSCORE', 'LIMIT',
     '0', ARGV[2], 'WITHSCORES')
-  if #waiting == 0 and #ended == 0 then return {0} end
+  if #taken == 0 and #ended == 0 then return {0} end
+  if #ended > 0 then
+    -- Both kinds are due: the earliest `max` of the two, each ended lease due as of its deadline.
+    local waiting = taken
+    taken = {}
+    local i, j = 1, 1
+    while #taken < 2 * max and (i <= #waiting or j <= #ended) do
+      local e = ended[j + 1] and (tonumber(ended[j + 1]) - LEASED)
+      if waiting[i] and (not e or tonumber(waiting[i + 1]) <= e) then
+        taken[#taken + 1], taken[#taken + 2] = waiting[i], waiting[i + 1]
+        i = i + 2
+      else
+        taken[#taken + 1], taken[#taken + 2] = ended[j], int(e)
+        j = j + 2
+      end
+    end
+  end
   local lease = next_lease(LEASED + at + lease_ms)
   local lease_s = int(lease)
-  -- The cards taken, then one ZADD leasing them all and one HMGET of their states: a fetch
-  -- costs Redis the same few commands whatever its size.
-  local taken, dues, leases = {}, {}, {}
-  local i, j, n = 1, 1, 0
-  while n < max and (i <= #waiting or j <= #ended) do
-    local e = ended[j + 1] and (tonumber(ended[j + 1]) - LEASED)
-    n = n + 1
-    if waiting[i] and (not e or tonumber(waiting[i + 1]) <= e) then
-      taken[n], dues[n] = waiting[i], waiting[i + 1]
-      i = i + 2
-    else
-      taken[n], dues[n] = ended[j], e
-      j = j + 2
-    end
-    leases[2 * n - 1], leases[2 * n] = lease_s, taken[n]
+  -- One ZADD leasing them all and one HMGET of their states: a fetch costs Redis the same few
+  -- commands whatever its size.
+  local n = #taken / 2
+  local leases, cards = sized(taken, 2 * n), sized(taken, n)
+  for k = 1, n do
+    local card = taken[2 * k - 1]
+    leases[2 * k - 1], leases[2 * k], cards[k] = lease_s, card, card
   end
   call_many('ZADD', KEYS[1], leases, 2)
-  local states = call_many('HMGET', KEYS[3], taken, 1)
-  local out = {}
-  for k = 1, n do
-    local o = 4 * k
-    out[o - 3], out[o - 2], out[o - 1], out[o] = taken[k], lease, dues[k], states[k] or ''
-  end
-  return out
+  return {lease, taken, call_many('HMGET', KEYS[3], cards, 1)}
 end
 
 -- ack(card, lease, next_in_ms, state, ...): for each group of four, the poll under `lease` is
@@ -213,63 +233,66 @@ if op == 'ack' or op == 'batch' then
   -- check, and a range replies with none. A lease that holds more (a big fetch whose polls end
   -- one by one) has the named cards' scores read instead (ZMSCORE), so that a call never reads a
   -- lease's whole fetch for one card. A card named twice is acknowledged once: its first
-  -- successor ends the lease the second names. The successor's due time is worked out once per
-  -- distinct `next_in_ms` (string.format is the next costliest).
+  -- successor ends the lease the second names.
+  local m = (#ARGV - 1) / 4
   local named, leases = {}, {}
-  for i = 2, #ARGV, 4 do
-    local lease = ARGV[i + 1]
-    local cards = named[lease]
-    if not cards then
-      cards = {}
-      named[lease] = cards
+  for i = 3, #ARGV, 4 do
+    local lease = ARGV[i]
+    local c = named[lease]
+    if not c then
+      c = 0
       leases[#leases + 1] = lease
     end
-    cards[#cards + 1] = ARGV[i]
+    named[lease] = c + 1
   end
-  local held_by = {}
+  -- held[card] = the named lease that holds it.
+  local held = {}
   for _, lease in ipairs(leases) do
-    local held, cards = {}, named[lease]
     -- A lease that is not a whole number holds nothing (a range would fail the call on it).
     if string.match(lease, '^%d+$') then
       -- One more than the holders a range may have: a full answer means the lease holds more. A
       -- lone card's own score is read at once: one read either way.
-      local cap = RANGE_READ_MAX * #cards + 1
+      local cap = RANGE_READ_MAX * named[lease] + 1
       local holders
-      if #cards > 1 then
+      if named[lease] > 1 then
         holders = redis.call('ZRANGE', KEYS[1], lease, lease, 'BYSCORE', 'LIMIT', '0', int(cap))
         if #holders == cap then holders = nil end
       end
       if holders then
-        for _, c in ipairs(holders) do held[c] = true end
+        for _, c in ipairs(holders) do held[c] = lease end
       else
+        local cards = {}
+        for i = 2, #ARGV, 4 do
+          if ARGV[i + 1] == lease then cards[#cards + 1] = ARGV[i] end
+        end
         local want = tonumber(lease)
         local scores = call_many('ZMSCORE', KEYS[1], cards, 1)
         for j = 1, #cards do
-          if scores[j] and tonumber(scores[j]) == want then held[cards[j]] = true end
+          if scores[j] and tonumber(scores[j]) == want then held[cards[j]] = lease end
         end
       end
     end
-    held_by[lease] = held
   end
-  local out, dues, states, due_in, n = {}, {}, {}, {}, 0
-  for k = 1, (#ARGV - 1) / 4 do
+  -- The answer and the successors' records, in tables allocated once at their largest (every
+  -- card held); the records' unused tail is cleared before they are written.
+  local out, dues, states = sized(ARGV, m), sized(ARGV, 2 * m), sized(ARGV, 2 * m)
+  local n, at = 0, 0
+  for k = 1, m do
     local i = 4 * k - 2
-    local card, held = ARGV[i], held_by[ARGV[i + 1]]
-    if held[card] then
+    local card = ARGV[i]
+    if held[card] == ARGV[i + 1] then
       held[card] = nil
-      local a = ARGV[i + 2]
-      local due = due_in[a]
-      if not due then
-        due = int(now_ms() + tonumber(a))
-        due_in[a] = due
-      end
+      if n == 0 then at = now_ms() end
       n = n + 2
-      dues[n - 1], dues[n] = due, card
+      dues[n - 1], dues[n] = int(at + tonumber(ARGV[i + 2])), card
       states[n - 1], states[n] = card, ARGV[i + 3]
       out[k] = 1
     else
       out[k] = 0
     end
+  end
+  for k = 2 * m, n + 1, -1 do
+    dues[k], states[k] = nil, nil
   end
   write_records(dues, states)
   return out

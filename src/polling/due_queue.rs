@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use redis::aio::ConnectionLike;
-use redis::Script;
+use redis::{Script, Value};
 
 pub use super::poll_state::{PollState, Step};
 use crate::config::Task;
@@ -266,15 +266,31 @@ impl DueQueue {
             }
             _ => {}
         }
-        raw.chunks(4)
-            .map(|entry| match entry {
-                [card, lease, due, state] => Ok(Leased {
-                    card_ref: redis::from_redis_value_ref(card)?,
-                    lease: Lease(redis::from_redis_value_ref(lease)?),
-                    due_ms: whole_ms(due)?,
-                    state: PollState::parse(&redis::from_redis_value_ref::<String>(state)?),
-                }),
-                _ => anyhow::bail!("due_queue.lua fetch answered {} values", raw.len()),
+        let [lease, Value::Array(taken), Value::Array(states)] = raw.as_slice() else {
+            anyhow::bail!(
+                "due_queue.lua fetch answered {} values, not a lease and two lists",
+                raw.len()
+            );
+        };
+        anyhow::ensure!(
+            taken.len() == 2 * states.len(),
+            "due_queue.lua fetch answered {} cards and due times for {} states",
+            taken.len(),
+            states.len()
+        );
+        let lease = Lease(redis::from_redis_value_ref(lease)?);
+        taken
+            .chunks_exact(2)
+            .zip(states)
+            .map(|(entry, state)| {
+                Ok(Leased {
+                    card_ref: redis::from_redis_value_ref(&entry[0])?,
+                    lease,
+                    due_ms: whole_ms(&entry[1])?,
+                    state: PollState::parse(
+                        &redis::from_redis_value_ref::<Option<String>>(state)?.unwrap_or_default(),
+                    ),
+                })
             })
             .collect::<anyhow::Result<Vec<_>>>()
             .map(Fetched::Leased)
