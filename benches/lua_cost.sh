@@ -167,6 +167,16 @@ for i in range(CARDS):
 assert r('EVALSHA', due_sha, 3, *DQ, 'adopt', *setup) == CARDS
 
 
+def fetch(n):
+    """A fetch of at most n cards: [(card, lease)], from the script's answer {lease, {card, due,
+    ...}, {state, ...}}, or from a flat card, lease, due, state a card (a script of before
+    13a6377), so that `lua_cost.sh old.lua` compares."""
+    got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
+    if len(got) == 3 and isinstance(got[1], list):
+        return [(got[1][i], got[0]) for i in range(0, len(got[1]), 2)]
+    return [(got[i], got[i + 1]) for i in range(0, len(got), 4)]
+
+
 def polls_of(n, rounds, per_call=None):
     """Fetches of n cards, each acknowledged per_call cards a `batch` call (all n in one call by
     default; one card a call is a slow Gateway's spread)."""
@@ -174,13 +184,7 @@ def polls_of(n, rounds, per_call=None):
 
     def work():
         for _ in range(rounds):
-            got = r('EVALSHA', due_sha, 3, *DQ, 'fetch', n, LEASE_MS)
-            # {lease, {card, due, ...}, {state, ...}}; a flat card, lease, due, state per card
-            # from a script of before 2026-12-06, so that `lua_cost.sh old.lua` compares.
-            if len(got) == 3 and isinstance(got[1], list):
-                taken = [(got[1][i], got[0]) for i in range(0, len(got[1]), 2)]
-            else:
-                taken = [(got[i], got[i + 1]) for i in range(0, len(got), 4)]
+            taken = fetch(n)
             if len(taken) != n:
                 raise RuntimeError(f'fetch of {n} answered {str(got)[:200]}')
             acks = []
@@ -212,6 +216,30 @@ rounds = max(1, polls // n)
 polls_of(n, 1, 1)()  # warm-up
 cost, calls, cmds, inner = measure(polls_of(n, rounds, 1), rounds * n)
 print(f'\ndue queue: a fetch of {n} acknowledged one card a call, per poll: '
+      f'{cost:,.{0 if vg else 2}f} {unit}, {calls:.4g} EVALSHA, {cmds:.4g} commands '
+      f'({names(inner, 1)})')
+
+
+def lone_polls(n, rounds):
+    """n fetches of one card each (n leases), then one `batch` acknowledging all n: what the
+    batcher sends when polls of different fetches end together (MAX_BATCH is 64)."""
+    def work():
+        for _ in range(rounds):
+            acks = []
+            for k in range(n):
+                (card, lease), = fetch(1)
+                acks += [card, lease, k, STATE]
+            done = r('EVALSHA', due_sha, 3, *DQ, 'batch', *acks)
+            if done != [1] * n:
+                raise RuntimeError(f'batch of {n} lone cards answered {done}')
+    return work
+
+
+n = 64
+rounds = max(1, polls // n)
+lone_polls(n, 1)()  # warm-up
+cost, calls, cmds, inner = measure(lone_polls(n, rounds), rounds * n)
+print(f'\ndue queue: {n} fetches of one card, acknowledged in one batch, per poll: '
       f'{cost:,.{0 if vg else 2}f} {unit}, {calls:.4g} EVALSHA, {cmds:.4g} commands '
       f'({names(inner, 1)})')
 

@@ -235,12 +235,14 @@ if op == 'ack' or op == 'batch' then
   -- lease's whole fetch for one card. A card named twice is acknowledged once: its first
   -- successor ends the lease the second names.
   local m = (#ARGV - 1) / 4
-  local named, leases = {}, {}
+  -- named[lease] = how many cards name it; first[lease] = where the first of them is in ARGV.
+  local named, first, leases = {}, {}, {}
   for i = 3, #ARGV, 4 do
     local lease = ARGV[i]
     local c = named[lease]
     if not c then
       c = 0
+      first[lease] = i - 1
       leases[#leases + 1] = lease
     end
     named[lease] = c + 1
@@ -261,9 +263,13 @@ if op == 'ack' or op == 'batch' then
       if holders then
         for _, c in ipairs(holders) do held[c] = lease end
       else
-        local cards = {}
-        for i = 2, #ARGV, 4 do
-          if ARGV[i + 1] == lease then cards[#cards + 1] = ARGV[i] end
+        -- The cards named with it, found from its first: a batch of lone cards, each under a
+        -- lease of its own (polls that end one by one), reads ARGV once, not once per lease.
+        local cards = {ARGV[first[lease]]}
+        if named[lease] > 1 then
+          for i = first[lease] + 4, #ARGV, 4 do
+            if ARGV[i + 1] == lease then cards[#cards + 1] = ARGV[i] end
+          end
         end
         local want = tonumber(lease)
         local scores = call_many('ZMSCORE', KEYS[1], cards, 1)
