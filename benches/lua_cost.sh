@@ -5,9 +5,10 @@
 #   (`1|t0gmqo|st0gmqo|0`), all due: a `fetch` of N cards under a 30 s lease, then one `batch`
 #   acknowledging those N with the leases the fetch returned, each due again within a few ms
 #   (each card's delay its own, as jittered intervals are) with the next state, at N = 1, 4, 16
-#   and 32, per poll (one card fetched and acknowledged); a fetch of
-#   256 whose polls end one by one (256 `batch` calls of one card: a slow Gateway's spread), per
-#   poll; and `head` (what the lateness gauges read), per call;
+#   and 32, per poll (one card fetched and acknowledged); a fetch of 256 whose polls end one by
+#   one (256 `batch` calls of one card: a slow Gateway's spread), per poll; 64 fetches of one card
+#   acknowledged in one `batch` (polls of different fetches that end together, each card under a
+#   lease of its own), per poll; and `head` (what the lateness gauges read), per call;
 # - the budget (src/budget/budget.lua with src/budget/circuit.lua prepended, as budget/mod.rs
 #   loads it): a plain `acquire` of a carddata token (the default limits and circuit, no limit
 #   reached, the circuit closed, no finish carried, no lease taken over), then the `release` of
