@@ -187,7 +187,7 @@ def polls_of(n, rounds, per_call=None):
         for _ in range(rounds):
             taken = fetch(n)
             if len(taken) != n:
-                raise RuntimeError(f'fetch of {n} answered {str(got)[:200]}')
+                raise RuntimeError(f'fetch of {n} answered {len(taken)} cards')
             acks = []
             for k, (card, lease) in enumerate(taken):
                 # Each successor's delay differs, as polls' jittered intervals do; a few ms, so
