@@ -7,7 +7,7 @@ LOCAL_CONFIG ?= config/local.toml
 
 CONSOLE_LISTEN ?= 127.0.0.1:9465
 
-.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-idle bench-redis-memory bench-burst bench-lua bench-files bench-due-layouts browser console-screenshots
+.PHONY: run reset-demo test test-faults chaos chaos-short services prometheus build lint fmt clippy lint-history doc lint-deploy scrape-check build-tests bench-writes bench-budget bench-intake bench-plans bench-reconcile bench-approvals bench-outage bench-slowdown bench-scrape bench-redis bench-due-queue bench-redis-ab bench-redis-raw bench-redis-idle bench-redis-memory bench-burst bench-lua bench-files bench-due-layouts browser console-screenshots
 
 ## The local demo (deploy/local/demo.sh): sets up PostgreSQL and Redis, migrates, seeds
 ## $(DEMO_CARDS) demo cards, starts the Gateway simulator (seeded from the database) and one worker
@@ -145,11 +145,20 @@ bench-due-queue:
 ## cards: BEFORE=<path of another release binary, e.g. main's> and this build, each first in every
 ## other round, AB_ROUNDS (default 3) rounds, each build's median and the ratios round by round.
 ## For a change too small for two separate runs to resolve on a VM whose speed drifts by the hour.
+## Each round measures its own raw apalis-redis job, the Redis CPU ratio's denominator, beside its
+## windows; BEFORE set to this build's own binary gives the ratio for one build, twice a round.
 ## About 1 minute a round.
 AB_ROUNDS ?= 3
 bench-redis-ab: services
 	@test -x "$(BEFORE)" || { echo "usage: make bench-redis-ab BEFORE=path/to/other/cardworker"; exit 2; }
 	BENCH_AB=$(abspath $(BEFORE)) BENCH_AB_ROUNDS=$(AB_ROUNDS) $(CARGO) bench --bench bench_redis
+
+## The yardstick alone: bench-redis's raw apalis-redis measurement (the median of three runs of
+## 2,000 no-op jobs) RAW_RUNS times on an emptied private redis-server, each with its system CPU:
+## how far the Redis CPU ratio's denominator moves between runs seconds apart. About 2 s a run.
+RAW_RUNS ?= 12
+bench-redis-raw: services
+	BENCH_RAW_RUNS=$(RAW_RUNS) $(CARGO) bench --bench bench_redis
 
 ## Phase 4 of bench-redis alone: an idle pod (every chain due in an hour) on a private redis-server,
 ## commands/s, KB/s into Redis and the commands by name over BENCH_IDLE_SECS (default 60) after an

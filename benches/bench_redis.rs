@@ -20,7 +20,10 @@
 //!    (default: the window of phase 2) after an 8 s settle.
 //!
 //! `BENCH_AB=<binary>` (`make bench-redis-ab BEFORE=<binary>`) runs phase 2's window alone, for
-//! that build and this one in turns (`run_ab`).
+//! that build and this one in turns, each round beside a raw apalis-redis measurement of its own
+//! (`run_ab`).
+//!
+//! `BENCH_RAW_RUNS=<n>` (`make bench-redis-raw`) runs phase 1 alone, `n` times (`raw_runs`).
 //!
 //! `BENCH_IDLE_ONLY=1` (`make bench-redis-idle`) runs phase 4 alone, over `BENCH_IDLE_SECS`
 //! (default 60: a minute holds one run of each per-minute recovery schedule), with no warm-up.
@@ -236,6 +239,10 @@ async fn main() -> anyhow::Result<()> {
         .parse()?,
     );
     let (redis, mut conn) = private_redis().await?;
+
+    if let Ok(runs) = std::env::var("BENCH_RAW_RUNS") {
+        return raw_runs(&conn, runs.parse()?).await;
+    }
 
     // 1. Raw apalis-redis on the same Redis (a warm-up run first).
     let raw = if idle_only {
@@ -455,19 +462,23 @@ struct Turn {
     worker_us: f64,
     /// PostgreSQL transactions committed per poll (`xact_commit`; a read is one).
     pg_commits: f64,
+    /// Redis CPU per raw apalis-redis job, µs, measured in the turn's round (the ratio's
+    /// denominator).
+    raw_us: f64,
 }
 
 impl Turn {
-    fn row(&self, label: &str, raw: &Raw) -> String {
+    fn row(&self, label: &str) -> String {
         format!(
-            "| {label} | {} | {:.0} | {:.2} | {:.1} ({:.1} / {:.1}) | {:.2} | {:.1} | {:.3} |",
+            "| {label} | {} | {:.0} | {:.2} | {:.1} ({:.1} / {:.1}) | {:.2} ({:.1} µs) | {:.1} | {:.3} |",
             self.build,
             self.polls_per_sec,
             self.cmds,
             self.cpu_us,
             self.user_us,
             self.sys_us,
-            self.cpu_us / raw.cpu_us.max(1e-9),
+            self.cpu_us / self.raw_us.max(1e-9),
+            self.raw_us,
             self.worker_us,
             self.pg_commits
         )
@@ -499,10 +510,18 @@ async fn run_ab(
     wait_for_calls(calls, 4 * cards as u64, limit, "the warm-up").await?;
     stop(warm);
     let builds = [("before", before.to_owned()), ("after", binary())];
-    println!("| round | build | polls/s | Redis commands per poll | Redis CPU per poll, µs (user / system) | ÷ raw apalis-redis job ({:.1} µs) | worker CPU per poll, µs | PostgreSQL commits per poll |", raw.cpu_us);
+    println!("| round | build | polls/s | Redis commands per poll | Redis CPU per poll, µs (user / system) | ÷ raw apalis-redis job (the round's) | worker CPU per poll, µs | PostgreSQL commits per poll |");
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut turns = Vec::new();
     for round in 1..=rounds {
+        // The yardstick moves by a third between runs a few seconds apart (docs/BENCHMARKS.md,
+        // `BENCH_RAW_RUNS`), so each round measures its own, with no worker running, beside the
+        // windows it divides.
+        let round_raw = if round == 1 {
+            raw
+        } else {
+            raw_apalis_median(conn).await?
+        };
         // The builds take turns going first, so that a VM whose speed drifts one way through the
         // run favours neither of them.
         let order: Vec<&(&str, String)> = if round % 2 == 1 {
@@ -545,8 +564,9 @@ async fn run_ab(
                 sys_us: (r1.cpu_sys - r0.cpu_sys) * 1e6 / polls,
                 worker_us: (c1 - c0) * 1e6 / polls,
                 pg_commits: (g1.commits - g0.commits) as f64 / polls,
+                raw_us: round_raw.cpu_us,
             };
-            println!("{}", turn.row(&round.to_string(), &raw));
+            println!("{}", turn.row(&round.to_string()));
             turns.push(turn);
         }
     }
@@ -565,8 +585,9 @@ async fn run_ab(
             sys_us: median(|t| t.sys_us),
             worker_us: median(|t| t.worker_us),
             pg_commits: median(|t| t.pg_commits),
+            raw_us: median(|t| t.raw_us),
         };
-        println!("{}", m.row("median", &raw));
+        println!("{}", m.row("median"));
     }
     // Each round's two windows are a minute apart at most, so their ratio takes out most of the
     // drift that the medians above still carry.
@@ -596,9 +617,24 @@ async fn run_ab(
             listed.join(", ")
         );
     }
+    for (build, _) in &builds {
+        let mut ratios: Vec<f64> = turns
+            .iter()
+            .filter(|t| t.build == *build)
+            .map(|t| t.cpu_us / t.raw_us.max(1e-9))
+            .collect();
+        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        ratios.sort_by(f64::total_cmp);
+        println!();
+        println!(
+            "Redis CPU per poll ÷ the round's raw apalis-redis job, {build}: {}; median {:.2}",
+            listed.join(", "),
+            ratios.get(ratios.len() / 2).copied().unwrap_or(0.0)
+        );
+    }
     println!();
     println!(
-        "(raw apalis-redis, same Redis before the turns: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
+        "(raw apalis-redis, same Redis before the first round: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
         raw.rate,
         raw.cmds,
         raw.cpu_us,
@@ -715,6 +751,26 @@ async fn idle(
         polls,
         reconciled,
     })
+}
+
+/// `BENCH_RAW_RUNS=<n>`: the yardstick alone, [`raw_apalis_median`] `n` times on one Redis, each
+/// median and its system CPU, each on an emptied Redis as the whole bench's is: how far the
+/// denominator of the Redis CPU ratio moves between runs.
+async fn raw_runs(conn: &ConnectionManager, runs: usize) -> anyhow::Result<()> {
+    let mut c = conn.clone();
+    println!(
+        "| run | no-op jobs/s | Redis CPU per job, µs | of it system, µs | commands per job |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for run in 1..=runs {
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
+        let raw = raw_apalis_median(conn).await?;
+        println!(
+            "| {run} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            raw.rate, raw.cpu_us, raw.cpu_sys_us, raw.cmds
+        );
+    }
+    Ok(())
 }
 
 /// `BENCH_IDLE_ONLY=1`: phase 4 alone.

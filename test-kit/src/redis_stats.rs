@@ -111,6 +111,9 @@ pub struct Raw {
     pub rate: f64,
     /// Redis CPU per job, µs (fetch and acknowledgement only: the jobs were fed before).
     pub cpu_us: f64,
+    /// Of `cpu_us`, the system CPU (Redis's socket reads and writes, which depend on how many
+    /// commands arrive together).
+    pub cpu_sys_us: f64,
     /// Redis commands per job (inner commands counted), fetch and acknowledgement.
     pub cmds: f64,
     /// Redis memory per job still held once every job is done (`used_memory` after the run less
@@ -185,6 +188,7 @@ pub async fn raw_apalis(conn: &ConnectionManager, n: usize) -> anyhow::Result<Ra
     Ok(Raw {
         rate,
         cpu_us: (after.cpu_secs - before.cpu_secs) * 1e6 / n as f64,
+        cpu_sys_us: (after.cpu_sys - before.cpu_sys) * 1e6 / n as f64,
         cmds: (after.total() - before.total()) as f64 / n as f64,
         kept_bytes: (after.used_memory as f64 - empty as f64) / n as f64,
     })
