@@ -465,6 +465,8 @@ struct Turn {
     /// Redis CPU per raw apalis-redis job, µs, measured in the turn's round (the ratio's
     /// denominator).
     raw_us: f64,
+    /// `cpu_us` ÷ `raw_us` (in a median row, the median of the turns' ratios).
+    ratio: f64,
 }
 
 impl Turn {
@@ -477,7 +479,7 @@ impl Turn {
             self.cpu_us,
             self.user_us,
             self.sys_us,
-            self.cpu_us / self.raw_us.max(1e-9),
+            self.ratio,
             self.raw_us,
             self.worker_us,
             self.pg_commits
@@ -514,14 +516,10 @@ async fn run_ab(
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut turns = Vec::new();
     for round in 1..=rounds {
-        // The yardstick moves by a third between runs a few seconds apart (docs/BENCHMARKS.md,
-        // `BENCH_RAW_RUNS`), so each round measures its own, with no worker running, beside the
+        // The yardstick moves between runs a few seconds apart (docs/BENCHMARKS.md,
+        // bench-redis-raw), so each round measures its own, with no worker running, beside the
         // windows it divides.
-        let round_raw = if round == 1 {
-            raw
-        } else {
-            raw_apalis_median(conn).await?
-        };
+        let round_raw = raw_apalis_median(conn).await?;
         // The builds take turns going first, so that a VM whose speed drifts one way through the
         // run favours neither of them.
         let order: Vec<&(&str, String)> = if round % 2 == 1 {
@@ -555,16 +553,18 @@ async fn run_ab(
             tokio::time::sleep(Duration::from_millis(1500)).await;
             let g1 = pg_sample(&stage.pool, &stage.db).await?;
             let polls = (p1 - p0).max(1) as f64;
+            let cpu_us = (r1.cpu_secs - r0.cpu_secs) * 1e6 / polls;
             let turn = Turn {
                 build,
                 polls_per_sec: polls / secs,
                 cmds: (r1.total() - r0.total()) as f64 / polls,
-                cpu_us: (r1.cpu_secs - r0.cpu_secs) * 1e6 / polls,
+                cpu_us,
                 user_us: (r1.cpu_user - r0.cpu_user) * 1e6 / polls,
                 sys_us: (r1.cpu_sys - r0.cpu_sys) * 1e6 / polls,
                 worker_us: (c1 - c0) * 1e6 / polls,
                 pg_commits: (g1.commits - g0.commits) as f64 / polls,
                 raw_us: round_raw.cpu_us,
+                ratio: cpu_us / round_raw.cpu_us.max(1e-9),
             };
             println!("{}", turn.row(&round.to_string()));
             turns.push(turn);
@@ -586,6 +586,7 @@ async fn run_ab(
             worker_us: median(|t| t.worker_us),
             pg_commits: median(|t| t.pg_commits),
             raw_us: median(|t| t.raw_us),
+            ratio: median(|t| t.ratio),
         };
         println!("{}", m.row("median"));
     }
@@ -618,23 +619,20 @@ async fn run_ab(
         );
     }
     for (build, _) in &builds {
-        let mut ratios: Vec<f64> = turns
+        let listed: Vec<String> = turns
             .iter()
             .filter(|t| t.build == *build)
-            .map(|t| t.cpu_us / t.raw_us.max(1e-9))
+            .map(|t| format!("{:.2}", t.ratio))
             .collect();
-        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        ratios.sort_by(f64::total_cmp);
         println!();
         println!(
-            "Redis CPU per poll ÷ the round's raw apalis-redis job, {build}: {}; median {:.2}",
-            listed.join(", "),
-            ratios.get(ratios.len() / 2).copied().unwrap_or(0.0)
+            "Redis CPU per poll ÷ the round's raw apalis-redis job, {build}, round by round: {}",
+            listed.join(", ")
         );
     }
     println!();
     println!(
-        "(raw apalis-redis, same Redis before the first round: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
+        "(raw apalis-redis, same Redis before the warm-up: {:.0} no-op jobs/s, {:.1} commands and {:.1} µs of Redis CPU per job; window {} s)",
         raw.rate,
         raw.cmds,
         raw.cpu_us,
