@@ -154,8 +154,9 @@ bench-redis-ab: services
 	BENCH_AB=$(abspath $(BEFORE)) BENCH_AB_ROUNDS=$(AB_ROUNDS) $(CARGO) bench --bench bench_redis
 
 ## The yardstick alone: bench-redis's raw apalis-redis measurement (the median of three runs of
-## 2,000 no-op jobs) RAW_RUNS times on an emptied private redis-server, each with its system CPU:
-## how far the Redis CPU ratio's denominator moves between runs seconds apart. About 2 s a run.
+## 2,000 no-op jobs) RAW_RUNS times on an emptied private redis-server, each with its system CPU
+## and each command's µs a call: how far the Redis CPU ratio's denominator moves between runs
+## seconds apart, and in which commands. About 2 s a run.
 RAW_RUNS ?= 12
 bench-redis-raw: services
 	BENCH_RAW_RUNS=$(RAW_RUNS) $(CARGO) bench --bench bench_redis

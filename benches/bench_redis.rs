@@ -23,7 +23,8 @@
 //! that build and this one in turns, each round beside a raw apalis-redis measurement of its own
 //! (`run_ab`).
 //!
-//! `BENCH_RAW_RUNS=<n>` (`make bench-redis-raw`) runs phase 1 alone, `n` times (`raw_runs`).
+//! `BENCH_RAW_RUNS=<n>` (`make bench-redis-raw`) runs phase 1 alone, `n` times, and each run's µs a
+//! call by command (`raw_runs`).
 //!
 //! `BENCH_IDLE_ONLY=1` (`make bench-redis-idle`) runs phase 4 alone, over `BENCH_IDLE_SECS`
 //! (default 60: a minute holds one run of each per-minute recovery schedule), with no warm-up.
@@ -752,21 +753,50 @@ async fn idle(
 }
 
 /// `BENCH_RAW_RUNS=<n>`: the yardstick alone, [`raw_apalis_median`] `n` times on one Redis, each
-/// median and its system CPU, each on an emptied Redis as the whole bench's is: how far the
-/// denominator of the Redis CPU ratio moves between runs.
+/// median and its system CPU, each on an emptied Redis as the whole bench's is, then each run's µs
+/// a call by command: how far the denominator of the Redis CPU ratio moves between runs, and
+/// whether some commands move or all of them.
 async fn raw_runs(conn: &ConnectionManager, runs: usize) -> anyhow::Result<()> {
     let mut c = conn.clone();
     println!(
         "| run | no-op jobs/s | Redis CPU per job, µs | of it system, µs | commands per job |"
     );
     println!("| ---: | ---: | ---: | ---: | ---: |");
+    let mut by_command = Vec::new();
     for run in 1..=runs {
         let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
+        let before = redis_sample(&mut c).await?;
         let raw = raw_apalis_median(conn).await?;
+        let after = redis_sample(&mut c).await?;
         println!(
             "| {run} | {:.0} | {:.1} | {:.1} | {:.1} |",
             raw.rate, raw.cpu_us, raw.cpu_sys_us, raw.cmds
         );
+        by_command.push((run, before, after));
+    }
+    // Where a run's Redis time went, by command (`INFO commandstats`, the warm-up's jobs and all
+    // three runs of the median together): which command's time per call moves between runs.
+    let mut names: Vec<String> = by_command
+        .iter()
+        .flat_map(|(_, _, after)| after.usec.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    println!();
+    println!("| run | {} |", names.join(" µs/call | ") + " µs/call");
+    println!("| ---: |{}", " ---: |".repeat(names.len()));
+    for (run, before, after) in &by_command {
+        let per_call = names.iter().map(|name| {
+            let get = |m: &BTreeMap<String, u64>| m.get(name).copied().unwrap_or(0);
+            let calls = get(&after.calls).saturating_sub(get(&before.calls));
+            let usec = get(&after.usec).saturating_sub(get(&before.usec));
+            if calls == 0 {
+                "".to_owned()
+            } else {
+                format!("{:.2}", usec as f64 / calls as f64)
+            }
+        });
+        println!("| {run} | {} |", per_call.collect::<Vec<_>>().join(" | "));
     }
     Ok(())
 }
