@@ -111,8 +111,7 @@ pub struct Raw {
     pub rate: f64,
     /// Redis CPU per job, µs (fetch and acknowledgement only: the jobs were fed before).
     pub cpu_us: f64,
-    /// Of `cpu_us`, the system CPU (Redis's socket reads and writes, which depend on how many
-    /// commands arrive together).
+    /// Of `cpu_us`, the system CPU (mostly Redis's socket reads and writes).
     pub cpu_sys_us: f64,
     /// Redis commands per job (inner commands counted), fetch and acknowledgement.
     pub cmds: f64,
